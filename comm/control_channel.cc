@@ -1,0 +1,104 @@
+#include "comm/control_channel.h"
+
+#include <climits>
+
+#include "comm/mpi/mpi_session.h"
+#include "comm/mpi/mpi_wait.h"
+#include "common/error.h"
+
+namespace moed::comm {
+
+ControlChannel::ControlChannel(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
+  check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+ControlChannel::~ControlChannel() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
+void ControlChannel::wait(MPI_Request& request, const std::string& what) {
+  std::vector<MPI_Request> one{request};
+  wait_all_until(one, std::chrono::steady_clock::now() + timeout_, [&](const auto&) {
+    MOED_THROW(Runtime,
+               "rank {}: {}: deadline of {} ms expired in a collective over all {} ranks; a rank "
+               "is stuck or gone ([comm].timeout_ms)",
+               rank_, what, timeout_.count(), size_);
+  });
+  request = one[0];
+}
+
+void ControlChannel::broadcast(void* data, std::size_t bytes, const std::string& what) {
+  MPI_Request req;
+  check_mpi(MPI_Ibcast(data, int(bytes), MPI_BYTE, 0, comm_, &req), "MPI_Ibcast");
+  wait(req, what);
+}
+
+void ControlChannel::reduce_max(double* values, std::size_t n, const std::string& what) {
+  MPI_Request req;
+  std::vector<double> in(values, values + n);
+  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_DOUBLE, MPI_MAX, 0, comm_, &req), "MPI_Ireduce");
+  wait(req, what);
+}
+
+void ControlChannel::reduce_sum(std::uint64_t* values, std::size_t n, const std::string& what) {
+  MPI_Request req;
+  std::vector<std::uint64_t> in(values, values + n);
+  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_UINT64_T, MPI_SUM, 0, comm_, &req),
+            "MPI_Ireduce");
+  wait(req, what);
+}
+
+int ControlChannel::all_max(int value, const std::string& what) {
+  MPI_Request req;
+  int out = 0;
+  check_mpi(MPI_Iallreduce(&value, &out, 1, MPI_INT, MPI_MAX, comm_, &req), "MPI_Iallreduce");
+  wait(req, what);
+  return out;
+}
+
+std::vector<std::byte> ControlChannel::gather(const void* data, std::size_t bytes,
+                                              const std::string& what) {
+  if (bytes > std::size_t(INT_MAX)) MOED_THROW(Runtime, "{}: {} bytes exceed MPI's int count", what, bytes);
+  int mine = int(bytes);
+  std::vector<int> sizes(rank_ == 0 ? size_ : 0), offsets;
+  MPI_Request req;
+  check_mpi(MPI_Igather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, &req), "MPI_Igather");
+  wait(req, what);
+  std::vector<std::byte> out;
+  if (rank_ == 0) {
+    long long total = 0;
+    for (int s : sizes) offsets.push_back(int(total)), total += s;
+    if (total > INT_MAX) MOED_THROW(Runtime, "{}: {} bytes exceed MPI's int count", what, total);
+    out.resize(std::size_t(total));
+  }
+  check_mpi(MPI_Igatherv(data, mine, MPI_BYTE, out.data(), sizes.data(), offsets.data(), MPI_BYTE, 0,
+                         comm_, &req),
+            "MPI_Igatherv");
+  wait(req, what);
+  return out;
+}
+
+std::vector<std::string> ControlChannel::all_gather_strings(const std::string& mine,
+                                                            const std::string& what) {
+  int len = int(mine.size());
+  std::vector<int> lens(size_), offsets(size_);
+  MPI_Request req;
+  check_mpi(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, &req), "MPI_Iallgather");
+  wait(req, what);
+  int total = 0;
+  for (int i = 0; i < size_; ++i) offsets[i] = total, total += lens[i];
+  std::string all(std::size_t(total), '\0');
+  check_mpi(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
+                            MPI_CHAR, comm_, &req),
+            "MPI_Iallgatherv");
+  wait(req, what);
+  std::vector<std::string> out;
+  for (int i = 0; i < size_; ++i) out.push_back(all.substr(std::size_t(offsets[i]), std::size_t(lens[i])));
+  return out;
+}
+
+}  // namespace moed::comm

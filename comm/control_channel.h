@@ -1,0 +1,44 @@
+// The control plane's collectives over MPI: rank 0 (the coordinator)
+// broadcasts each step's command and gathers figures and outputs. Every wait
+// has the [comm].timeout_ms deadline; on expiry the error says which
+// collective was waiting, instead of the job hanging.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moed::comm {
+
+class ControlChannel {
+ public:
+  ControlChannel(MPI_Comm comm, std::chrono::milliseconds timeout);
+  ~ControlChannel();
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  void broadcast(void* data, std::size_t bytes, const std::string& what);  // from rank 0
+  void reduce_max(double* values, std::size_t n, const std::string& what);  // into rank 0
+  void reduce_sum(std::uint64_t* values, std::size_t n, const std::string& what);
+  int all_max(int value, const std::string& what);
+  // Every rank's bytes in rank order on rank 0 (empty elsewhere).
+  std::vector<std::byte> gather(const void* data, std::size_t bytes, const std::string& what);
+  // Every rank's string, in rank order, on every rank.
+  std::vector<std::string> all_gather_strings(const std::string& mine, const std::string& what);
+
+ private:
+  void wait(MPI_Request& request, const std::string& what);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace moed::comm

@@ -1,0 +1,125 @@
+#include "comm/mpi/mpi_transport.h"
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include <fmt/ranges.h>
+
+#include "comm/mpi/mpi_session.h"
+#include "comm/mpi/mpi_wait.h"
+#include "common/error.h"
+
+namespace moed::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class MpiTransport final : public Transport {
+ public:
+  MpiTransport(const CommConfig& config, MPI_Comm comm)
+      : timeout_(std::chrono::milliseconds(config.timeout_ms)) {
+    check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiTransport() override { MPI_Comm_free(&comm_); }
+
+  const char* name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void exchange_sizes(const std::uint64_t* send, std::uint64_t* recv,
+                      const std::string& what) override {
+    ExchangeLayout layout;
+    layout.send_bytes.assign(size_, sizeof(std::uint64_t));
+    layout.recv_bytes = layout.send_bytes;
+    layout.send_offsets = layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.send_bytes);
+    exchange(reinterpret_cast<const std::byte*>(send), layout, reinterpret_cast<std::byte*>(recv),
+             what);
+  }
+
+  void exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv,
+                const std::string& what) override {
+    MOED_CHECK(int(layout.send_bytes.size()) == size_ && int(layout.recv_bytes.size()) == size_,
+               "{}: layout for {} ranks", what, layout.send_bytes.size());
+    std::vector<MPI_Request> requests;
+    std::vector<int> peer_of_request;  // recv requests carry the source, sends -(dest+1)
+    requests.reserve(2 * size_);
+    for (int src = 0; src < size_; ++src) {
+      if (src == rank_) continue;
+      requests.emplace_back();
+      peer_of_request.push_back(src);
+      check_mpi(MPI_Irecv(recv + layout.recv_offsets[src], count(layout.recv_bytes[src], what),
+                          MPI_BYTE, src, kTag, comm_, &requests.back()),
+                "MPI_Irecv");
+    }
+    for (int dst = 0; dst < size_; ++dst) {
+      if (dst == rank_) continue;
+      requests.emplace_back();
+      peer_of_request.push_back(-(dst + 1));
+      check_mpi(MPI_Isend(send + layout.send_offsets[dst], count(layout.send_bytes[dst], what),
+                          MPI_BYTE, dst, kTag, comm_, &requests.back()),
+                "MPI_Isend");
+    }
+    MOED_CHECK(layout.send_bytes[rank_] == layout.recv_bytes[rank_], "{}: self block {} vs {}", what,
+               layout.send_bytes[rank_], layout.recv_bytes[rank_]);
+    if (layout.send_bytes[rank_])
+      std::memcpy(recv + layout.recv_offsets[rank_], send + layout.send_offsets[rank_],
+                  layout.send_bytes[rank_]);
+    wait_all(requests, peer_of_request, what);
+  }
+
+  void all_gather(const void* send, std::size_t bytes, void* recv,
+                  const std::string& what) override {
+    ExchangeLayout layout;
+    layout.send_bytes.assign(size_, bytes);
+    layout.recv_bytes = layout.send_bytes;
+    layout.send_offsets.assign(size_, 0);  // the same block goes to everyone
+    layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.recv_bytes);
+    exchange(static_cast<const std::byte*>(send), layout, static_cast<std::byte*>(recv), what);
+  }
+
+ private:
+  static constexpr int kTag = 7001;
+
+  static int count(std::size_t bytes, const std::string& what) {
+    if (bytes > std::size_t(INT_MAX))
+      MOED_THROW(Runtime, "{}: a {}-byte message exceeds MPI's int count; use fewer tokens per step",
+                 what, bytes);
+    return int(bytes);
+  }
+
+  void wait_all(std::vector<MPI_Request>& requests, const std::vector<int>& peer_of_request,
+                const std::string& what) {
+    wait_all_until(requests, Clock::now() + timeout_, [&](const std::vector<std::size_t>& pending) {
+      std::vector<int> waiting_from, waiting_to;
+      for (std::size_t i : pending) {
+        int p = peer_of_request[i];
+        if (p >= 0)
+          waiting_from.push_back(p);
+        else
+          waiting_to.push_back(-p - 1);
+      }
+      MOED_THROW(Runtime,
+                 "rank {}: {}: deadline of {} ms expired; still waiting for data from ranks [{}] "
+                 "and for sends to ranks [{}] to complete ([comm].timeout_ms)",
+                 rank_, what, timeout_.count(), fmt::join(waiting_from, ", "),
+                 fmt::join(waiting_to, ", "));
+    });
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> create_mpi_transport(const CommConfig& config, MPI_Comm comm) {
+  return std::make_unique<MpiTransport>(config, comm);
+}
+
+}  // namespace moed::comm

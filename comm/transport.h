@@ -1,0 +1,66 @@
+// The Transport interface: the narrow set of exchanges the data path needs,
+// implemented by each backend (MPI now; UCX and NCCL later). Like NCCL's
+// transports, a backend is a small table entry: a name, a probe that says
+// whether it can run here (and why not), and a constructor.
+//
+// Every exchange is collective over the ranks of the job and carries a label
+// ("dispatch step 3 layer 1") so that a deadline that expires can say what
+// was being waited for.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/comm_config.h"
+
+namespace moed::comm {
+
+// Byte blocks one rank sends to and receives from every rank.
+struct ExchangeLayout {
+  std::vector<std::size_t> send_bytes, send_offsets;  // per destination rank
+  std::vector<std::size_t> recv_bytes, recv_offsets;  // per source rank
+  std::size_t send_total() const;
+  std::size_t recv_total() const;
+  // Offsets as prefix sums of the byte counts.
+  static std::vector<std::size_t> prefix_offsets(const std::vector<std::size_t>& bytes);
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // send[r] goes to rank r; recv[r] comes from rank r.
+  virtual void exchange_sizes(const std::uint64_t* send, std::uint64_t* recv,
+                              const std::string& what) = 0;
+  // The all-to-all-v of dispatch and combine.
+  virtual void exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv,
+                        const std::string& what) = 0;
+  // Every rank contributes `bytes`; recv holds all contributions in rank order.
+  virtual void all_gather(const void* send, std::size_t bytes, void* recv,
+                          const std::string& what) = 0;
+};
+
+struct TransportBackend {
+  const char* name;
+  const char* description;
+  // Why this backend cannot run in this process, or nullopt when it can.
+  std::optional<std::string> (*unavailable)();
+  std::unique_ptr<Transport> (*create)(const CommConfig&, MPI_Comm);
+};
+
+std::span<const TransportBackend> transport_backends();
+std::vector<std::string> transport_backend_names();
+// The backend named by config; a Usage error when it is unknown or cannot run here.
+std::unique_ptr<Transport> create_transport(const CommConfig& config, MPI_Comm comm);
+
+}  // namespace moed::comm

@@ -1,0 +1,49 @@
+#include "kernels/cpu/expert_ffn.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/gemm.h"
+
+namespace moed::kernels {
+
+float fast_exp(float x) {
+  // Clamp to where expf neither overflows nor underflows to a denormal.
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  // x = n ln2 + r, |r| <= ln2/2; ln2 split in two for an exact n*ln2_hi.
+  float n = __builtin_floorf(x * 1.44269504f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  // exp(r) on [-ln2/2, ln2/2] (Taylor coefficients, Horner).
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  // Scale by 2^n through the exponent bits.
+  std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+void silu_mul(const float* gate, const float* up, std::size_t n, float* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float g = gate[i];
+    out[i] = g / (1.0f + fast_exp(-g)) * up[i];
+  }
+}
+
+void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, float* scratch) {
+  const std::size_t F = e.ffn, H = e.hidden;
+  float* h13 = scratch;  // [m, 2F]: W1 x in columns [0, F), W3 x in [F, 2F)
+  gemm_xwt(x, m, H, e.w13, 2 * F, h13);
+  // Gate in place: the first F columns of each row become silu(W1 x) * (W3 x).
+  for (std::size_t r = 0; r < m; ++r) silu_mul(h13 + r * 2 * F, h13 + r * 2 * F + F, F, h13 + r * 2 * F);
+  // y = act · W2ᵀ reading act with a row stride of 2F.
+  gemm_xwt(h13, m, F, e.w2, H, y, /*lda=*/2 * F);
+}
+
+}  // namespace moed::kernels

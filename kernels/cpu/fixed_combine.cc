@@ -1,0 +1,38 @@
+#include "kernels/cpu/fixed_combine.h"
+
+#include <cmath>
+
+namespace moed::kernels {
+
+namespace {
+// The largest magnitude converted without overflow, leaving headroom for a few terms.
+constexpr double kFixedLimit = 0x1p62;
+}  // namespace
+
+std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, std::size_t h) {
+  std::size_t saturated = 0;
+  const double w = double(weight) * kFixedOne;  // exact: a power-of-two scale
+  for (std::size_t i = 0; i < h; ++i) {
+    double t = w * double(y[i]);  // exact: 24-bit by 24-bit significands
+    if (!(std::fabs(t) < kFixedLimit)) {  // also catches NaN
+      ++saturated;
+      t = std::isnan(t) ? 0.0 : std::copysign(kFixedLimit, t);
+    }
+    acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
+                                       static_cast<std::uint64_t>(std::int64_t(std::nearbyint(t))));
+  }
+  return saturated;
+}
+
+void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h) {
+  for (std::size_t i = 0; i < h; ++i)
+    acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
+                                       static_cast<std::uint64_t>(partial[i]));
+}
+
+void residual_from_fixed(const float* x, const std::int64_t* acc, std::size_t h, float* out) {
+  for (std::size_t i = 0; i < h; ++i)
+    out[i] = static_cast<float>(double(x[i]) + double(acc[i]) * (1.0 / kFixedOne));
+}
+
+}  // namespace moed::kernels

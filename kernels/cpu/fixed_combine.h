@@ -1,0 +1,30 @@
+// The combine in exact fixed point.
+//
+// A token's MoE output is the gate-weighted sum of its experts' outputs. The
+// experts of one token sit on different ranks and islands, and partial sums
+// are formed where they sit before travelling back; in floating point the
+// grouping would change the bits with the placement. So each weighted term is
+// rounded once to a 64-bit integer on a grid of 2^-32 (range ±2^30 per term,
+// step 2.3e-10, far below an fp32 ulp of the residual stream it is added to),
+// and integers add associatively: any grouping, any order, the same bits.
+// Terms beyond the range saturate and are counted; a run with saturation is no
+// longer guaranteed order-independent and says so in its report.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moed::kernels {
+
+inline constexpr double kFixedOne = 0x1p32;
+
+// acc[i] += round(weight * y[i] * 2^32); returns the number of saturated terms.
+std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, std::size_t h);
+
+// acc[i] += partial[i] (wrapping, which keeps the sum exact when it ends in range).
+void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h);
+
+// out[i] = fp32(x[i] + acc[i] * 2^-32), the residual add, rounded once.
+void residual_from_fixed(const float* x, const std::int64_t* acc, std::size_t h, float* out);
+
+}  // namespace moed::kernels

@@ -1,0 +1,226 @@
+// The GPU kernels of moed: the same steps as kernels/cpu/, on one CUDA device.
+//
+// Self-contained (CUDA runtime and cuBLAS only, C++17), so that it builds with
+// nvcc apart from the rest of the project. Every operation is asynchronous on
+// the stream it is given; pointers are device pointers unless stated.
+//
+// Determinism: every kernel here has a fixed reduction order that does not
+// depend on the launch configuration or on timing, so the same inputs give the
+// same bits on every run. Atomics are used only on integers (counts, the
+// fixed-point combine), where addition is associative.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace moed::cuda {
+
+// ---- errors -----------------------------------------------------------------
+
+// A failed CUDA runtime or cuBLAS call: where, which call, and the library's
+// error name and text, e.g. "device.cu:42: cudaMalloc(...) failed:
+// cudaErrorMemoryAllocation (out of memory)".
+class CudaError : public std::runtime_error {
+ public:
+  CudaError(const char* file, int line, const std::string& message);
+  const char* file() const noexcept { return file_; }
+  int line() const noexcept { return line_; }
+
+ private:
+  const char* file_;
+  int line_;
+};
+
+namespace detail {
+[[noreturn]] void throw_cuda(cudaError_t status, const char* expr, const char* file, int line);
+[[noreturn]] void throw_cublas(cublasStatus_t status, const char* expr, const char* file, int line);
+inline void check(cudaError_t status, const char* expr, const char* file, int line) {
+  if (status != cudaSuccess) throw_cuda(status, expr, file, line);
+}
+inline void check(cublasStatus_t status, const char* expr, const char* file, int line) {
+  if (status != CUBLAS_STATUS_SUCCESS) throw_cublas(status, expr, file, line);
+}
+// Blocks for a grid-stride loop over n items: one item per thread, capped
+// at 2^20 blocks (the loop covers the rest).
+inline unsigned grid_blocks(long long n, int threads) {
+  long long b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > (1 << 20) ? (1 << 20) : b));
+}
+// Row-major C[m, n] = A[m, k] · W[n, k]ᵀ (kernels/cpu/gemm.h's gemm_xwt; A's
+// rows lda apart) on the handle's stream, fp32 in and out. Defined in expert_gemm.cu.
+void gemm_xwt(cublasHandle_t handle, const float* a, int m, int k, const float* w, int n, float* c,
+              int lda, cublasComputeType_t compute);
+}  // namespace detail
+
+// Throws CudaError when a cudaError_t or cublasStatus_t expression fails.
+#define MOED_CUDA_CHECK(expr) ::moed::cuda::detail::check((expr), #expr, __FILE__, __LINE__)
+
+// True when a device is present, usable, and can run this library's kernels.
+// Any failure (no driver, driver too old, no device, no kernel image for the
+// device's architecture) returns false with the reason in *why (may be null).
+// Never throws.
+bool gpu_available(std::string* why);
+
+// ---- RAII -------------------------------------------------------------------
+
+// n elements of T in device memory (cudaMalloc); move-only.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    if (n) MOED_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* data() noexcept { return p_; }
+  const T* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+  // Blocking copies (cudaMemcpy), for setup and tests: they wait for the
+  // device, so issue them after the kernels that produce the data.
+  void upload(const T* host, std::size_t n) {
+    if (n > n_) throw std::out_of_range("DeviceBuffer::upload: more elements than the buffer holds");
+    if (n) MOED_CUDA_CHECK(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_) MOED_CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  // All bytes zero, on `stream`.
+  void zero(cudaStream_t stream) {
+    if (n_) MOED_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), stream));
+  }
+
+ private:
+  void reset() noexcept {
+    if (p_) cudaFree(p_);  // an error here cannot be reported from a destructor
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// A CUDA stream (cudaStreamCreate); move-only.
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  Stream& operator=(Stream&& o) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  cudaStream_t get() const noexcept { return s_; }
+  operator cudaStream_t() const noexcept { return s_; }
+  void synchronize() const;
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// A cuBLAS handle bound to a stream; move-only. Math mode CUBLAS_DEFAULT_MATH:
+// fp32 GEMMs stay fp32 (no TF32 tensor cores, no bf16x9 emulation).
+class CublasHandle {
+ public:
+  explicit CublasHandle(cudaStream_t stream = nullptr);
+  ~CublasHandle();
+  CublasHandle(CublasHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  CublasHandle& operator=(CublasHandle&& o) noexcept;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+
+  cublasHandle_t get() const noexcept { return h_; }
+  void set_stream(cudaStream_t stream);
+  cudaStream_t stream() const;
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
+
+// ---- kernels ----------------------------------------------------------------
+
+// out = x / sqrt(mean(x²) + eps) * weight, per row of `hidden` floats (x and out
+// may alias). The sum of squares is in double with a fixed reduction tree.
+void rms_norm(const float* x, const float* weight, int rows, int hidden, float eps, float* out,
+              cudaStream_t stream);
+
+// logits[tokens, experts] = x[tokens, hidden] · gate_wᵀ, gate_w [experts, hidden]
+// row-major. fp32 arithmetic throughout (CUBLAS_COMPUTE_32F_PEDANTIC: never
+// TF32), on the handle's stream.
+void gate_logits(CublasHandle& handle, const float* x, const float* gate_w, int tokens, int hidden,
+                 int experts, float* logits);
+
+// Per token: p = softmax(logits / temperature) over `experts` (<= 512), the k
+// (<= 16, <= experts) most probable experts, sorted by descending probability
+// (ties: smaller expert id first), and their weights p / sum(top-k p) (sum 1).
+// The ranking compares z = logit / temperature (fp32, IEEE division), which is
+// the order of p, so the chosen ids do not depend on the exp implementation;
+// NaN ranks as -inf. Weights: exp(z - z_max) in double, summed in rank order.
+// One warp per token.
+void router_topk(const float* logits, int tokens, int experts, int k, float temperature,
+                 int* expert_ids, float* weights, cudaStream_t stream);
+
+// Stable grouping of (token, expert) pairs by expert. expert_ids[pairs] (e.g.
+// router_topk's [tokens, k] read flat); ids outside [0, experts) (e.g. -1 for
+// "not here") are left out. Writes counts[experts], offsets[experts + 1]
+// (exclusive prefix sum, offsets[experts] = pairs kept) and order[offsets[experts]]:
+// the kept pair indices sorted by expert, ascending pair index within an expert.
+// Cost: O(pairs) plus O(pairs * experts) reads served from L2.
+void count_and_offsets(const int* expert_ids, int pairs, int experts, int* counts, int* offsets,
+                       int* order, cudaStream_t stream);
+
+// token[i] = order[i] / k: the token of each grouped pair when pairs are
+// numbered token * k + slot (router_topk's layout).
+void pair_tokens(const int* order, int n, int k, int* token, cudaStream_t stream);
+
+// dst[i, :] = src[row_index[i], :] for i < n, rows of `hidden` floats.
+void permute_rows(const float* src, const int* row_index, int n, int hidden, float* dst,
+                  cudaStream_t stream);
+
+// The SwiGLU FFN of every expert on its group of rows (kernels/cpu/expert_ffn.h):
+// rows [host_offsets[e], host_offsets[e+1]) of x belong to expert e;
+// y = W2 · (silu(W1 x) ⊙ (W3 x)). host_offsets ([experts + 1]), w13 and w2
+// (arrays of device pointers, [2F, H] and [H, F] row-major) are host memory.
+// scratch is [host_offsets[experts], 2F] floats, indexed by row like x and y.
+// One GEMM per expert and phase: a row's bits depend on its expert's row count
+// (cuBLAS picks kernels by shape), as on the CPU. Binds `handle` to `stream`.
+void expert_ffn_grouped(CublasHandle& handle, const float* x, const int* host_offsets, int experts,
+                        const float* const* w13, const float* const* w2, int hidden, int ffn,
+                        float* scratch, float* y, cudaStream_t stream);
+
+// The fixed-point combine (kernels/cpu/fixed_combine.h): for each pair p and
+// column i, acc[pair_token[p], i] += round(gate_weight[p] * y[p, i] * 2^32),
+// terms saturated at ±2^62 (NaN -> 0) and counted in *saturated (unless null;
+// the caller zeroes it). acc is [tokens, hidden]; pairs with a negative
+// pair_token are skipped. Integer
+// atomics (wrapping, as on the CPU): the result has the same bits in any order.
+void combine_fixed(const float* y, const float* gate_weight, const int* pair_token, int pairs,
+                   int hidden, long long* acc, unsigned long long* saturated, cudaStream_t stream);
+
+// out = fp32(double(x) + double(acc) * 2^-32), the residual add, rounded once
+// (bit-identical to the CPU's residual_from_fixed).
+void residual_from_fixed(const float* x, const long long* acc, int tokens, int hidden, float* out,
+                         cudaStream_t stream);
+
+}  // namespace moed::cuda

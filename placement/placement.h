@@ -1,0 +1,66 @@
+// A placement: for every MoE layer, which ranks hold a slot (a copy of the
+// weights) of each expert. A hot expert may have several slots (replicas).
+// The epoch numbers placements; a cluster serves with one epoch at a time.
+//
+// Pure data and pure policies: no MPI, no threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moed::placement {
+
+class Placement {
+ public:
+  Placement() = default;
+  Placement(int ranks, int layers, int experts);  // every expert unplaced
+
+  int ranks() const { return ranks_; }
+  int layers() const { return layers_; }
+  int experts() const { return experts_; }
+  std::uint64_t epoch() const { return epoch_; }
+  void set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
+
+  // Ranks holding a slot of (layer, expert), in replica order.
+  const std::vector<int>& replicas(int layer, int expert) const;
+  void set_replicas(int layer, int expert, std::vector<int> ranks);
+  // Experts with a slot on `rank` in `layer`, ascending.
+  std::vector<int> experts_on(int layer, int rank) const;
+  // Slots `rank` holds over all layers.
+  int slots_on(int rank) const;
+  int max_slots_per_rank() const;
+
+  // Every expert placed at least once, ranks in range, no rank twice for one
+  // expert, and (when max_slots > 0) at most max_slots slots on any rank.
+  // Throws an Input error prefixed with `origin`.
+  void validate(const std::string& origin, int max_slots = 0) const;
+
+  bool operator==(const Placement&) const = default;
+
+ private:
+  int ranks_ = 0, layers_ = 0, experts_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::vector<std::vector<int>> slots_;  // [layer * experts + expert] -> ranks
+};
+
+// Expert e on rank e / ceil(E / R): the usual default.
+Placement contiguous(int ranks, int layers, int experts);
+// Expert e on rank e mod R.
+Placement round_robin(int ranks, int layers, int experts);
+// Per layer a seeded random permutation of experts, cut into contiguous blocks:
+// as balanced as `contiguous` but with arbitrary expert-to-rank maps.
+Placement shuffled(int ranks, int layers, int experts, std::uint64_t seed);
+// Adds `extra` replicas per layer to seeded random experts, each on a seeded
+// random rank that does not hold that expert yet (for tests of replica paths).
+Placement add_random_replicas(Placement p, int extra, std::uint64_t seed);
+
+// The policies above by name: "contiguous", "round-robin", "shuffled".
+inline const std::vector<std::string>& placement_policy_names() {
+  static const std::vector<std::string> names{"contiguous", "round-robin", "shuffled"};
+  return names;
+}
+Placement make_placement(const std::string& policy, int ranks, int layers, int experts,
+                         std::uint64_t seed);
+
+}  // namespace moed::placement

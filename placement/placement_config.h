@@ -1,0 +1,25 @@
+// Config sections of the placement part: [cluster] (islands) and [placement].
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/config_table.h"
+
+namespace moed::placement {
+
+struct ClusterConfig {
+  std::int64_t ranks_per_island = 0;
+};
+
+struct PlacementConfig {
+  std::string policy;
+  std::string file;
+  std::int64_t seed = 0;
+  std::int64_t max_slots_per_rank = 0;
+};
+
+const config::Section<ClusterConfig>& cluster_config_section();
+const config::Section<PlacementConfig>& placement_config_section();
+
+}  // namespace moed::placement

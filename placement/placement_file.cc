@@ -1,0 +1,109 @@
+#include "placement/placement_file.h"
+
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+
+namespace moed::placement {
+
+namespace {
+
+constexpr const char* kFormat = "moed-placement-v1";
+
+std::int64_t required_int(const toml::table& t, const char* key, const std::string& origin,
+                          std::int64_t min) {
+  auto v = t[key].value<std::int64_t>();
+  if (!v) MOED_THROW(Input, "{}: missing or non-integer key '{}'", origin, key);
+  if (*v < min) MOED_THROW(Input, "{}: '{}' = {} must be at least {}", origin, key, *v, min);
+  return *v;
+}
+
+}  // namespace
+
+Placement parse_placement(const std::string& text, const std::string& origin) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, origin);
+  } catch (const toml::parse_error& err) {
+    MOED_THROW(Input, "{}:{}:{}: {}", origin, err.source().begin.line, err.source().begin.column,
+               err.description());
+  }
+
+  auto format = doc["format"].value<std::string>();
+  if (!format || *format != kFormat)
+    MOED_THROW(Input, "{}: not a placement file: expected format = \"{}\"", origin, kFormat);
+  int ranks = int(required_int(doc, "ranks", origin, 1));
+  int layers = int(required_int(doc, "layers", origin, 1));
+  int experts = int(required_int(doc, "experts", origin, 1));
+  Placement p(ranks, layers, experts);
+  p.set_epoch(std::uint64_t(required_int(doc, "epoch", origin, 0)));
+
+  const toml::array* layer_tables = doc["layer"].as_array();
+  if (!layer_tables || int(layer_tables->size()) != layers)
+    MOED_THROW(Input, "{}: expected {} [[layer]] tables, found {}", origin, layers,
+               layer_tables ? layer_tables->size() : 0);
+  for (int l = 0; l < layers; ++l) {
+    const toml::table* lt = (*layer_tables)[l].as_table();
+    const toml::array* slots = lt ? (*lt)["slots"].as_array() : nullptr;
+    if (!slots) MOED_THROW(Input, "{}: layer {} has no 'slots' array", origin, l);
+    if (int(slots->size()) != experts)
+      MOED_THROW(Input, "{}: layer {} lists {} experts, expected {}", origin, l, slots->size(),
+                 experts);
+    for (int e = 0; e < experts; ++e) {
+      const toml::array* ranks_of = (*slots)[e].as_array();
+      if (!ranks_of)
+        MOED_THROW(Input, "{}: layer {} expert {}: expected an array of ranks like [0, 2]", origin,
+                   l, e);
+      std::vector<int> rs;
+      for (const auto& node : *ranks_of) {
+        auto r = node.value<std::int64_t>();
+        if (!r) MOED_THROW(Input, "{}: layer {} expert {}: ranks must be integers", origin, l, e);
+        rs.push_back(int(*r));
+      }
+      p.set_replicas(l, e, std::move(rs));
+    }
+  }
+  p.validate(origin);
+  return p;
+}
+
+Placement read_placement_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) MOED_THROW(Input, "{}: cannot open placement file", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_placement(text.str(), path);
+}
+
+std::string format_placement(const Placement& p) {
+  std::string out = fmt::format(
+      "# moed placement: for each layer, the ranks holding a slot of each expert\n"
+      "format = \"{}\"\nepoch = {}\nranks = {}\nlayers = {}\nexperts = {}\n",
+      kFormat, p.epoch(), p.ranks(), p.layers(), p.experts());
+  for (int l = 0; l < p.layers(); ++l) {
+    out += "\n[[layer]]  # layer " + std::to_string(l) + "\nslots = [";
+    for (int e = 0; e < p.experts(); ++e) out += fmt::format("{}[{}]", e ? ", " : "", fmt::join(p.replicas(l, e), ", "));
+    out += "]\n";
+  }
+  return out;
+}
+
+void write_placement_file(const Placement& p, const std::string& path) {
+  write_file_atomically(path, format_placement(p));
+}
+
+void check_placement_shape(const Placement& p, int ranks, int layers, int experts,
+                           const std::string& origin) {
+  if (p.ranks() != ranks || p.layers() != layers || p.experts() != experts)
+    MOED_THROW(Input,
+               "{}: placement is for {} ranks, {} layers, {} experts; this run has {} ranks, {} "
+               "layers, {} experts",
+               origin, p.ranks(), p.layers(), p.experts(), ranks, layers, experts);
+}
+
+}  // namespace moed::placement

@@ -1,0 +1,190 @@
+#include "runtime/config.h"
+
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace moed::runtime {
+
+namespace {
+
+using config::choice;
+using config::flag;
+using config::integer;
+using config::real;
+using config::text;
+
+const config::Section<ModelConfig>& model_section() {
+  using C = ModelConfig;
+  static const config::Section<C> s(
+      "model", "the MoE layers served",
+      {
+          integer<C>("layers", &C::layers, 4, 1, 4096, "MoE layers served per step"),
+          integer<C>("experts", &C::experts, 8, 1, 65536, "experts per layer"),
+          integer<C>("top_k", &C::top_k, 2, 1, 64, "experts chosen per token (top-k mode)"),
+          integer<C>("hidden", &C::hidden, 512, 1, 1 << 20, "hidden size H of a token row"),
+          integer<C>("ffn", &C::ffn, 1024, 1, 1 << 22, "FFN size F of one expert"),
+          choice<C>("dtype", &C::dtype, "f32", {"f32", "bf16"},
+                    "dtype of the weights file (computed in fp32 on CPU)"),
+          text<C>("weights", &C::weights, "",
+                  "safetensors file, index.json or folder; empty = synthetic weights made in "
+                  "memory from seed (the values --generate-weights writes)"),
+          integer<C>("seed", &C::seed, 42, 0, INT64_MAX, "seed of the synthetic weights"),
+          real<C>("norm_eps", &C::norm_eps, 1e-5, 0, 1, "epsilon of the RMSNorm before each MoE block"),
+      });
+  return s;
+}
+
+const config::Section<RouterConfig>& router_section() {
+  using C = RouterConfig;
+  static const config::Section<C> s(
+      "router", "expert choice per token (fp32, deterministic; ties go to the lower expert id)",
+      {
+          choice<C>("mode", &C::mode, "topk", {"topk", "topp"},
+                    "topk: the top_k most probable experts; topp: the fewest whose probability "
+                    "reaches top_p, within [min_k, max_k]"),
+          real<C>("temperature", &C::temperature, 1.0, 1e-3, 1e3, "softmax temperature of the gate"),
+          real<C>("top_p", &C::top_p, 0.7, 1e-6, 1.0, "probability mass to cover in topp mode"),
+          integer<C>("min_k", &C::min_k, 1, 1, 64, "fewest experts per token in topp mode"),
+          integer<C>("max_k", &C::max_k, 0, 0, 64, "most experts per token in topp mode; 0 = top_k"),
+      });
+  return s;
+}
+
+const config::Section<WorkloadConfig>& workload_section() {
+  using C = WorkloadConfig;
+  static const config::Section<C> s(
+      "workload", "the tokens the daemon serves without an external client",
+      {
+          choice<C>("kind", &C::kind, "synthetic", {"synthetic", "trace"},
+                    "synthetic: topic-mixture tokens routed by the router; trace: routing "
+                    "replayed from a trace file"),
+          integer<C>("tokens_per_step", &C::tokens_per_step, 512, 1, 1 << 24,
+                     "tokens per step over all ranks (split evenly by rank)"),
+          integer<C>("steps", &C::steps, 16, 1, 1 << 30, "steps to serve, then exit"),
+          integer<C>("warmup_steps", &C::warmup_steps, 1, 0, 1 << 20,
+                     "steps served first and left out of the figures"),
+          integer<C>("seed", &C::seed, 7, 0, INT64_MAX, "seed of the token generator"),
+          real<C>("hot_ratio", &C::hot_ratio, 2.75, 1, 1e6,
+                  "synthetic: load of the hottest expert over the mean (OLMoE: 2.5-3)"),
+          integer<C>("topic_size", &C::topic_size, 0, 0, 65536,
+                     "synthetic: experts per topic (co-routed group); 0 = 2 x top_k"),
+          real<C>("cross_topic", &C::cross_topic, 0.1, 0, 1,
+                  "synthetic: chance that a choice leaves the token's topic"),
+          text<C>("trace", &C::trace, "", "trace: routing trace file (moed-trace v1 or JSONL)"),
+      });
+  return s;
+}
+
+const config::Section<ExpertsConfig>& experts_section() {
+  using C = ExpertsConfig;
+  static const config::Section<C> s(
+      "experts", "expert computation on CPU",
+      {
+          integer<C>("chunk_rows", &C::chunk_rows, 256, 1, 1 << 20,
+                     "rows per expert GEMM call; an expert's rows of a step are cut into chunks "
+                     "of this size in token order, so results do not depend on placement "
+                     "(runs compare bit for bit only with equal values)"),
+          integer<C>("blas_threads", &C::blas_threads, 1, 1, 1024, "OpenBLAS threads per rank"),
+      });
+  return s;
+}
+
+const config::Section<MetricsConfig>& metrics_section() {
+  using C = MetricsConfig;
+  static const config::Section<C> s(
+      "metrics", "figures of the report",
+      {
+          integer<C>("load_window_steps", &C::load_window_steps, 8, 1, 1 << 20,
+                     "steps in the window of the expert load spread (std/mean)"),
+      });
+  return s;
+}
+
+const config::Section<LogConfig>& log_section() {
+  using C = LogConfig;
+  static const config::Section<C> s(
+      "log", "logging (stderr, the rank in every line)",
+      {
+          choice<C>("level", &C::level, "info", {std::begin(kLogLevels), std::end(kLogLevels)},
+                    "log level"),
+          flag<C>("per_step", &C::per_step, true, "log one line of figures per step (rank 0)"),
+      });
+  return s;
+}
+
+const config::Schema<Config>& schema() {
+  static const config::Schema<Config> s = [] {
+    config::Schema<Config> s;
+    s.add(model_section(), &Config::model);
+    s.add(router_section(), &Config::router);
+    s.add(workload_section(), &Config::workload);
+    s.add(experts_section(), &Config::experts);
+    s.add(placement::cluster_config_section(), &Config::cluster);
+    s.add(comm::comm_config_section(), &Config::comm);
+    s.add(placement::placement_config_section(), &Config::placement);
+    s.add(metrics_section(), &Config::metrics);
+    s.add(log_section(), &Config::log);
+    return s;
+  }();
+  return s;
+}
+
+}  // namespace
+
+Config default_config() { return schema().defaults(); }
+
+void validate_config(const Config& c) {
+  const auto& m = c.model;
+  if (m.top_k > m.experts)
+    MOED_THROW(Usage, "config: [model].top_k = {} exceeds [model].experts = {}", m.top_k, m.experts);
+  if (c.router.max_k > m.experts)
+    MOED_THROW(Usage, "config: [router].max_k = {} exceeds [model].experts = {}", c.router.max_k,
+               m.experts);
+  std::int64_t max_k = c.router.max_k ? c.router.max_k : m.top_k;
+  if (c.router.mode == "topp" && c.router.min_k > max_k)
+    MOED_THROW(Usage, "config: [router].min_k = {} exceeds the largest k ({} from {})",
+               c.router.min_k, max_k, c.router.max_k ? "[router].max_k" : "[model].top_k");
+  if (c.workload.kind == "trace" && c.workload.trace.empty())
+    MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
+  if (c.workload.kind == "synthetic" && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))
+    MOED_THROW(Usage,
+               "config: [workload].hot_ratio = {} is unreachable: the hottest expert can carry at "
+               "most every token, {} = [model].experts / [model].top_k times the mean",
+               c.workload.hot_ratio, double(m.experts) / double(m.top_k));
+  if (c.workload.topic_size > m.experts)
+    MOED_THROW(Usage, "config: [workload].topic_size = {} exceeds [model].experts = {}",
+               c.workload.topic_size, m.experts);
+}
+
+Config load_config_text(const std::string& toml_text, const std::string& origin,
+                        const std::vector<std::string>& overrides) {
+  Config c = schema().defaults();
+  if (!toml_text.empty()) schema().load(config::detail::parse_toml(toml_text, origin), c, origin);
+  for (const auto& o : overrides) schema().set(c, o);
+  validate_config(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string text;
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (!in) MOED_THROW(Usage, "config: cannot open {}", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  return load_config_text(text, path.empty() ? "defaults" : path, overrides);
+}
+
+void print_config(std::ostream& os, const Config& c) {
+  os << "# moed effective configuration: every key with its doc, allowed values and default.\n"
+        "# Load it back with: moed --config FILE\n";
+  schema().print(os, c);
+}
+
+}  // namespace moed::runtime

@@ -1,0 +1,77 @@
+// The daemon's whole configuration: one struct per TOML section, each
+// declared once with defaults and docs (runtime's own sections in config.cc,
+// the others beside the part they configure), composed into one Schema.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "comm/comm_config.h"
+#include "placement/placement_config.h"
+
+namespace moed::runtime {
+
+struct ModelConfig {
+  std::int64_t layers = 0, experts = 0, top_k = 0, hidden = 0, ffn = 0;
+  std::string dtype;
+  std::string weights;
+  std::int64_t seed = 0;
+  double norm_eps = 0;
+};
+
+struct RouterConfig {
+  std::string mode;
+  double temperature = 1;
+  double top_p = 1;
+  std::int64_t min_k = 1, max_k = 0;
+};
+
+struct WorkloadConfig {
+  std::string kind;
+  std::int64_t tokens_per_step = 0, steps = 0, warmup_steps = 0, seed = 0;
+  double hot_ratio = 0;
+  std::int64_t topic_size = 0;
+  double cross_topic = 0;
+  std::string trace;
+};
+
+struct ExpertsConfig {
+  std::int64_t chunk_rows = 0, blas_threads = 1;
+};
+
+struct MetricsConfig {
+  std::int64_t load_window_steps = 0;
+};
+
+struct LogConfig {
+  std::string level;
+  bool per_step = true;
+};
+
+struct Config {
+  ModelConfig model;
+  RouterConfig router;
+  WorkloadConfig workload;
+  ExpertsConfig experts;
+  placement::ClusterConfig cluster;
+  comm::CommConfig comm;
+  placement::PlacementConfig placement;
+  MetricsConfig metrics;
+  LogConfig log;
+};
+
+// Every key at its default: the embedded default config (the demo's).
+Config default_config();
+// Defaults, then the TOML file (if any), then each "section.key=value" in order;
+// then the checks that span keys. Usage errors name the key.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+Config load_config_text(const std::string& toml_text, const std::string& origin,
+                        const std::vector<std::string>& overrides);
+// Checks between keys (top_k <= experts, ...); load_config calls it.
+void validate_config(const Config& c);
+// TOML with each key's doc, allowed values and default as comments.
+void print_config(std::ostream& os, const Config& c);
+
+}  // namespace moed::runtime

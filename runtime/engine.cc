@@ -1,0 +1,117 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "kernels/cpu/fixed_combine.h"
+#include "kernels/cpu/rms_norm.h"
+
+namespace moed::runtime {
+
+Engine::Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
+               const placement::Placement& placement, const ExpertStore& store,
+               const Workload& workload)
+    : config_(config),
+      transport_(transport),
+      topology_(topology),
+      placement_(placement),
+      store_(store),
+      workload_(workload),
+      shape_(store.shape()),
+      router_(RouterParams::from(config)),
+      tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)) {
+  const std::uint64_t R = std::uint64_t(transport.size()), r = std::uint64_t(transport.rank());
+  first_ = tokens_per_step_ * r / R;
+  count_ = std::size_t(tokens_per_step_ * (r + 1) / R - first_);
+  for (int l = 0; l < shape_.layers; ++l)
+    gate_gemm_.push_back(std::make_unique<kernels::InvariantRowGemm>(
+        store.layer(l).gate.data(), std::size_t(shape_.experts), std::size_t(shape_.hidden)));
+  counts_ = ExpertCounts(transport.size(), shape_.experts);
+  size_send_.resize(R);
+  size_recv_.resize(R);
+}
+
+StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
+  StepRecord rec;
+  rec.expert_load.assign(std::size_t(shape_.layers) * shape_.experts, 0);
+  const double start = now_seconds();
+  x.resize(count_ * shape_.hidden);
+  workload_.tokens(step * tokens_per_step_ + first_, count_, x.data());
+  for (int l = 0; l < shape_.layers; ++l) run_layer(l, step, x, rec);
+  rec.total = now_seconds() - start;
+  return rec;
+}
+
+void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, StepRecord& rec) {
+  const int H = shape_.hidden, E = shape_.experts, R = transport_.size(), me = transport_.rank();
+  const std::string where = fmt::format("step {} layer {}", step, layer);
+  double t0 = now_seconds();
+
+  // route: normalise, then the router (or the trace) picks experts.
+  xn_.resize(count_ * H);
+  kernels::rms_norm(x.data(), store_.layer(layer).norm.data(), count_, H,
+                    float(config_.model.norm_eps), xn_.data());
+  routing_.clear();
+  if (workload_.replays_routing()) {
+    workload_.routing(step * tokens_per_step_ + first_, count_, layer, routing_);
+  } else {
+    logits_.resize(count_ * E);
+    (*gate_gemm_[layer])(xn_.data(), count_, logits_.data());
+    route(logits_.data(), count_, E, router_, routing_);
+  }
+  double t1 = now_seconds();
+
+  // plan: every rank learns every rank's per-expert counts, then plans its sends.
+  std::vector<std::uint32_t> mine = ExpertCounts::local(routing_, E);
+  transport_.all_gather(mine.data(), mine.size() * sizeof(std::uint32_t), counts_.data(),
+                        "expert counts of " + where);
+  PlanInput in{&routing_, &placement_, layer, &counts_, me,
+               std::uint64_t(config_.experts.chunk_rows), step};
+  DispatchPlan plan = plan_dispatch(in);
+  pack_dispatch(plan, xn_.data(), H, send_, layout_);
+  double t2 = now_seconds();
+
+  // dispatch: sizes first, then the rows.
+  for (int d = 0; d < R; ++d) size_send_[d] = layout_.send_bytes[d];
+  transport_.exchange_sizes(size_send_.data(), size_recv_.data(), "dispatch sizes of " + where);
+  layout_.recv_bytes.assign(size_recv_.begin(), size_recv_.end());
+  layout_.recv_offsets = comm::ExchangeLayout::prefix_offsets(layout_.recv_bytes);
+  recv_.resize(layout_.recv_total());
+  transport_.exchange(send_.data(), layout_, recv_.data(), "dispatch of " + where);
+  double t3 = now_seconds();
+
+  // experts: this rank's chunks, answers written straight into the combine messages.
+  ReceivedRows received = parse_dispatch(recv_.data(), layout_, H);
+  std::vector<ExpertBatch> batches = batch_by_expert(received, in);
+  rec.saturated += executor_.run(store_, layer, received, batches, back_send_, back_layout_);
+  back_layout_.recv_bytes = combine_message_bytes(plan, H);
+  back_layout_.recv_offsets = comm::ExchangeLayout::prefix_offsets(back_layout_.recv_bytes);
+  back_recv_.resize(back_layout_.recv_total());
+  double t4 = now_seconds();
+
+  // combine: answers travel back; the home rank sums them exactly and adds the residual.
+  transport_.exchange(back_send_.data(), back_layout_, back_recv_.data(), "combine of " + where);
+  double t5 = now_seconds();
+  acc_.assign(count_ * H, 0);
+  rec.saturated += accumulate_returns(plan, back_recv_.data(), back_layout_, H, acc_.data());
+  kernels::residual_from_fixed(x.data(), acc_.data(), count_ * H, x.data());
+  double t6 = now_seconds();
+
+  rec.route += t1 - t0;
+  rec.plan += t2 - t1;
+  rec.dispatch += t3 - t2;
+  rec.experts += t4 - t3;
+  rec.combine += t6 - t4;
+  rec.dispatch_a2a.push_back(t3 - t2);
+  rec.combine_a2a.push_back(t5 - t4);
+  for (int d = 0; d < R; ++d)
+    rec.bytes_sent[int(topology_.link(me, d))] += layout_.send_bytes[d] + back_layout_.send_bytes[d];
+  for (int e = 0; e < E; ++e) {
+    std::uint64_t load = counts_.total(e);
+    rec.expert_load[std::size_t(layer) * E + e] = load;
+    rec.pairs += load;
+  }
+}
+
+}  // namespace moed::runtime

@@ -1,0 +1,78 @@
+// The step loop of one rank: for every MoE layer, route -> plan -> dispatch ->
+// experts -> combine, over a Transport. Every rank runs the same sequence of
+// collectives, so no rank needs to be told what to do mid-step.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/transport.h"
+#include "kernels/cpu/gemm.h"
+#include "placement/placement.h"
+#include "placement/topology.h"
+#include "runtime/dispatch_plan.h"
+#include "runtime/expert_executor.h"
+#include "runtime/router.h"
+#include "runtime/weights/expert_store.h"
+#include "runtime/workload/workload.h"
+
+namespace moed::runtime {
+
+// What one rank measured in one step.
+struct StepRecord {
+  // Seconds: the whole step and its phases (summed over layers).
+  double total = 0, route = 0, plan = 0, dispatch = 0, experts = 0, combine = 0;
+  std::vector<double> dispatch_a2a, combine_a2a;  // per layer: the exchange alone
+  std::array<std::uint64_t, placement::kLinkClasses> bytes_sent{};  // by link class
+  std::vector<std::uint64_t> expert_load;  // [layer * experts + e], whole job (all-gathered)
+  std::uint64_t pairs = 0;                 // (token, expert) pairs over layers, whole job
+  std::uint64_t saturated = 0;             // fixed-point terms clamped on this rank
+};
+
+class Engine {
+ public:
+  Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
+         const placement::Placement& placement, const ExpertStore& store, const Workload& workload);
+
+  // Global token range of this rank in every step: [first, first + count) of the
+  // step's tokens_per_step, split evenly by rank.
+  std::uint64_t first_token() const { return first_; }
+  std::size_t local_tokens() const { return count_; }
+
+  // Serves step `step`; `hidden` receives the final hidden states of the local tokens.
+  StepRecord run_step(std::uint64_t step, std::vector<float>& hidden);
+
+  const std::vector<std::uint32_t>& chunk_rows_of_last_layer() const {
+    return executor_.last_chunk_rows();
+  }
+
+ private:
+  void run_layer(int layer, std::uint64_t step, std::vector<float>& x, StepRecord& rec);
+
+  const Config& config_;
+  comm::Transport& transport_;
+  const placement::Topology& topology_;
+  const placement::Placement& placement_;
+  const ExpertStore& store_;
+  const Workload& workload_;
+  ModelShape shape_;
+  RouterParams router_;
+  std::uint64_t tokens_per_step_;
+  std::uint64_t first_ = 0;
+  std::size_t count_ = 0;
+  std::vector<std::unique_ptr<kernels::InvariantRowGemm>> gate_gemm_;  // per layer
+  ExpertExecutor executor_;
+
+  // Buffers reused from layer to layer.
+  std::vector<float> xn_, logits_;
+  Routing routing_;
+  ExpertCounts counts_;
+  std::vector<std::byte> send_, recv_, back_send_, back_recv_;
+  comm::ExchangeLayout layout_, back_layout_;
+  std::vector<std::uint64_t> size_send_, size_recv_;
+  std::vector<std::int64_t> acc_;
+};
+
+}  // namespace moed::runtime

@@ -1,0 +1,95 @@
+// moed: the expert worker daemon. One rank per GPU (or CPU socket share),
+// started by mpirun or srun; run alone it serves as a single rank.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "comm/mpi/mpi_session.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "runtime/config.h"
+#include "runtime/daemon.h"
+#include "runtime/weights/synthetic_model.h"
+
+namespace {
+
+struct Cli {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string weights, placement_file, log_level;
+  bool print_config = false;
+  std::string generate_weights;
+  moed::runtime::ServeOptions serve;
+};
+
+int generate_weights(const moed::runtime::Config& c, const std::string& path) {
+  moed::runtime::SyntheticModel model{moed::runtime::ModelShape::from(c.model),
+                                      std::uint64_t(c.model.seed),
+                                      *moed::weights::parse_dtype(c.model.dtype)};
+  model.write(path);
+  std::cout << fmt::format("wrote {}: synthetic {}, {}, seed {}\n", path, model.shape.describe(),
+                           c.model.dtype, c.model.seed);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Cli cli;
+  CLI::App app{
+      "moed: serves the expert layers of a Mixture-of-Experts model with expert parallelism.\n"
+      "Launch one rank per GPU: mpirun -np N moed [options]. Exit codes: 0 ok, 1 runtime "
+      "failure, 2 bad usage or input."};
+  app.add_option("-c,--config", cli.config_path, "TOML config file (defaults: --print-config)");
+  app.add_option("--set", cli.overrides, "override a config key: section.key=value (repeatable)");
+  app.add_option("--weights", cli.weights, "shortcut for --set model.weights=PATH");
+  app.add_option("--placement", cli.placement_file, "shortcut for --set placement.file=PATH");
+  app.add_option("--log-level", cli.log_level, "trace, debug, info, warn, error or off");
+  app.add_flag("--print-config", cli.print_config, "print the effective config as TOML and exit");
+  app.add_option("--generate-weights", cli.generate_weights,
+                 "write the synthetic model of the configured shape to PATH (safetensors) and exit");
+  app.add_option("--dump-output", cli.serve.dump_output,
+                 "write the final hidden states of all tokens, in global order, to PATH");
+  app.add_option("--report-json", cli.serve.report_json, "write the run's figures as JSON to PATH");
+  app.set_version_flag("--version", "moed 0.1.0");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);  // prints help/version or the error
+    return code == 0 ? 0 : 2;
+  }
+
+  moed::runtime::Config config;
+  try {
+    if (!cli.weights.empty()) cli.overrides.push_back("model.weights=" + cli.weights);
+    if (!cli.placement_file.empty()) cli.overrides.push_back("placement.file=" + cli.placement_file);
+    if (!cli.log_level.empty()) cli.overrides.push_back("log.level=" + cli.log_level);
+    config = moed::runtime::load_config(cli.config_path, cli.overrides);
+    if (cli.print_config) {
+      moed::runtime::print_config(std::cout, config);
+      return 0;
+    }
+    if (!cli.generate_weights.empty()) {
+      moed::init_logging(-1, config.log.level);
+      return generate_weights(config, cli.generate_weights);
+    }
+  } catch (const moed::Error& e) {
+    std::cerr << "moed: " << e.describe() << "\n";
+    return e.exit_code();
+  }
+
+  std::unique_ptr<moed::comm::MpiSession> mpi;
+  try {
+    mpi = std::make_unique<moed::comm::MpiSession>(&argc, &argv);
+    moed::init_logging(mpi->rank(), config.log.level);
+    return moed::runtime::serve(config, cli.serve, *mpi);
+  } catch (const moed::Error& e) {
+    spdlog::critical("{}", e.describe());
+    if (mpi && mpi->size() > 1) mpi->abort(e.exit_code());  // peers may be blocked on this rank
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    if (mpi && mpi->size() > 1) mpi->abort(1);
+    return 1;
+  }
+}

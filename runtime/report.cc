@@ -1,0 +1,160 @@
+#include "runtime/report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/atomic_file.h"
+#include "common/summary_stats.h"
+
+namespace moed::runtime {
+
+Report::Report(RunInfo info, int load_window_steps)
+    : info_(std::move(info)), window_(load_window_steps) {}
+
+void Report::add_step(std::uint64_t step, const StepRecord& rec) {
+  if (step >= info_.warmup_steps) steps_.push_back(rec);
+}
+
+namespace {
+
+double ms(double seconds) { return seconds * 1e3; }
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (b >= 1000 && u < 4) b /= 1000, ++u;
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+}  // namespace
+
+std::string Report::step_line(std::uint64_t step, const StepRecord& rec) const {
+  std::uint64_t all = rec.bytes_sent[0] + rec.bytes_sent[1] + rec.bytes_sent[2];
+  return fmt::format(
+      "step {}{}: {:.1f} ms, {:.0f} tokens/s | route {:.1f} plan {:.1f} dispatch {:.1f} experts "
+      "{:.1f} combine {:.1f} ms | cross-island {:.0f}% of {}",
+      step, step < info_.warmup_steps ? " (warm-up)" : "", ms(rec.total),
+      double(info_.tokens_per_step) / rec.total, ms(rec.route), ms(rec.plan), ms(rec.dispatch),
+      ms(rec.experts), ms(rec.combine), all ? 100.0 * double(rec.bytes_sent[2]) / double(all) : 0.0,
+      human_bytes(double(all)));
+}
+
+Summary Report::summary() const {
+  Summary s;
+  s.measured_steps = steps_.size();
+  if (steps_.empty()) return s;
+  std::vector<double> totals, dispatch, combine;
+  double time = 0;
+  std::uint64_t pairs = 0;
+  for (const auto& r : steps_) {
+    totals.push_back(ms(r.total));
+    time += r.total;
+    for (double d : r.dispatch_a2a) dispatch.push_back(ms(d));
+    for (double c : r.combine_a2a) combine.push_back(ms(c));
+    s.route_ms += ms(r.route), s.plan_ms += ms(r.plan), s.dispatch_ms += ms(r.dispatch);
+    s.experts_ms += ms(r.experts), s.combine_ms += ms(r.combine);
+    for (int c = 0; c < placement::kLinkClasses; ++c) s.bytes[c] += r.bytes_sent[c];
+    pairs += r.pairs;
+    s.saturated += r.saturated;
+  }
+  const double n = double(steps_.size());
+  s.route_ms /= n, s.plan_ms /= n, s.dispatch_ms /= n, s.experts_ms /= n, s.combine_ms /= n;
+  s.tokens_per_s = double(info_.tokens_per_step) * n / time;
+  s.step_p50_ms = percentile(totals, 0.50), s.step_p99_ms = percentile(totals, 0.99);
+  s.dispatch_p50_ms = percentile(dispatch, 0.50), s.dispatch_p99_ms = percentile(dispatch, 0.99);
+  s.combine_p50_ms = percentile(combine, 0.50), s.combine_p99_ms = percentile(combine, 0.99);
+  const double token_layers = double(info_.tokens_per_step) * n * info_.shape.layers;
+  s.experts_per_token = double(pairs) / token_layers;
+  s.activation_rate = s.experts_per_token / info_.shape.experts;
+
+  // Load spread over the window of the last steps, per layer, then averaged.
+  const int E = info_.shape.experts, L = info_.shape.layers;
+  std::size_t from = steps_.size() > std::size_t(window_) ? steps_.size() - window_ : 0;
+  for (int l = 0; l < L; ++l) {
+    std::vector<double> load(E, 0.0);
+    for (std::size_t i = from; i < steps_.size(); ++i)
+      for (int e = 0; e < E; ++e) load[e] += double(steps_[i].expert_load[std::size_t(l) * E + e]);
+    s.load_std_over_mean += std_over_mean(load) / L;
+    s.load_max_over_mean += max_over_mean(load) / L;
+  }
+  return s;
+}
+
+void Report::print(std::ostream& os) const {
+  Summary s = summary();
+  std::uint64_t all = s.bytes[0] + s.bytes[1] + s.bytes[2];
+  auto share = [&](int c) { return all ? 100.0 * double(s.bytes[c]) / double(all) : 0.0; };
+  os << fmt::format(
+      "moed: {} ranks, {}; {}; {} steps of {} tokens ({} warm-up)\n"
+      "  workload           {}\n"
+      "  placement          {}\n"
+      "  transport          {}; {}\n"
+      "  tokens/s           {:.0f}\n"
+      "  step latency       p50 {:.2f} ms   p99 {:.2f} ms\n"
+      "  dispatch a2a       p50 {:.2f} ms   p99 {:.2f} ms  (per layer)\n"
+      "  combine a2a        p50 {:.2f} ms   p99 {:.2f} ms  (per layer)\n"
+      "  step phases        route {:.2f} | plan {:.2f} | dispatch {:.2f} | experts {:.2f} | "
+      "combine {:.2f} ms\n"
+      "  activation rate    {:.1f}% ({:.2f} of {} experts per token per layer)\n"
+      "  expert load        std/mean {:.2f}, hottest {:.2f}x mean (last {} steps)\n"
+      "  bytes sent         same rank {} ({:.0f}%) | same island {} ({:.0f}%) | cross island {} "
+      "({:.0f}%)\n",
+      info_.ranks, info_.topology, info_.shape.describe(), info_.steps, info_.tokens_per_step,
+      info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas,
+      s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.dispatch_p50_ms, s.dispatch_p99_ms,
+      s.combine_p50_ms, s.combine_p99_ms, s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,
+      s.combine_ms, 100 * s.activation_rate, s.experts_per_token, info_.shape.experts,
+      s.load_std_over_mean, s.load_max_over_mean, std::min<std::uint64_t>(window_, s.measured_steps),
+      human_bytes(double(s.bytes[0])), share(0), human_bytes(double(s.bytes[1])), share(1),
+      human_bytes(double(s.bytes[2])), share(2));
+  if (s.saturated)
+    os << fmt::format("  WARNING            {} combine terms saturated the fixed-point range\n",
+                      s.saturated);
+}
+
+nlohmann::json Report::to_json() const {
+  Summary s = summary();
+  using nlohmann::json;
+  json bytes;
+  for (int c = 0; c < placement::kLinkClasses; ++c)
+    bytes[placement::to_string(placement::LinkClass(c))] = s.bytes[c];
+  return json{
+      {"ranks", info_.ranks},
+      {"islands", info_.islands},
+      {"layers", info_.shape.layers},
+      {"experts", info_.shape.experts},
+      {"top_k", info_.shape.top_k},
+      {"hidden", info_.shape.hidden},
+      {"ffn", info_.shape.ffn},
+      {"tokens_per_step", info_.tokens_per_step},
+      {"steps", info_.steps},
+      {"warmup_steps", info_.warmup_steps},
+      {"measured_steps", s.measured_steps},
+      {"transport", info_.transport},
+      {"workload", info_.workload},
+      {"placement", info_.placement},
+      {"tokens_per_s", s.tokens_per_s},
+      {"step_latency_ms", {{"p50", s.step_p50_ms}, {"p99", s.step_p99_ms}}},
+      {"dispatch_latency_ms", {{"p50", s.dispatch_p50_ms}, {"p99", s.dispatch_p99_ms}}},
+      {"combine_latency_ms", {{"p50", s.combine_p50_ms}, {"p99", s.combine_p99_ms}}},
+      {"phase_ms",
+       {{"route", s.route_ms},
+        {"plan", s.plan_ms},
+        {"dispatch", s.dispatch_ms},
+        {"experts", s.experts_ms},
+        {"combine", s.combine_ms}}},
+      {"activation_rate", s.activation_rate},
+      {"experts_per_token", s.experts_per_token},
+      {"expert_load_std_over_mean", s.load_std_over_mean},
+      {"expert_load_max_over_mean", s.load_max_over_mean},
+      {"load_window_steps", window_},
+      {"bytes_sent", bytes},
+      {"fixed_point_saturated", s.saturated},
+  };
+}
+
+void Report::write_json(const std::string& path) const {
+  write_file_atomically(path, to_json().dump(2) + "\n");
+}
+
+}  // namespace moed::runtime

@@ -1,0 +1,59 @@
+// The figures of a run (rank 0): tokens/s, step latency, all-to-all latency,
+// activation rate, expert load spread, bytes by link class. Printed per step
+// and as a summary at exit, and written as one JSON object.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "runtime/engine.h"
+#include "runtime/model.h"
+
+namespace moed::runtime {
+
+struct RunInfo {
+  int ranks = 1, islands = 1;
+  ModelShape shape;
+  std::uint64_t tokens_per_step = 0, steps = 0, warmup_steps = 0;
+  std::string transport, workload, placement, blas, topology;
+};
+
+struct Summary {
+  std::uint64_t measured_steps = 0;
+  double tokens_per_s = 0;
+  double step_p50_ms = 0, step_p99_ms = 0;
+  double dispatch_p50_ms = 0, dispatch_p99_ms = 0;
+  double combine_p50_ms = 0, combine_p99_ms = 0;
+  double route_ms = 0, plan_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0;  // mean per step
+  double activation_rate = 0;          // experts run per token over all experts
+  double experts_per_token = 0;        // per layer
+  double load_std_over_mean = 0;       // mean over layers, window of the last steps
+  double load_max_over_mean = 0;       // hottest expert, mean over layers
+  std::array<std::uint64_t, placement::kLinkClasses> bytes{};
+  std::uint64_t saturated = 0;
+};
+
+class Report {
+ public:
+  Report(RunInfo info, int load_window_steps);
+
+  // One step's record, already reduced over ranks (max of times, sum of bytes).
+  void add_step(std::uint64_t step, const StepRecord& rec);
+  std::string step_line(std::uint64_t step, const StepRecord& rec) const;
+  Summary summary() const;
+  void print(std::ostream& os) const;
+  nlohmann::json to_json() const;
+  void write_json(const std::string& path) const;
+
+ private:
+  RunInfo info_;
+  int window_;
+  std::vector<StepRecord> steps_;  // measured steps only
+};
+
+}  // namespace moed::runtime

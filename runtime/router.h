@@ -1,0 +1,57 @@
+// Expert choice from gate logits: softmax with temperature, then top-k, or
+// top-p with min/max k, and the chosen weights renormalised to sum to 1.
+// Pure and deterministic: ties go to the lower expert id, and a token's
+// choice depends on its logits alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/config.h"
+
+namespace moed::runtime {
+
+// Experts and gate weights per token, in compressed rows (one row per token).
+struct Routing {
+  std::vector<std::uint32_t> offsets{0};  // tokens + 1
+  std::vector<std::uint32_t> experts;
+  std::vector<float> weights;
+
+  std::size_t tokens() const { return offsets.size() - 1; }
+  std::size_t pairs() const { return experts.size(); }
+  std::span<const std::uint32_t> experts_of(std::size_t t) const {
+    return {experts.data() + offsets[t], offsets[t + 1] - offsets[t]};
+  }
+  std::span<const float> weights_of(std::size_t t) const {
+    return {weights.data() + offsets[t], offsets[t + 1] - offsets[t]};
+  }
+  void clear() {
+    offsets.assign(1, 0);
+    experts.clear();
+    weights.clear();
+  }
+  void add(std::uint32_t expert, float weight) {
+    experts.push_back(expert);
+    weights.push_back(weight);
+  }
+  void end_token() { offsets.push_back(std::uint32_t(experts.size())); }
+};
+
+struct RouterParams {
+  bool top_p_mode = false;
+  int top_k = 2;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int min_k = 1, max_k = 2;
+
+  static RouterParams from(const Config& c);
+};
+
+// Appends one row per token of logits[tokens, experts] to `out`; each row is
+// ordered by descending probability.
+void route(const float* logits, std::size_t tokens, std::size_t experts, const RouterParams& params,
+           Routing& out);
+
+}  // namespace moed::runtime

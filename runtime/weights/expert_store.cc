@@ -1,0 +1,110 @@
+#include "runtime/weights/expert_store.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "common/error.h"
+#include "runtime/weights/safetensors.h"
+#include "runtime/weights/synthetic_model.h"
+
+namespace moed::runtime {
+
+namespace {
+
+// Where tensors come from: a checkpoint on disk or the synthetic model.
+class TensorSource {
+ public:
+  TensorSource(const Config& c, const ModelShape& shape)
+      : shape_(shape), dtype_(*weights::parse_dtype(c.model.dtype)) {
+    if (c.model.weights.empty())
+      synthetic_ = SyntheticModel{shape, std::uint64_t(c.model.seed), dtype_};
+    else
+      checkpoint_ = std::make_unique<weights::Checkpoint>(c.model.weights);
+  }
+
+  void gate(int l, float* out) const {
+    if (checkpoint_) return read(gate_tensor(l), gate_shape(shape_), out);
+    synthetic_.gate(l, out);
+  }
+  void norm(int l, float* out) const {
+    if (checkpoint_) return read(norm_tensor(l), norm_shape(shape_), out);
+    synthetic_.norm(l, out);
+  }
+  void up(int l, int e, int which, float* out) const {
+    if (checkpoint_) return read(expert_tensor(l, e, which == 1 ? "w1" : "w3"), up_shape(shape_), out);
+    synthetic_.up(l, e, which, out);
+  }
+  void down(int l, int e, float* out) const {
+    if (checkpoint_) return read(expert_tensor(l, e, "w2"), down_shape(shape_), out);
+    synthetic_.down(l, e, out);
+  }
+
+ private:
+  void read(const std::string& name, const std::vector<std::int64_t>& dims, float* out) const {
+    checkpoint_->read_f32(name, dtype_, dims, out);
+  }
+
+  ModelShape shape_;
+  weights::DType dtype_;
+  SyntheticModel synthetic_;
+  std::unique_ptr<weights::Checkpoint> checkpoint_;
+};
+
+}  // namespace
+
+ExpertStore ExpertStore::load(const Config& config, const placement::Placement& placement, int rank) {
+  ExpertStore store;
+  store.shape_ = ModelShape::from(config.model);
+  const ModelShape& s = store.shape_;
+  TensorSource source(config, s);
+  const std::size_t H = s.hidden, F = s.ffn;
+  for (int l = 0; l < s.layers; ++l) {
+    LayerWeights lw;
+    lw.gate.resize(std::size_t(s.experts) * H);
+    lw.norm.resize(H);
+    source.gate(l, lw.gate.data());
+    source.norm(l, lw.norm.data());
+    store.layers_.push_back(std::move(lw));
+
+    store.local_experts_.push_back(placement.experts_on(l, rank));
+    std::vector<Slot> slots;
+    for (int e : store.local_experts_.back()) {
+      Slot slot;
+      slot.w13.resize(2 * F * H);
+      slot.w2.resize(H * F);
+      source.up(l, e, 1, slot.w13.data());
+      source.up(l, e, 3, slot.w13.data() + F * H);
+      source.down(l, e, slot.w2.data());
+      slots.push_back(std::move(slot));
+    }
+    store.slots_.push_back(std::move(slots));
+  }
+  return store;
+}
+
+const ExpertStore::Slot* ExpertStore::find(int layer, int expert) const {
+  const auto& local = local_experts_.at(layer);
+  auto it = std::lower_bound(local.begin(), local.end(), expert);
+  if (it == local.end() || *it != expert) return nullptr;
+  return &slots_[layer][it - local.begin()];
+}
+
+bool ExpertStore::holds(int layer, int expert) const { return find(layer, expert) != nullptr; }
+
+kernels::ExpertView ExpertStore::expert(int layer, int expert) const {
+  const Slot* slot = find(layer, expert);
+  MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
+  return {slot->w13.data(), slot->w2.data(), std::size_t(shape_.hidden), std::size_t(shape_.ffn)};
+}
+
+std::size_t ExpertStore::expert_bytes() const {
+  return std::size_t(slots()) * std::size_t(shape_.expert_params()) * sizeof(float);
+}
+
+int ExpertStore::slots() const {
+  int n = 0;
+  for (const auto& l : slots_) n += int(l.size());
+  return n;
+}
+
+}  // namespace moed::runtime

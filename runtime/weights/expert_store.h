@@ -1,0 +1,46 @@
+// The weights one rank serves with: every layer's router gate and norm (the
+// router is replicated) and the experts of this rank's slots, in fp32.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "kernels/cpu/expert_ffn.h"
+#include "placement/placement.h"
+#include "runtime/config.h"
+#include "runtime/model.h"
+
+namespace moed::runtime {
+
+struct LayerWeights {
+  std::vector<float> gate;  // [experts, hidden]
+  std::vector<float> norm;  // [hidden]
+};
+
+class ExpertStore {
+ public:
+  // From [model].weights (a checkpoint: only the tensors this rank needs are
+  // read) or, when that is empty, from the synthetic model of [model].seed.
+  static ExpertStore load(const Config& config, const placement::Placement& placement, int rank);
+
+  const ModelShape& shape() const { return shape_; }
+  const LayerWeights& layer(int l) const { return layers_.at(l); }
+  bool holds(int layer, int expert) const;
+  kernels::ExpertView expert(int layer, int expert) const;  // Internal error if not held
+  std::size_t expert_bytes() const;                          // fp32 bytes of the held slots
+  int slots() const;
+
+ private:
+  struct Slot {
+    std::vector<float> w13;  // [2F, H]
+    std::vector<float> w2;   // [H, F]
+  };
+  const Slot* find(int layer, int expert) const;
+
+  ModelShape shape_;
+  std::vector<LayerWeights> layers_;
+  std::vector<std::vector<Slot>> slots_;       // [layer][i] for local_experts_[layer][i]
+  std::vector<std::vector<int>> local_experts_;  // [layer] ascending
+};
+
+}  // namespace moed::runtime

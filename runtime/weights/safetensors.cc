@@ -1,0 +1,525 @@
+#include "runtime/weights/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "common/error.h"
+
+namespace moed::weights {
+
+// Tensor data is copied out of the mapping as-is: the file is little-endian.
+static_assert(std::endian::native == std::endian::little, "moed assumes a little-endian host");
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kMetadataKey = "__metadata__";
+constexpr const char* kSupported = "F32, BF16";
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// A JSON value for an error message, cut short so a hostile header cannot flood the log.
+std::string brief(const json& value) {
+  std::string s = value.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+// Bytes per element of the dtypes whose size is known; nullopt for the others.
+std::optional<std::uint64_t> dtype_size(std::string_view dtype) {
+  static constexpr std::pair<std::string_view, std::uint64_t> kSizes[] = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  for (const auto& [name, size] : kSizes)
+    if (name == dtype) return size;
+  if (auto d = parse_dtype(dtype)) return *d == DType::F32 ? 4 : 2;  // lower-case spellings
+  return std::nullopt;
+}
+
+std::uint64_t element_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+// Product of the dims, or nullopt when it does not fit in 64 bits.
+std::optional<std::uint64_t> checked_numel(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape)
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return std::nullopt;
+  return n;
+}
+
+// One element of "shape" or "data_offsets": a JSON integer in [0, max].
+std::uint64_t header_uint(const std::string& path, const std::string& name, const char* field,
+                          std::size_t index, const json& value, std::uint64_t max) {
+  if (!value.is_number_integer())
+    MOED_THROW(Input, "{}: tensor '{}': {}[{}] is {}, expected a non-negative integer", path, name,
+               field, index, brief(value));
+  if (!value.is_number_unsigned())
+    MOED_THROW(Input, "{}: tensor '{}': {}[{}] is {}, expected a non-negative integer", path, name,
+               field, index, value.get<std::int64_t>());
+  auto v = value.get<std::uint64_t>();
+  if (v > max)
+    MOED_THROW(Input, "{}: tensor '{}': {}[{}] is {}, expected at most {}", path, name, field, index,
+               v, max);
+  return v;
+}
+
+const json& header_field(const std::string& path, const std::string& name, const json& entry,
+                         const char* field, const char* expected) {
+  auto it = entry.find(field);
+  if (it == entry.end())
+    MOED_THROW(Input, "{}: tensor '{}' has no \"{}\" in the header, expected {}", path, name, field,
+               expected);
+  return *it;
+}
+
+// Validates one header entry on its own; data_size is the size of the data region.
+TensorInfo parse_entry(const std::string& path, const std::string& name, const json& entry,
+                       std::uint64_t data_start, std::uint64_t data_size) {
+  if (!entry.is_object())
+    MOED_THROW(Input, "{}: tensor '{}': header entry is {}, expected an object with dtype, shape "
+               "and data_offsets", path, name, brief(entry));
+  TensorInfo info;
+  info.name = name;
+
+  const json& dtype = header_field(path, name, entry, "dtype", "a string such as \"F32\"");
+  if (!dtype.is_string())
+    MOED_THROW(Input, "{}: tensor '{}': dtype is {}, expected a string such as \"F32\"", path, name,
+               brief(dtype));
+  info.dtype = dtype.get<std::string>();
+
+  const json& shape = header_field(path, name, entry, "shape", "an array of integers");
+  if (!shape.is_array())
+    MOED_THROW(Input, "{}: tensor '{}': shape is {}, expected an array of integers", path, name,
+               brief(shape));
+  constexpr auto kMaxDim = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    info.shape.push_back(
+        static_cast<std::int64_t>(header_uint(path, name, "shape", i, shape[i], kMaxDim)));
+  auto numel = checked_numel(info.shape);
+  if (!numel)
+    MOED_THROW(Input, "{}: tensor '{}': shape {} has more elements than fit in 64 bits", path, name,
+               shape_str(info.shape));
+
+  const json& offsets = header_field(path, name, entry, "data_offsets", "[begin, end]");
+  if (!offsets.is_array() || offsets.size() != 2)
+    MOED_THROW(Input, "{}: tensor '{}': data_offsets is {}, expected [begin, end]", path, name,
+               brief(offsets));
+  constexpr auto kMaxOffset = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t begin = header_uint(path, name, "data_offsets", 0, offsets[0], kMaxOffset);
+  std::uint64_t end = header_uint(path, name, "data_offsets", 1, offsets[1], kMaxOffset);
+  if (begin > end)
+    MOED_THROW(Input, "{}: tensor '{}': data_offsets [{}, {}] has begin after end, expected begin <= "
+               "end", path, name, begin, end);
+  if (end > data_size)
+    MOED_THROW(Input, "{}: tensor '{}': data_offsets [{}, {}] ends beyond the data region of {} "
+               "bytes (file truncated?)", path, name, begin, end, data_size);
+
+  if (auto size = dtype_size(info.dtype)) {
+    std::uint64_t bytes = 0;
+    if (__builtin_mul_overflow(*numel, *size, &bytes))
+      MOED_THROW(Input, "{}: tensor '{}': shape {} of {} needs more bytes than fit in 64 bits",
+                 path, name, shape_str(info.shape), info.dtype);
+    if (end - begin != bytes)
+      MOED_THROW(Input, "{}: tensor '{}': data_offsets [{}, {}] span {} bytes, expected {} ({} "
+                 "elements of {} at {} bytes)", path, name, begin, end, end - begin, bytes, *numel,
+                 info.dtype, *size);
+  }
+  info.begin = data_start + begin;
+  info.end = data_start + end;
+  return info;
+}
+
+std::map<std::string, std::string> parse_metadata(const std::string& path, const json& value) {
+  if (!value.is_object())
+    MOED_THROW(Input, "{}: {} is {}, expected an object of strings", path, kMetadataKey,
+               brief(value));
+  std::map<std::string, std::string> out;
+  for (const auto& [key, v] : value.items()) {
+    if (!v.is_string())
+      MOED_THROW(Input, "{}: {} key '{}' is {}, expected a string", path, kMetadataKey, key,
+                 brief(v));
+    out.emplace(key, v.get<std::string>());
+  }
+  return out;
+}
+
+// Tensors may leave gaps between them but must not share bytes.
+void check_no_overlap(const std::string& path, const std::map<std::string, TensorInfo>& tensors) {
+  std::vector<const TensorInfo*> sorted;
+  for (const auto& [name, info] : tensors)
+    if (info.end > info.begin) sorted.push_back(&info);  // empty tensors occupy nothing
+  std::sort(sorted.begin(), sorted.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
+  const TensorInfo* furthest = nullptr;  // the tensor reaching furthest so far
+  for (const TensorInfo* t : sorted) {
+    if (furthest && t->begin < furthest->end)
+      MOED_THROW(Input, "{}: tensors '{}' and '{}' overlap in the data region (file bytes [{}, {}) "
+                 "and [{}, {})), expected disjoint data_offsets", path, furthest->name, t->name,
+                 furthest->begin, furthest->end, t->begin, t->end);
+    if (!furthest || t->end > furthest->end) furthest = t;
+  }
+}
+
+json parse_json(const std::string& path, const char* what, const std::byte* data,
+                std::size_t size) {
+  const char* text = reinterpret_cast<const char*>(data);
+  try {
+    return json::parse(text, text + size);
+  } catch (const json::exception& e) {
+    MOED_THROW(Input, "{}: {} is not valid JSON: {}", path, what, e.what());
+  }
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// The file a directory checkpoint stands for: model.safetensors.index.json, else its only
+// *.safetensors.index.json, else its only *.safetensors.
+std::string resolve_directory(const std::string& dir) {
+  fs::path preferred = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::is_regular_file(preferred)) return preferred.string();
+  std::vector<std::string> indexes, files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file()) continue;
+    std::string name = entry.path().filename().string();
+    if (ends_with(name, ".safetensors.index.json")) indexes.push_back(name);
+    if (ends_with(name, ".safetensors")) files.push_back(name);
+  }
+  if (ec) MOED_THROW(Input, "{}: cannot list the checkpoint directory: {}", dir, ec.message());
+  std::sort(indexes.begin(), indexes.end());
+  std::sort(files.begin(), files.end());
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
+  if (indexes.size() == 1) return (fs::path(dir) / indexes[0]).string();
+  if (indexes.size() > 1)
+    MOED_THROW(Input, "{}: several index files ({}), expected one or model.safetensors.index.json",
+               dir, list(indexes));
+  if (files.size() == 1) return (fs::path(dir) / files[0]).string();
+  if (files.empty())
+    MOED_THROW(Input, "{}: no checkpoint in this directory, expected model.safetensors.index.json "
+               "or a single *.safetensors file", dir);
+  MOED_THROW(Input, "{}: several .safetensors files ({}) but no model.safetensors.index.json to "
+             "say which tensor is where, expected one file or an index", dir, list(files));
+}
+
+// An output file being written; removed on destruction unless committed.
+class TempFile {
+ public:
+  TempFile(std::string final_path, std::string tmp_path)
+      : final_(std::move(final_path)), tmp_(std::move(tmp_path)) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      MOED_THROW(Input, "{}: cannot create {}: {}", final_, tmp_, std::strerror(errno));
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  void write(const void* data, std::size_t size) {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      ssize_t n = ::write(fd_, p, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) MOED_THROW(Runtime, "{}: writing {} failed: {}", final_, tmp_, std::strerror(errno));
+      p += n;
+      size -= static_cast<std::size_t>(n);
+    }
+  }
+
+  // fsync, close and rename over the final path.
+  void commit() {
+    if (::fsync(fd_) != 0)
+      MOED_THROW(Runtime, "{}: fsync of {} failed: {}", final_, tmp_, std::strerror(errno));
+    int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0)
+      MOED_THROW(Runtime, "{}: closing {} failed: {}", final_, tmp_, std::strerror(errno));
+    if (::rename(tmp_.c_str(), final_.c_str()) != 0)
+      MOED_THROW(Runtime, "{}: renaming {} into place failed: {}", final_, tmp_,
+                 std::strerror(errno));
+    committed_ = true;
+    // Make the rename itself durable; a failure here leaves a complete file, so it is ignored.
+    fs::path dir = fs::path(final_).parent_path();
+    int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+
+ private:
+  std::string final_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+// ---- dtypes -------------------------------------------------------------------------------
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  if (name == "F32" || name == "f32") return DType::F32;
+  if (name == "BF16" || name == "bf16") return DType::BF16;
+  return std::nullopt;
+}
+
+float bf16_to_f32(std::uint16_t bits) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
+
+std::uint16_t f32_to_bf16(float value) {
+  auto bits = std::bit_cast<std::uint32_t>(value);
+  // Rounding could carry a NaN's payload into the exponent and make it inf: keep the
+  // top half and set the quiet bit instead.
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
+  // Adding 0x7FFF rounds halves down, the extra 1 when the kept lsb is odd makes ties go to
+  // even; a carry into the exponent is correct (up to inf for the largest finite values).
+  std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>((bits + rounding) >> 16);
+}
+
+// ---- SafetensorsFile ----------------------------------------------------------------------
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) { parse_header(); }
+
+void SafetensorsFile::parse_header() {
+  const std::string& p = path();
+  const std::uint64_t size = file_.size();
+  if (size < 8)
+    MOED_THROW(Input, "{}: file is {} bytes, too short for a safetensors file (expected an 8-byte "
+               "header length, then the header)", p, size);
+  std::uint64_t header_len = 0;
+  std::memcpy(&header_len, file_.data(), 8);
+  if (header_len > size - 8)
+    MOED_THROW(Input, "{}: header length {} exceeds the {} bytes after the length field (file "
+               "truncated or not a safetensors file)", p, header_len, size - 8);
+
+  json header = parse_json(p, "the header", file_.data() + 8, static_cast<std::size_t>(header_len));
+  if (!header.is_object())
+    MOED_THROW(Input, "{}: header is a JSON {}, expected an object mapping tensor names to entries",
+               p, header.type_name());
+
+  const std::uint64_t data_start = 8 + header_len;
+  const std::uint64_t data_size = size - data_start;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == kMetadataKey)
+      metadata_ = parse_metadata(p, entry);
+    else
+      tensors_.emplace(name, parse_entry(p, name, entry, data_start, data_size));
+  }
+  check_no_overlap(p, tensors_);
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, info] : tensors_) out.push_back(name);  // std::map: already sorted
+  return out;
+}
+
+void SafetensorsFile::read_f32(const std::string& name, DType expected,
+                               const std::vector<std::int64_t>& expected_shape, float* out) const {
+  const TensorInfo* info = find(name);
+  if (!info) MOED_THROW(Input, "{}: no tensor named '{}'", path(), name);
+  auto dtype = parse_dtype(info->dtype);
+  if (!dtype)
+    MOED_THROW(Input, "{}: tensor '{}' has dtype {}, which moed cannot load (supported dtypes: {}; "
+               "expected {})", path(), name, info->dtype, kSupported, dtype_name(expected));
+  if (*dtype != expected)
+    MOED_THROW(Input, "{}: tensor '{}' has dtype {}, expected {}", path(), name, info->dtype,
+               dtype_name(expected));
+  if (info->shape != expected_shape)
+    MOED_THROW(Input, "{}: tensor '{}' has shape {}, expected {}", path(), name,
+               shape_str(info->shape), shape_str(expected_shape));
+
+  // The header check already guarantees this; repeated as the last guard before the copy.
+  const std::uint64_t numel = *checked_numel(info->shape);
+  MOED_CHECK(info->end - info->begin == numel * element_size(*dtype) && info->end <= file_.size(),
+             "{}: tensor '{}' byte range", path(), name);
+  const std::byte* src = file_.data() + info->begin;
+  if (*dtype == DType::F32) {
+    if (numel) std::memcpy(out, src, numel * sizeof(float));  // src may be unaligned
+    return;
+  }
+  for (std::uint64_t i = 0; i < numel; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, 2);
+    out[i] = bf16_to_f32(bits);
+  }
+}
+
+// ---- Checkpoint ---------------------------------------------------------------------------
+
+Checkpoint::Checkpoint(const std::string& path) : path_(path) {
+  std::error_code ec;
+  auto status = fs::status(path, ec);
+  if (!fs::exists(status)) MOED_THROW(Input, "{}: checkpoint path does not exist", path);
+  source_ = fs::is_directory(status) ? resolve_directory(path) : path;
+  if (ends_with(source_, ".json")) {
+    load_index(source_);
+    return;
+  }
+  // A single file: open it now, its header is the weight map.
+  auto file = std::make_unique<SafetensorsFile>(source_);
+  for (const auto& name : file->names()) weight_map_.emplace(name, source_);
+  shards_.emplace(source_, std::move(file));
+}
+
+void Checkpoint::load_index(const std::string& index_path) {
+  MappedFile file(index_path);
+  json index = parse_json(index_path, "the index", file.data(), file.size());
+  if (!index.is_object())
+    MOED_THROW(Input, "{}: index is a JSON {}, expected an object with a \"weight_map\"",
+               index_path, index.type_name());
+  auto it = index.find("weight_map");
+  if (it == index.end())
+    MOED_THROW(Input, "{}: index has no \"weight_map\", expected {{\"weight_map\": {{tensor name: "
+               "shard file}}}}", index_path);
+  if (!it->is_object())
+    MOED_THROW(Input, "{}: \"weight_map\" is {}, expected an object of tensor name -> shard file",
+               index_path, brief(*it));
+
+  const fs::path dir = fs::path(index_path).parent_path();
+  std::set<std::string> checked;
+  for (const auto& [name, shard] : it->items()) {
+    if (!shard.is_string() || shard.get<std::string>().empty())
+      MOED_THROW(Input, "{}: weight_map entry for tensor '{}' is {}, expected a shard file name",
+                 index_path, name, brief(shard));
+    std::string shard_path = (dir / shard.get<std::string>()).string();
+    // Only existence is checked here: the shard is opened and validated when first read.
+    if (checked.insert(shard_path).second && !fs::is_regular_file(shard_path))
+      MOED_THROW(Input, "{}: tensor '{}' is in shard {}, which does not exist", index_path, name,
+                 shard_path);
+    weight_map_.emplace(name, std::move(shard_path));
+  }
+}
+
+bool Checkpoint::contains(const std::string& name) const { return weight_map_.count(name) > 0; }
+
+const SafetensorsFile& Checkpoint::shard(const std::string& shard_path) const {
+  std::lock_guard lock(*mutex_);
+  auto& slot = shards_[shard_path];
+  if (!slot) {
+    try {
+      slot = std::make_unique<SafetensorsFile>(shard_path);
+    } catch (...) {
+      shards_.erase(shard_path);  // leave no empty slot behind
+      throw;
+    }
+  }
+  return *slot;  // map nodes are stable: safe to use after the lock is released
+}
+
+void Checkpoint::read_f32(const std::string& name, DType expected,
+                          const std::vector<std::int64_t>& expected_shape, float* out) const {
+  auto it = weight_map_.find(name);
+  if (it == weight_map_.end()) MOED_THROW(Input, "{}: no tensor named '{}'", source_, name);
+  const SafetensorsFile& file = shard(it->second);
+  if (!file.find(name))
+    MOED_THROW(Input, "{}: no tensor named '{}' (the index {} says it is in this shard)",
+               it->second, name, source_);
+  file.read_f32(name, expected, expected_shape, out);
+}
+
+// ---- SafetensorsWriter --------------------------------------------------------------------
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype,
+                            const std::vector<std::int64_t>& shape, const float* data) {
+  MOED_CHECK(!name.empty() && name != kMetadataKey, "bad tensor name '{}'", name);
+  MOED_CHECK(names_.insert(name).second, "tensor '{}' added twice", name);
+  MOED_CHECK(std::all_of(shape.begin(), shape.end(), [](std::int64_t d) { return d >= 0; }),
+             "tensor '{}' has negative dims {}", name, shape_str(shape));
+  auto numel = checked_numel(shape);
+  MOED_CHECK(numel && *numel <= std::numeric_limits<std::size_t>::max() / 4,
+             "tensor '{}' shape {} too large", name, shape_str(shape));
+  MOED_CHECK(data || *numel == 0, "tensor '{}' has no data", name);
+
+  Entry entry{name, dtype, shape, std::vector<std::byte>(*numel * element_size(dtype))};
+  if (dtype == DType::F32) {
+    if (*numel) std::memcpy(entry.bytes.data(), data, entry.bytes.size());
+  } else {
+    for (std::uint64_t i = 0; i < *numel; ++i) {
+      std::uint16_t bits = f32_to_bf16(data[i]);
+      std::memcpy(entry.bytes.data() + 2 * i, &bits, 2);
+    }
+  }
+  entries_.push_back(std::move(entry));
+}
+
+std::string SafetensorsWriter::header() const {
+  // ordered_json keeps the header in add() order, which is also the data order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) {
+    auto& meta = header[kMetadataKey] = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata_) meta[key] = value;
+  }
+  std::uint64_t offset = 0;
+  for (const Entry& e : entries_) {
+    header[e.name] = {{"dtype", dtype_name(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.bytes.size()}}};
+    offset += e.bytes.size();
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not UTF-8
+    MOED_THROW(Internal, "cannot encode the safetensors header: {}", e.what());
+  }
+  // The data region starts at 8 + N; trailing spaces are valid JSON padding.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  const std::string text = header();
+  TempFile out(path, fmt::format("{}.tmp.{}", path, ::getpid()));
+  const std::uint64_t header_len = text.size();
+  out.write(&header_len, 8);  // little-endian host
+  out.write(text.data(), text.size());
+  for (const Entry& e : entries_) out.write(e.bytes.data(), e.bytes.size());
+  out.commit();
+}
+
+}  // namespace moed::weights

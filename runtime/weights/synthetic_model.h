@@ -1,0 +1,37 @@
+// A synthetic MoE model of any shape, a pure function of (seed, tensor name):
+// `moed --generate-weights` writes it as safetensors, and with no weights file
+// each rank makes just the tensors of its own slots in memory, with the same
+// values (rounded to bf16 when the dtype says so).
+//
+// Its gate is structured so that routing behaves like a trained model's:
+// expert e of layer l looks along a "concept" direction u[σ_l(e)] (σ_0 is the
+// identity, later layers permute), so a token whose hidden state points at a
+// few concepts is routed to the same group of experts in every layer
+// (co-activation), and to a predictable expert in the next layer (affinity).
+// The expert FFNs are random with a small output scale, so the residual
+// stream, and with it the routing, stays on topic from layer to layer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/model.h"
+#include "runtime/weights/safetensors.h"
+
+namespace moed::runtime {
+
+struct SyntheticModel {
+  ModelShape shape;
+  std::uint64_t seed = 0;
+  weights::DType dtype = weights::DType::F32;
+
+  void gate(int layer, float* out) const;                // [experts, hidden]
+  void norm(int layer, float* out) const;                // [hidden]
+  void up(int layer, int expert, int which, float* out) const;  // which 1 or 3: [ffn, hidden]
+  void down(int layer, int expert, float* out) const;    // w2: [hidden, ffn]
+
+  // Writes every tensor, Mixtral names, atomically.
+  void write(const std::string& path) const;
+};
+
+}  // namespace moed::runtime

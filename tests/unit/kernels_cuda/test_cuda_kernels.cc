@@ -1,0 +1,439 @@
+// The CUDA kernels against plain CPU loops written here. Every GPU test skips
+// where no usable device is found; the error-path tests run everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace {
+
+using moed::cuda::CublasHandle;
+using moed::cuda::DeviceBuffer;
+using moed::cuda::gpu_available;
+using moed::cuda::Stream;
+
+std::vector<float> random_floats(std::size_t n, unsigned seed, float lo, float hi) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+template <class T>
+DeviceBuffer<T> to_device(const std::vector<T>& host) {
+  DeviceBuffer<T> d(host.size());
+  d.upload(host);
+  return d;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// ---- without a GPU ------------------------------------------------------------
+
+TEST(CudaNoGpu, GpuAvailableReturnsAReason) {
+  std::string why;
+  bool ok = false;
+  EXPECT_NO_THROW(ok = gpu_available(&why));
+  if (!ok) {
+    EXPECT_FALSE(why.empty());
+  }
+  EXPECT_NO_THROW(gpu_available(nullptr));
+}
+
+TEST(CudaNoGpu, CheckMacroThrowsWithLocationAndName) {
+  try {
+    MOED_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL() << "no exception";
+  } catch (const moed::cuda::CudaError& e) {
+    EXPECT_EQ(e.line(), __LINE__ - 3);
+    EXPECT_NE(std::string(e.what()).find("cudaErrorInvalidValue"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test_cuda_kernels.cc"), std::string::npos) << e.what();
+  }
+  try {
+    MOED_CUDA_CHECK(CUBLAS_STATUS_INVALID_VALUE);
+    FAIL() << "no exception";
+  } catch (const moed::cuda::CudaError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(MOED_CUDA_CHECK(cudaSuccess));
+}
+
+// ---- rms_norm ---------------------------------------------------------------
+
+TEST(CudaKernels, RmsNormMatchesCpu) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  Stream stream;
+  for (int hidden : {1000, 4096, 7}) {
+    const int rows = 5;
+    const float eps = 1e-5f;
+    auto x = random_floats(std::size_t(rows) * hidden, 1 + hidden, -3.0f, 3.0f);
+    auto w = random_floats(hidden, 2 + hidden, 0.5f, 1.5f);
+    std::vector<float> ref(x.size());
+    for (int r = 0; r < rows; ++r) {  // kernels/cpu/rms_norm.cc
+      double ss = 0;
+      for (int i = 0; i < hidden; ++i) ss += double(x[r * hidden + i]) * double(x[r * hidden + i]);
+      const float inv = float(1.0 / std::sqrt(ss / hidden + double(eps)));
+      for (int i = 0; i < hidden; ++i) ref[r * hidden + i] = x[r * hidden + i] * inv * w[i];
+    }
+    auto dx = to_device(x), dw = to_device(w);
+    DeviceBuffer<float> dout(x.size());
+    moed::cuda::rms_norm(dx.data(), dw.data(), rows, hidden, eps, dout.data(), stream);
+    moed::cuda::rms_norm(dx.data(), dw.data(), rows, hidden, eps, dx.data(), stream);  // in place
+    stream.synchronize();
+    const auto out = dout.download();
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_LE(std::fabs(out[i] - ref[i]), 1e-6f * std::fabs(ref[i])) << "hidden " << hidden << " at " << i;
+    EXPECT_TRUE(same_bits(dx.download(), out)) << "in place differs, hidden " << hidden;
+  }
+}
+
+// ---- gate_logits --------------------------------------------------------------
+
+TEST(CudaKernels, GateLogitsIsFp32) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  const int tokens = 33, hidden = 512, experts = 64;
+  auto x = random_floats(std::size_t(tokens) * hidden, 11, -1.0f, 1.0f);
+  auto w = random_floats(std::size_t(experts) * hidden, 12, -0.05f, 0.05f);
+  Stream stream;
+  CublasHandle handle(stream);
+  auto dx = to_device(x), dw = to_device(w);
+  DeviceBuffer<float> dl(std::size_t(tokens) * experts), one(experts);
+  moed::cuda::gate_logits(handle, dx.data(), dw.data(), tokens, hidden, experts, dl.data());
+  const int probe = 17;  // the same row alone, to report batch invariance
+  moed::cuda::gate_logits(handle, dx.data() + probe * hidden, dw.data(), 1, hidden, experts, one.data());
+  stream.synchronize();
+  const auto logits = dl.download();
+  for (int t = 0; t < tokens; ++t)
+    for (int e = 0; e < experts; ++e) {
+      double ref = 0, mag = 0;
+      for (int i = 0; i < hidden; ++i) {
+        ref += double(x[t * hidden + i]) * double(w[e * hidden + i]);
+        mag += std::fabs(double(x[t * hidden + i]) * double(w[e * hidden + i]));
+      }
+      // fp32 accumulation stays far inside 1e-5 of the magnitude; TF32 (10-bit
+      // mantissa inputs) would not.
+      ASSERT_LE(std::fabs(logits[t * experts + e] - ref), 1e-5 * mag) << t << "," << e;
+    }
+  const auto alone = one.download();
+  const bool invariant = std::memcmp(alone.data(), logits.data() + probe * experts, experts * sizeof(float)) == 0;
+  std::cout << "[ info ] gate_logits row bits " << (invariant ? "equal" : "DIFFER")
+            << " between a 1-row and a 33-row call\n";
+  RecordProperty("gate_logits_batch_invariant", invariant ? "yes" : "no");
+}
+
+// ---- router_topk ------------------------------------------------------------
+
+// The CPU definition: rank by z = logit / T (NaN as -inf), higher first, then
+// smaller id; weights exp(z - z_max) / sum over the k, summed in rank order.
+void router_reference(const std::vector<float>& logits, int tokens, int experts, int k, float temperature,
+                      std::vector<int>& ids, std::vector<float>& weights) {
+  ids.assign(std::size_t(tokens) * k, -1);
+  weights.assign(std::size_t(tokens) * k, 0.0f);
+  std::vector<float> z(experts);
+  std::vector<int> idx(experts);
+  for (int t = 0; t < tokens; ++t) {
+    for (int e = 0; e < experts; ++e) {
+      z[e] = logits[std::size_t(t) * experts + e] / temperature;
+      if (std::isnan(z[e])) z[e] = -std::numeric_limits<float>::infinity();
+    }
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return z[a] > z[b]; });
+    const float z_max = z[idx[0]];
+    std::vector<double> e(k);
+    double sum = 0;
+    for (int r = 0; r < k; ++r) {
+      const float zr = z[idx[r]];
+      e[r] = zr == z_max ? 1.0 : std::exp(double(zr) - double(z_max));
+      sum += e[r];
+    }
+    for (int r = 0; r < k; ++r) {
+      ids[std::size_t(t) * k + r] = idx[r];
+      weights[std::size_t(t) * k + r] = float(e[r] / sum);
+    }
+  }
+}
+
+TEST(CudaKernels, RouterTopkMatchesCpu) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  Stream stream;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::pair<int, int> shapes[] = {{8, 2}, {64, 8}, {160, 6}, {512, 16}, {5, 5}, {1, 1}, {33, 16}};
+  for (auto [experts, k] : shapes) {
+    const int tokens = 67;
+    const float temperature = 0.7f;
+    // Quantised logits: many exact ties, which must go to the smaller id.
+    std::mt19937 rng(experts * 100 + k);
+    std::uniform_int_distribution<int> q(-32, 32);
+    std::vector<float> logits(std::size_t(tokens) * experts);
+    for (float& l : logits) l = q(rng) / 8.0f;
+    std::fill_n(logits.begin() + 1 * experts, experts, 0.25f);  // token 1: all equal
+    std::fill_n(logits.begin() + 2 * experts, experts, -inf);   // token 2: all -inf
+    logits[3 * experts] = std::numeric_limits<float>::quiet_NaN();  // token 3: NaN ranks last
+    logits[4 * experts + experts - 1] = inf;                       // token 4: one +inf
+    logits[5 * experts] = -inf;
+
+    std::vector<int> ref_ids;
+    std::vector<float> ref_w;
+    router_reference(logits, tokens, experts, k, temperature, ref_ids, ref_w);
+
+    auto dl = to_device(logits);
+    DeviceBuffer<int> dids(ref_ids.size());
+    DeviceBuffer<float> dw(ref_w.size());
+    moed::cuda::router_topk(dl.data(), tokens, experts, k, temperature, dids.data(), dw.data(), stream);
+    stream.synchronize();
+    const auto ids = dids.download();
+    const auto w = dw.download();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_EQ(ids[i], ref_ids[i]) << "experts " << experts << " k " << k << " token " << i / k << " rank " << i % k;
+      ASSERT_NEAR(w[i], ref_w[i], 1e-6) << "experts " << experts << " k " << k << " token " << i / k;
+    }
+    for (int t = 0; t < tokens; ++t) {
+      double sum = 0;
+      for (int r = 0; r < k; ++r) {
+        sum += w[t * k + r];
+        if (r) {
+          EXPECT_GE(w[t * k + r - 1], w[t * k + r]);
+        }
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+  }
+}
+
+// ---- grouping and permutation -----------------------------------------------
+
+TEST(CudaKernels, CountAndOffsetsIsAStableGrouping) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  Stream stream;
+  struct Case { int pairs, experts, k; };
+  for (Case c : {Case{8000, 37, 4}, Case{3001, 1500, 1}, Case{0, 8, 2}, Case{700, 1, 7}}) {
+    // Ids in [-1, experts): -1 is "not here" and is dropped; expert 3 never appears.
+    std::mt19937 rng(c.pairs + c.experts);
+    std::uniform_int_distribution<int> pick(-1, c.experts - 1);
+    std::vector<int> ids(c.pairs);
+    for (int& e : ids) {
+      e = pick(rng);
+      if (e == 3) e = 0;
+    }
+    std::vector<int> counts(c.experts, 0), offsets(c.experts + 1, 0), order;
+    for (int e : ids)
+      if (e >= 0) ++counts[e];
+    for (int e = 0; e < c.experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+    for (int p = 0; p < c.pairs; ++p)
+      if (ids[p] >= 0) order.push_back(p);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
+
+    DeviceBuffer<int> dids(std::max(c.pairs, 1)), dcounts(c.experts), doffsets(c.experts + 1),
+        dorder(std::max(c.pairs, 1)), dtokens(std::max(c.pairs, 1));
+    dids.upload(ids);
+    moed::cuda::count_and_offsets(dids.data(), c.pairs, c.experts, dcounts.data(), doffsets.data(),
+                                  dorder.data(), stream);
+    const int kept = int(order.size());
+    moed::cuda::pair_tokens(dorder.data(), kept, c.k, dtokens.data(), stream);
+    stream.synchronize();
+    EXPECT_EQ(dcounts.download(), counts) << c.pairs << " pairs, " << c.experts << " experts";
+    EXPECT_EQ(doffsets.download(), offsets);
+    auto got = dorder.download();
+    got.resize(kept);
+    EXPECT_EQ(got, order) << "order must be by expert, then by pair index";
+    auto tokens = dtokens.download();
+    for (int i = 0; i < kept; ++i) ASSERT_EQ(tokens[i], order[i] / c.k);
+  }
+}
+
+TEST(CudaKernels, PermuteRowsGathersExactly) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  Stream stream;
+  const int src_rows = 50, n = 73;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> pick(0, src_rows - 1);
+  std::vector<int> index(n);
+  for (int& i : index) i = pick(rng);  // repeats allowed: a token going to several experts
+  auto dindex = to_device(index);
+  // 4096: float4 path; 1001: scalar path; 1024 from a misaligned pointer: scalar path.
+  for (auto [hidden, shift] : {std::pair{4096, 0}, std::pair{1001, 0}, std::pair{1024, 1}}) {
+    auto src = random_floats(std::size_t(src_rows) * hidden + shift, hidden, -1.0f, 1.0f);
+    auto dsrc = to_device(src);
+    DeviceBuffer<float> ddst(std::size_t(n) * hidden + shift);
+    moed::cuda::permute_rows(dsrc.data() + shift, dindex.data(), n, hidden, ddst.data() + shift, stream);
+    stream.synchronize();
+    const auto dst = ddst.download();
+    for (int i = 0; i < n; ++i)
+      ASSERT_EQ(0, std::memcmp(dst.data() + shift + std::size_t(i) * hidden,
+                               src.data() + shift + std::size_t(index[i]) * hidden, hidden * sizeof(float)))
+          << "row " << i << ", hidden " << hidden;
+  }
+}
+
+// ---- expert FFN ---------------------------------------------------------------
+
+TEST(CudaKernels, ExpertFfnGroupedMatchesDouble) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  const int H = 64, F = 96;
+  const std::vector<int> rows_of = {3, 0, 17, 1, 40};
+  const int experts = int(rows_of.size());
+  std::vector<int> offsets(experts + 1, 0);
+  for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + rows_of[e];
+  const int rows = offsets[experts];
+
+  auto x = random_floats(std::size_t(rows) * H, 21, -1.0f, 1.0f);
+  std::vector<std::vector<float>> w13(experts), w2(experts);
+  std::vector<DeviceBuffer<float>> dw13, dw2;
+  std::vector<const float*> p13(experts, nullptr), p2(experts, nullptr);
+  for (int e = 0; e < experts; ++e) {
+    w13[e] = random_floats(std::size_t(2) * F * H, 100 + e, -0.125f, 0.125f);  // ~1/sqrt(H)
+    w2[e] = random_floats(std::size_t(H) * F, 200 + e, -0.1f, 0.1f);           // ~1/sqrt(F)
+    if (rows_of[e] == 0) continue;  // an expert without rows needs no weights
+    dw13.push_back(to_device(w13[e]));
+    dw2.push_back(to_device(w2[e]));
+    p13[e] = dw13.back().data();
+    p2[e] = dw2.back().data();
+  }
+
+  Stream stream;
+  CublasHandle handle;
+  auto dx = to_device(x);
+  DeviceBuffer<float> dscratch(std::size_t(rows) * 2 * F), dy(std::size_t(rows) * H);
+  moed::cuda::expert_ffn_grouped(handle, dx.data(), offsets.data(), experts, p13.data(), p2.data(), H, F,
+                                 dscratch.data(), dy.data(), stream);
+  stream.synchronize();
+  const auto y = dy.download();
+
+  std::vector<double> act(F);
+  for (int e = 0; e < experts; ++e)
+    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+      const float* xr = x.data() + std::size_t(r) * H;
+      for (int f = 0; f < F; ++f) {
+        double g = 0, u = 0;
+        for (int i = 0; i < H; ++i) {
+          g += double(xr[i]) * w13[e][std::size_t(f) * H + i];
+          u += double(xr[i]) * w13[e][std::size_t(F + f) * H + i];
+        }
+        act[f] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (int i = 0; i < H; ++i) {
+        double ref = 0, mag = 0;
+        for (int f = 0; f < F; ++f) {
+          ref += act[f] * w2[e][std::size_t(i) * F + f];
+          mag += std::fabs(act[f] * w2[e][std::size_t(i) * F + f]);
+        }
+        // 1e-4 relative to the size of the terms summed (plain |ref| would be
+        // ill-conditioned where they cancel).
+        ASSERT_LE(std::fabs(y[std::size_t(r) * H + i] - ref), 1e-4 * mag) << "expert " << e << " row " << r << " col " << i;
+      }
+    }
+}
+
+// ---- combine ------------------------------------------------------------------
+
+// kernels/cpu/fixed_combine.cc's add_weighted_fixed, one pair at a time.
+std::uint64_t cpu_combine(const std::vector<float>& y, const std::vector<float>& w, const std::vector<int>& token,
+                          int hidden, std::vector<long long>& acc) {
+  std::uint64_t saturated = 0;
+  for (std::size_t p = 0; p < w.size(); ++p) {
+    const double scale = double(w[p]) * 0x1p32;
+    for (int i = 0; i < hidden; ++i) {
+      double t = scale * double(y[p * hidden + i]);
+      if (!(std::fabs(t) < 0x1p62)) {
+        ++saturated;
+        t = std::isnan(t) ? 0.0 : std::copysign(0x1p62, t);
+      }
+      long long& a = acc[std::size_t(token[p]) * hidden + i];
+      a = static_cast<long long>(static_cast<std::uint64_t>(a) +
+                                 static_cast<std::uint64_t>(static_cast<long long>(std::nearbyint(t))));
+    }
+  }
+  return saturated;
+}
+
+TEST(CudaKernels, CombineFixedIsBitExactInAnyOrder) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  const int tokens = 40, k = 3, hidden = 300, pairs = tokens * k;
+  auto y = random_floats(std::size_t(pairs) * hidden, 31, -8.0f, 8.0f);
+  auto w = random_floats(pairs, 32, 0.0f, 1.0f);
+  std::vector<int> token(pairs);
+  for (int p = 0; p < pairs; ++p) token[p] = p / k;
+  y[5] = 1e12f;                                        // saturates high
+  y[hidden + 7] = -3e11f;                              // saturates low
+  y[2 * hidden + 9] = std::numeric_limits<float>::quiet_NaN();  // saturates to 0
+  y[3 * hidden + 1] = std::numeric_limits<float>::infinity();
+  y[4 * hidden + 2] = 1e-30f;                          // rounds to 0
+  std::fill_n(w.begin(), 4, 0.5f);  // pairs 0-3 hold the special values above
+  w[6] = 0.0f;
+  std::mt19937_64 rng(33);
+  std::uniform_int_distribution<long long> start(-(1LL << 40), 1LL << 40);
+  std::vector<long long> acc0(std::size_t(tokens) * hidden);
+  for (long long& a : acc0) a = start(rng);
+  auto x = random_floats(acc0.size(), 34, -2.0f, 2.0f);
+
+  std::vector<long long> ref = acc0;
+  const std::uint64_t ref_saturated = cpu_combine(y, w, token, hidden, ref);
+  ASSERT_GE(ref_saturated, 4u);
+
+  Stream stream;
+  auto run = [&](const std::vector<float>& yy, const std::vector<float>& ww, const std::vector<int>& tt,
+                 unsigned long long* saturated) {
+    auto dy = to_device(yy), dw = to_device(ww);
+    auto dt = to_device(tt);
+    auto dacc = to_device(acc0);
+    DeviceBuffer<unsigned long long> dsat(1);
+    dsat.zero(stream);
+    moed::cuda::combine_fixed(dy.data(), dw.data(), dt.data(), pairs, hidden, dacc.data(), dsat.data(), stream);
+    stream.synchronize();
+    *saturated = dsat.download()[0];
+    return dacc.download();
+  };
+  unsigned long long saturated = 0;
+  const auto acc = run(y, w, token, &saturated);
+  EXPECT_TRUE(same_bits(acc, ref)) << "GPU fixed-point sum differs from the CPU's";
+  EXPECT_EQ(saturated, ref_saturated);
+
+  // The same pairs in a shuffled order: identical bits.
+  std::vector<int> perm(pairs);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(35));
+  std::vector<float> ys(y.size()), ws(pairs);
+  std::vector<int> ts(pairs);
+  for (int i = 0; i < pairs; ++i) {
+    std::copy_n(y.begin() + std::size_t(perm[i]) * hidden, hidden, ys.begin() + std::size_t(i) * hidden);
+    ws[i] = w[perm[i]];
+    ts[i] = token[perm[i]];
+  }
+  unsigned long long saturated2 = 0;
+  EXPECT_TRUE(same_bits(run(ys, ws, ts, &saturated2), acc)) << "pair order changed the bits";
+  EXPECT_EQ(saturated2, saturated);
+
+  // The residual add, bit for bit against the CPU expression.
+  std::vector<float> ref_out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i)
+    ref_out[i] = static_cast<float>(double(x[i]) + double(ref[i]) * (1.0 / 0x1p32));
+  auto dx = to_device(x);
+  auto dacc = to_device(ref);
+  DeviceBuffer<float> dout(x.size());
+  moed::cuda::residual_from_fixed(dx.data(), dacc.data(), tokens, hidden, dout.data(), stream);
+  stream.synchronize();
+  EXPECT_TRUE(same_bits(dout.download(), ref_out)) << "residual_from_fixed differs from the CPU's";
+}
+
+}  // namespace

@@ -1,0 +1,639 @@
+// Safetensors reader/writer: round trips, bf16 conversion, and every malformed-file case
+// giving a clear Input error. Files are written byte by byte into a fresh temp dir.
+#include "runtime/weights/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace moed::weights {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A temp directory per test, removed afterwards.
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    static int counter = 0;
+    dir_ = fs::temp_directory_path() /
+           ("moed_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+            test->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+
+  static void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    ASSERT_TRUE(out.good()) << path;
+  }
+
+  static std::string read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+
+  static std::string le64(std::uint64_t v) {
+    std::string s(8, '\0');
+    for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+    return s;
+  }
+
+  // A safetensors file from a raw header text and data region.
+  std::string write_raw(const std::string& name, const std::string& header,
+                        const std::string& data) {
+    std::string path = file(name);
+    write_bytes(path, le64(header.size()) + header + data);
+    return path;
+  }
+
+  // A file with a valid length prefix whose data region has `data_size` zero bytes.
+  std::string write_header(const std::string& name, const json& header, std::size_t data_size) {
+    return write_raw(name, header.dump(), std::string(data_size, '\0'));
+  }
+
+  fs::path dir_;
+};
+
+// Runs fn, expecting a moed Input error whose message holds every one of `parts`.
+void expect_input_error(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+  } catch (const moed::Error& e) {
+    EXPECT_EQ(e.kind(), moed::ErrorKind::Input) << e.what();
+    for (const auto& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << part;
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected moed::Error, got: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "expected an Input error, nothing was thrown";
+}
+
+void expect_open_error(const std::string& path, std::initializer_list<std::string> parts) {
+  expect_input_error([&] { SafetensorsFile f(path); }, parts);
+}
+
+std::vector<float> iota(std::size_t n, float start, float step) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
+  return v;
+}
+
+json entry(const std::string& dtype, std::vector<std::int64_t> shape, std::uint64_t begin,
+           std::uint64_t end) {
+  return {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, end}}};
+}
+
+// ---- bf16 ---------------------------------------------------------------------------------
+
+std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }
+float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
+
+TEST(Bf16, ExactForRepresentableValues) {
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, -3.0f, 0.15625f, 65536.0f, 1.0e-38f * 0.0f,
+                  from_bits(0x3F810000u), from_bits(0x00010000u) /* subnormal */,
+                  from_bits(0x7F7F0000u) /* largest finite bf16 */}) {
+    std::uint16_t b = f32_to_bf16(v);
+    EXPECT_EQ(b, bits_of(v) >> 16) << v;
+    EXPECT_EQ(bits_of(bf16_to_f32(b)), bits_of(v)) << v;
+  }
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  // Exactly halfway: ties go to the even neighbour.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3F808000u)), 0x3F80);  // lsb 0 stays
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3F818000u)), 0x3F82);  // lsb 1 rounds up
+  EXPECT_EQ(f32_to_bf16(from_bits(0xBF818000u)), 0xBF82);  // same for negatives
+  // Not a tie: nearest.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3F808001u)), 0x3F81);
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3F807FFFu)), 0x3F80);
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3F80FFFFu)), 0x3F81);
+  // Carry into the exponent: just below 2.0 rounds to 2.0.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3FFFFFFFu)), 0x4000);
+  // The largest float is past the last bf16 halfway point: it rounds to inf.
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);
+}
+
+TEST(Bf16, InfAndNaN) {
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(f32_to_bf16(-std::numeric_limits<float>::infinity()), 0xFF80);
+  EXPECT_TRUE(std::isinf(bf16_to_f32(0x7F80)));
+  EXPECT_LT(bf16_to_f32(0xFF80), 0.0f);
+
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  // A NaN whose payload sits only in the dropped low bits must not round to inf.
+  std::uint16_t snan = f32_to_bf16(from_bits(0x7F800001u));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(snan)));
+  EXPECT_TRUE(snan & 0x0040) << "quiet bit set";
+  std::uint16_t neg_nan = f32_to_bf16(from_bits(0xFFFFFFFFu));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(neg_nan)));
+  EXPECT_TRUE(neg_nan & 0x8000) << "sign kept";
+}
+
+TEST(Bf16, DtypeNames) {
+  EXPECT_STREQ(dtype_name(DType::F32), "F32");
+  EXPECT_STREQ(dtype_name(DType::BF16), "BF16");
+  EXPECT_EQ(parse_dtype("F32"), DType::F32);
+  EXPECT_EQ(parse_dtype("f32"), DType::F32);
+  EXPECT_EQ(parse_dtype("BF16"), DType::BF16);
+  EXPECT_EQ(parse_dtype("bf16"), DType::BF16);
+  EXPECT_EQ(parse_dtype("F16"), std::nullopt);
+  EXPECT_EQ(parse_dtype("Bf16"), std::nullopt);
+  EXPECT_EQ(parse_dtype(""), std::nullopt);
+}
+
+// ---- round trips --------------------------------------------------------------------------
+
+TEST_F(SafetensorsTest, RoundTripF32AndBf16) {
+  const auto w1 = iota(6, -1.25f, 0.5f);
+  const auto w2 = iota(12, 0.1f, 0.37f);  // not bf16-representable: rounds
+  const auto bias = iota(3, 7.0f, 1.0f);
+  SafetensorsWriter writer;
+  writer.set_metadata("format", "pt");
+  writer.set_metadata("moed.seed", "42");
+  writer.add("layer.w1", DType::F32, {2, 3}, w1.data());
+  writer.add("layer.w2", DType::BF16, {3, 4}, w2.data());
+  writer.add("bias", DType::BF16, {3}, bias.data());  // odd size: misaligns what follows
+  writer.add("empty", DType::F32, {0, 4}, nullptr);
+  writer.add("scalar", DType::F32, {}, w1.data());
+  const std::string path = file("model.safetensors");
+  writer.write(path);
+
+  SafetensorsFile f(path);
+  EXPECT_EQ(f.path(), path);
+  EXPECT_EQ(f.names(), (std::vector<std::string>{"bias", "empty", "layer.w1", "layer.w2", "scalar"}));
+  EXPECT_EQ(f.metadata(), (std::map<std::string, std::string>{{"format", "pt"}, {"moed.seed", "42"}}));
+  ASSERT_NE(f.find("layer.w2"), nullptr);
+  EXPECT_EQ(f.find("layer.w2")->dtype, "BF16");
+  EXPECT_EQ(f.find("layer.w2")->shape, (std::vector<std::int64_t>{3, 4}));
+  EXPECT_EQ(f.find("layer.w2")->end - f.find("layer.w2")->begin, 24u);
+  EXPECT_EQ(f.find("nope"), nullptr);
+
+  std::vector<float> out(12, -99.0f);
+  f.read_f32("layer.w1", DType::F32, {2, 3}, out.data());
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], w1[i]);
+  EXPECT_EQ(out[6], -99.0f) << "wrote past numel";
+  f.read_f32("layer.w2", DType::BF16, {3, 4}, out.data());
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(out[i], bf16_to_f32(f32_to_bf16(w2[i])));
+    EXPECT_NEAR(out[i], w2[i], std::abs(w2[i]) / 128);
+  }
+  f.read_f32("bias", DType::BF16, {3}, out.data());
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 3), bias);  // integers: exact in bf16
+  f.read_f32("empty", DType::F32, {0, 4}, out.data());
+  f.read_f32("scalar", DType::F32, {}, out.data());
+  EXPECT_EQ(out[0], w1[0]);
+
+  // Same through Checkpoint, by file and by directory.
+  for (const std::string& p : {path, dir_.string()}) {
+    Checkpoint ckpt(p);
+    EXPECT_EQ(ckpt.path(), p);
+    EXPECT_TRUE(ckpt.contains("layer.w1"));
+    EXPECT_FALSE(ckpt.contains("layer.w3"));
+    ckpt.read_f32("layer.w1", DType::F32, {2, 3}, out.data());
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], w1[i]);
+  }
+}
+
+TEST_F(SafetensorsTest, WriterLayoutIsStandard) {
+  const auto a = iota(5, 1.0f, 1.0f);
+  SafetensorsWriter writer;
+  writer.add("z.first", DType::BF16, {5}, a.data());
+  writer.add("a.second", DType::F32, {5}, a.data());
+  const std::string path = file("layout.safetensors");
+  writer.write(path);
+  writer.write(path);  // overwriting an existing file works
+
+  const std::string bytes = read_bytes(path);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ((8 + n) % 8, 0u) << "data region 8-byte aligned";
+  EXPECT_EQ(bytes.size(), 8 + n + 10 + 20);
+  json header = json::parse(bytes.substr(8, n));
+  EXPECT_FALSE(header.contains("__metadata__"));
+  // Data in add() order, contiguous from 0.
+  EXPECT_EQ(header["z.first"]["data_offsets"], json({0, 10}));
+  EXPECT_EQ(header["a.second"]["data_offsets"], json({10, 30}));
+  EXPECT_EQ(header["a.second"]["dtype"], "F32");
+  EXPECT_EQ(header["z.first"]["shape"], json({5}));
+  float x = 0;
+  std::memcpy(&x, bytes.data() + 8 + n + 10 + 4, 4);
+  EXPECT_EQ(x, 2.0f);
+
+  // No temp file left behind.
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST_F(SafetensorsTest, WriterErrors) {
+  SafetensorsWriter writer;
+  float x = 1.0f;
+  writer.add("t", DType::F32, {1}, &x);
+  EXPECT_THROW(writer.add("t", DType::F32, {1}, &x), moed::Error);  // duplicate
+  EXPECT_THROW(writer.add("n", DType::F32, {-1}, &x), moed::Error);
+  EXPECT_THROW(writer.add("__metadata__", DType::F32, {1}, &x), moed::Error);
+  expect_input_error([&] { writer.write(file("no/such/dir/x.safetensors")); },
+                     {"no/such/dir/x.safetensors"});
+}
+
+TEST_F(SafetensorsTest, ReadsHandWrittenFileWithGapsAndOtherDtypes) {
+  // Unknown dtypes and gaps are allowed in the header; only loading them fails.
+  json header = {{"a", entry("F32", {2}, 0, 8)},
+                 {"half", entry("F16", {2}, 16, 20)},
+                 {"q", entry("Q4_K", {7}, 20, 23)},
+                 {"__metadata__", {{"k", "v"}}}};
+  std::string data(23, '\0');
+  float v[2] = {1.5f, -2.0f};
+  std::memcpy(data.data(), v, 8);
+  std::string text = header.dump() + "   ";  // trailing spaces are valid padding
+  const std::string path = write_raw("hand.safetensors", text, data);
+
+  SafetensorsFile f(path);
+  EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "half", "q"}));
+  EXPECT_EQ(f.metadata().at("k"), "v");
+  EXPECT_EQ(f.find("a")->begin, 8 + text.size());
+  EXPECT_EQ(f.find("half")->end, 8 + text.size() + 20);
+  float out[2];
+  f.read_f32("a", DType::F32, {2}, out);
+  EXPECT_EQ(out[0], 1.5f);
+  EXPECT_EQ(out[1], -2.0f);
+}
+
+// ---- malformed files ----------------------------------------------------------------------
+
+TEST_F(SafetensorsTest, BadFileTooShort) {
+  // Exactly 8 bytes: a zero-length header, which is not JSON.
+  expect_open_error(write_raw("empty.safetensors", "", ""), {"empty.safetensors", "not valid JSON"});
+  write_bytes(file("short.safetensors"), "abc");
+  expect_open_error(file("short.safetensors"), {"short.safetensors", "3 bytes", "too short"});
+  write_bytes(file("zero.safetensors"), "");
+  expect_open_error(file("zero.safetensors"), {"zero.safetensors", "0 bytes"});
+}
+
+TEST_F(SafetensorsTest, BadFileMissing) {
+  expect_open_error(file("absent.safetensors"), {"absent.safetensors"});
+}
+
+TEST_F(SafetensorsTest, BadHeaderLength) {
+  const std::string path = file("len.safetensors");
+  write_bytes(path, le64(1000) + "{}");
+  expect_open_error(path, {"len.safetensors", "header length 1000", "2 bytes"});
+  write_bytes(path, le64(~0ull) + "{}");  // would overflow 8 + N
+  expect_open_error(path, {"len.safetensors", "header length"});
+}
+
+TEST_F(SafetensorsTest, BadHeaderNotJson) {
+  expect_open_error(write_raw("json.safetensors", "{\"a\": ", ""),
+                    {"json.safetensors", "not valid JSON"});
+  expect_open_error(write_raw("utf8.safetensors", "{\"\xff\": 1}", ""),
+                    {"utf8.safetensors", "not valid JSON"});
+}
+
+TEST_F(SafetensorsTest, BadHeaderNotObject) {
+  expect_open_error(write_raw("arr.safetensors", "[1, 2]", ""),
+                    {"arr.safetensors", "array", "expected an object"});
+}
+
+TEST_F(SafetensorsTest, BadEntryNotObject) {
+  expect_open_error(write_header("e.safetensors", {{"w", 5}}, 0),
+                    {"e.safetensors", "'w'", "expected an object"});
+}
+
+TEST_F(SafetensorsTest, BadEntryDtype) {
+  expect_open_error(write_header("d1.safetensors", {{"w", {{"shape", {1}}, {"data_offsets", {0, 4}}}}}, 4),
+                    {"d1.safetensors", "'w'", "\"dtype\""});
+  json e = entry("F32", {1}, 0, 4);
+  e["dtype"] = 32;
+  expect_open_error(write_header("d2.safetensors", {{"w", e}}, 4),
+                    {"d2.safetensors", "'w'", "dtype is 32", "expected a string"});
+}
+
+TEST_F(SafetensorsTest, BadEntryShape) {
+  expect_open_error(
+      write_header("s1.safetensors", {{"w", {{"dtype", "F32"}, {"data_offsets", {0, 4}}}}}, 4),
+      {"s1.safetensors", "'w'", "\"shape\""});
+  json e = entry("F32", {1}, 0, 4);
+  e["shape"] = "1";
+  expect_open_error(write_header("s2.safetensors", {{"w", e}}, 4),
+                    {"s2.safetensors", "'w'", "shape is \"1\"", "expected an array"});
+  e["shape"] = {1.5};
+  expect_open_error(write_header("s3.safetensors", {{"w", e}}, 4),
+                    {"s3.safetensors", "'w'", "shape[0]", "non-negative integer"});
+  e["shape"] = {"2"};
+  expect_open_error(write_header("s4.safetensors", {{"w", e}}, 4),
+                    {"s4.safetensors", "'w'", "shape[0]"});
+}
+
+TEST_F(SafetensorsTest, BadEntryNegativeDim) {
+  expect_open_error(write_header("neg.safetensors", {{"w", entry("F32", {2, -2}, 0, 16)}}, 16),
+                    {"neg.safetensors", "'w'", "shape[1] is -2", "non-negative"});
+}
+
+TEST_F(SafetensorsTest, BadEntryNumelOverflow) {
+  const std::int64_t big = std::int64_t{1} << 40;
+  expect_open_error(write_header("big.safetensors", {{"w", entry("F32", {big, big}, 0, 4)}}, 4),
+                    {"big.safetensors", "'w'", "64 bits"});
+  // numel fits, bytes do not.
+  expect_open_error(
+      write_header("big2.safetensors", {{"w", entry("F64", {std::int64_t{1} << 62}, 0, 8)}}, 8),
+      {"big2.safetensors", "'w'", "64 bits"});
+  // Unknown dtype: still caught on the element count.
+  expect_open_error(write_header("big3.safetensors", {{"w", entry("Q4", {big, big}, 0, 4)}}, 4),
+                    {"big3.safetensors", "'w'", "64 bits"});
+  // A dim beyond int64.
+  expect_open_error(
+      write_raw("big4.safetensors",
+                R"({"w": {"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 4]}})",
+                std::string(4, '\0')),
+      {"big4.safetensors", "'w'", "shape[0]"});
+}
+
+TEST_F(SafetensorsTest, BadEntryDataOffsets) {
+  json e = entry("F32", {1}, 0, 4);
+  e.erase("data_offsets");
+  expect_open_error(write_header("o1.safetensors", {{"w", e}}, 4),
+                    {"o1.safetensors", "'w'", "\"data_offsets\""});
+  e["data_offsets"] = {0};
+  expect_open_error(write_header("o2.safetensors", {{"w", e}}, 4),
+                    {"o2.safetensors", "'w'", "expected [begin, end]"});
+  e["data_offsets"] = {0, "4"};
+  expect_open_error(write_header("o3.safetensors", {{"w", e}}, 4),
+                    {"o3.safetensors", "'w'", "data_offsets[1]"});
+  e["data_offsets"] = {-4, 0};
+  expect_open_error(write_header("o4.safetensors", {{"w", e}}, 4),
+                    {"o4.safetensors", "'w'", "data_offsets[0] is -4"});
+}
+
+TEST_F(SafetensorsTest, BadEntryBeginAfterEnd) {
+  expect_open_error(write_header("be.safetensors", {{"w", entry("F32", {1}, 8, 4)}}, 8),
+                    {"be.safetensors", "'w'", "[8, 4]", "begin <= end"});
+}
+
+TEST_F(SafetensorsTest, BadEntryEndBeyondData) {
+  expect_open_error(write_header("end.safetensors", {{"w", entry("F32", {4}, 0, 16)}}, 12),
+                    {"end.safetensors", "'w'", "[0, 16]", "12 bytes"});
+}
+
+TEST_F(SafetensorsTest, BadEntryByteSize) {
+  expect_open_error(write_header("size.safetensors", {{"w", entry("BF16", {3, 2}, 0, 24)}}, 24),
+                    {"size.safetensors", "'w'", "24 bytes", "expected 12"});
+  expect_open_error(write_header("size2.safetensors", {{"w", entry("I8", {3}, 0, 4)}}, 4),
+                    {"size2.safetensors", "'w'", "expected 3"});
+}
+
+TEST_F(SafetensorsTest, BadOverlappingTensors) {
+  json header = {{"a", entry("F32", {4}, 0, 16)}, {"b", entry("F32", {2}, 12, 20)}};
+  expect_open_error(write_header("ov.safetensors", header, 20),
+                    {"ov.safetensors", "'a'", "'b'", "overlap"});
+  // A tensor nested inside a bigger one, behind a third.
+  header = {{"big", entry("F32", {8}, 0, 32)},
+            {"mid", entry("F32", {1}, 4, 8)},
+            {"inner", entry("F32", {1}, 20, 24)}};
+  expect_open_error(write_header("ov2.safetensors", header, 32), {"ov2.safetensors", "overlap"});
+  // Same range twice.
+  header = {{"x", entry("F32", {1}, 0, 4)}, {"y", entry("F32", {1}, 0, 4)}};
+  expect_open_error(write_header("ov3.safetensors", header, 4),
+                    {"ov3.safetensors", "'x'", "'y'", "overlap"});
+  // Empty tensors occupy nothing.
+  header = {{"x", entry("F32", {1}, 0, 4)}, {"e", entry("F32", {0}, 2, 2)}};
+  EXPECT_NO_THROW(SafetensorsFile(write_header("ok.safetensors", header, 4)));
+}
+
+TEST_F(SafetensorsTest, BadTruncatedFile) {
+  const auto v = iota(64, 0.0f, 1.0f);
+  SafetensorsWriter writer;
+  writer.add("first", DType::F32, {32}, v.data());
+  writer.add("model.layers.0.last", DType::F32, {32}, v.data() + 32);
+  const std::string path = file("trunc.safetensors");
+  writer.write(path);
+  fs::resize_file(path, fs::file_size(path) - 10);
+  expect_open_error(path, {"trunc.safetensors", "'model.layers.0.last'", "truncated"});
+}
+
+TEST_F(SafetensorsTest, BadMetadata) {
+  expect_open_error(write_header("m1.safetensors", {{"__metadata__", {1, 2}}}, 0),
+                    {"m1.safetensors", "__metadata__", "expected an object"});
+  expect_open_error(write_header("m2.safetensors", {{"__metadata__", {{"k", 3}}}}, 0),
+                    {"m2.safetensors", "__metadata__", "'k'", "expected a string"});
+}
+
+// ---- read_f32 checks ----------------------------------------------------------------------
+
+class SafetensorsReadTest : public SafetensorsTest {
+ protected:
+  void SetUp() override {
+    SafetensorsTest::SetUp();
+    const auto v = iota(512 * 256, 0.0f, 0.001f);
+    SafetensorsWriter writer;
+    writer.add(kName, DType::F32, {512, 256}, v.data());
+    writer.add("bf", DType::BF16, {4}, v.data());
+    writer.write(file("model.safetensors"));
+    // A file with an F16 and an unknown dtype, which are fine until read.
+    json header = {{"half", entry("F16", {2}, 0, 4)}, {"quant", entry("Q8_0", {5}, 4, 9)}};
+    write_header("other.safetensors", header, 9);
+  }
+  static constexpr const char* kName = "model.layers.0.block_sparse_moe.experts.3.w1.weight";
+  std::vector<float> out_ = std::vector<float>(512 * 256);
+};
+
+TEST_F(SafetensorsReadTest, MissingTensor) {
+  SafetensorsFile f(file("model.safetensors"));
+  expect_input_error([&] { f.read_f32("no.such.tensor", DType::F32, {1}, out_.data()); },
+                     {"model.safetensors", "'no.such.tensor'"});
+  Checkpoint c(file("model.safetensors"));
+  expect_input_error([&] { c.read_f32("no.such.tensor", DType::F32, {1}, out_.data()); },
+                     {"model.safetensors", "'no.such.tensor'"});
+}
+
+TEST_F(SafetensorsReadTest, WrongDtype) {
+  SafetensorsFile f(file("model.safetensors"));
+  expect_input_error([&] { f.read_f32(kName, DType::BF16, {512, 256}, out_.data()); },
+                     {"model.safetensors", kName, "dtype F32", "expected BF16"});
+  expect_input_error([&] { f.read_f32("bf", DType::F32, {4}, out_.data()); },
+                     {"model.safetensors", "'bf'", "dtype BF16", "expected F32"});
+}
+
+TEST_F(SafetensorsReadTest, UnsupportedDtype) {
+  SafetensorsFile f(file("other.safetensors"));
+  expect_input_error([&] { f.read_f32("half", DType::BF16, {2}, out_.data()); },
+                     {"other.safetensors", "'half'", "F16", "supported dtypes: F32, BF16"});
+  expect_input_error([&] { f.read_f32("quant", DType::F32, {5}, out_.data()); },
+                     {"other.safetensors", "'quant'", "Q8_0", "F32, BF16"});
+}
+
+TEST_F(SafetensorsReadTest, WrongShape) {
+  SafetensorsFile f(file("model.safetensors"));
+  expect_input_error(
+      [&] { f.read_f32(kName, DType::F32, {512, 128}, out_.data()); },
+      {std::string("model.safetensors: tensor '") + kName + "' has shape [512, 256], expected [512, 128]"});
+  expect_input_error([&] { f.read_f32(kName, DType::F32, {512, 256, 1}, out_.data()); },
+                     {"model.safetensors", kName, "[512, 256, 1]"});
+}
+
+// ---- sharded checkpoints ------------------------------------------------------------------
+
+class CheckpointTest : public SafetensorsTest {
+ protected:
+  // Two shards: "a.*" tensors in shard 1, "b.*" in shard 2, plus an index.
+  void write_sharded(const std::string& index_name = "model.safetensors.index.json") {
+    SafetensorsWriter s1, s2;
+    s1.add("a.w", DType::F32, {2, 2}, a_.data());
+    s1.add("a.bias", DType::BF16, {2}, a_.data());
+    s2.add("b.w", DType::BF16, {4}, b_.data());
+    s1.write(file("model-00001-of-00002.safetensors"));
+    s2.write(file("model-00002-of-00002.safetensors"));
+    json index = {{"metadata", {{"total_size", 28}}},
+                  {"weight_map",
+                   {{"a.w", "model-00001-of-00002.safetensors"},
+                    {"a.bias", "model-00001-of-00002.safetensors"},
+                    {"b.w", "model-00002-of-00002.safetensors"}}}};
+    write_bytes(file(index_name), index.dump(2));
+  }
+  std::vector<float> a_ = {1, 2, 3, 4};
+  std::vector<float> b_ = {-1, -0.5f, 0.25f, 8};
+};
+
+TEST_F(CheckpointTest, ShardedViaIndex) {
+  write_sharded();
+  Checkpoint c(file("model.safetensors.index.json"));
+  EXPECT_TRUE(c.contains("a.w"));
+  EXPECT_TRUE(c.contains("b.w"));
+  EXPECT_FALSE(c.contains("c.w"));
+  std::vector<float> out(4);
+  c.read_f32("a.w", DType::F32, {2, 2}, out.data());
+  EXPECT_EQ(out, a_);
+  c.read_f32("b.w", DType::BF16, {4}, out.data());
+  EXPECT_EQ(out, b_);
+  c.read_f32("a.bias", DType::BF16, {2}, out.data());
+  EXPECT_EQ(out[1], 2.0f);
+  expect_input_error([&] { c.read_f32("c.w", DType::F32, {1}, out.data()); },
+                     {"model.safetensors.index.json", "'c.w'"});
+  expect_input_error([&] { c.read_f32("b.w", DType::BF16, {2, 2}, out.data()); },
+                     {"model-00002-of-00002.safetensors", "'b.w'", "[4]", "expected [2, 2]"});
+}
+
+TEST_F(CheckpointTest, DirectoryPath) {
+  write_sharded();
+  Checkpoint c(dir_.string());
+  EXPECT_EQ(c.path(), dir_.string());
+  std::vector<float> out(4);
+  c.read_f32("b.w", DType::BF16, {4}, out.data());
+  EXPECT_EQ(out, b_);
+}
+
+TEST_F(CheckpointTest, DirectoryWithOtherIndexName) {
+  write_sharded("weights.safetensors.index.json");
+  Checkpoint c(dir_.string());
+  EXPECT_TRUE(c.contains("a.w"));
+}
+
+TEST_F(CheckpointTest, ShardsOpenLazily) {
+  write_sharded();
+  // Corrupt shard 2: a Checkpoint must not notice until one of its tensors is read.
+  write_bytes(file("model-00002-of-00002.safetensors"), le64(5) + "{oops");
+  Checkpoint c(file("model.safetensors.index.json"));
+  EXPECT_TRUE(c.contains("b.w"));
+  std::vector<float> out(4);
+  c.read_f32("a.w", DType::F32, {2, 2}, out.data());
+  EXPECT_EQ(out, a_);
+  expect_input_error([&] { c.read_f32("b.w", DType::BF16, {4}, out.data()); },
+                     {"model-00002-of-00002.safetensors", "not valid JSON"});
+  // The failure is not cached as an open shard; shard 1 still works.
+  expect_input_error([&] { c.read_f32("b.w", DType::BF16, {4}, out.data()); },
+                     {"model-00002-of-00002.safetensors"});
+  c.read_f32("a.bias", DType::BF16, {2}, out.data());
+  EXPECT_EQ(out[0], 1.0f);
+}
+
+TEST_F(CheckpointTest, IndexNamesTensorMissingFromShard) {
+  write_sharded();
+  json index = json::parse(read_bytes(file("model.safetensors.index.json")));
+  index["weight_map"]["ghost"] = "model-00001-of-00002.safetensors";
+  write_bytes(file("model.safetensors.index.json"), index.dump());
+  Checkpoint c(file("model.safetensors.index.json"));
+  std::vector<float> out(4);
+  expect_input_error([&] { c.read_f32("ghost", DType::F32, {1}, out.data()); },
+                     {"model-00001-of-00002.safetensors", "'ghost'", "index"});
+}
+
+TEST_F(CheckpointTest, BadIndexNotJson) {
+  write_bytes(file("bad.safetensors.index.json"), "{\"weight_map\": ");
+  expect_input_error([&] { Checkpoint c(file("bad.safetensors.index.json")); },
+                     {"bad.safetensors.index.json", "not valid JSON"});
+  write_bytes(file("bad.safetensors.index.json"), "[]");
+  expect_input_error([&] { Checkpoint c(file("bad.safetensors.index.json")); },
+                     {"bad.safetensors.index.json", "expected an object"});
+}
+
+TEST_F(CheckpointTest, BadIndexNoWeightMap) {
+  write_bytes(file("x.safetensors.index.json"), R"({"metadata": {}})");
+  expect_input_error([&] { Checkpoint c(file("x.safetensors.index.json")); },
+                     {"x.safetensors.index.json", "weight_map"});
+  write_bytes(file("x.safetensors.index.json"), R"({"weight_map": ["a"]})");
+  expect_input_error([&] { Checkpoint c(file("x.safetensors.index.json")); },
+                     {"x.safetensors.index.json", "weight_map"});
+  write_bytes(file("x.safetensors.index.json"), R"({"weight_map": {"t": 3}})");
+  expect_input_error([&] { Checkpoint c(file("x.safetensors.index.json")); },
+                     {"x.safetensors.index.json", "'t'"});
+}
+
+TEST_F(CheckpointTest, BadIndexMissingShard) {
+  write_sharded();
+  fs::remove(file("model-00002-of-00002.safetensors"));
+  expect_input_error([&] { Checkpoint c(file("model.safetensors.index.json")); },
+                     {"model.safetensors.index.json", "'b.w'", "model-00002-of-00002.safetensors",
+                      "does not exist"});
+}
+
+TEST_F(CheckpointTest, BadDirectory) {
+  fs::create_directories(dir_ / "empty");
+  write_bytes(file("empty/readme.txt"), "hi");
+  expect_input_error([&] { Checkpoint c(file("empty")); }, {"empty", "no checkpoint"});
+
+  fs::create_directories(dir_ / "two");
+  float x = 1;
+  SafetensorsWriter w;
+  w.add("t", DType::F32, {1}, &x);
+  w.write(file("two/a.safetensors"));
+  w.write(file("two/b.safetensors"));
+  expect_input_error([&] { Checkpoint c(file("two")); },
+                     {"two", "a.safetensors", "b.safetensors", "index"});
+
+  expect_input_error([&] { Checkpoint c(file("nowhere")); }, {"nowhere", "does not exist"});
+}
+
+TEST_F(CheckpointTest, BadSingleFileFailsAtConstruction) {
+  write_bytes(file("model.safetensors"), "short");
+  expect_input_error([&] { Checkpoint c(file("model.safetensors")); }, {"model.safetensors"});
+}
+
+}  // namespace
+}  // namespace moed::weights
