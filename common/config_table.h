@@ -177,9 +177,8 @@ class Schema {
   // Overlays a parsed TOML document on `r`. `origin` names it in messages.
   void load(const toml::table& doc, Root& r, const std::string& origin) const {
     for (const auto& [name, node] : doc) {
-      const Bound& s = find(std::string(name.str()), origin);
       if (!node.is_table()) detail::not_a_table(std::string(name.str()), origin);
-      s.load(*node.as_table(), r);
+      find(std::string(name.str()), origin).load(*node.as_table(), r);
     }
   }
 

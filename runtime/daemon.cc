@@ -1,20 +1,18 @@
 #include "runtime/daemon.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
-#include <memory>
-#include <optional>
 
-#include "comm/control_channel.h"
-#include "comm/transport.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cpu/gemm.h"
 #include "launch/launch_env.h"
 #include "placement/placement_file.h"
-#include "runtime/engine.h"
-#include "runtime/output_dump.h"
-#include "runtime/report.h"
 
 namespace moed::runtime {
 
@@ -53,21 +51,23 @@ std::string describe_placement(const Config& c, const placement::Placement& p) {
                      p.epoch(), replicated, p.max_slots_per_rank());
 }
 
-// Everything a rank builds before the first step.
-struct Setup {
-  std::optional<placement::Topology> topology;
-  placement::Placement placement;
-  std::unique_ptr<comm::Transport> transport;
-  std::optional<ExpertStore> store;
-  std::unique_ptr<Workload> workload;
-};
-
-// The step's command from the coordinator; later commands (re-optimise,
-// migrate, drain) join here, applied by every rank at the same boundary.
-struct StepCommand {
-  std::uint64_t step = 0;
-  std::uint32_t op = 0;  // 0: serve the step, 1: stop
-};
+// Output files are opened (or checked) before the first step, so that a bad
+// path is a start-up error every rank agrees on, not a failure at the end.
+void check_output_paths(const ServeOptions& options, int rank, const Config& c,
+                        std::unique_ptr<OutputDump>& dump) {
+  if (rank != 0) return;
+  if (!options.dump_output.empty())
+    dump = std::make_unique<OutputDump>(
+        options.dump_output, OutputHeader{std::uint64_t(c.model.hidden),
+                                          std::uint64_t(c.workload.tokens_per_step),
+                                          std::uint64_t(c.workload.steps)});
+  if (!options.report_json.empty()) {
+    std::string dir = std::filesystem::path(options.report_json).parent_path().string();
+    if (::access(dir.empty() ? "." : dir.c_str(), W_OK) != 0)
+      MOED_THROW(Usage, "--report-json {}: cannot write into {}: {}", options.report_json,
+                 dir.empty() ? "." : dir, std::strerror(errno));
+  }
+}
 
 // Per-step reduction: times are maxed over ranks, bytes summed.
 StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, std::uint64_t step) {
@@ -91,21 +91,30 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
 
 }  // namespace
 
-int serve(const Config& c, const ServeOptions& options, comm::MpiSession& mpi) {
-  const int rank = mpi.rank(), ranks = mpi.size();
-  comm::ControlChannel control(mpi.world(), std::chrono::milliseconds(c.comm.timeout_ms));
+Daemon::Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi)
+    : config_(config),
+      options_(options),
+      rank_(mpi.rank()),
+      control_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)) {}
+
+Daemon::~Daemon() = default;
+
+std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& options,
+                                      comm::MpiSession& mpi, int& exit_code) {
+  std::unique_ptr<Daemon> d(new Daemon(c, options, mpi));
   launch::LaunchInfo where = launch::detect_launch();
   kernels::set_blas_threads(int(c.experts.blas_threads));
 
-  // Start-up: every rank tries, then all agree before anyone serves.
-  Setup s;
-  int exit_code = 0;
+  // Every rank tries, then all agree before anyone serves.
+  exit_code = 0;
   try {
-    s.topology = discover_islands(c, control, where.host);
-    s.placement = initial_placement(c, ranks);
-    s.transport = comm::create_transport(c.comm, mpi.world());
-    s.store = ExpertStore::load(c, s.placement, rank);
-    s.workload = make_workload(c, s.store->layer(0).gate.data());
+    d->fault_ = fault_from_env();
+    d->topology_.emplace(discover_islands(c, d->control_, where.host));
+    d->placement_ = initial_placement(c, mpi.size());
+    d->transport_ = comm::create_transport(c.comm, mpi.world());
+    d->store_.emplace(ExpertStore::load(c, d->placement_, d->rank_));
+    d->workload_ = make_workload(c, d->store_->layer(0).gate.data());
+    check_output_paths(options, d->rank_, c, d->dump_);
   } catch (const Error& e) {
     spdlog::error("start-up failed: {}", e.describe());
     exit_code = e.exit_code();
@@ -113,59 +122,69 @@ int serve(const Config& c, const ServeOptions& options, comm::MpiSession& mpi) {
     spdlog::error("start-up failed: {}", e.what());
     exit_code = 1;
   }
-  exit_code = control.all_max(exit_code, "start-up status");
+  exit_code = d->control_.all_max(exit_code, "start-up status");
   if (exit_code != 0) {
-    if (rank == 0) spdlog::error("not serving: start-up failed (see the errors above)");
-    return exit_code;
+    if (d->rank_ == 0) spdlog::error("not serving: start-up failed (see the errors above)");
+    return nullptr;
   }
 
-  Engine engine(c, *s.transport, *s.topology, s.placement, *s.store, *s.workload);
+  d->engine_ = std::make_unique<Engine>(c, *d->transport_, *d->topology_, d->placement_,
+                                        *d->store_, *d->workload_);
   spdlog::info("on {} (local rank {} of {}, launched by {}), island {}, {} expert slots ({:.1f} MB), "
                "tokens [{}, {}) of each step",
                where.host, where.local_rank, where.local_size, where.launcher,
-               s.topology->island_of(rank), s.store->slots(), double(s.store->expert_bytes()) / 1e6,
-               engine.first_token(), engine.first_token() + engine.local_tokens());
+               d->topology_->island_of(d->rank_), d->store_->slots(),
+               double(d->store_->expert_bytes()) / 1e6, d->engine_->first_token(),
+               d->engine_->first_token() + d->engine_->local_tokens());
 
-  const ModelShape shape = s.store->shape();
-  RunInfo info{ranks, s.topology->islands(), shape, std::uint64_t(c.workload.tokens_per_step),
-               std::uint64_t(c.workload.steps), std::uint64_t(c.workload.warmup_steps),
-               s.transport->name(), s.workload->describe(), describe_placement(c, s.placement),
-               kernels::blas_description(), s.topology->describe()};
-  Report report(info, int(c.metrics.load_window_steps));
-  std::unique_ptr<OutputDump> dump;
-  if (rank == 0) {
-    spdlog::info("serving {} with {} ranks ({}), {}", shape.describe(), ranks, info.topology,
-                 info.placement);
+  RunInfo info{mpi.size(), d->topology_->islands(), d->store_->shape(),
+               std::uint64_t(c.workload.tokens_per_step), std::uint64_t(c.workload.steps),
+               std::uint64_t(c.workload.warmup_steps), d->transport_->name(),
+               d->workload_->describe(), describe_placement(c, d->placement_),
+               kernels::blas_description(), d->topology_->describe()};
+  d->report_ = std::make_unique<Report>(info, int(c.metrics.load_window_steps));
+  if (d->rank_ == 0) {
+    spdlog::info("serving {} with {} ranks ({}), {}", info.shape.describe(), info.ranks,
+                 info.topology, info.placement);
     spdlog::info("workload: {}", info.workload);
-    if (!options.dump_output.empty())
-      dump = std::make_unique<OutputDump>(
-          options.dump_output,
-          OutputHeader{std::uint64_t(shape.hidden), info.tokens_per_step, info.steps});
   }
+  return d;
+}
 
-  std::vector<float> hidden;
-  for (std::uint64_t step = 0;; ++step) {
-    StepCommand cmd{step, step < info.steps ? 0u : 1u};
-    control.broadcast(&cmd, sizeof cmd, fmt::format("command of step {}", step));
-    if (cmd.op == 1) break;
-    StepRecord rec = reduce_record(control, engine.run_step(cmd.step, hidden), cmd.step);
-    if (!options.dump_output.empty()) {
-      std::vector<std::byte> rows = control.gather(hidden.data(), hidden.size() * sizeof(float),
-                                                   fmt::format("outputs of step {}", cmd.step));
-      if (dump) dump->append(rows.data(), rows.size());
-    }
-    if (rank == 0) {
-      report.add_step(cmd.step, rec);
-      if (c.log.per_step) spdlog::info("{}", report.step_line(cmd.step, rec));
-    }
+bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
+  StepCommand cmd{step, step < std::uint64_t(config_.workload.steps) ? 0u : 1u};
+  control_.broadcast(&cmd, sizeof cmd, fmt::format("command of step {}", step));
+  if (cmd.op == 1) return false;
+  maybe_inject(fault_, rank_, cmd.step);
+  StepRecord rec = reduce_record(control_, engine_->run_step(cmd.step, hidden_), cmd.step);
+  if (!options_.dump_output.empty()) {
+    std::vector<std::byte> rows = control_.gather(hidden_.data(), hidden_.size() * sizeof(float),
+                                                  fmt::format("outputs of step {}", cmd.step));
+    if (dump_) dump_->append(rows.data(), rows.size());
   }
+  if (rank_ == 0) {
+    report_->add_step(cmd.step, rec);
+    if (config_.log.per_step) spdlog::info("{}", report_->step_line(cmd.step, rec));
+  }
+  if (reduced) *reduced = std::move(rec);
+  return true;
+}
 
-  if (rank == 0) {
-    if (dump) dump->finish();
-    report.print(std::cout);
-    std::cout.flush();
-    if (!options.report_json.empty()) report.write_json(options.report_json);
+void Daemon::finish() {
+  if (rank_ != 0) return;
+  if (dump_) dump_->finish();
+  report_->print(std::cout);
+  std::cout.flush();
+  if (!options_.report_json.empty()) report_->write_json(options_.report_json);
+}
+
+int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi) {
+  int exit_code = 0;
+  std::unique_ptr<Daemon> daemon = Daemon::start(config, options, mpi, exit_code);
+  if (!daemon) return exit_code;
+  for (std::uint64_t step = 0; daemon->serve_step(step); ++step) {
   }
+  daemon->finish();
   return 0;
 }
 

@@ -3,10 +3,24 @@
 // loop driven by rank 0, the coordinator, then the report.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "comm/control_channel.h"
 #include "comm/mpi/mpi_session.h"
+#include "comm/transport.h"
+#include "placement/placement.h"
+#include "placement/topology.h"
 #include "runtime/config.h"
+#include "runtime/engine.h"
+#include "runtime/fault_injection.h"
+#include "runtime/output_dump.h"
+#include "runtime/report.h"
+#include "runtime/weights/expert_store.h"
+#include "runtime/workload/workload.h"
 
 namespace moed::runtime {
 
@@ -15,9 +29,57 @@ struct ServeOptions {
   std::string report_json;  // --report-json
 };
 
-// Returns the process exit code. Start-up errors on any rank end every rank
-// with the worst exit code, each failing rank having said why; errors during
-// steps abort the job (a peer may be blocked on us).
+// The command rank 0 broadcasts at every step boundary; later commands
+// (re-optimise, migrate, drain) join here, so every rank applies them at the
+// same boundary, in the same order.
+struct StepCommand {
+  std::uint64_t step = 0;
+  std::uint32_t op = 0;  // 0: serve the step, 1: stop
+};
+
+class Daemon {
+ public:
+  // Start-up on every rank. Returns nullptr when it failed on any rank (each
+  // failing rank has logged why) with the worst exit code in `exit_code`.
+  static std::unique_ptr<Daemon> start(const Config& config, const ServeOptions& options,
+                                       comm::MpiSession& mpi, int& exit_code);
+  ~Daemon();
+
+  // Serves step `step` unless the coordinator says stop (returns false then).
+  // `reduced`, if given, receives the step's figures over all ranks (rank 0).
+  bool serve_step(std::uint64_t step, StepRecord* reduced = nullptr);
+  // Rank 0: finishes the output dump, prints the summary, writes the JSON report.
+  void finish();
+
+  const Config& config() const { return config_; }
+  comm::ControlChannel& control() { return control_; }
+  const placement::Placement& placement() const { return placement_; }
+  const ExpertStore& store() const { return *store_; }
+  const Engine& engine() const { return *engine_; }
+  const Report& report() const { return *report_; }
+
+ private:
+  Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+
+  const Config& config_;
+  ServeOptions options_;
+  int rank_;
+  comm::ControlChannel control_;
+  std::optional<Fault> fault_;
+  std::optional<placement::Topology> topology_;
+  placement::Placement placement_;
+  std::unique_ptr<comm::Transport> transport_;
+  std::optional<ExpertStore> store_;
+  std::unique_ptr<Workload> workload_;
+  std::unique_ptr<OutputDump> dump_;  // rank 0, with --dump-output
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Report> report_;
+  std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
+};
+
+// moed's main loop: start, serve every configured step, finish. Returns the
+// exit code; errors during steps are thrown (the caller aborts the job, since
+// peers may be blocked on this rank).
 int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
 
 }  // namespace moed::runtime

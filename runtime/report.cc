@@ -85,7 +85,7 @@ void Report::print(std::ostream& os) const {
   std::uint64_t all = s.bytes[0] + s.bytes[1] + s.bytes[2];
   auto share = [&](int c) { return all ? 100.0 * double(s.bytes[c]) / double(all) : 0.0; };
   os << fmt::format(
-      "moed: {} ranks, {}; {}; {} steps of {} tokens ({} warm-up)\n"
+      "moed: {} rank{}, {}; {}; {} steps of {} tokens ({} warm-up)\n"
       "  workload           {}\n"
       "  placement          {}\n"
       "  transport          {}; {}\n"
@@ -99,7 +99,7 @@ void Report::print(std::ostream& os) const {
       "  expert load        std/mean {:.2f}, hottest {:.2f}x mean (last {} steps)\n"
       "  bytes sent         same rank {} ({:.0f}%) | same island {} ({:.0f}%) | cross island {} "
       "({:.0f}%)\n",
-      info_.ranks, info_.topology, info_.shape.describe(), info_.steps, info_.tokens_per_step,
+      info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), info_.steps, info_.tokens_per_step,
       info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.dispatch_p50_ms, s.dispatch_p99_ms,
       s.combine_p50_ms, s.combine_p99_ms, s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,

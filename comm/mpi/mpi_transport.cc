@@ -103,11 +103,12 @@ class MpiTransport final : public Transport {
         else
           waiting_to.push_back(-p - 1);
       }
+      std::string sends =
+          waiting_to.empty() ? "" : fmt::format(", and for sends to ranks [{}]", fmt::join(waiting_to, ", "));
       MOED_THROW(Runtime,
-                 "rank {}: {}: deadline of {} ms expired; still waiting for data from ranks [{}] "
-                 "and for sends to ranks [{}] to complete ([comm].timeout_ms)",
-                 rank_, what, timeout_.count(), fmt::join(waiting_from, ", "),
-                 fmt::join(waiting_to, ", "));
+                 "rank {}: {}: deadline of {} ms expired; still waiting for data from ranks [{}]{} "
+                 "([comm].timeout_ms)",
+                 rank_, what, timeout_.count(), fmt::join(waiting_from, ", "), sends);
     });
   }
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs moed's build and test dependencies from Debian 12's packages.
+# Idempotent: when everything is present it returns at once, without apt.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config python3
+  libopenmpi-dev openmpi-bin
+  libucx-dev ucx-utils
+  libhwloc-dev hwloc
+  libmetis-dev
+  libtomlplusplus-dev libspdlog-dev
+  libopenblas-dev
+  nlohmann-json3-dev libcli11-dev
+  libgtest-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 2; }
+  sudo="sudo"
+fi
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -q
+# Another apt may hold the lock (unattended upgrades): wait for it.
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q "${missing[@]}"

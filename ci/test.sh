@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Command two of the README: install, build, and run the whole test suite
+# (unit tests, then the multi-rank tests under mpirun).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./ci/install-deps.sh
+./ci/build.sh
+cd build
+ctest --output-on-failure -j 2 -L unit
+ctest --output-on-failure -j 1 -L mpi

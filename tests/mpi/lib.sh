@@ -1,0 +1,46 @@
+# Shared by the integration tests (sourced). The binaries come from CTest:
+# MOED, MOE_PLACE, MOE_REFERENCE; MOED_SOURCE_DIR is the source tree.
+set -euo pipefail
+: "${MOED:?}" "${MOE_PLACE:?}" "${MOE_REFERENCE:?}" "${MOED_SOURCE_DIR:?}"
+SMALL="$MOED_SOURCE_DIR/tests/mpi/small.toml"
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/moed-test.XXXXXX")
+trap 'rm -rf "$SCRATCH"' EXIT
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# moed on N ranks (N = 0: a singleton process without mpirun).
+moed_on() {
+  local n=$1
+  shift
+  if [ "$n" = 0 ]; then
+    "$MOED" "$@"
+  else
+    mpirun --bind-to none -np "$n" "$MOED" "$@"
+  fi
+}
+export -f moed_on  # for `timeout bash -c` below
+
+# same_bits A B WHAT: the two output dumps are identical byte for byte.
+same_bits() {
+  cmp -s "$1" "$2" || fail "$3: outputs differ ($(cmp "$1" "$2" 2>&1 | head -1))"
+  echo "ok: $3"
+}
+
+# expect_failure CODE PATTERN WHAT -- COMMAND...: exits with CODE and says PATTERN
+# (an extended regex) on stderr or stdout, within 60 s.
+expect_failure() {
+  local code=$1 pattern=$2 what=$3
+  shift 4
+  local out="$SCRATCH/last-failure.txt" rc=0
+  timeout 60 bash -c '"$@"' _ "$@" >"$out" 2>&1 || rc=$?
+  [ "$rc" = "$code" ] || { cat "$out" >&2; fail "$what: exit code $rc, expected $code"; }
+  grep -Eq -- "$pattern" "$out" || { cat "$out" >&2; fail "$what: output lacks /$pattern/"; }
+  echo "ok: $what -> exit $code: $(grep -Em1 -- "$pattern" "$out" | cut -c1-160)"
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The three binaries answer --help and --version; --print-config reloads to
+# itself; the report JSON carries the documented keys.
+source "$(dirname "$0")/lib.sh"
+for bin in "$MOED" "$MOE_PLACE" "$(dirname "$MOED")/moectl"; do
+  "$bin" --help | grep -q "Usage" || fail "$bin --help"
+  "$bin" --version | grep -Eq "[0-9]+\.[0-9]+" || fail "$bin --version"
+  echo "ok: $(basename "$bin") --help, --version"
+done
+expect_failure 3 'cannot connect' "moectl without an admin socket" -- "$(dirname "$MOED")/moectl" status
+
+"$MOED" --config "$SMALL" --print-config >"$SCRATCH/a.toml"
+"$MOED" --config "$SCRATCH/a.toml" --print-config >"$SCRATCH/b.toml"
+cmp -s "$SCRATCH/a.toml" "$SCRATCH/b.toml" || fail "--print-config does not reload to itself"
+grep -q '^# MoE layers served per step' "$SCRATCH/a.toml" || fail "--print-config lacks key docs"
+echo "ok: --print-config round trip"
+
+moed_on 4 --config "$SMALL" --set cluster.ranks_per_island=2 --report-json "$SCRATCH/r.json" >"$SCRATCH/out.txt"
+for key in tokens_per_s step_latency_ms dispatch_latency_ms combine_latency_ms activation_rate \
+  expert_load_std_over_mean bytes_sent same_rank same_island cross_island p50 p99; do
+  grep -q "\"$key\"" "$SCRATCH/r.json" || fail "report JSON lacks $key"
+done
+grep -q '"islands": 2' "$SCRATCH/r.json" || fail "report JSON: islands"
+grep -q 'tokens/s' "$SCRATCH/out.txt" || fail "no human summary on stdout"
+echo "ok: report JSON keys and human summary"
