@@ -175,9 +175,9 @@ std::string describe_allowed(ValueType type, double min, double max,
 }
 
 void unknown_key(const std::string& section, const std::string& key,
-                 const std::vector<std::string>& known) {
-  MOED_THROW(Usage, "config: unknown key [{}].{}{}; keys of [{}]: {}", section, key,
-             suggestion(key, known), section, join(known, ", "));
+                 const std::vector<std::string>& known, const toml::node& where) {
+  MOED_THROW(Usage, "config: unknown key [{}].{}{}{}; keys of [{}]: {}", section, key,
+             suggestion(key, known), location(where), section, join(known, ", "));
 }
 
 void unknown_section(const std::string& name, const std::string& origin,

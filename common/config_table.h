@@ -71,7 +71,7 @@ std::string format_value(const Value& v);      // as TOML
 std::string describe_allowed(ValueType type, double min, double max,
                              const std::vector<std::string>& choices);
 [[noreturn]] void unknown_key(const std::string& section, const std::string& key,
-                              const std::vector<std::string>& known);
+                              const std::vector<std::string>& known, const toml::node& where);
 void print_comment(std::ostream& os, const std::string& doc, const std::string& allowed,
                    const Value& fallback);
 [[noreturn]] void unknown_section(const std::string& name, const std::string& origin,
@@ -109,7 +109,7 @@ class Section {
   }
 
   void set(S& out, const std::string& key, const toml::node& node) const {
-    const Key<S>& k = find(key);
+    const Key<S>& k = find(key, node);
     assign(out, k,
            detail::read_value(node, detail::type_of(k.fallback), k.min, k.max, k.choices,
                               "[" + name_ + "]." + key));
@@ -130,12 +130,12 @@ class Section {
   }
 
  private:
-  const Key<S>& find(const std::string& key) const {
+  const Key<S>& find(const std::string& key, const toml::node& node) const {
     for (const auto& k : keys_)
       if (k.name == key) return k;
     std::vector<std::string> known;
     for (const auto& k : keys_) known.push_back(k.name);
-    detail::unknown_key(name_, key, known);
+    detail::unknown_key(name_, key, known, node);
   }
 
   static void assign(S& s, const Key<S>& k, const Value& v) {

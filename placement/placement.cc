@@ -9,9 +9,10 @@
 namespace moed::placement {
 
 Placement::Placement(int ranks, int layers, int experts)
-    : ranks_(ranks), layers_(layers), experts_(experts), slots_(size_t(layers) * experts) {
+    : ranks_(ranks), layers_(layers), experts_(experts) {
   MOED_CHECK(ranks > 0 && layers > 0 && experts > 0, "placement shape {}x{}x{}", ranks, layers,
              experts);
+  slots_.resize(std::size_t(layers) * std::size_t(experts));
 }
 
 const std::vector<int>& Placement::replicas(int layer, int expert) const {

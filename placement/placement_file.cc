@@ -15,13 +15,17 @@ namespace {
 
 constexpr const char* kFormat = "moed-placement-v1";
 
+// toml++'s value<int64_t>() would also take true or 4.0; only integers count.
 std::int64_t required_int(const toml::table& t, const char* key, const std::string& origin,
-                          std::int64_t min) {
-  auto v = t[key].value<std::int64_t>();
+                          std::int64_t min, std::int64_t max) {
+  auto v = t[key].value_exact<std::int64_t>();
   if (!v) MOED_THROW(Input, "{}: missing or non-integer key '{}'", origin, key);
-  if (*v < min) MOED_THROW(Input, "{}: '{}' = {} must be at least {}", origin, key, *v, min);
+  if (*v < min || *v > max)
+    MOED_THROW(Input, "{}: '{}' = {} is out of range [{}, {}]", origin, key, *v, min, max);
   return *v;
 }
+
+constexpr std::int64_t kMaxRanks = 1 << 20, kMaxLayers = 4096, kMaxExperts = 65536;
 
 }  // namespace
 
@@ -37,11 +41,11 @@ Placement parse_placement(const std::string& text, const std::string& origin) {
   auto format = doc["format"].value<std::string>();
   if (!format || *format != kFormat)
     MOED_THROW(Input, "{}: not a placement file: expected format = \"{}\"", origin, kFormat);
-  int ranks = int(required_int(doc, "ranks", origin, 1));
-  int layers = int(required_int(doc, "layers", origin, 1));
-  int experts = int(required_int(doc, "experts", origin, 1));
+  int ranks = int(required_int(doc, "ranks", origin, 1, kMaxRanks));
+  int layers = int(required_int(doc, "layers", origin, 1, kMaxLayers));
+  int experts = int(required_int(doc, "experts", origin, 1, kMaxExperts));
   Placement p(ranks, layers, experts);
-  p.set_epoch(std::uint64_t(required_int(doc, "epoch", origin, 0)));
+  p.set_epoch(std::uint64_t(required_int(doc, "epoch", origin, 0, INT64_MAX)));
 
   const toml::array* layer_tables = doc["layer"].as_array();
   if (!layer_tables || int(layer_tables->size()) != layers)
@@ -61,8 +65,11 @@ Placement parse_placement(const std::string& text, const std::string& origin) {
                    l, e);
       std::vector<int> rs;
       for (const auto& node : *ranks_of) {
-        auto r = node.value<std::int64_t>();
+        auto r = node.value_exact<std::int64_t>();
         if (!r) MOED_THROW(Input, "{}: layer {} expert {}: ranks must be integers", origin, l, e);
+        if (*r < 0 || *r >= ranks)
+          MOED_THROW(Input, "{}: layer {} expert {} is placed on rank {}, but ranks are 0..{}",
+                     origin, l, e, *r, ranks - 1);
         rs.push_back(int(*r));
       }
       p.set_replicas(l, e, std::move(rs));

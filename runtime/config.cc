@@ -84,7 +84,7 @@ const config::Section<ExpertsConfig>& experts_section() {
   static const config::Section<C> s(
       "experts", "expert computation on CPU",
       {
-          integer<C>("chunk_rows", &C::chunk_rows, 256, 1, 1 << 20,
+          integer<C>("chunk_rows", &C::chunk_rows, 512, 1, 1 << 20,
                      "rows per expert GEMM call; an expert's rows of a step are cut into chunks "
                      "of this size in token order, so results do not depend on placement "
                      "(runs compare bit for bit only with equal values)"),

@@ -23,8 +23,9 @@ void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, fl
 // out[i] = silu(gate[i]) * up[i], with a fixed-sequence exp (same bits on every run).
 void silu_mul(const float* gate, const float* up, std::size_t n, float* out);
 
-// exp(x) for the activation: Cody-Waite range reduction and a degree-6
-// polynomial, relative error < 2e-7; plain arithmetic the compiler can vectorise.
+// exp(x) for the activation: Cody-Waite range reduction and a degree-7
+// polynomial, relative error < 2e-7 where exp is a normal float (inf above,
+// 0 below); plain arithmetic the compiler can vectorise.
 float fast_exp(float x);
 
 }  // namespace moed::kernels

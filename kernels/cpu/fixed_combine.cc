@@ -18,8 +18,10 @@ std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, 
       ++saturated;
       t = std::isnan(t) ? 0.0 : std::copysign(kFixedLimit, t);
     }
+    // llrint rounds half to even (the default mode); with -fno-math-errno it
+    // is one cvtsd2si instead of a libm call.
     acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
-                                       static_cast<std::uint64_t>(std::int64_t(std::nearbyint(t))));
+                                       static_cast<std::uint64_t>(std::llrint(t)));
   }
   return saturated;
 }

@@ -27,14 +27,28 @@ void round_to_dtype(weights::DType dtype, float* data, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) data[i] = weights::bf16_to_f32(weights::f32_to_bf16(data[i]));
 }
 
-// The concept directions, one row of `hidden` per expert, each about unit norm.
+// The concept directions, one unit row of `hidden` per expert: random, and
+// orthonormal (Gram-Schmidt, in order) when there are no more experts than
+// dimensions, so that concepts do not leak into each other's logits.
 std::vector<float> concepts(std::uint64_t seed, int experts, int hidden) {
-  std::vector<float> u(std::size_t(experts) * hidden);
+  std::vector<double> u(std::size_t(experts) * hidden);
   for (int j = 0; j < experts; ++j) {
     CounterRng rng = stream(seed, fmt::format("concept.{}", j));
-    for (int i = 0; i < hidden; ++i) u[std::size_t(j) * hidden + i] = rng.normalish(i) / std::sqrt(float(hidden));
+    double* row = u.data() + std::size_t(j) * hidden;
+    for (int i = 0; i < hidden; ++i) row[i] = rng.normalish(i);
+    if (experts <= hidden) {
+      for (int q = 0; q < j; ++q) {
+        const double* prev = u.data() + std::size_t(q) * hidden;
+        double dot = 0;
+        for (int i = 0; i < hidden; ++i) dot += row[i] * prev[i];
+        for (int i = 0; i < hidden; ++i) row[i] -= dot * prev[i];
+      }
+    }
+    double norm = 0;
+    for (int i = 0; i < hidden; ++i) norm += row[i] * row[i];
+    for (int i = 0; i < hidden; ++i) row[i] /= std::sqrt(norm);
   }
-  return u;
+  return std::vector<float>(u.begin(), u.end());
 }
 
 // σ_l: the concept that expert e of layer l follows. Identity at layer 0.

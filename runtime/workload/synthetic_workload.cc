@@ -146,12 +146,13 @@ void SyntheticWorkload::tokens(std::uint64_t first, std::size_t count, float* hi
     float* x = hidden + t * hidden_;
     CounterRng noise(hash_combine(seed_ ^ 0x5bd1e995ull, id));
     for (int i = 0; i < hidden_; ++i) x[i] = kNoise * noise.normalish(i);
-    // Decreasing weights, so the router ranks the experts as drawn.
-    float c = 1.0f;
-    for (int e : chosen) {
-      const float* d = directions_.data() + std::size_t(e) * hidden_;
+    // Weights falling linearly from 1 to 1 - spread, so the router ranks the
+    // experts as drawn and even the last one stands out of the noise.
+    const float spread = 0.1f + 0.35f * rng.uniform();
+    for (std::size_t j = 0; j < chosen.size(); ++j) {
+      const float c = 1.0f - spread * float(j) / float(chosen.size());
+      const float* d = directions_.data() + std::size_t(chosen[j]) * hidden_;
       for (int i = 0; i < hidden_; ++i) x[i] += c * signal * d[i];
-      c *= 0.55f + 0.35f * rng.uniform();
     }
   }
 }

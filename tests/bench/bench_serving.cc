@@ -1,0 +1,126 @@
+// Serving-core benchmark: moed's step against the compute bound measured in
+// the same run, on the same cores.
+//
+// The bound of a step is the time each rank takes to run, with OpenBLAS and
+// nothing else, the expert GEMMs of the experts it holds at that step's real
+// row counts (per expert: X·W1ᵀ, X·W3ᵀ, A·W2ᵀ, one sgemm each), all ranks
+// at once; the slowest rank's time is the step's bound. moed's ratio is bound
+// over its measured step time (1.0 = no overhead beyond the GEMMs). A second
+// bound replays the GEMM calls moed actually issues (row chunks, W1 and W3
+// fused) to separate the cost of those choices from routing and communication.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <iostream>
+
+#include "comm/mpi/mpi_session.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/summary_stats.h"
+#include "kernels/cpu/gemm.h"
+#include "runtime/daemon.h"
+
+namespace {
+
+using namespace moed;
+using namespace moed::runtime;
+
+// Seconds this rank spends on its experts' GEMMs for one layer's loads.
+double gemm_seconds(const ExpertStore& store, const placement::Placement& placement, int rank,
+                    const StepRecord& rec, std::uint64_t chunk_rows, bool as_served,
+                    std::vector<float>& a, std::vector<float>& b) {
+  const ModelShape& s = store.shape();
+  const std::size_t H = s.hidden, F = s.ffn;
+  double total = 0;
+  for (int l = 0; l < s.layers; ++l) {
+    for (int e : placement.experts_on(l, rank)) {
+      std::size_t rows = rec.expert_load[std::size_t(l) * s.experts + e];
+      rows /= placement.replicas(l, e).size();  // an even share when replicated
+      if (rows == 0) continue;
+      kernels::ExpertView w = store.expert(l, e);
+      a.resize(std::max(a.size(), rows * 2 * F));
+      b.resize(std::max(b.size(), rows * 2 * F));
+      double t0 = now_seconds();
+      if (as_served) {
+        for (std::size_t r = 0; r < rows; r += chunk_rows) {
+          std::size_t m = std::min<std::size_t>(chunk_rows, rows - r);
+          kernels::gemm_xwt(a.data(), m, H, w.w13, 2 * F, b.data());
+          kernels::gemm_xwt(b.data(), m, F, w.w2, H, a.data(), 2 * F);
+        }
+      } else {
+        kernels::gemm_xwt(a.data(), rows, H, w.w13, F, b.data());          // W1
+        kernels::gemm_xwt(a.data(), rows, H, w.w13 + F * H, F, b.data());  // W3
+        kernels::gemm_xwt(b.data(), rows, F, w.w2, H, a.data());           // W2
+      }
+      total += now_seconds() - t0;
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path, label = "moed";
+  std::vector<std::string> overrides;
+  CLI::App app{"bench_serving: moed's step time against the OpenBLAS compute bound"};
+  app.add_option("-c,--config", config_path, "moed config");
+  app.add_option("--set", overrides, "config override section.key=value (repeatable)");
+  app.add_option("--label", label, "name of this case in the printed figures");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    Config config = load_config(config_path, overrides);
+    comm::MpiSession mpi(&argc, &argv);
+    init_logging(mpi.rank(), config.log.level);
+    int exit_code = 0;
+    std::unique_ptr<Daemon> daemon = Daemon::start(config, ServeOptions{}, mpi, exit_code);
+    if (!daemon) return exit_code;
+
+    // Each measured step is followed at once by its bounds, every rank at
+    // once as when serving, so that drift in the machine's speed hits both.
+    std::vector<float> a, b;
+    std::vector<double> ratio, ratio_served, moed_ms, bound_ms, served_ms;
+    const std::uint64_t chunk = std::uint64_t(config.experts.chunk_rows);
+    StepRecord rec;
+    for (std::uint64_t step = 0; daemon->serve_step(step, &rec); ++step) {
+      if (step < std::uint64_t(config.workload.warmup_steps)) continue;
+      double t[2] = {0, 0};
+      for (int pass = 0; pass < 2; ++pass) {
+        daemon->control().all_max(0, "bound barrier");
+        t[pass] = gemm_seconds(daemon->store(), daemon->placement(), mpi.rank(), rec, chunk,
+                               pass == 1, a, b);
+      }
+      daemon->control().reduce_max(t, 2, "bound figures");
+      moed_ms.push_back(rec.total * 1e3);
+      bound_ms.push_back(t[0] * 1e3);
+      served_ms.push_back(t[1] * 1e3);
+      ratio.push_back(t[0] / rec.total);
+      ratio_served.push_back(t[1] / rec.total);
+    }
+    if (mpi.rank() == 0) {
+      Summary s = daemon->report().summary();
+      double tokens = double(config.workload.tokens_per_step);
+      std::cout << fmt::format(
+          "{}: {} ranks, {} tokens/step ({}/rank), {} measured steps\n"
+          "  moed            {:9.0f} tokens/s   step p50 {:8.2f} ms\n"
+          "  compute bound   {:9.0f} tokens/s   step p50 {:8.2f} ms  (OpenBLAS sgemm, W1/W3/W2 per expert)\n"
+          "  ratio           {:9.3f}            (bound / moed step time, median over steps)\n"
+          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the chunked, fused calls moed issues; ratio {:.3f})\n"
+          "  phases p50/step route {:.2f} | plan {:.2f} | dispatch {:.2f} | experts {:.2f} | combine {:.2f} ms\n"
+          "  a2a per layer   dispatch p50 {:.2f} p99 {:.2f} ms | combine p50 {:.2f} p99 {:.2f} ms\n",
+          label, mpi.size(), config.workload.tokens_per_step,
+          config.workload.tokens_per_step / mpi.size(), moed_ms.size(), s.tokens_per_s,
+          percentile(moed_ms, 0.5), tokens / (percentile(bound_ms, 0.5) / 1e3),
+          percentile(bound_ms, 0.5), percentile(ratio, 0.5),
+          tokens / (percentile(served_ms, 0.5) / 1e3), percentile(served_ms, 0.5),
+          percentile(ratio_served, 0.5), s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,
+          s.combine_ms, s.dispatch_p50_ms, s.dispatch_p99_ms, s.combine_p50_ms, s.combine_p99_ms);
+    }
+    return 0;
+  } catch (const moed::Error& e) {
+    std::cerr << "bench_serving: " << e.describe() << "\n";
+    return e.exit_code();
+  }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The serving-core benchmark: prints figures, asserts nothing (the machines are
+# shared and noisy; the figures are ratios measured within one run).
+#   tests/bench/serving.sh [BUILD_DIR]
+# (a) one MoE layer, H=1024 F=2816, 16 experts, top-2, 2048 tokens per rank,
+#     at 2 and 4 ranks: tokens/s against the OpenBLAS compute bound;
+# (b) the same layer at 128 tokens per rank on 4 ranks (decode-like): where
+#     the step time goes.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${1:-$root/build}
+bench=$build/tests/bench_serving
+[ -x "$bench" ] || { echo "build first: $bench is missing (ci/build.sh)" >&2; exit 2; }
+flags=(--bind-to none --oversubscribe)
+[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+export OPENBLAS_NUM_THREADS=1
+echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for ranks in 2 4; do
+  mpirun "${flags[@]}" -np $ranks "$bench" --config "$root/configs/bench-prefill.toml" \
+    --set workload.tokens_per_step=$((2048 * ranks)) --label "prefill, 2048 tokens/rank"
+done
+mpirun "${flags[@]}" -np 4 "$bench" --config "$root/configs/bench-decode.toml" --label "decode, 128 tokens/rank"

@@ -1,0 +1,151 @@
+// The SwiGLU expert: fast_exp accuracy and clamping, silu_mul, the whole FFN
+// against a double loop, and identical bits for identical calls.
+#include "kernels/cpu/expert_ffn.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/rng.h"
+
+namespace moed::kernels {
+namespace {
+
+TEST(FastExp, WithinTwoTenMillionthsOfExpOverItsRange) {
+  // A dense sweep of [-87, 88] plus the end points; compared with exp in double.
+  double worst = 0;
+  float worst_x = 0;
+  auto check = [&](float x) {
+    double want = std::exp(double(x));
+    double rel = std::abs(double(fast_exp(x)) - want) / want;
+    if (rel > worst) worst = rel, worst_x = x;
+  };
+  for (int i = 0; i <= 1750000; ++i) check(-87.0f + float(i) * 1e-4f);
+  for (float x : {-87.0f, 88.0f, 0.0f, -0.0f, 1e-30f, -1e-30f, 0.34657359f, -0.34657359f})
+    check(x);
+  EXPECT_LT(worst, 2e-7) << "worst at x = " << worst_x;
+}
+
+// Beyond the range of a normal float result, exp is 0 below and inf above
+// (what std::exp gives too, less the denormals), never a wrong finite value.
+TEST(FastExp, SaturatesOutsideTheRange) {
+  EXPECT_GT(fast_exp(-87.0f), std::numeric_limits<float>::min());  // normal, not a denormal
+  EXPECT_TRUE(std::isfinite(fast_exp(88.0f)));
+  for (float x : {-87.5f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()})
+    EXPECT_EQ(fast_exp(x), 0.0f) << x;
+  for (float x : {88.8f, 100.0f, 1e30f, std::numeric_limits<float>::infinity()})
+    EXPECT_TRUE(std::isinf(fast_exp(x))) << x;
+}
+
+TEST(SiluMul, MatchesTheDoubleFormula) {
+  CounterRng g(17);
+  std::vector<float> gate, up;
+  for (int i = 0; i < 4000; ++i) {
+    gate.push_back(g.symmetric(2 * i) * 20.0f);
+    up.push_back(g.symmetric(2 * i + 1) * 3.0f);
+  }
+  for (float x : {0.0f, 1.0f, -1.0f, 60.0f, -60.0f, 100.0f}) gate.push_back(x), up.push_back(1.5f);
+  std::vector<float> out(gate.size());
+  silu_mul(gate.data(), up.data(), gate.size(), out.data());
+  for (std::size_t i = 0; i < gate.size(); ++i) {
+    double g_ = gate[i];
+    double want = g_ / (1.0 + std::exp(-g_)) * double(up[i]);
+    EXPECT_NEAR(out[i], want, 1e-6 * std::abs(want) + 1e-30) << "gate " << gate[i] << " up " << up[i];
+  }
+}
+
+TEST(SiluMul, VeryNegativeGateGivesAboutZero) {
+  // silu(g) = g e^g is below 1e-40 in magnitude for every g <= -100; fast_exp
+  // clamps exp(-g) at exp(88), which must not turn that into g / exp(88).
+  const float gate[] = {-100.0f, -1e30f, -3e38f}, up[] = {2.0f, 2.0f, 2.0f};
+  float out[3];
+  silu_mul(gate, up, 3, out);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::isfinite(out[i])) << gate[i];
+    EXPECT_LE(std::abs(out[i]), 1e-30f) << "gate " << gate[i];
+  }
+}
+
+// A random expert with its weights, in torch layout.
+struct Expert {
+  std::size_t H, F;
+  std::vector<float> w13, w2;
+  ExpertView view() const { return {w13.data(), w2.data(), H, F}; }
+};
+
+Expert random_expert(std::size_t H, std::size_t F, std::uint64_t key) {
+  CounterRng g(key);
+  Expert e{H, F, std::vector<float>(2 * F * H), std::vector<float>(H * F)};
+  const float s1 = 1.0f / std::sqrt(float(H)), s2 = 1.0f / std::sqrt(float(F));
+  for (std::size_t i = 0; i < e.w13.size(); ++i) e.w13[i] = g.symmetric(i) * s1 * 2;
+  for (std::size_t i = 0; i < e.w2.size(); ++i) e.w2[i] = g.symmetric(1'000'000 + i) * s2;
+  return e;
+}
+
+// y = W2 (silu(W1 x) * (W3 x)), W1 = rows [0, F) of w13, W3 = rows [F, 2F).
+std::vector<double> reference_ffn(const Expert& e, const std::vector<float>& x, std::size_t m) {
+  std::vector<double> y(m * e.H), act(e.F);
+  for (std::size_t r = 0; r < m; ++r) {
+    for (std::size_t f = 0; f < e.F; ++f) {
+      double g = 0, u = 0;
+      for (std::size_t h = 0; h < e.H; ++h) {
+        g += double(e.w13[f * e.H + h]) * x[r * e.H + h];
+        u += double(e.w13[(e.F + f) * e.H + h]) * x[r * e.H + h];
+      }
+      act[f] = g / (1 + std::exp(-g)) * u;
+    }
+    for (std::size_t h = 0; h < e.H; ++h) {
+      double s = 0;
+      for (std::size_t f = 0; f < e.F; ++f) s += double(e.w2[h * e.F + f]) * act[f];
+      y[r * e.H + h] = s;
+    }
+  }
+  return y;
+}
+
+std::vector<float> random_rows(std::size_t m, std::size_t H, std::uint64_t key) {
+  CounterRng g(key);
+  std::vector<float> x(m * H);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = g.normalish(i);
+  return x;
+}
+
+class ExpertFfn : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(ExpertFfn, MatchesADoubleLoop) {
+  const std::size_t m = GetParam(), H = 48, F = 40;
+  Expert e = random_expert(H, F, 100);
+  std::vector<float> x = random_rows(m, H, 200 + m);
+  std::vector<float> y(m * H), scratch(expert_ffn_scratch(e.view(), m));
+  ASSERT_EQ(scratch.size(), m * 2 * F);
+  expert_ffn(e.view(), x.data(), m, y.data(), scratch.data());
+  std::vector<double> want = reference_ffn(e, x, m);
+  double magnitude = 0;
+  for (double v : want) magnitude = std::max(magnitude, std::abs(v));
+  ASSERT_GT(magnitude, 0.1);  // the test has something to compare
+  for (std::size_t i = 0; i < y.size(); ++i)
+    EXPECT_NEAR(y[i], want[i], 1e-4 * magnitude) << "row " << i / H << " col " << i % H;
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, ExpertFfn, ::testing::Values(1, 5, 17));
+
+TEST(ExpertFfn, IdenticalCallsGiveIdenticalBits) {
+  // The engine always issues the same calls (rows, chunking) for an expert:
+  // two such calls must agree bit for bit, whatever the buffers held before.
+  const std::size_t m = 13, H = 64, F = 96;
+  Expert e = random_expert(H, F, 300);
+  std::vector<float> x = random_rows(m, H, 301);
+  std::vector<float> y1(m * H, 0.0f), y2(m * H, -1.0f);
+  std::vector<float> s1(expert_ffn_scratch(e.view(), m), 0.0f);
+  std::vector<float> s2(s1.size(), std::numeric_limits<float>::quiet_NaN());
+  expert_ffn(e.view(), x.data(), m, y1.data(), s1.data());
+  expert_ffn(e.view(), x.data(), m, y2.data(), s2.data());
+  EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0);
+  for (float v : y1) ASSERT_TRUE(std::isfinite(v));
+}
+
+}  // namespace
+}  // namespace moed::kernels
