@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
           "  compute bound   {:9.0f} tokens/s   step p50 {:8.2f} ms  (OpenBLAS sgemm, W1/W3/W2 per expert)\n"
           "  ratio           {:9.3f}            (bound / moed step time, median over steps)\n"
           "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the chunked, fused calls moed issues; ratio {:.3f})\n"
-          "  phases p50/step route {:.2f} | plan {:.2f} | dispatch {:.2f} | experts {:.2f} | combine {:.2f} ms\n"
+          "  phases per step route {:.2f} | plan {:.2f} | dispatch {:.2f} | experts {:.2f} | combine {:.2f} ms  (mean; each phase maxed over ranks)\n"
           "  a2a per layer   dispatch p50 {:.2f} p99 {:.2f} ms | combine p50 {:.2f} p99 {:.2f} ms\n",
           label, mpi.size(), config.workload.tokens_per_step,
           config.workload.tokens_per_step / mpi.size(), moed_ms.size(), s.tokens_per_s,
