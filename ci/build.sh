@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Configures and builds moed in ./build (RelWithDebInfo). CUDA kernels are
-# compiled when nvcc is found (/usr/local/cuda/bin/nvcc or on PATH).
+# Configures and builds moed in ./build (RelWithDebInfo): every target, or
+# the targets named as arguments. CUDA kernels are compiled when nvcc is
+# found (/usr/local/cuda/bin/nvcc or on PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
-cmake --build build -j "$(nproc)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build build -j "$(nproc)" "${targets[@]}"

@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./ci/install-deps.sh
-./ci/build.sh >/dev/null
-echo "demo: built ./build"
+./ci/build.sh moed moe-place moectl >/dev/null
+echo "demo: built moed in ./build"
 
 out=build/demo
 mkdir -p "$out"
@@ -16,8 +16,8 @@ mpirun_flags=(--oversubscribe --bind-to none)
 if [ "$(id -u)" = 0 ]; then mpirun_flags+=(--allow-run-as-root); fi
 export OPENBLAS_NUM_THREADS=1
 mpirun "${mpirun_flags[@]}" -np 4 ./build/runtime/moed \
+  --config configs/demo.toml \
   --weights "$out/model.safetensors" \
-  --set cluster.ranks_per_island=2 \
   --report-json "$out/report.json" \
   --dump-output "$out/output.bin" 2>"$out/moed.log"
 

@@ -27,7 +27,7 @@ int generate_weights(const moed::runtime::Config& c, const std::string& path) {
                                       std::uint64_t(c.model.seed),
                                       *moed::weights::parse_dtype(c.model.dtype)};
   model.write(path);
-  std::cout << fmt::format("wrote {}: synthetic {}, {}, seed {}\n", path, model.shape.describe(),
+  std::cout << fmt::format("wrote {}: synthetic {}, {}, seed {}\n", path, model.shape().describe(),
                            c.model.dtype, c.model.seed);
   return 0;
 }
@@ -40,17 +40,24 @@ int main(int argc, char** argv) {
       "moed: serves the expert layers of a Mixture-of-Experts model with expert parallelism.\n"
       "Launch one rank per GPU: mpirun -np N moed [options]. Exit codes: 0 ok, 1 runtime "
       "failure, 2 bad usage or input."};
-  app.add_option("-c,--config", cli.config_path, "TOML config file (defaults: --print-config)");
-  app.add_option("--set", cli.overrides, "override a config key: section.key=value (repeatable)");
-  app.add_option("--weights", cli.weights, "shortcut for --set model.weights=PATH");
-  app.add_option("--placement", cli.placement_file, "shortcut for --set placement.file=PATH");
-  app.add_option("--log-level", cli.log_level, "trace, debug, info, warn, error or off");
+  app.add_option("-c,--config", cli.config_path, "TOML config file (defaults: --print-config)")
+      ->type_name("FILE");
+  app.add_option("--set", cli.overrides, "override a config key (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+  app.add_option("--weights", cli.weights, "shortcut for --set model.weights=PATH")->type_name("PATH");
+  app.add_option("--placement", cli.placement_file, "shortcut for --set placement.file=PATH")
+      ->type_name("FILE");
+  app.add_option("--log-level", cli.log_level, "trace, debug, info, warn, error or off")
+      ->type_name("LEVEL");
   app.add_flag("--print-config", cli.print_config, "print the effective config as TOML and exit");
   app.add_option("--generate-weights", cli.generate_weights,
-                 "write the synthetic model of the configured shape to PATH (safetensors) and exit");
+                 "write the synthetic model of the configured shape to PATH (safetensors) and exit")
+      ->type_name("PATH");
   app.add_option("--dump-output", cli.serve.dump_output,
-                 "write the final hidden states of all tokens, in global order, to PATH");
-  app.add_option("--report-json", cli.serve.report_json, "write the run's figures as JSON to PATH");
+                 "write the final hidden states of all tokens, in global order, to PATH")
+      ->type_name("PATH");
+  app.add_option("--report-json", cli.serve.report_json, "write the run's figures as JSON to PATH")
+      ->type_name("PATH");
   app.set_version_flag("--version", "moed 0.1.0");
   try {
     app.parse(argc, argv);

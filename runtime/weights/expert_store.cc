@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "common/error.h"
 #include "runtime/weights/safetensors.h"
@@ -17,26 +18,26 @@ class TensorSource {
   TensorSource(const Config& c, const ModelShape& shape)
       : shape_(shape), dtype_(*weights::parse_dtype(c.model.dtype)) {
     if (c.model.weights.empty())
-      synthetic_ = SyntheticModel{shape, std::uint64_t(c.model.seed), dtype_};
+      synthetic_.emplace(shape, std::uint64_t(c.model.seed), dtype_);
     else
       checkpoint_ = std::make_unique<weights::Checkpoint>(c.model.weights);
   }
 
   void gate(int l, float* out) const {
     if (checkpoint_) return read(gate_tensor(l), gate_shape(shape_), out);
-    synthetic_.gate(l, out);
+    synthetic_->gate(l, out);
   }
   void norm(int l, float* out) const {
     if (checkpoint_) return read(norm_tensor(l), norm_shape(shape_), out);
-    synthetic_.norm(l, out);
+    synthetic_->norm(l, out);
   }
   void up(int l, int e, int which, float* out) const {
     if (checkpoint_) return read(expert_tensor(l, e, which == 1 ? "w1" : "w3"), up_shape(shape_), out);
-    synthetic_.up(l, e, which, out);
+    synthetic_->up(l, e, which, out);
   }
   void down(int l, int e, float* out) const {
     if (checkpoint_) return read(expert_tensor(l, e, "w2"), down_shape(shape_), out);
-    synthetic_.down(l, e, out);
+    synthetic_->down(l, e, out);
   }
 
  private:
@@ -46,7 +47,7 @@ class TensorSource {
 
   ModelShape shape_;
   weights::DType dtype_;
-  SyntheticModel synthetic_;
+  std::optional<SyntheticModel> synthetic_;
   std::unique_ptr<weights::Checkpoint> checkpoint_;
 };
 

@@ -63,60 +63,63 @@ std::vector<int> concept_of_expert(std::uint64_t seed, int experts, int layer) {
 
 }  // namespace
 
+SyntheticModel::SyntheticModel(ModelShape shape, std::uint64_t seed, weights::DType dtype)
+    : shape_(shape), seed_(seed), dtype_(dtype), concepts_(concepts(seed, shape.experts, shape.hidden)) {}
+
 void SyntheticModel::gate(int layer, float* out) const {
-  const int E = shape.experts, H = shape.hidden;
+  const int E = shape_.experts, H = shape_.hidden;
   const float scale = kGateScale / std::sqrt(float(H));
-  const std::vector<float> u = concepts(seed, E, H);
-  const std::vector<int> sigma = concept_of_expert(seed, E, layer);
-  CounterRng noise = stream(seed, gate_tensor(layer));
+  const std::vector<float>& u = concepts_;
+  const std::vector<int> sigma = concept_of_expert(seed_, E, layer);
+  CounterRng noise = stream(seed_, gate_tensor(layer));
   for (int e = 0; e < E; ++e)
     for (int i = 0; i < H; ++i)
       out[std::size_t(e) * H + i] =
           scale * (u[std::size_t(sigma[e]) * H + i] +
                    kGateNoise * noise.normalish(std::uint64_t(e) * H + i) / std::sqrt(float(H)));
-  round_to_dtype(dtype, out, std::size_t(E) * H);
+  round_to_dtype(dtype_, out, std::size_t(E) * H);
 }
 
 void SyntheticModel::norm(int layer, float* out) const {
-  CounterRng rng = stream(seed, norm_tensor(layer));
-  for (int i = 0; i < shape.hidden; ++i) out[i] = 1.0f + 0.1f * rng.symmetric(i);
-  round_to_dtype(dtype, out, shape.hidden);
+  CounterRng rng = stream(seed_, norm_tensor(layer));
+  for (int i = 0; i < shape_.hidden; ++i) out[i] = 1.0f + 0.1f * rng.symmetric(i);
+  round_to_dtype(dtype_, out, shape_.hidden);
 }
 
 void SyntheticModel::up(int layer, int expert, int which, float* out) const {
-  CounterRng rng = stream(seed, expert_tensor(layer, expert, which == 1 ? "w1" : "w3"));
-  const std::size_t n = std::size_t(shape.ffn) * shape.hidden;
-  const float scale = std::sqrt(3.0f / float(shape.hidden));  // unit variance of W x
+  CounterRng rng = stream(seed_, expert_tensor(layer, expert, which == 1 ? "w1" : "w3"));
+  const std::size_t n = std::size_t(shape_.ffn) * shape_.hidden;
+  const float scale = std::sqrt(3.0f / float(shape_.hidden));  // unit variance of W x
   for (std::size_t i = 0; i < n; ++i) out[i] = scale * rng.symmetric(i);
-  round_to_dtype(dtype, out, n);
+  round_to_dtype(dtype_, out, n);
 }
 
 void SyntheticModel::down(int layer, int expert, float* out) const {
-  CounterRng rng = stream(seed, expert_tensor(layer, expert, "w2"));
-  const std::size_t n = std::size_t(shape.hidden) * shape.ffn;
-  const float scale = kDownScale * std::sqrt(3.0f / float(shape.ffn));
+  CounterRng rng = stream(seed_, expert_tensor(layer, expert, "w2"));
+  const std::size_t n = std::size_t(shape_.hidden) * shape_.ffn;
+  const float scale = kDownScale * std::sqrt(3.0f / float(shape_.ffn));
   for (std::size_t i = 0; i < n; ++i) out[i] = scale * rng.symmetric(i);
-  round_to_dtype(dtype, out, n);
+  round_to_dtype(dtype_, out, n);
 }
 
 void SyntheticModel::write(const std::string& path) const {
   weights::SafetensorsWriter writer;
   writer.set_metadata("format", "pt");
   writer.set_metadata("moed.synthetic",
-                      fmt::format("seed={} {}", seed, shape.describe()));
+                      fmt::format("seed={} {}", seed_, shape_.describe()));
   std::vector<float> buf;
   auto add = [&](const std::string& name, const std::vector<std::int64_t>& dims, auto&& fill) {
     buf.resize(std::size_t(std::accumulate(dims.begin(), dims.end(), std::int64_t{1}, std::multiplies<>())));
     fill(buf.data());
-    writer.add(name, dtype, dims, buf.data());
+    writer.add(name, dtype_, dims, buf.data());
   };
-  for (int l = 0; l < shape.layers; ++l) {
-    add(norm_tensor(l), norm_shape(shape), [&](float* p) { norm(l, p); });
-    add(gate_tensor(l), gate_shape(shape), [&](float* p) { gate(l, p); });
-    for (int e = 0; e < shape.experts; ++e) {
-      add(expert_tensor(l, e, "w1"), up_shape(shape), [&](float* p) { up(l, e, 1, p); });
-      add(expert_tensor(l, e, "w2"), down_shape(shape), [&](float* p) { down(l, e, p); });
-      add(expert_tensor(l, e, "w3"), up_shape(shape), [&](float* p) { up(l, e, 3, p); });
+  for (int l = 0; l < shape_.layers; ++l) {
+    add(norm_tensor(l), norm_shape(shape_), [&](float* p) { norm(l, p); });
+    add(gate_tensor(l), gate_shape(shape_), [&](float* p) { gate(l, p); });
+    for (int e = 0; e < shape_.experts; ++e) {
+      add(expert_tensor(l, e, "w1"), up_shape(shape_), [&](float* p) { up(l, e, 1, p); });
+      add(expert_tensor(l, e, "w2"), down_shape(shape_), [&](float* p) { down(l, e, p); });
+      add(expert_tensor(l, e, "w3"), up_shape(shape_), [&](float* p) { up(l, e, 3, p); });
     }
   }
   writer.write(path);

@@ -14,24 +14,31 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/model.h"
 #include "runtime/weights/safetensors.h"
 
 namespace moed::runtime {
 
-struct SyntheticModel {
-  ModelShape shape;
-  std::uint64_t seed = 0;
-  weights::DType dtype = weights::DType::F32;
+class SyntheticModel {
+ public:
+  SyntheticModel(ModelShape shape, std::uint64_t seed, weights::DType dtype);
 
-  void gate(int layer, float* out) const;                // [experts, hidden]
-  void norm(int layer, float* out) const;                // [hidden]
+  const ModelShape& shape() const { return shape_; }
+  void gate(int layer, float* out) const;                       // [experts, hidden]
+  void norm(int layer, float* out) const;                       // [hidden]
   void up(int layer, int expert, int which, float* out) const;  // which 1 or 3: [ffn, hidden]
-  void down(int layer, int expert, float* out) const;    // w2: [hidden, ffn]
+  void down(int layer, int expert, float* out) const;           // w2: [hidden, ffn]
 
   // Writes every tensor, Mixtral names, atomically.
   void write(const std::string& path) const;
+
+ private:
+  ModelShape shape_;
+  std::uint64_t seed_;
+  weights::DType dtype_;
+  std::vector<float> concepts_;  // [experts, hidden], shared by every layer's gate
 };
 
 }  // namespace moed::runtime

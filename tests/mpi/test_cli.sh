@@ -15,6 +15,11 @@ cmp -s "$SCRATCH/a.toml" "$SCRATCH/b.toml" || fail "--print-config does not relo
 grep -q '^# MoE layers served per step' "$SCRATCH/a.toml" || fail "--print-config lacks key docs"
 echo "ok: --print-config round trip"
 
+for config in "$MOED_SOURCE_DIR"/configs/*.toml; do
+  "$MOED" --config "$config" --print-config >/dev/null || fail "$config does not load"
+done
+echo "ok: every config in configs/ loads"
+
 moed_on 4 --config "$SMALL" --set cluster.ranks_per_island=2 --report-json "$SCRATCH/r.json" >"$SCRATCH/out.txt"
 for key in tokens_per_s step_latency_ms dispatch_latency_ms combine_latency_ms activation_rate \
   expert_load_std_over_mean bytes_sent same_rank same_island cross_island p50 p99; do

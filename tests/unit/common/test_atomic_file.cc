@@ -3,7 +3,6 @@
 #include "common/atomic_file.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/test_support.h"
 
 namespace moed {
 namespace {
@@ -21,15 +21,6 @@ namespace fs = std::filesystem;
 
 class AtomicFile : public ::testing::Test {
  protected:
-  void SetUp() override {
-    static int counter = 0;
-    dir_ = fs::temp_directory_path() /
-           ("moed_atomic_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   static std::string read(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     std::ostringstream s;
@@ -38,42 +29,36 @@ class AtomicFile : public ::testing::Test {
   }
   std::vector<std::string> entries() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    for (const auto& e : fs::directory_iterator(tmp_.path())) names.push_back(e.path().filename());
     std::sort(names.begin(), names.end());
     return names;
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"moed_atomic"};
 };
 
 TEST_F(AtomicFile, WritesTheContent) {
   const std::string content("line 1\nbinary \0 byte\n", 21);
-  write_file_atomically(dir_ / "out.toml", content);
-  EXPECT_EQ(read(dir_ / "out.toml"), content);
+  write_file_atomically(tmp_.path() / "out.toml", content);
+  EXPECT_EQ(read(tmp_.path() / "out.toml"), content);
   EXPECT_EQ(entries(), (std::vector<std::string>{"out.toml"}));  // no temp file left
 }
 
 TEST_F(AtomicFile, OverwriteReplacesTheWholeFile) {
-  write_file_atomically(dir_ / "out.toml", std::string(1000, 'x'));
-  write_file_atomically(dir_ / "out.toml", "short");
-  EXPECT_EQ(read(dir_ / "out.toml"), "short");
-  write_file_atomically(dir_ / "out.toml", "");
-  EXPECT_EQ(read(dir_ / "out.toml"), "");
-  EXPECT_TRUE(fs::exists(dir_ / "out.toml"));
+  write_file_atomically(tmp_.path() / "out.toml", std::string(1000, 'x'));
+  write_file_atomically(tmp_.path() / "out.toml", "short");
+  EXPECT_EQ(read(tmp_.path() / "out.toml"), "short");
+  write_file_atomically(tmp_.path() / "out.toml", "");
+  EXPECT_EQ(read(tmp_.path() / "out.toml"), "");
+  EXPECT_TRUE(fs::exists(tmp_.path() / "out.toml"));
   EXPECT_EQ(entries(), (std::vector<std::string>{"out.toml"}));
 }
 
 TEST_F(AtomicFile, MissingFolderIsARuntimeErrorNamingThePath) {
-  const fs::path target = dir_ / "missing" / "out.toml";
-  try {
-    write_file_atomically(target, "content");
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::Runtime) << msg;
-    EXPECT_NE(msg.find(target.string()), std::string::npos) << msg;
-  }
-  EXPECT_FALSE(fs::exists(dir_ / "missing"));
+  const fs::path target = tmp_.path() / "missing" / "out.toml";
+  test::expect_error([&] { write_file_atomically(target, "content"); }, ErrorKind::Runtime,
+                     {target.string()});
+  EXPECT_FALSE(fs::exists(tmp_.path() / "missing"));
   EXPECT_TRUE(entries().empty());
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::config {
 namespace {
@@ -79,18 +80,7 @@ Root load_text(const std::string& text) {
   return r;
 }
 
-// Runs `f` and expects a Usage error whose message contains every one of `parts`.
-void expect_usage(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::Usage) << msg;
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "expected '" << p << "' in: " << msg;
-  }
-}
+using test::expect_error;
 
 TEST(ConfigTable, DefaultsAreApplied) {
   EXPECT_EQ(make_schema().defaults(), expected_defaults());
@@ -121,7 +111,7 @@ TEST(ConfigTable, RealKeyAcceptsAnInteger) {
 }
 
 TEST(ConfigTable, UnknownKeyNamesItAndSuggestsTheClosest) {
-  expect_usage([] { load_text("[model]\nlayer = 8\n"); },
+  expect_error([] { load_text("[model]\nlayer = 8\n"); }, ErrorKind::Usage,
                {"[model].layer", "did you mean 'layers'"});
   // Nothing close: no suggestion, but the known keys are listed.
   try {
@@ -139,20 +129,21 @@ TEST(ConfigTable, UnknownKeyNamesItAndSuggestsTheClosest) {
 // Every other refusal of a value read from a file says where it was; an
 // unknown key should too (the operator has to find the line).
 TEST(ConfigTable, UnknownKeyFromFileNamesItsLine) {
-  expect_usage([] { load_text("[model]\nlayers = 2\nlayer = 8\n"); },
+  expect_error([] { load_text("[model]\nlayers = 2\nlayer = 8\n"); }, ErrorKind::Usage,
                {"[model].layer", "(at test.toml:3)"});
 }
 
 TEST(ConfigTable, UnknownSectionNamesIt) {
-  expect_usage([] { load_text("[modle]\nlayers = 1\n"); },
+  expect_error([] { load_text("[modle]\nlayers = 1\n"); }, ErrorKind::Usage,
                {"[modle]", "test.toml", "did you mean 'model'"});
 }
 
 TEST(ConfigTable, KeyOutsideASectionIsRefused) {
   // A top-level key that shares a section's name.
-  expect_usage([] { load_text("model = 3\n"); }, {"'model'", "test.toml", "not a section"});
+  expect_error([] { load_text("model = 3\n"); }, ErrorKind::Usage,
+               {"'model'", "test.toml", "not a section"});
   // Any other top-level key: also "not a section", not "unknown section".
-  expect_usage([] { load_text("layers = 4\n[model]\nlayers = 2\n"); },
+  expect_error([] { load_text("layers = 4\n[model]\nlayers = 2\n"); }, ErrorKind::Usage,
                {"'layers'", "test.toml", "not a section"});
 }
 
@@ -167,7 +158,7 @@ void PrintTo(const BadValue& c, std::ostream* os) { *os << c.label; }
 class ConfigTableBadValue : public ::testing::TestWithParam<BadValue> {};
 
 TEST_P(ConfigTableBadValue, IsAUsageErrorNamingKeyAllowedAndLine) {
-  expect_usage([&] { load_text(GetParam().toml); }, GetParam().parts);
+  expect_error([&] { load_text(GetParam().toml); }, ErrorKind::Usage, GetParam().parts);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -250,7 +241,7 @@ TEST_P(ConfigTableBadSet, IsAUsageError) {
   auto schema = make_schema();
   Root r = schema.defaults();
   const auto& [assignment, part] = GetParam();
-  expect_usage([&] { schema.set(r, assignment); }, {part});
+  expect_error([&] { schema.set(r, assignment); }, ErrorKind::Usage, {part});
   EXPECT_EQ(r, expected_defaults());
 }
 
@@ -268,11 +259,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ConfigTable, SyntaxErrorNamesFileLineAndColumn) {
   // Line 3, column 10: the second '=' of "layers = = 3".
-  expect_usage([] { detail::parse_toml("# c\n[model]\nlayers = = 3\n", "test.toml"); },
-               {"test.toml:3:10"});
+  expect_error([] { detail::parse_toml("# c\n[model]\nlayers = = 3\n", "test.toml"); },
+               ErrorKind::Usage, {"test.toml:3:10"});
   // An unterminated string on line 2.
-  expect_usage([] { detail::parse_toml("[model]\nname = \"abc\n", "test.toml"); },
-               {"test.toml:2:"});
+  expect_error([] { detail::parse_toml("[model]\nname = \"abc\n", "test.toml"); },
+               ErrorKind::Usage, {"test.toml:2:"});
 }
 
 TEST(ConfigTable, PrintReloadsToTheSameValues) {

@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <functional>
-#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::placement {
 namespace {
@@ -219,15 +219,12 @@ class PlacementShape : public ::testing::TestWithParam<std::tuple<int, int, int>
 
 // A bad shape is a programming error: Internal, and nothing allocated first.
 TEST_P(PlacementShape, NonPositiveIsAnInternalError) {
-  const auto [r, l, e] = GetParam();
-  try {
-    Placement p(r, l, e);
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& err) {
-    EXPECT_EQ(err.kind(), ErrorKind::Internal) << err.what();
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "expected moed::Error, got " << other.what();
-  }
+  test::expect_error(
+      [this] {
+        const auto [r, l, e] = GetParam();
+        Placement p(r, l, e);
+      },
+      ErrorKind::Internal, {});
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PlacementShape,
@@ -245,15 +242,8 @@ TEST(MakePlacement, ByName) {
 }
 
 TEST(MakePlacement, UnknownPolicyIsAUsageError) {
-  try {
-    make_placement("bogus", 4, 2, 8, 1);
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::Usage) << msg;
-    EXPECT_NE(msg.find("'bogus'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("round-robin"), std::string::npos) << msg;
-  }
+  test::expect_error([] { make_placement("bogus", 4, 2, 8, 1); }, ErrorKind::Usage,
+                     {"'bogus'", "round-robin"});
 }
 
 }  // namespace

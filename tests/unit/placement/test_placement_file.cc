@@ -3,38 +3,22 @@
 #include "placement/placement_file.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <iterator>
 #include <tuple>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::placement {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Runs `f`, expecting an Input error that contains every one of `parts`.
-template <class F>
-void expect_input(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::Input) << msg;
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "expected '" << p << "' in: " << msg;
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "expected moed::Error, got " << other.what();
-  }
-}
+using test::expect_error;
 
 // The example from placement_file.h, written by hand.
 const std::string kExample = R"(format = "moed-placement-v1"
@@ -113,7 +97,7 @@ TEST_P(PlacementFileRefuses, WithAnInputErrorNamingOriginAndFault) {
   const auto& c = GetParam();
   std::vector<std::string> parts = c.parts;
   parts.push_back("plan.toml");
-  expect_input([&] { parse_placement(c.text, "plan.toml"); }, parts);
+  expect_error([&] { parse_placement(c.text, "plan.toml"); }, ErrorKind::Input, parts);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -201,51 +185,41 @@ TEST(PlacementFile, ShapeCheckNamesBothShapes) {
   for (auto [r, l, e] : {std::tuple{8, 2, 8}, std::tuple{4, 3, 8}, std::tuple{4, 2, 16}}) {
     const std::string run =
         std::to_string(r) + " ranks, " + std::to_string(l) + " layers, " + std::to_string(e) + " experts";
-    expect_input([&] { check_placement_shape(p, r, l, e, "plan.toml"); },
+    expect_error([&] { check_placement_shape(p, r, l, e, "plan.toml"); }, ErrorKind::Input,
                  {"plan.toml", "4 ranks, 2 layers, 8 experts", run});
   }
 }
 
 class PlacementFileIo : public ::testing::Test {
  protected:
-  void SetUp() override {
-    static int counter = 0;
-    dir_ = fs::temp_directory_path() /
-           ("moed_placement_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  test::TempDir tmp_{"moed_placement"};
 };
 
 TEST_F(PlacementFileIo, WriteThenRead) {
   Placement p = add_random_replicas(round_robin(3, 2, 6), 2, 4);
   p.set_epoch(7);
-  const std::string path = dir_ / "placement.toml";
+  const std::string path = tmp_.file("placement.toml");
   write_placement_file(p, path);
   EXPECT_EQ(read_placement_file(path), p);
   // Overwrite with a newer epoch.
   p.set_epoch(8);
   write_placement_file(p, path);
   EXPECT_EQ(read_placement_file(path).epoch(), 8u);
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp_.path()), fs::directory_iterator()), 1);
 }
 
 TEST_F(PlacementFileIo, MissingFileNamesThePath) {
-  const std::string path = dir_ / "nope.toml";
-  expect_input([&] { read_placement_file(path); }, {path});
+  const std::string path = tmp_.file("nope.toml");
+  expect_error([&] { read_placement_file(path); }, ErrorKind::Input, {path});
 }
 
 TEST_F(PlacementFileIo, ErrorsFromAFileNameTheFile) {
-  const std::string path = dir_ / "bad.toml";
   // A valid file spoiled in one place: expert 1 on rank 5 of 2.
   std::string text = format_placement(contiguous(2, 1, 2));
   text.replace(text.rfind("[1]"), 3, "[5]");
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
-  expect_input([&] { read_placement_file(path); }, {path + ": ", "layer 0 expert 1", "rank 5"});
+  const std::string path = tmp_.write("bad.toml", text);
+  expect_error([&] { read_placement_file(path); }, ErrorKind::Input,
+               {path + ": ", "layer 0 expert 1", "rank 5"});
 }
 
 }  // namespace

@@ -14,12 +14,14 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <source_location>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::placement {
 namespace {
@@ -42,16 +44,19 @@ std::string read_text(const std::string& path) {
 // Runs `f`, expecting an Input error whose message starts with `where`
 // ("origin:line: ") and contains `what`.
 void expect_input_error(const std::function<void()>& f, const std::string& where,
-                        const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected '" << where << "..." << what << "'";
-  } catch (const Error& e) {
-    std::string message = e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::Input) << message;
-    EXPECT_EQ(message.rfind(where, 0), 0u) << "expected it to start with '" << where << "': " << message;
-    EXPECT_NE(message.find(what), std::string::npos) << "expected '" << what << "' in: " << message;
-  }
+                        const std::string& what,
+                        std::source_location at = std::source_location::current()) {
+  const auto starts_with_where = [&] {
+    try {
+      f();
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind(where, 0), 0u)
+          << "expected it to start with '" << where << "': " << message;
+      throw;
+    }
+  };
+  test::expect_error(starts_with_where, ErrorKind::Input, {what}, at);
 }
 
 std::size_t empty_cells(const RoutingTrace& trace) {
@@ -99,12 +104,7 @@ TEST(RoutingTrace, StoresTokensByLayer) {
 TEST(RoutingTrace, RefusesProgrammingMistakesAndStaysUnchanged) {
   RoutingTrace trace(2, 4);
   auto expect_internal = [&](const std::vector<std::vector<RoutingChoice>>& token) {
-    try {
-      trace.add_token(token);
-      ADD_FAILURE() << "no error";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::Internal) << e.what();
-    }
+    test::expect_error([&] { trace.add_token(token); }, ErrorKind::Internal, {});
     EXPECT_EQ(trace.tokens(), 0u);
   };
   expect_internal({{}});                                // one group for two layers
@@ -236,15 +236,8 @@ TEST(TraceText, AllEmptyTraceStillWritesValidHeader) {
 
 class TraceFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("moed-trace-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const char* name) const { return (dir_ / name).string(); }
-  std::filesystem::path dir_;
+  std::string path(const char* name) const { return tmp_.file(name); }
+  test::TempDir tmp_{"moed_trace"};
 };
 
 TEST_F(TraceFiles, WriteFileIsAtomicAndReadsBack) {
@@ -257,7 +250,8 @@ TEST_F(TraceFiles, WriteFileIsAtomicAndReadsBack) {
   expect_same_routing(trace, read_trace(p));
   EXPECT_EQ(read_text(p), written(trace));
   std::size_t files = 0;
-  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir_)) ++files;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(tmp_.path()))
+    ++files;
   EXPECT_EQ(files, 1u);  // no temporary file left behind
 }
 

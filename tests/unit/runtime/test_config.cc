@@ -5,29 +5,17 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::runtime {
 namespace {
 
-// Runs `f` and expects a moed::Error of `kind` whose message holds every one of `parts`.
-void expect_error(const std::function<void()>& f, ErrorKind kind,
-                  const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(e.kind(), kind) << message;
-    for (const auto& p : parts)
-      EXPECT_NE(message.find(p), std::string::npos) << "expected '" << p << "' in: " << message;
-  }
-}
+using test::expect_error;
 
 Config load(const std::string& toml, const std::vector<std::string>& overrides = {}) {
   return load_config_text(toml, "t.toml", overrides);

@@ -20,6 +20,7 @@
 #include "kernels/cpu/fixed_combine.h"
 #include "placement/placement.h"
 #include "runtime/router.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::runtime {
 namespace {
@@ -36,17 +37,7 @@ Routing make_routing(const std::vector<Pairs>& tokens) {
   return r;
 }
 
-void expect_internal_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::Internal) << message;
-    for (const auto& p : parts)
-      EXPECT_NE(message.find(p), std::string::npos) << "expected '" << p << "' in: " << message;
-  }
-}
+using test::expect_error;
 
 ExpertCounts counts_of(const std::vector<std::vector<std::uint32_t>>& rows) {
   ExpertCounts c(int(rows.size()), int(rows.front().size()));
@@ -321,23 +312,27 @@ TEST_F(DispatchWireErrors, SizeThatDisagreesWithTheHeader) {
   ASSERT_EQ(words()[0], 2u);  // rows
   ASSERT_EQ(words()[1], 3u);  // pairs
   layout.recv_bytes[0] -= 16;
-  expect_internal_error([&] { parse_dispatch(buffer.data(), layout, H); }, {"rank 0", "bytes"});
+  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
+               {"rank 0", "bytes"});
 }
 
 TEST_F(DispatchWireErrors, TooShortForAHeader) {
   layout.recv_bytes[0] = 4;
-  expect_internal_error([&] { parse_dispatch(buffer.data(), layout, H); }, {"rank 0", "4 bytes"});
+  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
+               {"rank 0", "4 bytes"});
 }
 
 TEST_F(DispatchWireErrors, PairsPerRowThatDisagreeWithTheHeader) {
   ASSERT_EQ(words()[2], 2u);
   words()[2] = 1;  // rows now hold 2 pairs, the header says 3
-  expect_internal_error([&] { parse_dispatch(buffer.data(), layout, H); }, {"rank 0", "2 pairs", "3"});
+  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
+               {"rank 0", "2 pairs", "3"});
 }
 
 TEST_F(DispatchWireErrors, RowWithoutPairs) {
   words()[3] = 0;
-  expect_internal_error([&] { parse_dispatch(buffer.data(), layout, H); }, {"row 1", "no pair"});
+  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
+               {"row 1", "no pair"});
 }
 
 // ---------------------------------------------------------------- combine wire format
@@ -433,8 +428,8 @@ TEST(CombineWire, AccumulateReturnsRefusesAWrongSize) {
   layout.recv_bytes = {0, 48};
   layout.recv_offsets = {0, 0};
   std::vector<std::int64_t> acc(6, 0);
-  expect_internal_error([&] { accumulate_returns(plan, recv.data(), layout, H, acc.data()); },
-                        {"rank 1", "48"});
+  expect_error([&] { accumulate_returns(plan, recv.data(), layout, H, acc.data()); },
+               ErrorKind::Internal, {"rank 1", "48"});
 }
 
 // ---------------------------------------------------------------- a layer in memory
@@ -757,8 +752,9 @@ TEST_P(LayerInMemory, CountsThatDisagreeWithTheRowsAreAnInternalError) {
   const int e = 0;
   const int holder = p.replicas(kLayer, e)[0];
   run.counts.data()[e] += std::uint32_t(2 * kChunk * p.replicas(kLayer, e).size());
-  expect_internal_error([&] { batch_by_expert(run.side[holder].received, run.input(holder)); },
-                        {"expert " + std::to_string(e), "rank " + std::to_string(holder)});
+  expect_error([&] { batch_by_expert(run.side[holder].received, run.input(holder)); },
+               ErrorKind::Internal,
+               {"expert " + std::to_string(e), "rank " + std::to_string(holder)});
 }
 
 TEST_P(LayerInMemory, OutputMatchesAPlainSum) {
@@ -798,8 +794,8 @@ TEST(LayerInMemoryErrors, ARowForAnExpertTheRankDoesNotHold) {
   moved.set_replicas(0, 1, {0});
   PlanInput in = run.input(0);
   in.placement = &moved;
-  expect_internal_error([&] { batch_by_expert(run.side[0].received, in); },
-                        {"rank 0", "expert 0", "does not hold"});
+  expect_error([&] { batch_by_expert(run.side[0].received, in); }, ErrorKind::Internal,
+               {"rank 0", "expert 0", "does not hold"});
 }
 
 }  // namespace

@@ -3,21 +3,20 @@
 #include "runtime/weights/safetensors.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <source_location>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::weights {
 namespace {
@@ -28,27 +27,7 @@ using json = nlohmann::json;
 // A temp directory per test, removed afterwards.
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    static int counter = 0;
-    dir_ = fs::temp_directory_path() /
-           ("moed_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
-            test->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
-  static void write_bytes(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    ASSERT_TRUE(out.good()) << path;
-  }
+  std::string file(const std::string& name) const { return tmp_.file(name); }
 
   static std::string read_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -64,9 +43,7 @@ class SafetensorsTest : public ::testing::Test {
   // A safetensors file from a raw header text and data region.
   std::string write_raw(const std::string& name, const std::string& header,
                         const std::string& data) {
-    std::string path = file(name);
-    write_bytes(path, le64(header.size()) + header + data);
-    return path;
+    return tmp_.write(name, le64(header.size()) + header + data);
   }
 
   // A file with a valid length prefix whose data region has `data_size` zero bytes.
@@ -74,28 +51,15 @@ class SafetensorsTest : public ::testing::Test {
     return write_raw(name, header.dump(), std::string(data_size, '\0'));
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"moed_st"};
 };
 
-// Runs fn, expecting a moed Input error whose message holds every one of `parts`.
-void expect_input_error(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-  } catch (const moed::Error& e) {
-    EXPECT_EQ(e.kind(), moed::ErrorKind::Input) << e.what();
-    for (const auto& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << part;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected moed::Error, got: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected an Input error, nothing was thrown";
-}
+using test::expect_error;
 
-void expect_open_error(const std::string& path, std::initializer_list<std::string> parts) {
-  expect_input_error([&] { SafetensorsFile f(path); }, parts);
+// Opening `path` must fail with an Input error whose message holds every one of `parts`.
+void expect_open_error(const std::string& path, const std::vector<std::string>& parts,
+                       std::source_location at = std::source_location::current()) {
+  expect_error([&] { SafetensorsFile f(path); }, ErrorKind::Input, parts, at);
 }
 
 std::vector<float> iota(std::size_t n, float start, float step) {
@@ -213,7 +177,7 @@ TEST_F(SafetensorsTest, RoundTripF32AndBf16) {
   EXPECT_EQ(out[0], w1[0]);
 
   // Same through Checkpoint, by file and by directory.
-  for (const std::string& p : {path, dir_.string()}) {
+  for (const std::string& p : {path, tmp_.path().string()}) {
     Checkpoint ckpt(p);
     EXPECT_EQ(ckpt.path(), p);
     EXPECT_TRUE(ckpt.contains("layer.w1"));
@@ -249,7 +213,7 @@ TEST_F(SafetensorsTest, WriterLayoutIsStandard) {
   EXPECT_EQ(x, 2.0f);
 
   // No temp file left behind.
-  for (const auto& e : fs::directory_iterator(dir_))
+  for (const auto& e : fs::directory_iterator(tmp_.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
@@ -260,8 +224,8 @@ TEST_F(SafetensorsTest, WriterErrors) {
   EXPECT_THROW(writer.add("t", DType::F32, {1}, &x), moed::Error);  // duplicate
   EXPECT_THROW(writer.add("n", DType::F32, {-1}, &x), moed::Error);
   EXPECT_THROW(writer.add("__metadata__", DType::F32, {1}, &x), moed::Error);
-  expect_input_error([&] { writer.write(file("no/such/dir/x.safetensors")); },
-                     {"no/such/dir/x.safetensors"});
+  expect_error([&] { writer.write(file("no/such/dir/x.safetensors")); }, ErrorKind::Input,
+               {"no/such/dir/x.safetensors"});
 }
 
 TEST_F(SafetensorsTest, ReadsHandWrittenFileWithGapsAndOtherDtypes) {
@@ -292,9 +256,9 @@ TEST_F(SafetensorsTest, ReadsHandWrittenFileWithGapsAndOtherDtypes) {
 TEST_F(SafetensorsTest, BadFileTooShort) {
   // Exactly 8 bytes: a zero-length header, which is not JSON.
   expect_open_error(write_raw("empty.safetensors", "", ""), {"empty.safetensors", "not valid JSON"});
-  write_bytes(file("short.safetensors"), "abc");
+  tmp_.write("short.safetensors", "abc");
   expect_open_error(file("short.safetensors"), {"short.safetensors", "3 bytes", "too short"});
-  write_bytes(file("zero.safetensors"), "");
+  tmp_.write("zero.safetensors", "");
   expect_open_error(file("zero.safetensors"), {"zero.safetensors", "0 bytes"});
 }
 
@@ -303,10 +267,9 @@ TEST_F(SafetensorsTest, BadFileMissing) {
 }
 
 TEST_F(SafetensorsTest, BadHeaderLength) {
-  const std::string path = file("len.safetensors");
-  write_bytes(path, le64(1000) + "{}");
+  const std::string path = tmp_.write("len.safetensors", le64(1000) + "{}");
   expect_open_error(path, {"len.safetensors", "header length 1000", "2 bytes"});
-  write_bytes(path, le64(~0ull) + "{}");  // would overflow 8 + N
+  tmp_.write("len.safetensors", le64(~0ull) + "{}");  // would overflow 8 + N
   expect_open_error(path, {"len.safetensors", "header length"});
 }
 
@@ -466,36 +429,36 @@ class SafetensorsReadTest : public SafetensorsTest {
 
 TEST_F(SafetensorsReadTest, MissingTensor) {
   SafetensorsFile f(file("model.safetensors"));
-  expect_input_error([&] { f.read_f32("no.such.tensor", DType::F32, {1}, out_.data()); },
-                     {"model.safetensors", "'no.such.tensor'"});
+  expect_error([&] { f.read_f32("no.such.tensor", DType::F32, {1}, out_.data()); },
+               ErrorKind::Input, {"model.safetensors", "'no.such.tensor'"});
   Checkpoint c(file("model.safetensors"));
-  expect_input_error([&] { c.read_f32("no.such.tensor", DType::F32, {1}, out_.data()); },
-                     {"model.safetensors", "'no.such.tensor'"});
+  expect_error([&] { c.read_f32("no.such.tensor", DType::F32, {1}, out_.data()); },
+               ErrorKind::Input, {"model.safetensors", "'no.such.tensor'"});
 }
 
 TEST_F(SafetensorsReadTest, WrongDtype) {
   SafetensorsFile f(file("model.safetensors"));
-  expect_input_error([&] { f.read_f32(kName, DType::BF16, {512, 256}, out_.data()); },
-                     {"model.safetensors", kName, "dtype F32", "expected BF16"});
-  expect_input_error([&] { f.read_f32("bf", DType::F32, {4}, out_.data()); },
-                     {"model.safetensors", "'bf'", "dtype BF16", "expected F32"});
+  expect_error([&] { f.read_f32(kName, DType::BF16, {512, 256}, out_.data()); },
+               ErrorKind::Input, {"model.safetensors", kName, "dtype F32", "expected BF16"});
+  expect_error([&] { f.read_f32("bf", DType::F32, {4}, out_.data()); }, ErrorKind::Input,
+               {"model.safetensors", "'bf'", "dtype BF16", "expected F32"});
 }
 
 TEST_F(SafetensorsReadTest, UnsupportedDtype) {
   SafetensorsFile f(file("other.safetensors"));
-  expect_input_error([&] { f.read_f32("half", DType::BF16, {2}, out_.data()); },
-                     {"other.safetensors", "'half'", "F16", "supported dtypes: F32, BF16"});
-  expect_input_error([&] { f.read_f32("quant", DType::F32, {5}, out_.data()); },
-                     {"other.safetensors", "'quant'", "Q8_0", "F32, BF16"});
+  expect_error([&] { f.read_f32("half", DType::BF16, {2}, out_.data()); }, ErrorKind::Input,
+               {"other.safetensors", "'half'", "F16", "supported dtypes: F32, BF16"});
+  expect_error([&] { f.read_f32("quant", DType::F32, {5}, out_.data()); }, ErrorKind::Input,
+               {"other.safetensors", "'quant'", "Q8_0", "F32, BF16"});
 }
 
 TEST_F(SafetensorsReadTest, WrongShape) {
   SafetensorsFile f(file("model.safetensors"));
-  expect_input_error(
-      [&] { f.read_f32(kName, DType::F32, {512, 128}, out_.data()); },
-      {std::string("model.safetensors: tensor '") + kName + "' has shape [512, 256], expected [512, 128]"});
-  expect_input_error([&] { f.read_f32(kName, DType::F32, {512, 256, 1}, out_.data()); },
-                     {"model.safetensors", kName, "[512, 256, 1]"});
+  expect_error([&] { f.read_f32(kName, DType::F32, {512, 128}, out_.data()); }, ErrorKind::Input,
+               {std::string("model.safetensors: tensor '") + kName +
+                "' has shape [512, 256], expected [512, 128]"});
+  expect_error([&] { f.read_f32(kName, DType::F32, {512, 256, 1}, out_.data()); },
+               ErrorKind::Input, {"model.safetensors", kName, "[512, 256, 1]"});
 }
 
 // ---- sharded checkpoints ------------------------------------------------------------------
@@ -515,7 +478,7 @@ class CheckpointTest : public SafetensorsTest {
                    {{"a.w", "model-00001-of-00002.safetensors"},
                     {"a.bias", "model-00001-of-00002.safetensors"},
                     {"b.w", "model-00002-of-00002.safetensors"}}}};
-    write_bytes(file(index_name), index.dump(2));
+    tmp_.write(index_name, index.dump(2));
   }
   std::vector<float> a_ = {1, 2, 3, 4};
   std::vector<float> b_ = {-1, -0.5f, 0.25f, 8};
@@ -534,16 +497,16 @@ TEST_F(CheckpointTest, ShardedViaIndex) {
   EXPECT_EQ(out, b_);
   c.read_f32("a.bias", DType::BF16, {2}, out.data());
   EXPECT_EQ(out[1], 2.0f);
-  expect_input_error([&] { c.read_f32("c.w", DType::F32, {1}, out.data()); },
-                     {"model.safetensors.index.json", "'c.w'"});
-  expect_input_error([&] { c.read_f32("b.w", DType::BF16, {2, 2}, out.data()); },
-                     {"model-00002-of-00002.safetensors", "'b.w'", "[4]", "expected [2, 2]"});
+  expect_error([&] { c.read_f32("c.w", DType::F32, {1}, out.data()); }, ErrorKind::Input,
+               {"model.safetensors.index.json", "'c.w'"});
+  expect_error([&] { c.read_f32("b.w", DType::BF16, {2, 2}, out.data()); }, ErrorKind::Input,
+               {"model-00002-of-00002.safetensors", "'b.w'", "[4]", "expected [2, 2]"});
 }
 
 TEST_F(CheckpointTest, DirectoryPath) {
   write_sharded();
-  Checkpoint c(dir_.string());
-  EXPECT_EQ(c.path(), dir_.string());
+  Checkpoint c(tmp_.path().string());
+  EXPECT_EQ(c.path(), tmp_.path().string());
   std::vector<float> out(4);
   c.read_f32("b.w", DType::BF16, {4}, out.data());
   EXPECT_EQ(out, b_);
@@ -551,24 +514,24 @@ TEST_F(CheckpointTest, DirectoryPath) {
 
 TEST_F(CheckpointTest, DirectoryWithOtherIndexName) {
   write_sharded("weights.safetensors.index.json");
-  Checkpoint c(dir_.string());
+  Checkpoint c(tmp_.path().string());
   EXPECT_TRUE(c.contains("a.w"));
 }
 
 TEST_F(CheckpointTest, ShardsOpenLazily) {
   write_sharded();
   // Corrupt shard 2: a Checkpoint must not notice until one of its tensors is read.
-  write_bytes(file("model-00002-of-00002.safetensors"), le64(5) + "{oops");
+  tmp_.write("model-00002-of-00002.safetensors", le64(5) + "{oops");
   Checkpoint c(file("model.safetensors.index.json"));
   EXPECT_TRUE(c.contains("b.w"));
   std::vector<float> out(4);
   c.read_f32("a.w", DType::F32, {2, 2}, out.data());
   EXPECT_EQ(out, a_);
-  expect_input_error([&] { c.read_f32("b.w", DType::BF16, {4}, out.data()); },
-                     {"model-00002-of-00002.safetensors", "not valid JSON"});
+  expect_error([&] { c.read_f32("b.w", DType::BF16, {4}, out.data()); }, ErrorKind::Input,
+               {"model-00002-of-00002.safetensors", "not valid JSON"});
   // The failure is not cached as an open shard; shard 1 still works.
-  expect_input_error([&] { c.read_f32("b.w", DType::BF16, {4}, out.data()); },
-                     {"model-00002-of-00002.safetensors"});
+  expect_error([&] { c.read_f32("b.w", DType::BF16, {4}, out.data()); }, ErrorKind::Input,
+               {"model-00002-of-00002.safetensors"});
   c.read_f32("a.bias", DType::BF16, {2}, out.data());
   EXPECT_EQ(out[0], 1.0f);
 }
@@ -577,62 +540,64 @@ TEST_F(CheckpointTest, IndexNamesTensorMissingFromShard) {
   write_sharded();
   json index = json::parse(read_bytes(file("model.safetensors.index.json")));
   index["weight_map"]["ghost"] = "model-00001-of-00002.safetensors";
-  write_bytes(file("model.safetensors.index.json"), index.dump());
+  tmp_.write("model.safetensors.index.json", index.dump());
   Checkpoint c(file("model.safetensors.index.json"));
   std::vector<float> out(4);
-  expect_input_error([&] { c.read_f32("ghost", DType::F32, {1}, out.data()); },
-                     {"model-00001-of-00002.safetensors", "'ghost'", "index"});
+  expect_error([&] { c.read_f32("ghost", DType::F32, {1}, out.data()); }, ErrorKind::Input,
+               {"model-00001-of-00002.safetensors", "'ghost'", "index"});
 }
 
 TEST_F(CheckpointTest, BadIndexNotJson) {
-  write_bytes(file("bad.safetensors.index.json"), "{\"weight_map\": ");
-  expect_input_error([&] { Checkpoint c(file("bad.safetensors.index.json")); },
-                     {"bad.safetensors.index.json", "not valid JSON"});
-  write_bytes(file("bad.safetensors.index.json"), "[]");
-  expect_input_error([&] { Checkpoint c(file("bad.safetensors.index.json")); },
-                     {"bad.safetensors.index.json", "expected an object"});
+  tmp_.write("bad.safetensors.index.json", "{\"weight_map\": ");
+  expect_error([&] { Checkpoint c(file("bad.safetensors.index.json")); }, ErrorKind::Input,
+               {"bad.safetensors.index.json", "not valid JSON"});
+  tmp_.write("bad.safetensors.index.json", "[]");
+  expect_error([&] { Checkpoint c(file("bad.safetensors.index.json")); }, ErrorKind::Input,
+               {"bad.safetensors.index.json", "expected an object"});
 }
 
 TEST_F(CheckpointTest, BadIndexNoWeightMap) {
-  write_bytes(file("x.safetensors.index.json"), R"({"metadata": {}})");
-  expect_input_error([&] { Checkpoint c(file("x.safetensors.index.json")); },
-                     {"x.safetensors.index.json", "weight_map"});
-  write_bytes(file("x.safetensors.index.json"), R"({"weight_map": ["a"]})");
-  expect_input_error([&] { Checkpoint c(file("x.safetensors.index.json")); },
-                     {"x.safetensors.index.json", "weight_map"});
-  write_bytes(file("x.safetensors.index.json"), R"({"weight_map": {"t": 3}})");
-  expect_input_error([&] { Checkpoint c(file("x.safetensors.index.json")); },
-                     {"x.safetensors.index.json", "'t'"});
+  tmp_.write("x.safetensors.index.json", R"({"metadata": {}})");
+  expect_error([&] { Checkpoint c(file("x.safetensors.index.json")); }, ErrorKind::Input,
+               {"x.safetensors.index.json", "weight_map"});
+  tmp_.write("x.safetensors.index.json", R"({"weight_map": ["a"]})");
+  expect_error([&] { Checkpoint c(file("x.safetensors.index.json")); }, ErrorKind::Input,
+               {"x.safetensors.index.json", "weight_map"});
+  tmp_.write("x.safetensors.index.json", R"({"weight_map": {"t": 3}})");
+  expect_error([&] { Checkpoint c(file("x.safetensors.index.json")); }, ErrorKind::Input,
+               {"x.safetensors.index.json", "'t'"});
 }
 
 TEST_F(CheckpointTest, BadIndexMissingShard) {
   write_sharded();
   fs::remove(file("model-00002-of-00002.safetensors"));
-  expect_input_error([&] { Checkpoint c(file("model.safetensors.index.json")); },
-                     {"model.safetensors.index.json", "'b.w'", "model-00002-of-00002.safetensors",
-                      "does not exist"});
+  expect_error([&] { Checkpoint c(file("model.safetensors.index.json")); }, ErrorKind::Input,
+               {"model.safetensors.index.json", "'b.w'", "model-00002-of-00002.safetensors",
+                "does not exist"});
 }
 
 TEST_F(CheckpointTest, BadDirectory) {
-  fs::create_directories(dir_ / "empty");
-  write_bytes(file("empty/readme.txt"), "hi");
-  expect_input_error([&] { Checkpoint c(file("empty")); }, {"empty", "no checkpoint"});
+  fs::create_directories(tmp_.path() / "empty");
+  tmp_.write("empty/readme.txt", "hi");
+  expect_error([&] { Checkpoint c(file("empty")); }, ErrorKind::Input, {"empty", "no checkpoint"});
 
-  fs::create_directories(dir_ / "two");
+  fs::create_directories(tmp_.path() / "two");
   float x = 1;
   SafetensorsWriter w;
   w.add("t", DType::F32, {1}, &x);
   w.write(file("two/a.safetensors"));
   w.write(file("two/b.safetensors"));
-  expect_input_error([&] { Checkpoint c(file("two")); },
-                     {"two", "a.safetensors", "b.safetensors", "index"});
+  expect_error([&] { Checkpoint c(file("two")); }, ErrorKind::Input,
+               {"two", "a.safetensors", "b.safetensors", "index"});
 
-  expect_input_error([&] { Checkpoint c(file("nowhere")); }, {"nowhere", "does not exist"});
+  expect_error([&] { Checkpoint c(file("nowhere")); }, ErrorKind::Input,
+               {"nowhere", "does not exist"});
 }
 
 TEST_F(CheckpointTest, BadSingleFileFailsAtConstruction) {
-  write_bytes(file("model.safetensors"), "short");
-  expect_input_error([&] { Checkpoint c(file("model.safetensors")); }, {"model.safetensors"});
+  tmp_.write("model.safetensors", "short");
+  expect_error([&] { Checkpoint c(file("model.safetensors")); }, ErrorKind::Input,
+               {"model.safetensors"});
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 // synthetic model), tokens as a pure function of their global id, and trace
 // replay checked against an independent reading of the committed trace file.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -11,9 +10,7 @@
 #include <memory>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
-#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -29,25 +26,14 @@
 #include "runtime/weights/synthetic_model.h"
 #include "runtime/workload/synthetic_workload.h"
 #include "runtime/workload/trace_workload.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::runtime {
 namespace {
 
-namespace fs = std::filesystem;
-
 const std::string kTrace = std::string(MOED_TEST_DATA_DIR) + "/mixtral-humaneval.trace";
 
-void expect_error(const std::function<void()>& f, ErrorKind kind, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(e.kind(), kind) << message;
-    for (const auto& p : parts)
-      EXPECT_NE(message.find(p), std::string::npos) << "expected '" << p << "' in: " << message;
-  }
-}
+using test::expect_error;
 
 // ---------------------------------------------------------------- TopicMixture
 
@@ -330,29 +316,14 @@ TEST(TraceWorkload, HiddenStatesArePureFunctionsOfTheId) {
 
 class TraceFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    static int counter = 0;
-    dir_ = fs::temp_directory_path() /
-           ("moed_wl_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path) << text;
-    return path;
-  }
-  fs::path dir_;
+  test::TempDir tmp_{"moed_wl"};
 };
 
 TEST_F(TraceFiles, FewerLayersThanTheModelIsAnInputError) {
-  const std::string path = write("two-layers.trace",
-                                 "moed-trace v1\nlayers 2\nexperts 8\ntop_k 2\ntokens 2\n"
-                                 "0:0.5 1:0.5 | 2:1\n"
-                                 "3:0.75 4:0.25 | -\n");
+  const std::string path = tmp_.write("two-layers.trace",
+                                      "moed-trace v1\nlayers 2\nexperts 8\ntop_k 2\ntokens 2\n"
+                                      "0:0.5 1:0.5 | 2:1\n"
+                                      "3:0.75 4:0.25 | -\n");
   expect_error([&] { TraceWorkload w(trace_config(path, 4, 8)); }, ErrorKind::Input,
                {path, "[model].layers"});
   // Enough layers for a model of two: accepted.
@@ -360,17 +331,17 @@ TEST_F(TraceFiles, FewerLayersThanTheModelIsAnInputError) {
 }
 
 TEST_F(TraceFiles, AnExpertBeyondTheModelIsAnInputError) {
-  const std::string path = write("sixteen-experts.trace",
-                                 "moed-trace v1\nlayers 1\nexperts 16\ntop_k 2\ntokens 2\n"
-                                 "0:0.5 1:0.5\n"
-                                 "12:0.75 4:0.25\n");
+  const std::string path = tmp_.write("sixteen-experts.trace",
+                                      "moed-trace v1\nlayers 1\nexperts 16\ntop_k 2\ntokens 2\n"
+                                      "0:0.5 1:0.5\n"
+                                      "12:0.75 4:0.25\n");
   expect_error([&] { TraceWorkload w(trace_config(path, 1, 8)); }, ErrorKind::Input,
                {path, "expert 12", "[model].experts"});
   EXPECT_NO_THROW(TraceWorkload w(trace_config(path, 1, 16)));
 }
 
 TEST_F(TraceFiles, AMissingFileIsAnInputError) {
-  const std::string path = (dir_ / "absent.trace").string();
+  const std::string path = tmp_.file("absent.trace");
   expect_error([&] { TraceWorkload w(trace_config(path)); }, ErrorKind::Input, {path});
 }
 

@@ -1,0 +1,105 @@
+// Helpers shared by the unit tests (tests/unit/<part>/*.cc):
+//   expect_error: run a callable, expecting a moed::Error of a given kind whose
+//                 message contains given substrings;
+//   TempDir:      a fresh empty directory under temp_directory_path(), removed
+//                 with everything in it when the TempDir goes.
+// Header only: each test binary is built from the .cc files of one part.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <source_location>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "common/error.h"
+
+namespace moed::test {
+
+// Runs `f` and expects it to throw a moed::Error of `kind` whose what() contains
+// every one of `parts`. Adds a (non-fatal) failure when `f` returns normally,
+// throws anything else, throws another kind, or a part is missing; each failure
+// says what was expected, shows the actual message and points at the caller.
+inline void expect_error(const std::function<void()>& f, ErrorKind kind,
+                         const std::vector<std::string>& parts,
+                         std::source_location where = std::source_location::current()) {
+  ::testing::ScopedTrace trace(where.file_name(), static_cast<int>(where.line()),
+                               "expect_error called here");
+  std::ostringstream wanted;
+  wanted << "a moed::Error of kind " << to_string(kind);
+  if (!parts.empty()) {
+    wanted << " whose message contains";
+    for (std::size_t i = 0; i < parts.size(); ++i) wanted << (i ? ", '" : " '") << parts[i] << "'";
+  }
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    if (e.kind() != kind)
+      ADD_FAILURE() << "expected " << wanted.str() << "; got kind " << to_string(e.kind())
+                    << ": " << message;
+    for (const auto& p : parts)
+      if (message.find(p) == std::string::npos)
+        ADD_FAILURE() << "expected '" << p << "' in: " << message;
+    return;
+  } catch (const std::exception& other) {
+    ADD_FAILURE() << "expected " << wanted.str() << "; got another exception: " << other.what();
+    return;
+  } catch (...) {
+    ADD_FAILURE() << "expected " << wanted.str() << "; got an exception not from std::exception";
+    return;
+  }
+  ADD_FAILURE() << "no error thrown; expected " << wanted.str();
+}
+
+// A unique, empty directory under std::filesystem::temp_directory_path(),
+// created by the constructor and removed recursively by the destructor.
+class TempDir {
+ public:
+  explicit TempDir(std::string_view prefix = "moed_test") {
+    namespace fs = std::filesystem;
+    static std::atomic<unsigned> counter{0};
+    const std::string stem = std::string(prefix) + "_" + std::to_string(::getpid()) + "_";
+    // create_directory is false when the name is taken (say, left by an earlier
+    // process with the same pid): take the next one rather than reuse it.
+    do {
+      path_ = fs::temp_directory_path() / (stem + std::to_string(counter++));
+    } while (!fs::create_directory(path_));
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+
+  // path()/name as a string; `name` may hold subfolders ("a/b.txt").
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+  // Writes `bytes` to path()/name in binary mode (replacing any such file) and
+  // returns its path as file(name) does. A failed write is a test failure.
+  std::string write(const std::string& name, std::string_view bytes) const {
+    const std::string target = file(name);
+    std::ofstream out(target, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) ADD_FAILURE() << "cannot write " << target;
+    return target;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace moed::test
