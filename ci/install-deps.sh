@@ -13,6 +13,7 @@ packages=(
   libopenblas-dev
   nlohmann-json3-dev libcli11-dev
   libgtest-dev
+  slurm-wlm munge
 )
 
 missing=()
