@@ -52,6 +52,13 @@ void ControlChannel::reduce_sum(std::uint64_t* values, std::size_t n, const std:
   wait(req, what);
 }
 
+void ControlChannel::reduce_sum(double* values, std::size_t n, const std::string& what) {
+  MPI_Request req;
+  std::vector<double> in(values, values + n);
+  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_DOUBLE, MPI_SUM, 0, comm_, &req), "MPI_Ireduce");
+  wait(req, what);
+}
+
 int ControlChannel::all_max(int value, const std::string& what) {
   MPI_Request req;
   int out = 0;

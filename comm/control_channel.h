@@ -27,6 +27,7 @@ class ControlChannel {
   void broadcast(void* data, std::size_t bytes, const std::string& what);  // from rank 0
   void reduce_max(double* values, std::size_t n, const std::string& what);  // into rank 0
   void reduce_sum(std::uint64_t* values, std::size_t n, const std::string& what);
+  void reduce_sum(double* values, std::size_t n, const std::string& what);
   int all_max(int value, const std::string& what);
   // Every rank's bytes in rank order on rank 0 (empty elsewhere).
   std::vector<std::byte> gather(const void* data, std::size_t bytes, const std::string& what);

@@ -11,6 +11,27 @@ const config::Section<ClusterConfig>& cluster_config_section() {
       {
           config::integer<C>("ranks_per_island", &C::ranks_per_island, 0, 0, 1 << 20,
                              "ranks per island in consecutive blocks; 0 = one island per host"),
+          config::real<C>("cost_same_island", &C::cost_same_island, 1, 0, 1e6,
+                          "relative cost of a token copy inside an island (NVLink)"),
+          config::real<C>("cost_cross_island", &C::cost_cross_island, 8, 0, 1e6,
+                          "relative cost of a token copy between islands (the network)"),
+      });
+  return section;
+}
+
+const config::Section<StatsConfig>& stats_config_section() {
+  using C = StatsConfig;
+  static const config::Section<C> section(
+      "stats", "routing statistics for the placement service (moe-place optimize --stats)",
+      {
+          config::text<C>("file", &C::file, "",
+                          "stats file rank 0 writes (atomically); empty = keep no statistics"),
+          config::real<C>("half_life_steps", &C::half_life_steps, 64, 0, 1e9,
+                          "steps after which a routing decision counts half; 0 = never decay"),
+          config::integer<C>("every_steps", &C::every_steps, 16, 1, 1 << 30,
+                             "steps between gathers to rank 0 and file writes (and at exit)"),
+          config::integer<C>("sample_tokens", &C::sample_tokens, 4096, 0, 1 << 24,
+                             "recent token paths kept for the cost model, over all ranks"),
       });
   return section;
 }

@@ -10,6 +10,8 @@ namespace moed::placement {
 
 struct ClusterConfig {
   std::int64_t ranks_per_island = 0;
+  double cost_same_island = 1;
+  double cost_cross_island = 8;
 };
 
 struct PlacementConfig {
@@ -19,7 +21,16 @@ struct PlacementConfig {
   std::int64_t max_slots_per_rank = 0;
 };
 
+// Routing statistics the daemon keeps for the placement service.
+struct StatsConfig {
+  std::string file;
+  double half_life_steps = 0;
+  std::int64_t every_steps = 0;
+  std::int64_t sample_tokens = 0;
+};
+
 const config::Section<ClusterConfig>& cluster_config_section();
+const config::Section<StatsConfig>& stats_config_section();
 const config::Section<PlacementConfig>& placement_config_section();
 
 }  // namespace moed::placement

@@ -46,6 +46,12 @@ LinkClass Topology::link(int from, int to) const {
   return island_of(from) == island_of(to) ? LinkClass::SameIsland : LinkClass::CrossIsland;
 }
 
+void Topology::set_link_costs(double same_island, double cross_island) {
+  MOED_CHECK(same_island >= 0 && cross_island >= 0, "negative link costs {} {}", same_island, cross_island);
+  cost_[int(LinkClass::SameIsland)] = same_island;
+  cost_[int(LinkClass::CrossIsland)] = cross_island;
+}
+
 std::string Topology::describe() const {
   std::string out = fmt::format("{} island{}:", islands_, islands_ == 1 ? "" : "s");
   for (int i = 0; i < islands_; ++i) {

@@ -26,9 +26,15 @@ class Topology {
   LinkClass link(int from, int to) const;
   std::string describe() const;  // e.g. "2 islands: {0,1} {2,3}"
 
+  // Relative cost of one token copy over each link class (same rank: 0).
+  // Defaults: 1 within an island, 8 across (NVLink against a node's NIC).
+  double link_cost(LinkClass c) const { return cost_[int(c)]; }
+  void set_link_costs(double same_island, double cross_island);
+
  private:
   std::vector<int> island_of_rank_;
   int islands_ = 0;
+  double cost_[kLinkClasses] = {0.0, 1.0, 8.0};
 };
 
 }  // namespace moed::placement

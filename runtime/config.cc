@@ -126,6 +126,7 @@ const config::Schema<Config>& schema() {
     s.add(placement::cluster_config_section(), &Config::cluster);
     s.add(comm::comm_config_section(), &Config::comm);
     s.add(placement::placement_config_section(), &Config::placement);
+    s.add(placement::stats_config_section(), &Config::stats);
     s.add(metrics_section(), &Config::metrics);
     s.add(log_section(), &Config::log);
     return s;

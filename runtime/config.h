@@ -58,6 +58,7 @@ struct Config {
   placement::ClusterConfig cluster;
   comm::CommConfig comm;
   placement::PlacementConfig placement;
+  placement::StatsConfig stats;
   MetricsConfig metrics;
   LogConfig log;
 };

@@ -130,9 +130,17 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
 
   d->engine_ = std::make_unique<Engine>(c, *d->transport_, *d->topology_, d->placement_,
                                         *d->store_, *d->workload_);
-  spdlog::info("on {} (local rank {} of {}, launched by {}), island {}, {} expert slots ({:.1f} MB), "
+  if (!c.stats.file.empty()) {
+    const std::size_t per_rank = std::size_t((c.stats.sample_tokens + mpi.size() - 1) / mpi.size());
+    d->stats_.emplace(int(c.model.layers), int(c.model.experts), c.stats.half_life_steps, per_rank,
+                      int(std::max(c.model.top_k, c.router.max_k)));
+    d->engine_->record_stats_into(&*d->stats_);
+  }
+  // No GPU is used yet: the CPU path serves (the CUDA kernels are not wired in).
+  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB), "
                "tokens [{}, {}) of each step",
                where.host, where.local_rank, where.local_size, where.launcher,
+               launch::describe_binding(where, launch::probe_binding(/*gpu_count=*/0)),
                d->topology_->island_of(d->rank_), d->store_->slots(),
                double(d->store_->expert_bytes()) / 1e6, d->engine_->first_token(),
                d->engine_->first_token() + d->engine_->local_tokens());
@@ -166,11 +174,34 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
     report_->add_step(cmd.step, rec);
     if (config_.log.per_step) spdlog::info("{}", report_->step_line(cmd.step, rec));
   }
+  if (stats_) {
+    stats_->end_step();
+    if (stats_->steps() % std::uint64_t(config_.stats.every_steps) == 0) write_stats();
+  }
   if (reduced) *reduced = std::move(rec);
   return true;
 }
 
+void Daemon::write_stats() {
+  const std::string what = fmt::format("routing statistics after {} steps", stats_->steps());
+  placement::RoutingStats merged = *stats_;
+  merged.normalize();
+  control_.reduce_sum(merged.raw().data(), merged.raw().size(), what);
+  std::vector<std::uint32_t> mine = stats_->sample_cells();
+  std::vector<std::byte> all = control_.gather(mine.data(), mine.size() * sizeof(std::uint32_t), what);
+  stats_written_at_ = stats_->steps();
+  if (rank_ != 0) return;
+  // Rank 0's own paths are in `merged` already; the others' follow, in rank order.
+  std::span<const std::uint32_t> cells(reinterpret_cast<const std::uint32_t*>(all.data()),
+                                       all.size() / sizeof(std::uint32_t));
+  merged.append_sample_cells(cells.subspan(mine.size()));
+  placement::write_stats_file(merged, config_.stats.file);
+  spdlog::info("wrote {} ({} steps, {} sampled tokens)", config_.stats.file, merged.steps(),
+               merged.sample_size());
+}
+
 void Daemon::finish() {
+  if (stats_ && stats_->steps() != stats_written_at_) write_stats();
   if (rank_ != 0) return;
   if (dump_) dump_->finish();
   report_->print(std::cout);

@@ -13,6 +13,7 @@
 #include "comm/mpi/mpi_session.h"
 #include "comm/transport.h"
 #include "placement/placement.h"
+#include "placement/routing_stats.h"
 #include "placement/topology.h"
 #include "runtime/config.h"
 #include "runtime/engine.h"
@@ -48,8 +49,11 @@ class Daemon {
   // Serves step `step` unless the coordinator says stop (returns false then).
   // `reduced`, if given, receives the step's figures over all ranks (rank 0).
   bool serve_step(std::uint64_t step, StepRecord* reduced = nullptr);
-  // Rank 0: finishes the output dump, prints the summary, writes the JSON report.
+  // Rank 0: finishes the output dump, prints the summary, writes the JSON report
+  // (and, with [stats].file, the statistics once more).
   void finish();
+  // Gathers every rank's routing statistics on rank 0 and writes [stats].file.
+  void write_stats();
 
   const Config& config() const { return config_; }
   comm::ControlChannel& control() { return control_; }
@@ -74,6 +78,8 @@ class Daemon {
   std::unique_ptr<OutputDump> dump_;  // rank 0, with --dump-output
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Report> report_;
+  std::optional<placement::RoutingStats> stats_;  // with [stats].file
+  std::uint64_t stats_written_at_ = 0;            // steps seen at the last write
   std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
 };
 

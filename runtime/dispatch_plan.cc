@@ -37,12 +37,37 @@ std::uint64_t ExpertCounts::before(int rank, int expert) const {
   return n;
 }
 
+std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) {
+  const std::vector<int>& replicas = in.placement->replicas(in.layer, expert);
+  if (replicas.size() == 1) return 0;
+  if (!in.topology || in.topology->islands() == 1)
+    return replica_of_chunk(chunk, in.step, replicas.size());
+  // Rows of the chunk per island: rank r holds positions [before(r), before(r) + at(r)).
+  const std::uint64_t lo = chunk * in.chunk_rows, hi = lo + in.chunk_rows;
+  std::vector<std::uint64_t> rows(in.topology->islands(), 0);
+  std::uint64_t start = 0;
+  for (int r = 0; r < in.counts->ranks(); ++r) {
+    const std::uint64_t end = start + in.counts->at(r, expert);
+    if (end > lo && start < hi) rows[in.topology->island_of(r)] += std::min(end, hi) - std::max(start, lo);
+    start = end;
+  }
+  const int island = int(std::max_element(rows.begin(), rows.end()) - rows.begin());
+  std::vector<std::size_t> near;
+  for (std::size_t i = 0; i < replicas.size(); ++i)
+    if (in.topology->island_of(replicas[i]) == island) near.push_back(i);
+  if (near.empty()) return replica_of_chunk(chunk, in.step, replicas.size());
+  return near[replica_of_chunk(chunk, in.step, near.size())];
+}
+
 DispatchPlan plan_dispatch(const PlanInput& in) {
   const Routing& routing = *in.routing;
   const placement::Placement& placement = *in.placement;
   DispatchPlan plan;
   plan.to.resize(placement.ranks());
   std::vector<std::uint64_t> seen(placement.experts(), 0);  // my pairs per expert so far
+  // A chunk's replica, remembered: an expert's pairs come in position order.
+  std::vector<std::uint64_t> cached_chunk(placement.experts(), UINT64_MAX);
+  std::vector<int> cached_dest(placement.experts(), -1);
   for (std::size_t t = 0; t < routing.tokens(); ++t) {
     auto experts = routing.experts_of(t);
     auto weights = routing.weights_of(t);
@@ -51,8 +76,10 @@ DispatchPlan plan_dispatch(const PlanInput& in) {
       const std::vector<int>& replicas = placement.replicas(in.layer, e);
       int dest = replicas[0];
       if (replicas.size() > 1) {
-        std::uint64_t position = in.counts->before(in.rank, e) + seen[e];
-        dest = replicas[replica_of_chunk(position / in.chunk_rows, in.step, replicas.size())];
+        std::uint64_t chunk = (in.counts->before(in.rank, e) + seen[e]) / in.chunk_rows;
+        if (cached_chunk[e] != chunk)
+          cached_chunk[e] = chunk, cached_dest[e] = replicas[chunk_replica(in, e, chunk)];
+        dest = cached_dest[e];
       }
       ++seen[e];
       DispatchPlan::Destination& d = plan.to[dest];
@@ -167,7 +194,7 @@ std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const Pla
     std::uint64_t total = in.counts->total(b.expert);
     std::uint64_t expected = 0;
     for (std::uint64_t j = 0; j * in.chunk_rows < total; ++j) {
-      if (replica_of_chunk(j, in.step, replicas.size()) != mine) continue;
+      if (chunk_replica(in, b.expert, j) != mine) continue;
       std::uint64_t size = std::min(in.chunk_rows, total - j * in.chunk_rows);
       b.chunk_rows.push_back(std::uint32_t(size));
       expected += size;

@@ -6,7 +6,9 @@
 //  1. An expert's rows of a step, ordered by global token id, are cut into
 //     chunks of C rows (chunk j holds positions [jC, jC + C)); each chunk is one
 //     GEMM call wherever it runs. Without replicas an expert computes all its
-//     chunks; with R replicas chunk j goes to replica (j + step) mod R. Every
+//     chunks; with replicas each chunk goes to one replica, chosen near the
+//     chunk's rows: among the replicas on the island most of its rows come
+//     from (all replicas if none is there), the (j + step) mod n-th. Every
 //     rank derives this from the all-gathered per-expert counts, so the
 //     home rank knows where each pair goes and the expert knows its chunks.
 //  2. Partial sums are exact fixed point (kernels/cpu/fixed_combine.h), so
@@ -20,6 +22,7 @@
 
 #include "comm/transport.h"
 #include "placement/placement.h"
+#include "placement/topology.h"
 #include "runtime/router.h"
 
 namespace moed::runtime {
@@ -44,9 +47,10 @@ class ExpertCounts {
   std::vector<std::uint32_t> counts_;
 };
 
-// Replica index that computes chunk `chunk` of an expert with `replicas` slots.
-inline std::size_t replica_of_chunk(std::uint64_t chunk, std::uint64_t step, std::size_t replicas) {
-  return std::size_t((chunk + step) % replicas);
+// Among n candidate replicas, the one that computes chunk `chunk`: rotating
+// with the step spreads an expert's single chunk over its replicas in time.
+inline std::size_t replica_of_chunk(std::uint64_t chunk, std::uint64_t step, std::size_t n) {
+  return std::size_t((chunk + step) % n);
 }
 
 // What the home rank sends: per destination, rows (one per token) in token order.
@@ -69,8 +73,13 @@ struct PlanInput {
   int rank = 0;
   std::uint64_t chunk_rows = 1;
   std::uint64_t step = 0;
+  const placement::Topology* topology = nullptr;  // none: replicas rotate, islands ignored
 };
 DispatchPlan plan_dispatch(const PlanInput& in);
+
+// Index, in the expert's replica list, of the replica that computes chunk
+// `chunk` of `expert` (rule 1 above).
+std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk);
 
 // Dispatch wire format, one message per destination:
 //   u32 rows, u32 pairs, u32 pairs_per_row[rows], u32 experts[pairs], f32 weights[pairs],

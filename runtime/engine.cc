@@ -28,6 +28,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
     gate_gemm_.push_back(std::make_unique<kernels::InvariantRowGemm>(
         store.layer(l).gate.data(), std::size_t(shape_.experts), std::size_t(shape_.hidden)));
   counts_ = ExpertCounts(transport.size(), shape_.experts);
+  routing_.resize(shape_.layers);
   size_send_.resize(R);
   size_recv_.resize(R);
 }
@@ -39,8 +40,21 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   x.resize(count_ * shape_.hidden);
   workload_.tokens(step * tokens_per_step_ + first_, count_, x.data());
   for (int l = 0; l < shape_.layers; ++l) run_layer(l, step, x, rec);
+  if (stats_) record_stats();
   rec.total = now_seconds() - start;
   return rec;
+}
+
+void Engine::record_stats() {
+  std::vector<std::span<const std::uint32_t>> path(shape_.layers);
+  for (std::size_t t = 0; t < count_; ++t) {
+    for (int l = 0; l < shape_.layers; ++l) {
+      path[l] = routing_[l].experts_of(t);
+      stats_->add_choice(l, path[l]);
+      if (l > 0) stats_->add_transition(l - 1, path[l - 1], path[l]);
+    }
+    stats_->add_sample(path);
+  }
 }
 
 void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, StepRecord& rec) {
@@ -52,22 +66,23 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
   xn_.resize(count_ * H);
   kernels::rms_norm(x.data(), store_.layer(layer).norm.data(), count_, H,
                     float(config_.model.norm_eps), xn_.data());
-  routing_.clear();
+  Routing& routing = routing_[layer];
+  routing.clear();
   if (workload_.replays_routing()) {
-    workload_.routing(step * tokens_per_step_ + first_, count_, layer, routing_);
+    workload_.routing(step * tokens_per_step_ + first_, count_, layer, routing);
   } else {
     logits_.resize(count_ * E);
     (*gate_gemm_[layer])(xn_.data(), count_, logits_.data());
-    route(logits_.data(), count_, E, router_, routing_);
+    route(logits_.data(), count_, E, router_, routing);
   }
   double t1 = now_seconds();
 
   // plan: every rank learns every rank's per-expert counts, then plans its sends.
-  std::vector<std::uint32_t> mine = ExpertCounts::local(routing_, E);
+  std::vector<std::uint32_t> mine = ExpertCounts::local(routing, E);
   transport_.all_gather(mine.data(), mine.size() * sizeof(std::uint32_t), counts_.data(),
                         "expert counts of " + where);
-  PlanInput in{&routing_, &placement_, layer, &counts_, me,
-               std::uint64_t(config_.experts.chunk_rows), step};
+  PlanInput in{&routing, &placement_, layer, &counts_, me,
+               std::uint64_t(config_.experts.chunk_rows), step, &topology_};
   DispatchPlan plan = plan_dispatch(in);
   pack_dispatch(plan, xn_.data(), H, send_, layout_);
   double t2 = now_seconds();

@@ -11,6 +11,7 @@
 #include "comm/transport.h"
 #include "kernels/cpu/gemm.h"
 #include "placement/placement.h"
+#include "placement/routing_stats.h"
 #include "placement/topology.h"
 #include "runtime/dispatch_plan.h"
 #include "runtime/expert_executor.h"
@@ -44,12 +45,16 @@ class Engine {
   // Serves step `step`; `hidden` receives the final hidden states of the local tokens.
   StepRecord run_step(std::uint64_t step, std::vector<float>& hidden);
 
+  // Routing statistics to feed with this rank's tokens after every step (none: nullptr).
+  void record_stats_into(placement::RoutingStats* stats) { stats_ = stats; }
+
   const std::vector<std::uint32_t>& chunk_rows_of_last_layer() const {
     return executor_.last_chunk_rows();
   }
 
  private:
   void run_layer(int layer, std::uint64_t step, std::vector<float>& x, StepRecord& rec);
+  void record_stats();
 
   const Config& config_;
   comm::Transport& transport_;
@@ -67,7 +72,8 @@ class Engine {
 
   // Buffers reused from layer to layer.
   std::vector<float> xn_, logits_;
-  Routing routing_;
+  std::vector<Routing> routing_;  // per layer, this step's local tokens
+  placement::RoutingStats* stats_ = nullptr;
   ExpertCounts counts_;
   std::vector<std::byte> send_, recv_, back_send_, back_recv_;
   comm::ExchangeLayout layout_, back_layout_;

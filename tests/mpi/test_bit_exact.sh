@@ -21,8 +21,10 @@ shuffled)
   for n in 2 3 4 8; do
     "$MOE_PLACE" make --policy shuffled --ranks "$n" --layers 3 --experts 8 --seed "$n" \
       --replicas 3 --out "$SCRATCH/p$n.toml" >/dev/null
-    moed_on "$n" "${base[@]}" --placement "$SCRATCH/p$n.toml" --dump-output "$SCRATCH/n$n.bin"
-    same_bits "$SCRATCH/ref.bin" "$SCRATCH/n$n.bin" "shuffled placement with replicas, $n ranks vs 1"
+    # Islands of 2 ranks: replicas then serve chunks from their own island.
+    moed_on "$n" "${base[@]}" --placement "$SCRATCH/p$n.toml" --set cluster.ranks_per_island=2 \
+      --dump-output "$SCRATCH/n$n.bin"
+    same_bits "$SCRATCH/ref.bin" "$SCRATCH/n$n.bin" "shuffled placement with replicas, $n ranks in islands of 2 vs 1"
   done
   moed_on 4 "${base[@]}" --set placement.policy=round-robin --dump-output "$SCRATCH/rr.bin"
   same_bits "$SCRATCH/ref.bin" "$SCRATCH/rr.bin" "round-robin placement, 4 ranks vs 1"

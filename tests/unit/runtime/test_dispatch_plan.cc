@@ -182,6 +182,50 @@ TEST_F(PlanReplicas, PositionsStartAfterTheLowerRanks) {
   expect_destination(plan.to[0], {2, 3}, {0, 1, 2}, {0, 0}, {.3f, 1});
 }
 
+// With islands, a chunk goes to a replica on the island most of its rows come
+// from. Islands {0, 1} and {2, 3}; expert 0 has replicas on ranks 1 and 3.
+// Counts of expert 0: rank 0 has 5 rows (positions 0-4), rank 2 has 3 (5-7).
+// Chunks of 4 rows: chunk 0 = positions 0-3, all from island 0 -> rank 1;
+// chunk 1 = positions 4-7: 1 row from island 0, 3 from island 1 -> rank 3.
+TEST(ChunkReplica, FollowsTheIslandOfMostOfTheChunksRows) {
+  Placement p(4, 1, 2);
+  p.set_replicas(0, 0, {1, 3});
+  p.set_replicas(0, 1, {0});
+  const ExpertCounts c = counts_of({{5, 0}, {0, 0}, {3, 0}, {0, 0}});
+  const placement::Topology islands = placement::Topology::blocks(4, 2);
+  const Routing none;
+  for (std::uint64_t step : {0, 1, 5}) {
+    PlanInput in{&none, &p, 0, &c, 0, 4, step, &islands};
+    EXPECT_EQ(p.replicas(0, 0)[chunk_replica(in, 0, 0)], 1) << "step " << step;
+    EXPECT_EQ(p.replicas(0, 0)[chunk_replica(in, 0, 1)], 3) << "step " << step;
+  }
+  // Without a topology the replicas rotate: chunk j -> replica (j + step) mod 2.
+  PlanInput flat{&none, &p, 0, &c, 0, 4, 1, nullptr};
+  EXPECT_EQ(chunk_replica(flat, 0, 0), 1u);
+  EXPECT_EQ(chunk_replica(flat, 0, 1), 0u);
+}
+
+// Two replicas on the island the rows come from rotate with the step; an
+// island with no replica falls back to all replicas.
+TEST(ChunkReplica, RotatesAmongTheNearReplicasAndFallsBackToAll) {
+  Placement p(4, 1, 1);
+  p.set_replicas(0, 0, {0, 1, 2});
+  const ExpertCounts from_island0 = counts_of({{8}, {0}, {0}, {0}});
+  const ExpertCounts from_island1 = counts_of({{0}, {0}, {0}, {8}});
+  const placement::Topology islands = placement::Topology::blocks(4, 2);
+  const Routing none;
+  PlanInput a{&none, &p, 0, &from_island0, 0, 8, 0, &islands};
+  EXPECT_EQ(chunk_replica(a, 0, 0), 0u);  // near replicas {0, 1}: (0 + 0) mod 2
+  a.step = 1;
+  EXPECT_EQ(chunk_replica(a, 0, 0), 1u);
+  PlanInput b{&none, &p, 0, &from_island1, 0, 8, 0, &islands};
+  EXPECT_EQ(chunk_replica(b, 0, 0), 2u);  // rank 2 is the only replica on island 1
+  Placement q(4, 1, 1);
+  q.set_replicas(0, 0, {0, 1});
+  PlanInput c{&none, &q, 0, &from_island1, 0, 8, 1, &islands};
+  EXPECT_EQ(chunk_replica(c, 0, 0), 1u);  // none on island 1: all replicas, (0 + 1) mod 2
+}
+
 TEST(ReplicaOfChunk, IsChunkPlusStepModReplicas) {
   EXPECT_EQ(replica_of_chunk(0, 0, 1), 0u);
   EXPECT_EQ(replica_of_chunk(5, 0, 1), 0u);

@@ -1,0 +1,66 @@
+// Placement policies on routing statistics: the METIS partitioner and the
+// baselines it is judged against. Pure and deterministic (seeded).
+//
+//  metis        per layer, a graph of expert slots (vertex weight: load;
+//               edge weight: co-activation) cut by METIS into islands with
+//               target weights by island size (load and slot count both
+//               balanced), then inside each island slots go to ranks by load
+//               (heaviest first into the lightest rank). With `affinity`,
+//               each layer's islands are renamed to follow the previous
+//               layer's (an assignment problem on next-layer affinity), so a
+//               token's consecutive experts tend to share an island.
+//  greedy-load  balance only: heaviest slot first into the lightest rank (as
+//               DeepSeek's EPLB packs).
+//  contiguous   expert e on rank e / ceil(E / R), the usual default.
+//  round-robin  expert e on rank e mod R.
+// metis and greedy-load give a hot expert replicas when its load exceeds a
+// rank's fair share (the layer's load / R): ceil(load / fair share) slots,
+// each taking an even share; METIS places them near their co-routed partners.
+// Then, as DeepSeek's EPLB does with redundant experts, a few redundant slots
+// per layer (default: one per island) go one by one to the expert with the
+// most load per slot: with exactly E / R slots per rank, a skewed layer
+// cannot balance (OLMoE's hottest expert, 2.7x the mean, plus the three
+// coldest already make a rank 14% over the mean at 4 slots per rank).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "placement/placement.h"
+#include "placement/routing_stats.h"
+#include "placement/routing_trace.h"
+#include "placement/topology.h"
+
+namespace moed::placement {
+
+struct OptimizeOptions {
+  std::string policy = "metis";
+  // Slots per rank in each layer; 0: as few as the replicas need (at least
+  // ceil(experts / ranks)). A bound too small for every expert is a Usage error.
+  int slots_per_rank = 0;
+  bool replicate = true;  // metis, greedy-load: replicas for hot experts
+  int redundant_slots = -1;  // per layer, beyond the needed ones; -1: one per island
+  bool affinity = false;  // metis: align consecutive layers' islands
+  std::uint64_t seed = 1;
+};
+
+const std::vector<std::string>& optimizer_policy_names();
+
+Placement optimize(const RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);
+
+// Slots of each expert in one layer: 1, or ceil(load / fair share) for a hot
+// expert, plus `redundant` slots to the experts with the most load per slot,
+// trimmed (least needed first) to fit ranks x slots_per_rank.
+std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int slots_per_rank,
+                                int redundant = 0);
+
+// At most `max_moves` of the moves from `current` to `target`: the moves are
+// grouped so that every rank keeps its slot count (cycles of moves), each
+// group is priced by the cost model on `sample` (copies at the topology's
+// link costs), and the groups with the best gain per slot moved are applied,
+// best first, while they fit.
+Placement limit_moves(const Placement& current, const Placement& target, int max_moves,
+                      const RoutingTrace& sample, const Topology& topology);
+
+}  // namespace moed::placement

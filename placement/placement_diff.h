@@ -1,0 +1,47 @@
+// From a current placement to a new one with as few bytes moved as possible.
+//
+// A new placement from the optimiser has arbitrary island and rank labels.
+// relabel_to_minimise_moves() renames its islands (an assignment problem over
+// islands) and then, inside each island, its ranks (one over ranks), so that
+// the most slots stay where they are. moves() lists the slots that still
+// differ; limit_moves() keeps the N whose predicted gain per byte is best,
+// applied so that the result is a valid placement.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "placement/placement.h"
+#include "placement/topology.h"
+
+namespace moed::placement {
+
+// One slot to fill: a copy of (layer, expert) goes to rank `to`, read from
+// rank `from` (a rank that holds it in the old placement), and the slot of
+// that expert on `drop` is released (-1: nothing released, a new replica).
+struct Move {
+  int layer = 0, expert = 0;
+  int from = -1, to = -1, drop = -1;
+  bool operator==(const Move&) const = default;
+};
+
+// Renames the islands and ranks of `next` (a relabelling of the topology's
+// islands among themselves and of ranks within an island) to keep the most
+// slots of `current` in place. Both placements have the same shape, and every
+// island of `topology` has the same number of ranks (else islands are kept).
+Placement relabel_to_minimise_moves(const Placement& current, const Placement& next,
+                                    const Topology& topology);
+
+// The slots of `next` that `current` lacks, per layer and expert, each paired
+// with a slot released where an expert leaves a rank.
+std::vector<Move> moves(const Placement& current, const Placement& next);
+
+// Applies a subset of moves to `current` (a move is applied as a whole:
+// adding the slot on `to`, releasing `drop`).
+Placement apply_moves(const Placement& current, const std::vector<Move>& chosen);
+
+// Human lines, one per move: "layer 3 expert 17: rank 2 -> rank 9 (drops rank 2)".
+std::string describe_moves(const std::vector<Move>& moves);
+
+}  // namespace moed::placement

@@ -1,0 +1,33 @@
+// Synthetic routing traces of any shape, for placement experiments at sizes
+// no test machine can serve (DeepSeek-V3: 58 layers x 256 experts, top-8).
+//
+// Every layer routes with the same topic mixture (placement/topic_mixture.h),
+// relabelled by a per-layer permutation of experts, so each layer has its own
+// co-routed groups and the same load skew. A token draws a topic and keeps it
+// from layer to layer with probability `topic_persistence` (this gives
+// next-layer affinity), else draws a new one. Gate weights fall with rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "placement/routing_trace.h"
+
+namespace moed::placement {
+
+struct SyntheticRoutingSpec {
+  int layers = 1, experts = 8, top_k = 2;
+  int topic_size = 0;          // 0: 2 x top_k
+  double cross_topic = 0.1;    // chance that a choice leaves the topic
+  double hot_ratio = 2.75;     // hottest expert's load over the mean
+  double topic_persistence = 0.8;
+  std::uint64_t seed = 1;
+};
+
+// Tokens [first, first + count) of the endless token stream of `spec`:
+// token i is a pure function of (spec, i), so disjoint ranges are
+// independent samples (fit on one, evaluate on another).
+RoutingTrace synthetic_routing(const SyntheticRoutingSpec& spec, std::size_t first, std::size_t count);
+
+}  // namespace moed::placement

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The placement service end to end: the daemon's statistics merged over ranks
+# equal a single rank's; moe-place optimises from the daemon's own stats file;
+# a daemon started from the optimised placement (or from a move-limited one)
+# serves bit-identical outputs to the contiguous run; bad files are refused.
+source "$(dirname "$0")/lib.sh"
+base=(--config "$SMALL" --set workload.steps=4)
+stats=(--set stats.half_life_steps=0 --set stats.every_steps=2)  # exact counts: merging must be exact
+
+moed_on 0 "${base[@]}" "${stats[@]}" --set "stats.file=$SCRATCH/one.stats" --dump-output "$SCRATCH/contiguous.bin" >/dev/null
+moed_on 4 "${base[@]}" "${stats[@]}" --set "stats.file=$SCRATCH/four.stats" >/dev/null
+"$MOE_PLACE" stats "$SCRATCH/one.stats" --json --full | grep -v '"file"' >"$SCRATCH/one.json"
+"$MOE_PLACE" stats "$SCRATCH/four.stats" --json --full | grep -v '"file"' >"$SCRATCH/four.json"
+cmp -s "$SCRATCH/one.json" "$SCRATCH/four.json" || fail "stats of 4 ranks differ from 1 rank's: $(diff "$SCRATCH/one.json" "$SCRATCH/four.json" | head -5)"
+grep -q '"coactivation"' "$SCRATCH/one.json" || fail "moe-place stats --full lacks co-activation"
+echo "ok: statistics merged over 4 ranks equal a single rank's"
+
+"$MOE_PLACE" optimize --config "$SMALL" --stats "$SCRATCH/four.stats" --ranks 4 --ranks-per-island 2 \
+  --out "$SCRATCH/metis.toml" >"$SCRATCH/optimize.txt"
+grep -q "cross-island copies per token" "$SCRATCH/optimize.txt" || fail "optimize printed no cost"
+moed_on 4 "${base[@]}" --placement "$SCRATCH/metis.toml" --set cluster.ranks_per_island=2 \
+  --dump-output "$SCRATCH/metis.bin" >/dev/null
+same_bits "$SCRATCH/contiguous.bin" "$SCRATCH/metis.bin" "served from moe-place's METIS placement (4 ranks) vs contiguous"
+
+"$MOE_PLACE" make --ranks 4 --layers 3 --experts 8 --out "$SCRATCH/current.toml" >/dev/null
+"$MOE_PLACE" optimize --config "$SMALL" --stats "$SCRATCH/four.stats" --ranks-per-island 2 \
+  --from "$SCRATCH/current.toml" --max-moves 3 --json --out "$SCRATCH/limited.toml" >"$SCRATCH/limited.json"
+grep -Eq '"moved_slots": [0-3],?$' "$SCRATCH/limited.json" || fail "--max-moves 3 moved more: $(grep moved "$SCRATCH/limited.json")"
+grep -q '^epoch = 1$' "$SCRATCH/limited.toml" || fail "a placement made --from epoch 0 is not epoch 1"
+moves=$("$MOE_PLACE" diff "$SCRATCH/current.toml" "$SCRATCH/limited.toml" --json | grep -c '"layer"' || true)
+[ "$moves" -le 3 ] || fail "diff lists $moves moves after --max-moves 3"
+moed_on 4 "${base[@]}" --placement "$SCRATCH/limited.toml" --dump-output "$SCRATCH/limited.bin" >/dev/null
+same_bits "$SCRATCH/contiguous.bin" "$SCRATCH/limited.bin" "served from a move-limited placement vs contiguous"
+
+trace="$MOED_SOURCE_DIR/tests/data/mixtral-humaneval.trace"
+"$MOE_PLACE" optimize --trace "$trace" --tokens 0:169 --islands 2 --ranks-per-island 2 --out "$SCRATCH/mixtral.toml" >/dev/null
+"$MOE_PLACE" evaluate --trace "$trace" --tokens 169: --placement "$SCRATCH/mixtral.toml" --islands 2 --json >"$SCRATCH/eval.json"
+for key in cross_island_copies_per_token same_island_copies_per_token max_mean_rank_load max_mean_island_load; do
+  grep -q "\"$key\"" "$SCRATCH/eval.json" || fail "evaluate --json lacks $key"
+done
+jsonl="$MOED_SOURCE_DIR/tests/data/mixtral-humaneval-head.jsonl"
+"$MOE_PLACE" optimize --trace "$jsonl" --islands 2 --ranks-per-island 2 --out "$SCRATCH/jsonl.toml" >/dev/null
+echo "ok: optimize and evaluate on the Mixtral trace, in moed-trace and JSON-lines form"
+
+head -c 100 "$SCRATCH/four.stats" >"$SCRATCH/short.stats"
+cp "$SCRATCH/four.stats" "$SCRATCH/flipped.stats"
+printf '\xff' | dd of="$SCRATCH/flipped.stats" bs=1 seek=200 conv=notrunc 2>/dev/null
+expect_failure 2 'short.stats' "truncated stats file" -- \
+  "$MOE_PLACE" optimize --stats "$SCRATCH/short.stats" --ranks 4 --islands 2 --out "$SCRATCH/x.toml"
+expect_failure 2 'flipped.stats.*(corrupt|checksum)' "corrupt stats file" -- \
+  "$MOE_PLACE" optimize --stats "$SCRATCH/flipped.stats" --ranks 4 --islands 2 --out "$SCRATCH/x.toml"
+sed 's/^experts = 8$/experts = 16/' "$SMALL" >"$SCRATCH/sixteen.toml"
+expect_failure 2 'four.stats has 3 layers x 8 experts; the config says 3 x 16' "stats of another model" -- \
+  "$MOE_PLACE" optimize --config "$SCRATCH/sixteen.toml" --stats "$SCRATCH/four.stats" --ranks 4 --islands 2 \
+  --out "$SCRATCH/x.toml"
+expect_failure 2 'how do ranks group into islands' "evaluate without islands" -- \
+  "$MOE_PLACE" evaluate --trace "$trace" --placement "$SCRATCH/mixtral.toml"
+expect_failure 2 'one of --stats FILE or --trace FILE' "optimize without input" -- \
+  "$MOE_PLACE" optimize --ranks 4 --islands 2 --out "$SCRATCH/x.toml"
