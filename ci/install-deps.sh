@@ -14,6 +14,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev
   libgtest-dev
   slurm-wlm munge
+  iproute2
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Command two of the README: install, build, and run the whole test suite
-# (unit tests, then the multi-rank tests under mpirun).
+# (unit tests, the multi-rank tests under mpirun, then the admin protocol fuzzer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./ci/install-deps.sh
@@ -8,3 +8,4 @@ cd "$(dirname "$0")/.."
 cd build
 ctest --output-on-failure -j 2 -L unit
 ctest --output-on-failure -j 1 -L mpi
+ctest --output-on-failure -L fuzz

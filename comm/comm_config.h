@@ -11,6 +11,7 @@ namespace moed::comm {
 struct CommConfig {
   std::string backend;
   std::int64_t timeout_ms = 0;
+  bool hierarchical = true;
 };
 
 const config::Section<CommConfig>& comm_config_section();

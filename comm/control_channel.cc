@@ -22,7 +22,7 @@ ControlChannel::~ControlChannel() {
 
 void ControlChannel::wait(MPI_Request& request, const std::string& what) {
   std::vector<MPI_Request> one{request};
-  wait_all_until(one, std::chrono::steady_clock::now() + timeout_, [&](const auto&) {
+  wait_all_until(one, std::chrono::steady_clock::now() + timeout_, progress_, [&](const auto&) {
     MOED_THROW(Runtime,
                "rank {}: {}: deadline of {} ms expired in a collective over all {} ranks; a rank "
                "is stuck or gone ([comm].timeout_ms)",

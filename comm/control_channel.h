@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ class ControlChannel {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Called while waiting, so that the data transport keeps progressing.
+  void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
 
   void broadcast(void* data, std::size_t bytes, const std::string& what);  // from rank 0
   void reduce_max(double* values, std::size_t n, const std::string& what);  // into rank 0
@@ -40,6 +43,7 @@ class ControlChannel {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::chrono::milliseconds timeout_;
+  std::function<void()> progress_;
 };
 
 }  // namespace moed::comm

@@ -1,8 +1,13 @@
 #include "comm/transport.h"
 
+#include <algorithm>
 #include <numeric>
+#include <vector>
 
+#include "comm/control_channel.h"
+#include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_transport.h"
+#include "comm/ucx/ucx_transport.h"
 #include "common/error.h"
 
 namespace moed::comm {
@@ -19,9 +24,12 @@ std::vector<std::size_t> ExchangeLayout::prefix_offsets(const std::vector<std::s
   return offsets;
 }
 
+// In order of preference: "auto" picks the first that can run on every rank.
 std::span<const TransportBackend> transport_backends() {
   static const TransportBackend table[] = {
-      {"mpi", "MPI_Alltoallv over the job's communicator (any fabric Open MPI drives)",
+      {"ucx", "UCX (ucp) tagged messages and RMA puts (shared memory, tcp, InfiniBand, ...)",
+       ucx_unavailable, create_ucx_transport},
+      {"mpi", "MPI point-to-point over the job's communicator (any fabric Open MPI drives)",
        [] { return std::optional<std::string>(); }, create_mpi_transport},
   };
   return table;
@@ -33,14 +41,41 @@ std::vector<std::string> transport_backend_names() {
   return names;
 }
 
-std::unique_ptr<Transport> create_transport(const CommConfig& config, MPI_Comm comm) {
-  for (const auto& b : transport_backends()) {
-    if (config.backend != b.name) continue;
-    if (auto why = b.unavailable())
-      MOED_THROW(Usage, "[comm].backend = \"{}\" cannot run here: {}", b.name, *why);
-    return b.create(config, comm);
+std::unique_ptr<Transport> create_transport(const CommConfig& config, MPI_Comm comm, ControlChannel& control) {
+  const auto backends = transport_backends();
+  const bool automatic = config.backend == "auto";
+  const auto named = [&](const TransportBackend& b) { return config.backend == b.name; };
+  if (!automatic && std::none_of(backends.begin(), backends.end(), named))
+    MOED_THROW(Usage, "[comm].backend = \"{}\" is not a transport backend", config.backend);
+
+  // Probe the candidates here, then agree over all ranks: every rank must pick
+  // the same backend, and a backend that cannot run on one rank runs on none
+  // (its constructor is collective and would wait for that rank forever).
+  std::vector<std::optional<std::string>> why_not(backends.size());
+  std::vector<int> usable(backends.size(), 0);
+  for (std::size_t i = 0; i < backends.size(); ++i) {
+    if (!automatic && !named(backends[i])) continue;
+    why_not[i] = backends[i].unavailable();
+    usable[i] = why_not[i] ? 0 : 1;
   }
-  MOED_THROW(Usage, "[comm].backend = \"{}\" is not a transport backend", config.backend);
+  for (std::size_t i = 0; i < backends.size(); ++i)
+    usable[i] = 1 - control.all_max(1 - usable[i], fmt::format("whether [comm].backend {} runs everywhere",
+                                                               backends[i].name));
+
+  for (std::size_t i = 0; i < backends.size(); ++i) {
+    const TransportBackend& b = backends[i];
+    if (!automatic && !named(b)) continue;
+    if (usable[i]) return b.create(config, comm);
+    if (automatic) continue;
+    if (why_not[i])
+      MOED_THROW(Usage, "[comm].backend = \"{}\" cannot run here: {}", b.name, *why_not[i]);
+    MOED_THROW(Usage, "[comm].backend = \"{}\" cannot run on another rank (see its error)", b.name);
+  }
+  std::string reasons;
+  for (std::size_t i = 0; i < backends.size(); ++i)
+    reasons += fmt::format("; {}: {}", backends[i].name,
+                           why_not[i] ? *why_not[i] : std::string("cannot run on another rank"));
+  MOED_THROW(Usage, "[comm].backend = \"auto\": no backend can run on every rank{}", reasons);
 }
 
 }  // namespace moed::comm

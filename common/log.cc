@@ -17,7 +17,7 @@ void set_log_level(const std::string& level) {
 }
 
 void init_logging(int rank, const std::string& level) {
-  auto sink = std::make_shared<spdlog::sinks::stderr_sink_st>();
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("moed", sink));
   std::string who = rank < 0 ? "" : fmt::format("[rank {}] ", rank);
   spdlog::set_pattern("%H:%M:%S.%e " + who + "%^%l%$ %v");

@@ -9,8 +9,15 @@ const config::Section<ClusterConfig>& cluster_config_section() {
   static const config::Section<C> section(
       "cluster", "how ranks group into islands (ranks joined by a fast link)",
       {
+          config::text<C>("islands", &C::islands, "",
+                          "explicit islands: each rank's island in rank order, e.g. \"0,0,1,1\"; "
+                          "empty = ranks_per_island"),
           config::integer<C>("ranks_per_island", &C::ranks_per_island, 0, 0, 1 << 20,
-                             "ranks per island in consecutive blocks; 0 = one island per host"),
+                             "ranks per island in consecutive blocks; 0 = hwloc's NVLink islands, "
+                             "else one island per host"),
+          config::flag<C>("bind_numa", &C::bind_numa, true,
+                          "bind each rank to the cores of its GPU's NUMA node (hwloc); a rank "
+                          "already bound within them (launch/moed-rank) is left as it is"),
           config::real<C>("cost_same_island", &C::cost_same_island, 1, 0, 1e6,
                           "relative cost of a token copy inside an island (NVLink)"),
           config::real<C>("cost_cross_island", &C::cost_cross_island, 8, 0, 1e6,
@@ -45,6 +52,9 @@ const config::Section<PlacementConfig>& placement_config_section() {
                             "placement built at start when no file is given"),
           config::text<C>("file", &C::file, "",
                           "placement file to start from (TOML, see moe-place); overrides policy"),
+          config::text<C>("committed", &C::committed, "",
+                          "where each committed placement is written (atomically); at start, "
+                          "an existing one is resumed in preference to file and policy"),
           config::integer<C>("seed", &C::seed, 1, 0, INT64_MAX, "seed of the shuffled policy"),
           config::integer<C>("max_slots_per_rank", &C::max_slots_per_rank, 0, 0, 1 << 20,
                              "slot capacity per rank over all layers; 0 = unlimited"),

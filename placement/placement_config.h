@@ -9,7 +9,9 @@
 namespace moed::placement {
 
 struct ClusterConfig {
+  std::string islands;
   std::int64_t ranks_per_island = 0;
+  bool bind_numa = true;
   double cost_same_island = 1;
   double cost_cross_island = 8;
 };
@@ -17,6 +19,7 @@ struct ClusterConfig {
 struct PlacementConfig {
   std::string policy;
   std::string file;
+  std::string committed;
   std::int64_t seed = 0;
   std::int64_t max_slots_per_rank = 0;
 };

@@ -22,6 +22,7 @@ class Topology {
   int ranks() const { return int(island_of_rank_.size()); }
   int islands() const { return islands_; }
   int island_of(int rank) const { return island_of_rank_.at(rank); }
+  const std::vector<int>& island_of_ranks() const { return island_of_rank_; }
   std::vector<int> ranks_in(int island) const;
   LinkClass link(int from, int to) const;
   std::string describe() const;  // e.g. "2 islands: {0,1} {2,3}"

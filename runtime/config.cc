@@ -100,6 +100,37 @@ const config::Section<MetricsConfig>& metrics_section() {
       {
           integer<C>("load_window_steps", &C::load_window_steps, 8, 1, 1 << 20,
                      "steps in the window of the expert load spread (std/mean)"),
+          real<C>("alert_load_std_over_mean", &C::alert_load_std_over_mean, 1.0, 0, 1e6,
+                  "alert when the expert load spread (std/mean) exceeds this; 0 = never"),
+          real<C>("alert_step_p99_ms", &C::alert_step_p99_ms, 0, 0, 1e9,
+                  "alert when the step latency p99 exceeds this many ms; 0 = never"),
+      });
+  return s;
+}
+
+const config::Section<AdminConfig>& admin_section() {
+  using C = AdminConfig;
+  static const config::Section<C> s(
+      "admin", "the admin socket (moectl)",
+      {
+          text<C>("dir", &C::dir, "",
+                  "directory of the admin sockets, moed-RANK.sock (mode 0600); empty = no socket"),
+      });
+  return s;
+}
+
+const config::Section<MigrationConfig>& migration_section() {
+  using C = MigrationConfig;
+  static const config::Section<C> s(
+      "migration", "live migration of expert weights while serving",
+      {
+          real<C>("chunk_mb", &C::chunk_mb, 64, 0.0001, 1e6,
+                  "most weight bytes a source sends per step boundary (the bandwidth cap: "
+                  "chunk_mb per step)"),
+          real<C>("memory_mb", &C::memory_mb, 0, 0, 1e9,
+                  "expert weight memory per rank; a destination over it refuses; 0 = unlimited"),
+          flag<C>("keep_window", &C::keep_window, true,
+                  "keep the registered transfer window for the next migration (warm puts; costs its memory)"),
       });
   return s;
 }
@@ -127,6 +158,8 @@ const config::Schema<Config>& schema() {
     s.add(comm::comm_config_section(), &Config::comm);
     s.add(placement::placement_config_section(), &Config::placement);
     s.add(placement::stats_config_section(), &Config::stats);
+    s.add(admin_section(), &Config::admin);
+    s.add(migration_section(), &Config::migration);
     s.add(metrics_section(), &Config::metrics);
     s.add(log_section(), &Config::log);
     return s;

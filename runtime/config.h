@@ -43,6 +43,18 @@ struct ExpertsConfig {
 
 struct MetricsConfig {
   std::int64_t load_window_steps = 0;
+  double alert_load_std_over_mean = 0;
+  double alert_step_p99_ms = 0;
+};
+
+struct AdminConfig {
+  std::string dir;
+};
+
+struct MigrationConfig {
+  double chunk_mb = 0;
+  double memory_mb = 0;
+  bool keep_window = true;
 };
 
 struct LogConfig {
@@ -59,6 +71,8 @@ struct Config {
   comm::CommConfig comm;
   placement::PlacementConfig placement;
   placement::StatsConfig stats;
+  AdminConfig admin;
+  MigrationConfig migration;
   MetricsConfig metrics;
   LogConfig log;
 };

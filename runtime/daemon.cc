@@ -6,44 +6,150 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <functional>
 #include <map>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cpu/gemm.h"
 #include "launch/launch_env.h"
+#include "launch/topology_discovery.h"
 #include "placement/placement_file.h"
 
 namespace moed::runtime {
 
 namespace {
 
-// Islands from [cluster].ranks_per_island, or one island per host.
-placement::Topology discover_islands(const Config& c, comm::ControlChannel& control,
-                                     const std::string& host) {
-  if (c.cluster.ranks_per_island > 0)
-    return placement::Topology::blocks(control.size(), int(c.cluster.ranks_per_island));
-  std::vector<std::string> hosts = control.all_gather_strings(host, "host names at start-up");
-  std::map<std::string, int> island_of_host;
+// "0,0,1,1": each rank's island, renumbered densely in order of appearance.
+std::vector<int> explicit_islands(const std::string& text, int ranks) {
   std::vector<int> island;
-  for (const auto& h : hosts) island.push_back(island_of_host.try_emplace(h, int(island_of_host.size())).first->second);
-  return placement::Topology(std::move(island));
+  std::map<long, int> dense;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    std::size_t comma = std::min(text.find(',', at), text.size());
+    std::string item = text.substr(at, comma - at);
+    char* end = nullptr;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0)
+      MOED_THROW(Usage, "[cluster].islands = \"{}\": \"{}\" is not an island number", text, item);
+    island.push_back(dense.try_emplace(v, int(dense.size())).first->second);
+    at = comma + 1;
+  }
+  if (int(island.size()) != ranks)
+    MOED_THROW(Usage, "[cluster].islands names {} ranks, the job has {}", island.size(), ranks);
+  return island;
+}
+
+// The first collective of every mode: all ranks must run the same command
+// with the same configuration. mpirun's app contexts (`A : B`) make it easy to
+// give ranks different flags, and ranks in different modes would otherwise
+// wait on each other's different collectives. Returns an exit code (2 when
+// the ranks disagree), the same on every rank.
+int agree_on_command(comm::ControlChannel& control, const std::string& mode, const Config& c) {
+  std::ostringstream effective;
+  print_config(effective, c);
+  const std::string mine =
+      fmt::format("{} with configuration {:016x}", mode, std::hash<std::string>{}(effective.str()));
+  const std::vector<std::string> all = control.all_gather_strings(mine, "the command of every rank");
+  std::string differing;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differing += fmt::format("; rank {} runs {}", r, all[r]);
+  if (differing.empty()) return 0;
+  if (control.rank() == 0)
+    spdlog::error("the ranks were started differently (each rank needs the same flags and config; "
+                  "with mpirun app contexts `A : B`, give the flags to each): rank 0 runs {}{}",
+                  all[0], differing);
+  return 2;
+}
+
+// Every rank's view of its host (all-gathered), and the islands: in order,
+// [cluster].islands, [cluster].ranks_per_island, hwloc's NVLink islands, host names.
+struct FoundIslands {
+  std::vector<launch::RankTopology> ranks;
+  launch::RankIslands islands;
+};
+
+FoundIslands discover_islands(const Config& c, comm::ControlChannel& control,
+                              const launch::LaunchInfo& where, const launch::HostTopology& mine) {
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  FoundIslands found;
+  for (const auto& text : control.all_gather_strings(
+           launch::encode_rank_topology({where.host, where.local_rank, mine,
+                                         cvd ? std::optional<std::string>(cvd) : std::nullopt}),
+           "host topologies at start-up"))
+    found.ranks.push_back(launch::decode_rank_topology(text));
+  found.islands = launch::rank_islands(found.ranks);
+  if (!c.cluster.islands.empty())
+    found.islands = {explicit_islands(c.cluster.islands, control.size()), "[cluster].islands"};
+  else if (c.cluster.ranks_per_island > 0)
+    found.islands = {placement::Topology::blocks(control.size(), int(c.cluster.ranks_per_island)).island_of_ranks(),
+                     "[cluster].ranks_per_island"};
+  return found;
+}
+
+// This rank's host as hwloc sees it (HWLOC_XMLFILE is honoured: tests give
+// each emulated host its own). An error is kept, not thrown, so that the rank
+// still joins the start-up all-gather before failing.
+struct LocalHost {
+  std::optional<launch::HwlocTopology> hwloc;
+  launch::HostTopology host;
+  std::exception_ptr error;
+};
+
+LocalHost read_local_host() {
+  LocalHost h;
+  try {
+    h.hwloc.emplace(launch::HwlocTopology::this_machine());
+    h.host = launch::read_host_topology(*h.hwloc);
+  } catch (...) {
+    h.error = std::current_exception();
+  }
+  return h;
+}
+
+// The last committed placement when there is one (a restart resumes it),
+// else [placement].file, else the policy.
+std::string placement_origin(const Config& c) {
+  if (!c.placement.committed.empty() && std::filesystem::exists(c.placement.committed))
+    return c.placement.committed;
+  return c.placement.file;
 }
 
 placement::Placement initial_placement(const Config& c, int ranks) {
   const int L = int(c.model.layers), E = int(c.model.experts);
+  const std::string file = placement_origin(c);
   placement::Placement p =
-      c.placement.file.empty()
-          ? placement::make_placement(c.placement.policy, ranks, L, E, std::uint64_t(c.placement.seed))
-          : placement::read_placement_file(c.placement.file);
-  std::string origin = c.placement.file.empty() ? "[placement].policy" : c.placement.file;
+      file.empty() ? placement::make_placement(c.placement.policy, ranks, L, E, std::uint64_t(c.placement.seed))
+                   : placement::read_placement_file(file);
+  std::string origin = file.empty() ? "[placement].policy" : file;
   placement::check_placement_shape(p, ranks, L, E, origin);
   p.validate(origin, int(c.placement.max_slots_per_rank));
   return p;
 }
 
+// Statistics are kept for the stats file and for online re-optimisation.
+// Rank 0 resumes them from an existing stats file (the others start empty:
+// the sum over ranks is then the file plus what this run sees).
+std::optional<placement::RoutingStats> initial_stats(const Config& c, int rank, int ranks) {
+  if (c.stats.file.empty() && c.admin.dir.empty()) return std::nullopt;
+  const std::size_t per_rank = std::size_t((c.stats.sample_tokens + ranks - 1) / ranks);
+  const int max_k = int(std::max(c.model.top_k, c.router.max_k));
+  if (rank == 0 && !c.stats.file.empty() && std::filesystem::exists(c.stats.file)) {
+    placement::RoutingStats resumed = placement::read_stats_file(c.stats.file);
+    if (resumed.layers() != c.model.layers || resumed.experts() != c.model.experts)
+      MOED_THROW(Input, "{}: statistics of {} layers x {} experts; [model] has {} x {}", c.stats.file,
+                 resumed.layers(), resumed.experts(), c.model.layers, c.model.experts);
+    spdlog::info("resuming the statistics of {} ({} steps)", c.stats.file, resumed.steps());
+    return resumed;
+  }
+  return placement::RoutingStats(int(c.model.layers), int(c.model.experts), c.stats.half_life_steps,
+                                 per_rank, max_k);
+}
+
 std::string describe_placement(const Config& c, const placement::Placement& p) {
-  std::string how = c.placement.file.empty() ? c.placement.policy : "file " + c.placement.file;
+  const std::string file = placement_origin(c);
+  std::string how = file.empty() ? c.placement.policy : "file " + file;
   int replicated = 0;
   for (int l = 0; l < p.layers(); ++l)
     for (int e = 0; e < p.experts(); ++e) replicated += p.replicas(l, e).size() > 1;
@@ -102,45 +208,71 @@ Daemon::~Daemon() = default;
 std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& options,
                                       comm::MpiSession& mpi, int& exit_code) {
   std::unique_ptr<Daemon> d(new Daemon(c, options, mpi));
+  if ((exit_code = agree_on_command(d->control_, "serve", c))) return nullptr;
   launch::LaunchInfo where = launch::detect_launch();
   kernels::set_blas_threads(int(c.experts.blas_threads));
+  LocalHost local = read_local_host();
+  // Bind before anything allocates: memory then comes from the right node.
+  launch::BindResult binding{false, -1, "not bound ([cluster].bind_numa = false)"};
+  if (c.cluster.bind_numa && local.hwloc) binding = launch::bind_to_gpu_numa(*local.hwloc, where.local_rank);
 
-  // Every rank tries, then all agree before anyone serves.
-  exit_code = 0;
-  try {
+  // Every rank tries, then all agree before anyone serves. Two rounds: the
+  // transport's creation is collective, so it waits until every rank has
+  // come through the local steps (a rank that failed would not reach it).
+  auto attempt = [&](const char* what, auto&& step) {
+    int code = 0;
+    try {
+      step();
+    } catch (const Error& e) {
+      spdlog::error("start-up failed: {}", e.describe());
+      code = e.exit_code();
+    } catch (const std::exception& e) {
+      spdlog::error("start-up failed: {}", e.what());
+      code = 1;
+    }
+    code = d->control_.all_max(code, what);
+    if (code != 0 && d->rank_ == 0) spdlog::error("not serving: start-up failed (see the errors above)");
+    return code;
+  };
+  exit_code = attempt("start-up status", [&] {
     d->fault_ = fault_from_env();
-    d->topology_.emplace(discover_islands(c, d->control_, where.host));
+    FoundIslands found = discover_islands(c, d->control_, where, local.host);
+    if (local.error) std::rethrow_exception(local.error);
+    d->topology_.emplace(found.islands.island_of_rank);
+    d->islands_source_ = found.islands.source;
     d->placement_ = initial_placement(c, mpi.size());
-    d->transport_ = comm::create_transport(c.comm, mpi.world());
     d->store_.emplace(ExpertStore::load(c, d->placement_, d->rank_));
     d->workload_ = make_workload(c, d->store_->layer(0).gate.data());
+    d->stats_ = initial_stats(c, d->rank_, mpi.size());
     check_output_paths(options, d->rank_, c, d->dump_);
-  } catch (const Error& e) {
-    spdlog::error("start-up failed: {}", e.describe());
-    exit_code = e.exit_code();
-  } catch (const std::exception& e) {
-    spdlog::error("start-up failed: {}", e.what());
-    exit_code = 1;
-  }
-  exit_code = d->control_.all_max(exit_code, "start-up status");
-  if (exit_code != 0) {
-    if (d->rank_ == 0) spdlog::error("not serving: start-up failed (see the errors above)");
-    return nullptr;
-  }
+  });
+  if (exit_code == 0)
+    exit_code = attempt("transport status", [&] { d->transport_ = comm::create_transport(c.comm, mpi.world(), d->control_); });
+  if (exit_code != 0) return nullptr;
+  // Waits of the control plane keep the transport progressing (a UCX put to
+  // a rank that sits in a control collective needs that rank's progress).
+  d->control_.set_progress([t = d->transport_.get()] { t->progress(); });
 
   d->engine_ = std::make_unique<Engine>(c, *d->transport_, *d->topology_, d->placement_,
                                         *d->store_, *d->workload_);
-  if (!c.stats.file.empty()) {
-    const std::size_t per_rank = std::size_t((c.stats.sample_tokens + mpi.size() - 1) / mpi.size());
-    d->stats_.emplace(int(c.model.layers), int(c.model.experts), c.stats.half_life_steps, per_rank,
-                      int(std::max(c.model.top_k, c.router.max_k)));
-    d->engine_->record_stats_into(&*d->stats_);
+  if (d->stats_) d->engine_->record_stats_into(&*d->stats_);
+  d->control_plane_ = std::make_unique<ControlPlane>(ControlContext{
+      c, d->rank_, mpi.size(), d->control_, *d->transport_, *d->store_, d->placement_, *d->topology_,
+      d->stats_ ? &*d->stats_ : nullptr});
+  if (!c.admin.dir.empty()) {
+    ControlPlane* cp = d->control_plane_.get();
+    d->admin_ = std::make_unique<admin::AdminServer>(
+        c.admin.dir, d->rank_, 0,
+        admin::Handlers{[cp](const admin::Request& r) { return cp->snapshot_answer(r); },
+                        [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
+    spdlog::info("admin socket {}", d->admin_->path());
   }
   // No GPU is used yet: the CPU path serves (the CUDA kernels are not wired in).
   spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB), "
                "tokens [{}, {}) of each step",
                where.host, where.local_rank, where.local_size, where.launcher,
-               launch::describe_binding(where, launch::probe_binding(/*gpu_count=*/0)),
+               launch::describe_binding(where, launch::probe_binding(/*gpu_count=*/0)) + "; " +
+                   binding.description,
                d->topology_->island_of(d->rank_), d->store_->slots(),
                double(d->store_->expert_bytes()) / 1e6, d->engine_->first_token(),
                d->engine_->first_token() + d->engine_->local_tokens());
@@ -152,31 +284,37 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
                kernels::blas_description(), d->topology_->describe()};
   d->report_ = std::make_unique<Report>(info, int(c.metrics.load_window_steps));
   if (d->rank_ == 0) {
-    spdlog::info("serving {} with {} ranks ({}), {}", info.shape.describe(), info.ranks,
-                 info.topology, info.placement);
+    spdlog::info("serving {} with {} ranks ({}, islands from {}), {}", info.shape.describe(), info.ranks,
+                 info.topology, d->islands_source_, info.placement);
     spdlog::info("workload: {}", info.workload);
   }
   return d;
 }
 
 bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
-  StepCommand cmd{step, step < std::uint64_t(config_.workload.steps) ? 0u : 1u};
-  control_.broadcast(&cmd, sizeof cmd, fmt::format("command of step {}", step));
-  if (cmd.op == 1) return false;
-  maybe_inject(fault_, rank_, cmd.step);
-  StepRecord rec = reduce_record(control_, engine_->run_step(cmd.step, hidden_), cmd.step);
+  // Every rank knows the configured end; the control plane may end earlier.
+  if (step >= std::uint64_t(config_.workload.steps)) return false;
+  const auto started = std::chrono::steady_clock::now();
+  if (!control_plane_->boundary(step)) return false;
+  maybe_inject(fault_, rank_, step);
+  StepRecord rec = reduce_record(control_, engine_->run_step(step, hidden_), step);
   if (!options_.dump_output.empty()) {
     std::vector<std::byte> rows = control_.gather(hidden_.data(), hidden_.size() * sizeof(float),
-                                                  fmt::format("outputs of step {}", cmd.step));
+                                                  fmt::format("outputs of step {}", step));
     if (dump_) dump_->append(rows.data(), rows.size());
   }
+  Summary summary;
   if (rank_ == 0) {
-    report_->add_step(cmd.step, rec);
-    if (config_.log.per_step) spdlog::info("{}", report_->step_line(cmd.step, rec));
+    report_->add_step(step, rec);
+    if (config_.log.per_step) spdlog::info("{}", report_->step_line(step, rec));
+    summary = report_->summary();
   }
+  control_plane_->publish(step, rank_ == 0 && summary.measured_steps ? &summary : nullptr,
+                         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
   if (stats_) {
     stats_->end_step();
-    if (stats_->steps() % std::uint64_t(config_.stats.every_steps) == 0) write_stats();
+    if (!config_.stats.file.empty() && stats_->steps() % std::uint64_t(config_.stats.every_steps) == 0)
+      write_stats();
   }
   if (reduced) *reduced = std::move(rec);
   return true;
@@ -184,29 +322,42 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
 
 void Daemon::write_stats() {
   const std::string what = fmt::format("routing statistics after {} steps", stats_->steps());
-  placement::RoutingStats merged = *stats_;
-  merged.normalize();
-  control_.reduce_sum(merged.raw().data(), merged.raw().size(), what);
-  std::vector<std::uint32_t> mine = stats_->sample_cells();
-  std::vector<std::byte> all = control_.gather(mine.data(), mine.size() * sizeof(std::uint32_t), what);
+  std::optional<placement::RoutingStats> merged = control_plane_->gather_stats(what);
   stats_written_at_ = stats_->steps();
   if (rank_ != 0) return;
-  // Rank 0's own paths are in `merged` already; the others' follow, in rank order.
-  std::span<const std::uint32_t> cells(reinterpret_cast<const std::uint32_t*>(all.data()),
-                                       all.size() / sizeof(std::uint32_t));
-  merged.append_sample_cells(cells.subspan(mine.size()));
-  placement::write_stats_file(merged, config_.stats.file);
-  spdlog::info("wrote {} ({} steps, {} sampled tokens)", config_.stats.file, merged.steps(),
-               merged.sample_size());
+  placement::write_stats_file(*merged, config_.stats.file);
+  spdlog::info("wrote {} ({} steps, {} sampled tokens)", config_.stats.file, merged->steps(),
+               merged->sample_size());
 }
 
 void Daemon::finish() {
-  if (stats_ && stats_->steps() != stats_written_at_) write_stats();
+  control_plane_->finish();
+  admin_.reset();  // stop answering before the report
+  if (stats_ && !config_.stats.file.empty() && stats_->steps() != stats_written_at_) write_stats();
   if (rank_ != 0) return;
   if (dump_) dump_->finish();
   report_->print(std::cout);
   std::cout.flush();
   if (!options_.report_json.empty()) report_->write_json(options_.report_json);
+}
+
+int print_topology(const Config& c, comm::MpiSession& mpi) {
+  comm::ControlChannel control(mpi.world(), std::chrono::milliseconds(c.comm.timeout_ms));
+  if (int code = agree_on_command(control, "--print-topology", c)) return code;
+  const launch::LaunchInfo where = launch::detect_launch();
+  LocalHost local = read_local_host();
+  int exit_code = 0;
+  std::optional<FoundIslands> found;
+  try {
+    found = discover_islands(c, control, where, local.host);
+    if (local.error) std::rethrow_exception(local.error);
+  } catch (const Error& e) {
+    spdlog::error("{}", e.describe());
+    exit_code = e.exit_code();
+  }
+  exit_code = control.all_max(exit_code, "topology status");
+  if (exit_code == 0 && mpi.rank() == 0) std::cout << launch::describe_job(found->ranks, found->islands) << std::flush;
+  return exit_code;
 }
 
 int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi) {

@@ -15,7 +15,9 @@
 #include "placement/placement.h"
 #include "placement/routing_stats.h"
 #include "placement/topology.h"
+#include "runtime/admin/admin_server.h"
 #include "runtime/config.h"
+#include "runtime/control_plane.h"
 #include "runtime/engine.h"
 #include "runtime/fault_injection.h"
 #include "runtime/output_dump.h"
@@ -30,14 +32,6 @@ struct ServeOptions {
   std::string report_json;  // --report-json
 };
 
-// The command rank 0 broadcasts at every step boundary; later commands
-// (re-optimise, migrate, drain) join here, so every rank applies them at the
-// same boundary, in the same order.
-struct StepCommand {
-  std::uint64_t step = 0;
-  std::uint32_t op = 0;  // 0: serve the step, 1: stop
-};
-
 class Daemon {
  public:
   // Start-up on every rank. Returns nullptr when it failed on any rank (each
@@ -46,7 +40,8 @@ class Daemon {
                                        comm::MpiSession& mpi, int& exit_code);
   ~Daemon();
 
-  // Serves step `step` unless the coordinator says stop (returns false then).
+  // Serves step `step` unless it is past the configured steps or the
+  // coordinator says stop (returns false then).
   // `reduced`, if given, receives the step's figures over all ranks (rank 0).
   bool serve_step(std::uint64_t step, StepRecord* reduced = nullptr);
   // Rank 0: finishes the output dump, prints the summary, writes the JSON report
@@ -58,6 +53,7 @@ class Daemon {
   const Config& config() const { return config_; }
   comm::ControlChannel& control() { return control_; }
   const placement::Placement& placement() const { return placement_; }
+  ControlPlane& control_plane() { return *control_plane_; }
   const ExpertStore& store() const { return *store_; }
   const Engine& engine() const { return *engine_; }
   const Report& report() const { return *report_; }
@@ -78,8 +74,11 @@ class Daemon {
   std::unique_ptr<OutputDump> dump_;  // rank 0, with --dump-output
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Report> report_;
-  std::optional<placement::RoutingStats> stats_;  // with [stats].file
+  std::optional<placement::RoutingStats> stats_;  // with [stats].file or [admin].dir
   std::uint64_t stats_written_at_ = 0;            // steps seen at the last write
+  std::unique_ptr<ControlPlane> control_plane_;
+  std::unique_ptr<admin::AdminServer> admin_;     // with [admin].dir
+  std::string islands_source_;
   std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
 };
 
@@ -87,5 +86,9 @@ class Daemon {
 // exit code; errors during steps are thrown (the caller aborts the job, since
 // peers may be blocked on this rank).
 int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+
+// `moed --print-topology`: every rank reads its host with hwloc; rank 0
+// prints the islands found (and where from) and every host's GPUs.
+int print_topology(const Config& config, comm::MpiSession& mpi);
 
 }  // namespace moed::runtime

@@ -1,5 +1,6 @@
 #include "runtime/dispatch_plan.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -10,6 +11,11 @@ namespace moed::runtime {
 namespace {
 
 std::size_t pad16(std::size_t n) { return (n + 15) & ~std::size_t(15); }
+
+std::size_t row_header_bytes(std::size_t rows, std::size_t pairs) {
+  return pad16(2 * sizeof(std::uint32_t) + rows * (sizeof(std::uint64_t) + sizeof(std::uint32_t)) +
+               pairs * (2 * sizeof(std::uint32_t) + sizeof(float)));
+}
 
 template <class T>
 void put(std::byte*& p, const T* src, std::size_t n) {
@@ -59,11 +65,35 @@ std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) 
   return near[replica_of_chunk(chunk, in.step, near.size())];
 }
 
-DispatchPlan plan_dispatch(const PlanInput& in) {
+int gateway(const placement::Topology& topology, int home, int island) {
+  const std::vector<int> mine = topology.ranks_in(topology.island_of(home));
+  const std::size_t index = std::size_t(std::find(mine.begin(), mine.end(), home) - mine.begin());
+  const std::vector<int> there = topology.ranks_in(island);
+  return there[index % there.size()];
+}
+
+void RowBatch::add(std::uint64_t token_id, std::int64_t from, const float* row_data,
+                   std::uint32_t expert, float weight, std::uint32_t dest) {
+  if (token.empty() || token.back() != token_id) {  // a new row: the token travels once
+    token.push_back(token_id);
+    origin.push_back(from);
+    data.push_back(row_data);
+    pair_offsets.push_back(pair_offsets.back());
+  }
+  experts.push_back(expert);
+  weights.push_back(weight);
+  dests.push_back(dest);
+  ++pair_offsets.back();
+}
+
+DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
   const Routing& routing = *in.routing;
   const placement::Placement& placement = *in.placement;
+  const bool via_gateways = in.hierarchical && in.topology && in.topology->islands() > 1;
+  const int home_island = via_gateways ? in.topology->island_of(in.rank) : 0;
   DispatchPlan plan;
-  plan.to.resize(placement.ranks());
+  plan.hop1.resize(placement.ranks());
+  plan.hop2.resize(placement.ranks());
   std::vector<std::uint64_t> seen(placement.experts(), 0);  // my pairs per expert so far
   // A chunk's replica, remembered: an expert's pairs come in position order.
   std::vector<std::uint64_t> cached_chunk(placement.experts(), UINT64_MAX);
@@ -71,8 +101,9 @@ DispatchPlan plan_dispatch(const PlanInput& in) {
   for (std::size_t t = 0; t < routing.tokens(); ++t) {
     auto experts = routing.experts_of(t);
     auto weights = routing.weights_of(t);
+    const float* row = x + t * std::size_t(hidden);
     for (std::size_t i = 0; i < experts.size(); ++i) {
-      int e = int(experts[i]);
+      const int e = int(experts[i]);
       const std::vector<int>& replicas = placement.replicas(in.layer, e);
       int dest = replicas[0];
       if (replicas.size() > 1) {
@@ -82,86 +113,115 @@ DispatchPlan plan_dispatch(const PlanInput& in) {
         dest = cached_dest[e];
       }
       ++seen[e];
-      DispatchPlan::Destination& d = plan.to[dest];
-      if (d.tokens.empty() || d.tokens.back() != t) {  // a new row: the token travels once
-        d.tokens.push_back(std::uint32_t(t));
-        d.pair_offsets.push_back(d.pair_offsets.back());
-      }
-      d.experts.push_back(experts[i]);
-      d.weights.push_back(weights[i]);
-      ++d.pair_offsets.back();
+      const int dest_island = via_gateways ? in.topology->island_of(dest) : 0;
+      RowBatch& batch = dest_island == home_island
+                            ? plan.hop2[dest]
+                            : plan.hop1[gateway(*in.topology, in.rank, dest_island)];
+      batch.add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
     }
   }
   return plan;
 }
 
-std::size_t dispatch_message_bytes(std::size_t rows, std::size_t pairs, int hidden) {
-  return pad16(sizeof(std::uint32_t) * (2 + rows + pairs) + sizeof(float) * pairs) +
-         pad16(sizeof(float) * rows * hidden);
+void plan_forward(const ReceivedRows& hop1, int hidden, DispatchPlan& plan) {
+  std::int64_t slot = 0;
+  for (const auto& src : hop1.from) {
+    for (std::uint32_t r = 0; r < src.rows; ++r, ++slot) {
+      const float* row = src.data + std::size_t(r) * std::size_t(hidden);
+      for (std::uint32_t p = src.first_pair[r]; p < src.first_pair[r] + src.pairs_per_row[r]; ++p) {
+        const std::uint32_t dest = src.dests[p];
+        MOED_CHECK(dest < plan.hop2.size(), "hop-1 row for rank {}", dest);
+        plan.hop2[dest].add(src.token[r], -(slot + 1), row, src.experts[p], src.weights[p], dest);
+      }
+    }
+  }
 }
 
-void pack_dispatch(const DispatchPlan& plan, const float* x, int hidden, std::vector<std::byte>& buffer,
-                   comm::ExchangeLayout& layout) {
-  const std::size_t ranks = plan.to.size();
+std::size_t row_message_bytes(std::size_t rows, std::size_t pairs, int hidden) {
+  return row_header_bytes(rows, pairs) + pad16(sizeof(float) * rows * std::size_t(hidden));
+}
+
+void pack_rows(const std::vector<RowBatch>& batches, int hidden, std::vector<std::byte>& buffer,
+               comm::ExchangeLayout& layout) {
+  const std::size_t ranks = batches.size();
   layout.send_bytes.resize(ranks);
   for (std::size_t d = 0; d < ranks; ++d)
-    layout.send_bytes[d] = dispatch_message_bytes(plan.to[d].tokens.size(), plan.to[d].experts.size(), hidden);
+    layout.send_bytes[d] = row_message_bytes(batches[d].rows(), batches[d].experts.size(), hidden);
   layout.send_offsets = comm::ExchangeLayout::prefix_offsets(layout.send_bytes);
   buffer.resize(layout.send_total());
+  const std::size_t row_bytes = std::size_t(hidden) * sizeof(float);
   for (std::size_t d = 0; d < ranks; ++d) {
-    const auto& dest = plan.to[d];
+    const RowBatch& b = batches[d];
     std::byte* start = buffer.data() + layout.send_offsets[d];
     std::byte* p = start;
-    std::uint32_t header[2] = {std::uint32_t(dest.tokens.size()), std::uint32_t(dest.experts.size())};
+    const std::uint32_t header[2] = {std::uint32_t(b.rows()), std::uint32_t(b.experts.size())};
     put(p, header, 2);
-    for (std::size_t r = 0; r < dest.tokens.size(); ++r) {
-      std::uint32_t n = dest.pairs_of(r);
+    put(p, b.token.data(), b.rows());
+    for (std::size_t r = 0; r < b.rows(); ++r) {
+      const std::uint32_t n = b.pairs_of(r);
       put(p, &n, 1);
     }
-    put(p, dest.experts.data(), dest.experts.size());
-    put(p, dest.weights.data(), dest.weights.size());
-    std::byte* data = start + pad16(std::size_t(p - start));
+    put(p, b.experts.data(), b.experts.size());
+    put(p, b.weights.data(), b.weights.size());
+    put(p, b.dests.data(), b.dests.size());
+    std::byte* data = start + row_header_bytes(b.rows(), b.experts.size());
     std::memset(p, 0, std::size_t(data - p));
-    for (std::size_t r = 0; r < dest.tokens.size(); ++r)
-      std::memcpy(data + r * hidden * sizeof(float), x + std::size_t(dest.tokens[r]) * hidden,
-                  hidden * sizeof(float));
-    std::byte* end = data + dest.tokens.size() * hidden * sizeof(float);
+    for (std::size_t r = 0; r < b.rows(); ++r) {
+      MOED_CHECK(b.data[r], "row {} to rank {} has no data", r, d);
+      std::memcpy(data + r * row_bytes, b.data[r], row_bytes);
+    }
+    std::byte* end = data + b.rows() * row_bytes;
     std::memset(end, 0, std::size_t(start + layout.send_bytes[d] - end));
   }
 }
 
-ReceivedRows parse_dispatch(const std::byte* recv, const comm::ExchangeLayout& layout, int hidden) {
+ReceivedRows parse_rows(const std::byte* recv, const comm::ExchangeLayout& layout, int hidden) {
   ReceivedRows out;
   out.from.resize(layout.recv_bytes.size());
   for (std::size_t s = 0; s < layout.recv_bytes.size(); ++s) {
     const std::byte* start = recv + layout.recv_offsets[s];
     const std::size_t bytes = layout.recv_bytes[s];
     auto& src = out.from[s];
-    MOED_CHECK(bytes >= 2 * sizeof(std::uint32_t), "dispatch message from rank {} has {} bytes", s, bytes);
+    MOED_CHECK(bytes >= 2 * sizeof(std::uint32_t), "row message from rank {} has {} bytes", s, bytes);
     std::uint32_t header[2];
     std::memcpy(header, start, sizeof header);
     src.rows = header[0];
     src.pairs = header[1];
-    MOED_CHECK(bytes == dispatch_message_bytes(src.rows, src.pairs, hidden),
-               "dispatch message from rank {}: {} bytes for {} rows and {} pairs", s, bytes, src.rows,
-               src.pairs);
-    // The header fields are 4-byte aligned within a 16-byte aligned message.
-    src.pairs_per_row = reinterpret_cast<const std::uint32_t*>(start) + 2;
+    MOED_CHECK(bytes == row_message_bytes(src.rows, src.pairs, hidden),
+               "row message from rank {}: {} bytes for {} rows and {} pairs", s, bytes, src.rows, src.pairs);
+    // Fields are naturally aligned: messages start 16-byte aligned, the u64s at offset 8.
+    src.token = reinterpret_cast<const std::uint64_t*>(start + 2 * sizeof(std::uint32_t));
+    src.pairs_per_row = reinterpret_cast<const std::uint32_t*>(src.token + src.rows);
     src.experts = src.pairs_per_row + src.rows;
     src.weights = reinterpret_cast<const float*>(src.experts + src.pairs);
-    src.data = reinterpret_cast<const float*>(
-        start + pad16(sizeof(std::uint32_t) * (2 + src.rows + src.pairs) + sizeof(float) * src.pairs));
+    src.dests = reinterpret_cast<const std::uint32_t*>(src.weights + src.pairs);
+    src.data = reinterpret_cast<const float*>(start + row_header_bytes(src.rows, src.pairs));
     src.first_pair.resize(src.rows);
     std::uint32_t next = 0;
     for (std::uint32_t r = 0; r < src.rows; ++r) {
       src.first_pair[r] = next;
-      MOED_CHECK(src.pairs_per_row[r] >= 1, "dispatch row {} from rank {} has no pair", r, s);
+      MOED_CHECK(src.pairs_per_row[r] >= 1, "row {} from rank {} has no pair", r, s);
       next += src.pairs_per_row[r];
     }
-    MOED_CHECK(next == src.pairs, "dispatch message from rank {}: rows hold {} pairs, header says {}",
-               s, next, src.pairs);
+    MOED_CHECK(next == src.pairs, "row message from rank {}: rows hold {} pairs, header says {}", s,
+               next, src.pairs);
   }
   return out;
+}
+
+std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden) {
+  std::vector<std::size_t> bytes(received.from.size(), 0);
+  for (std::size_t s = 0; s < received.from.size(); ++s)
+    for (std::uint32_t r = 0; r < received.from[s].rows; ++r)
+      bytes[s] += combine_row_bytes(received.from[s].pairs_per_row[r], hidden);
+  return bytes;
+}
+
+std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, int hidden) {
+  std::vector<std::size_t> bytes(sent.size(), 0);
+  for (std::size_t d = 0; d < sent.size(); ++d)
+    for (std::size_t r = 0; r < sent[d].rows(); ++r) bytes[d] += combine_row_bytes(sent[d].pairs_of(r), hidden);
+  return bytes;
 }
 
 std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const PlanInput& in) {
@@ -173,7 +233,6 @@ std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const Pla
     slot_of[local[i]] = int(i);
     batches[i].expert = local[i];
   }
-  // Sources in rank order and rows in token order: global token order.
   for (std::uint32_t s = 0; s < received.from.size(); ++s) {
     const auto& src = received.from[s];
     for (std::uint32_t r = 0; r < src.rows; ++r) {
@@ -186,6 +245,11 @@ std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const Pla
       }
     }
   }
+  // Rule 1 needs global token order; rows from gateways interleave homes.
+  for (auto& b : batches)
+    std::stable_sort(b.rows.begin(), b.rows.end(), [&](const ExpertBatch::Row& x, const ExpertBatch::Row& y) {
+      return received.from[x.source].token[x.row] < received.from[y.source].token[y.row];
+    });
   // The chunks this rank computes, and a check that exactly their rows arrived.
   for (auto& b : batches) {
     const std::vector<int>& replicas = placement.replicas(in.layer, b.expert);
@@ -206,42 +270,58 @@ std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const Pla
   return batches;
 }
 
-std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden) {
-  std::vector<std::size_t> bytes(received.from.size(), 0);
-  for (std::size_t s = 0; s < received.from.size(); ++s)
-    for (std::uint32_t r = 0; r < received.from[s].rows; ++r)
-      bytes[s] += combine_row_bytes(received.from[s].pairs_per_row[r], hidden);
-  return bytes;
+GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden) {
+  GatewayAnswers g;
+  g.layout.send_bytes = combine_message_bytes(hop1, hidden);
+  g.layout.send_offsets = comm::ExchangeLayout::prefix_offsets(g.layout.send_bytes);
+  g.send.assign(g.layout.send_total(), std::byte{0});  // sums start at 0
+  for (std::size_t s = 0; s < hop1.from.size(); ++s) {
+    std::size_t at = g.layout.send_offsets[s];
+    for (std::uint32_t r = 0; r < hop1.from[s].rows; ++r) {
+      const std::uint32_t pairs = hop1.from[s].pairs_per_row[r];
+      g.slot_offset.push_back(at);
+      g.slot_pairs.push_back(pairs);
+      at += combine_row_bytes(pairs, hidden);
+    }
+  }
+  return g;
 }
 
-std::vector<std::size_t> combine_message_bytes(const DispatchPlan& plan, int hidden) {
-  std::vector<std::size_t> bytes(plan.to.size(), 0);
-  for (std::size_t d = 0; d < plan.to.size(); ++d)
-    for (std::size_t r = 0; r < plan.to[d].tokens.size(); ++r)
-      bytes[d] += combine_row_bytes(plan.to[d].pairs_of(r), hidden);
-  return bytes;
-}
-
-std::size_t accumulate_returns(const DispatchPlan& plan, const std::byte* recv,
-                               const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc) {
+std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,
+                               const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc,
+                               GatewayAnswers* gateway) {
   std::size_t saturated = 0;
-  for (std::size_t d = 0; d < plan.to.size(); ++d) {
-    const auto& dest = plan.to[d];
+  for (std::size_t d = 0; d < sent.size(); ++d) {
+    const RowBatch& b = sent[d];
     const std::byte* p = recv + layout.recv_offsets[d];
-    for (std::size_t r = 0; r < dest.tokens.size(); ++r) {
-      std::int64_t* a = acc + std::size_t(dest.tokens[r]) * hidden;
-      if (dest.pairs_of(r) == 1) {
-        // One expert on that rank: weight its output here, as the expert rank would have.
-        saturated += kernels::add_weighted_fixed(a, reinterpret_cast<const float*>(p),
-                                                 dest.weights[dest.pair_offsets[r]], hidden);
+    for (std::size_t r = 0; r < b.rows(); ++r) {
+      const std::uint32_t pairs = b.pairs_of(r);
+      const float* y = reinterpret_cast<const float*>(p);
+      const auto* partial = reinterpret_cast<const std::int64_t*>(p);
+      const float weight = b.weights[b.pair_offsets[r]];
+      if (b.origin[r] >= 0) {
+        // A local token: weight a single expert's output here, as the expert rank would have.
+        std::int64_t* a = acc + std::size_t(b.origin[r]) * hidden;
+        if (pairs == 1)
+          saturated += kernels::add_weighted_fixed(a, y, weight, hidden);
+        else
+          kernels::add_fixed(a, partial, hidden);
       } else {
-        kernels::add_fixed(a, reinterpret_cast<const std::int64_t*>(p), hidden);
+        MOED_CHECK(gateway, "an answer for a gateway slot on a rank that forwarded nothing");
+        const std::size_t slot = std::size_t(-(b.origin[r] + 1));
+        std::byte* out = gateway->send.data() + gateway->slot_offset.at(slot);
+        if (gateway->slot_pairs[slot] == 1)  // the hop-1 row had this one pair: pass y on
+          std::memcpy(out, y, std::size_t(hidden) * sizeof(float));
+        else if (pairs == 1)
+          saturated += kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y, weight, hidden);
+        else
+          kernels::add_fixed(reinterpret_cast<std::int64_t*>(out), partial, hidden);
       }
-      p += combine_row_bytes(dest.pairs_of(r), hidden);
+      p += combine_row_bytes(pairs, hidden);
     }
     MOED_CHECK(std::size_t(p - (recv + layout.recv_offsets[d])) == layout.recv_bytes[d],
-               "combine message from rank {}: {} bytes, expected {}", d,
-               layout.recv_bytes[d], std::size_t(p - (recv + layout.recv_offsets[d])));
+               "answers from rank {}: {} bytes, expected {}", d, layout.recv_bytes[d],
+               std::size_t(p - (recv + layout.recv_offsets[d])));
   }
   return saturated;
 }

@@ -1,6 +1,7 @@
 // The pure middle of a layer's data path: which rank each (token, expert)
-// pair goes to, the wire format of dispatch and combine, and how an expert's
-// rows are cut into GEMM chunks. No MPI and no threads: unit-tested directly.
+// pair goes to and by which route, the wire format of dispatch and combine,
+// and how an expert's rows are cut into GEMM chunks. No MPI and no threads:
+// unit-tested directly.
 //
 // Bit-exactness rests on two rules stated here once:
 //  1. An expert's rows of a step, ordered by global token id, are cut into
@@ -13,7 +14,14 @@
 //     home rank knows where each pair goes and the expert knows its chunks.
 //  2. Partial sums are exact fixed point (kernels/cpu/fixed_combine.h), so
 //     where and in what order they are added does not matter.
-// A token travels once to each rank that holds any of its experts.
+//
+// Routes. A token travels once to each rank that holds any of its experts.
+// Flat dispatch sends it there directly. Hierarchical dispatch sends it once
+// to each remote island, to a gateway rank there (the rank with the home
+// rank's index within its island, modulo the island's size), which forwards
+// it inside its island (hop 2, as the home rank does for its own island); the
+// combine runs backwards, the gateway summing its island's partial results
+// before the single return crossing.
 #pragma once
 
 #include <cstddef>
@@ -53,18 +61,6 @@ inline std::size_t replica_of_chunk(std::uint64_t chunk, std::uint64_t step, std
   return std::size_t((chunk + step) % n);
 }
 
-// What the home rank sends: per destination, rows (one per token) in token order.
-struct DispatchPlan {
-  struct Destination {
-    std::vector<std::uint32_t> tokens;            // local token index of each row
-    std::vector<std::uint32_t> pair_offsets{0};   // row r's pairs: [pair_offsets[r], pair_offsets[r+1])
-    std::vector<std::uint32_t> experts;
-    std::vector<float> weights;
-    std::uint32_t pairs_of(std::size_t row) const { return pair_offsets[row + 1] - pair_offsets[row]; }
-  };
-  std::vector<Destination> to;  // per rank
-};
-
 struct PlanInput {
   const Routing* routing = nullptr;
   const placement::Placement* placement = nullptr;
@@ -73,45 +69,88 @@ struct PlanInput {
   int rank = 0;
   std::uint64_t chunk_rows = 1;
   std::uint64_t step = 0;
-  const placement::Topology* topology = nullptr;  // none: replicas rotate, islands ignored
+  const placement::Topology* topology = nullptr;  // none: one island, replicas rotate
+  bool hierarchical = false;                      // route through gateways (needs a topology)
+  std::uint64_t first_token = 0;                  // global id of this rank's token 0
 };
-DispatchPlan plan_dispatch(const PlanInput& in);
 
 // Index, in the expert's replica list, of the replica that computes chunk
 // `chunk` of `expert` (rule 1 above).
 std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk);
 
-// Dispatch wire format, one message per destination:
-//   u32 rows, u32 pairs, u32 pairs_per_row[rows], u32 experts[pairs], f32 weights[pairs],
-//   zero padding to 16 bytes, f32 rows x hidden (the normalised token rows),
-//   zero padding to 16 bytes (so every message, hence every field, is aligned).
-std::size_t dispatch_message_bytes(std::size_t rows, std::size_t pairs, int hidden);
-// Fills `buffer` and the send half of `layout`. `x` holds the local tokens' rows.
-void pack_dispatch(const DispatchPlan& plan, const float* x, int hidden, std::vector<std::byte>& buffer,
-                   comm::ExchangeLayout& layout);
+// The gateway of `island` for tokens whose home is `home`.
+int gateway(const placement::Topology& topology, int home, int island);
 
-// A view of the received dispatch messages, validated against their sizes.
+// Rows bound for one rank, one row per token: its global id, its pairs
+// (expert, gate weight, the rank that computes it), where its data is, and
+// what its answer is for (a local token, or a gateway slot).
+struct RowBatch {
+  std::vector<std::uint64_t> token;
+  std::vector<std::int64_t> origin;   // >= 0: local token index; < 0: gateway slot -(origin + 1)
+  std::vector<const float*> data;     // the row's hidden state (H floats), until packed
+  std::vector<std::uint32_t> pair_offsets{0};
+  std::vector<std::uint32_t> experts;
+  std::vector<float> weights;
+  std::vector<std::uint32_t> dests;
+
+  std::size_t rows() const { return token.size(); }
+  std::uint32_t pairs_of(std::size_t row) const { return pair_offsets[row + 1] - pair_offsets[row]; }
+  // Adds a pair to row `token` (a new row unless the last row is that token's).
+  void add(std::uint64_t token_id, std::int64_t from, const float* row_data, std::uint32_t expert,
+           float weight, std::uint32_t dest);
+};
+
+// What one rank sends in a layer: per rank, hop 1 (to gateways, across
+// islands; empty when flat) and hop 2 (to the ranks that compute).
+struct DispatchPlan {
+  std::vector<RowBatch> hop1, hop2;
+};
+
+// The home rank's plan for its tokens; `x` holds their normalised rows.
+DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden);
+
+// Row message wire format, one message per destination:
+//   u32 rows, u32 pairs, u64 token[rows], u32 pairs_per_row[rows],
+//   u32 experts[pairs], f32 weights[pairs], u32 dests[pairs], zero padding to
+//   16 bytes, f32 rows x hidden, zero padding to 16 bytes (every message, and
+//   so every field, stays aligned).
+std::size_t row_message_bytes(std::size_t rows, std::size_t pairs, int hidden);
+// Fills `buffer` and the send half of `layout` from one batch per rank.
+void pack_rows(const std::vector<RowBatch>& batches, int hidden, std::vector<std::byte>& buffer,
+               comm::ExchangeLayout& layout);
+
+// A view of received row messages, validated against their sizes.
 struct ReceivedRows {
   struct Source {
     std::uint32_t rows = 0, pairs = 0;
+    const std::uint64_t* token = nullptr;
     const std::uint32_t* pairs_per_row = nullptr;
     const std::uint32_t* experts = nullptr;
     const float* weights = nullptr;
-    const float* data = nullptr;               // rows x hidden
-    std::vector<std::uint32_t> first_pair;     // per row, index into experts/weights
+    const std::uint32_t* dests = nullptr;
+    const float* data = nullptr;            // rows x hidden
+    std::vector<std::uint32_t> first_pair;  // per row, index into experts/weights/dests
   };
   std::vector<Source> from;  // per rank
 };
-ReceivedRows parse_dispatch(const std::byte* recv, const comm::ExchangeLayout& layout, int hidden);
+ReceivedRows parse_rows(const std::byte* recv, const comm::ExchangeLayout& layout, int hidden);
 
-// Combine wire format: each received row answered in the same order, as fp32
-// (the expert output, unweighted) when the row carried one pair, or as the
-// int64 fixed-point gate-weighted sum of its pairs otherwise.
-// Rows are padded to 8 bytes so the int64 rows stay aligned.
+// Gateway: the hop-2 rows that forward the received hop-1 rows inside this
+// rank's island, appended to `plan.hop2`. Gateway slot k is the k-th received
+// hop-1 row, counting sources in rank order.
+void plan_forward(const ReceivedRows& hop1, int hidden, DispatchPlan& plan);
+
+// Combine wire format: each row is answered in the order it was received,
+// as fp32 (the expert output, unweighted) when the row carried one pair, or
+// as the int64 fixed-point gate-weighted sum of its pairs otherwise. Rows
+// are padded to 8 bytes so the int64 rows stay aligned.
 inline std::size_t combine_row_bytes(std::uint32_t pairs, int hidden) {
   return pairs == 1 ? (std::size_t(hidden) * sizeof(float) + 7) & ~std::size_t(7)
                     : std::size_t(hidden) * sizeof(std::int64_t);
 }
+// Bytes of the answers to received rows, per source, and to sent rows, per destination.
+std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden);
+std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, int hidden);
 
 // One local expert's rows, in global token order, and its chunks.
 struct ExpertBatch {
@@ -122,17 +161,27 @@ struct ExpertBatch {
   std::vector<Row> rows;
   std::vector<std::uint32_t> chunk_rows;  // sizes, in order; they sum to rows.size()
 };
-// Groups received pairs by local expert and derives each expert's chunks;
-// Internal error when the rows received disagree with the counts.
+// Groups received hop-2 pairs by local expert, sorted by global token id, and
+// derives each expert's chunks; Internal error when the rows received
+// disagree with the counts.
 std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const PlanInput& in);
 
-// Byte offsets of each returned row per source (or destination), by pair counts.
-std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden);
-std::vector<std::size_t> combine_message_bytes(const DispatchPlan& plan, int hidden);
+// A gateway's answers to its received hop-1 rows: the hop-1 combine message,
+// filled from its island's hop-2 answers.
+struct GatewayAnswers {
+  std::vector<std::byte> send;
+  comm::ExchangeLayout layout;             // send half
+  std::vector<std::size_t> slot_offset;    // gateway slot -> byte offset in `send`
+  std::vector<std::uint32_t> slot_pairs;   // gateway slot -> pairs of its hop-1 row
+};
+GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden);
 
-// Home side: adds every returned row into acc[local tokens][hidden] (fixed point).
-// Returns the count of saturated terms.
-std::size_t accumulate_returns(const DispatchPlan& plan, const std::byte* recv,
-                               const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc);
+// Adds the answers to rows this rank sent (`sent`, one batch per rank; the
+// answers in `recv` laid out by `layout`): rows of local tokens into
+// acc[local token][hidden], rows forwarded for a gateway slot into `gateway`.
+// Returns the count of saturated fixed-point terms.
+std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,
+                               const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc,
+                               GatewayAnswers* gateway);
 
 }  // namespace moed::runtime

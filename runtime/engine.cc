@@ -28,6 +28,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
     gate_gemm_.push_back(std::make_unique<kernels::InvariantRowGemm>(
         store.layer(l).gate.data(), std::size_t(shape_.experts), std::size_t(shape_.hidden)));
   counts_ = ExpertCounts(transport.size(), shape_.experts);
+  hierarchical_ = config.comm.hierarchical && topology.islands() > 1;
   routing_.resize(shape_.layers);
   size_send_.resize(R);
   size_recv_.resize(R);
@@ -57,8 +58,32 @@ void Engine::record_stats() {
   }
 }
 
+ReceivedRows Engine::send_rows(const std::vector<RowBatch>& batches, Hop& hop, const std::string& what,
+                               StepRecord& rec) {
+  const int H = shape_.hidden, R = transport_.size(), me = transport_.rank();
+  pack_rows(batches, H, hop.send, hop.out);
+  for (int d = 0; d < R; ++d) size_send_[d] = hop.out.send_bytes[d];
+  transport_.exchange_sizes(size_send_.data(), size_recv_.data(), "sizes of " + what);
+  hop.out.recv_bytes.assign(size_recv_.begin(), size_recv_.end());
+  hop.out.recv_offsets = comm::ExchangeLayout::prefix_offsets(hop.out.recv_bytes);
+  hop.recv.resize(hop.out.recv_total());
+  transport_.exchange(hop.send.data(), hop.out, hop.recv.data(), what);
+  for (int d = 0; d < R; ++d) rec.bytes_sent[int(topology_.link(me, d))] += hop.out.send_bytes[d];
+  return parse_rows(hop.recv.data(), hop.out, H);
+}
+
+void Engine::answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vector<std::byte>& send,
+                    const std::string& what, StepRecord& rec) {
+  const int H = shape_.hidden, R = transport_.size(), me = transport_.rank();
+  hop.back.recv_bytes = combine_message_bytes(sent, H);  // the answers to what this rank sent
+  hop.back.recv_offsets = comm::ExchangeLayout::prefix_offsets(hop.back.recv_bytes);
+  hop.back_recv.resize(hop.back.recv_total());
+  transport_.exchange(send.data(), hop.back, hop.back_recv.data(), what);
+  for (int d = 0; d < R; ++d) rec.bytes_sent[int(topology_.link(me, d))] += hop.back.send_bytes[d];
+}
+
 void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, StepRecord& rec) {
-  const int H = shape_.hidden, E = shape_.experts, R = transport_.size(), me = transport_.rank();
+  const int H = shape_.hidden, E = shape_.experts, me = transport_.rank();
   const std::string where = fmt::format("step {} layer {}", step, layer);
   double t0 = now_seconds();
 
@@ -81,35 +106,40 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
   std::vector<std::uint32_t> mine = ExpertCounts::local(routing, E);
   transport_.all_gather(mine.data(), mine.size() * sizeof(std::uint32_t), counts_.data(),
                         "expert counts of " + where);
-  PlanInput in{&routing, &placement_, layer, &counts_, me,
-               std::uint64_t(config_.experts.chunk_rows), step, &topology_};
-  DispatchPlan plan = plan_dispatch(in);
-  pack_dispatch(plan, xn_.data(), H, send_, layout_);
+  PlanInput in{&routing, &placement_, layer, &counts_, me, std::uint64_t(config_.experts.chunk_rows),
+               step, &topology_, hierarchical_, step * tokens_per_step_ + first_};
+  DispatchPlan plan = plan_dispatch(in, xn_.data(), H);
   double t2 = now_seconds();
 
-  // dispatch: sizes first, then the rows.
-  for (int d = 0; d < R; ++d) size_send_[d] = layout_.send_bytes[d];
-  transport_.exchange_sizes(size_send_.data(), size_recv_.data(), "dispatch sizes of " + where);
-  layout_.recv_bytes.assign(size_recv_.begin(), size_recv_.end());
-  layout_.recv_offsets = comm::ExchangeLayout::prefix_offsets(layout_.recv_bytes);
-  recv_.resize(layout_.recv_total());
-  transport_.exchange(send_.data(), layout_, recv_.data(), "dispatch of " + where);
+  // dispatch: hop 1 to the gateways of remote islands (hierarchical only),
+  // which add what they received to their hop 2; then hop 2 inside islands.
+  ReceivedRows hop1;
+  if (hierarchical_) {
+    hop1 = send_rows(plan.hop1, hop1_, "dispatch hop 1 of " + where, rec);
+    plan_forward(hop1, H, plan);
+  }
+  ReceivedRows hop2 = send_rows(plan.hop2, hop2_, "dispatch of " + where, rec);
   double t3 = now_seconds();
 
   // experts: this rank's chunks, answers written straight into the combine messages.
-  ReceivedRows received = parse_dispatch(recv_.data(), layout_, H);
-  std::vector<ExpertBatch> batches = batch_by_expert(received, in);
-  rec.saturated += executor_.run(store_, layer, received, batches, back_send_, back_layout_);
-  back_layout_.recv_bytes = combine_message_bytes(plan, H);
-  back_layout_.recv_offsets = comm::ExchangeLayout::prefix_offsets(back_layout_.recv_bytes);
-  back_recv_.resize(back_layout_.recv_total());
+  std::vector<ExpertBatch> batches = batch_by_expert(hop2, in);
+  rec.saturated += executor_.run(store_, layer, hop2, batches, hop2_.back_send, hop2_.back);
   double t4 = now_seconds();
 
-  // combine: answers travel back; the home rank sums them exactly and adds the residual.
-  transport_.exchange(back_send_.data(), back_layout_, back_recv_.data(), "combine of " + where);
-  double t5 = now_seconds();
+  // combine: hop-2 answers return to their senders: into the home rank's
+  // exact sums, or a gateway's; gateways answer across islands (hop 1).
   acc_.assign(count_ * H, 0);
-  rec.saturated += accumulate_returns(plan, back_recv_.data(), back_layout_, H, acc_.data());
+  GatewayAnswers gateway;
+  if (hierarchical_) gateway = prepare_gateway_answers(hop1, H);
+  answer(plan.hop2, hop2_, hop2_.back_send, "combine of " + where, rec);
+  rec.saturated += accumulate_answers(plan.hop2, hop2_.back_recv.data(), hop2_.back, H, acc_.data(),
+                                      hierarchical_ ? &gateway : nullptr);
+  if (hierarchical_) {
+    hop1_.back = gateway.layout;
+    answer(plan.hop1, hop1_, gateway.send, "combine hop 1 of " + where, rec);
+    rec.saturated += accumulate_answers(plan.hop1, hop1_.back_recv.data(), hop1_.back, H, acc_.data(), nullptr);
+  }
+  double t5 = now_seconds();
   kernels::residual_from_fixed(x.data(), acc_.data(), count_ * H, x.data());
   double t6 = now_seconds();
 
@@ -120,8 +150,6 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
   rec.combine += t6 - t4;
   rec.dispatch_a2a.push_back(t3 - t2);
   rec.combine_a2a.push_back(t5 - t4);
-  for (int d = 0; d < R; ++d)
-    rec.bytes_sent[int(topology_.link(me, d))] += layout_.send_bytes[d] + back_layout_.send_bytes[d];
   for (int e = 0; e < E; ++e) {
     std::uint64_t load = counts_.total(e);
     rec.expert_load[std::size_t(layer) * E + e] = load;

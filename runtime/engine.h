@@ -53,7 +53,19 @@ class Engine {
   }
 
  private:
+  // One hop's buffers: rows out (and in), answers back.
+  struct Hop {
+    std::vector<std::byte> send, recv, back_send, back_recv;
+    comm::ExchangeLayout out, back;
+  };
   void run_layer(int layer, std::uint64_t step, std::vector<float>& x, StepRecord& rec);
+  // Packs and exchanges one hop's rows; returns what arrived.
+  ReceivedRows send_rows(const std::vector<RowBatch>& batches, Hop& hop, const std::string& what,
+                         StepRecord& rec);
+  // Exchanges the answers to rows received in `hop` (`send`, laid out by
+  // hop.back's send half) for the answers to the rows this rank sent.
+  void answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vector<std::byte>& send,
+              const std::string& what, StepRecord& rec);
   void record_stats();
 
   const Config& config_;
@@ -75,8 +87,8 @@ class Engine {
   std::vector<Routing> routing_;  // per layer, this step's local tokens
   placement::RoutingStats* stats_ = nullptr;
   ExpertCounts counts_;
-  std::vector<std::byte> send_, recv_, back_send_, back_recv_;
-  comm::ExchangeLayout layout_, back_layout_;
+  bool hierarchical_ = false;
+  Hop hop1_, hop2_;
   std::vector<std::uint64_t> size_send_, size_recv_;
   std::vector<std::int64_t> acc_;
 };

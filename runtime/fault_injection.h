@@ -1,6 +1,12 @@
-// Faults injected on purpose, for the tests that prove failures are loud:
-// MOED_FAULT="stall:rank=R,step=S" makes rank R stop answering at the start of
-// step S (it sleeps), so its peers' deadlines must fire with a diagnostic.
+// Faults injected on purpose, for the tests that prove failures are loud.
+// MOED_FAULT is one of:
+//   stall:rank=R,step=S     rank R stops answering at the start of step S (it
+//                           sleeps), so its peers' deadlines must fire
+//   migrate-fail:rank=R     rank R, as a migration source, fails its transfer
+//                           after the first chunk
+//   migrate-corrupt:rank=R  rank R, as a migration destination, flips a byte
+//                           of what landed before verifying it
+//   migrate-kill:rank=R     rank R dies (SIGKILL) when it first sends weights
 // Unset in production; an unparsable value is a Usage error, never ignored.
 #pragma once
 
@@ -11,16 +17,16 @@
 namespace moed::runtime {
 
 struct Fault {
-  enum class Kind { Stall } kind = Kind::Stall;
+  enum class Kind { Stall, MigrateFail, MigrateCorrupt, MigrateKill } kind = Kind::Stall;
   int rank = -1;
-  std::uint64_t step = 0;
+  std::uint64_t step = 0;  // stall only
 };
 
 // Parses the MOED_FAULT syntax above.
 std::optional<Fault> parse_fault(const std::string& text);
 // The fault from the environment, if any.
 std::optional<Fault> fault_from_env();
-// Acts on a fault that matches (rank, step); returns otherwise.
+// Acts on a stall that matches (rank, step); returns otherwise.
 void maybe_inject(const std::optional<Fault>& fault, int rank, std::uint64_t step);
 
 }  // namespace moed::runtime

@@ -1,25 +1,32 @@
-// moectl: the operator's client of a running moed's admin socket.
-#include <CLI/CLI.hpp>
+// moectl: the operator's client of a running moed's admin socket. The work is
+// in runtime/admin (moectl_format: command line and rendering; admin_client:
+// the connection and the run), where it is unit-tested.
+#include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <string>
+#include <vector>
+
+#include "runtime/admin/admin_client.h"
+#include "runtime/admin/moectl_format.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{
-      "moectl: controls a running moed through its admin socket.\n"
-      "Commands: status, metrics, placement, stats, reoptimize, migrate, trace, drain, shutdown.\n"
-      "Exit codes: 0 ok, 1 error from the daemon, 2 bad usage, 3 cannot connect."};
-  app.require_subcommand(1);
-  for (const char* name : {"status", "metrics", "placement", "stats", "reoptimize", "migrate",
-                           "trace", "drain", "shutdown"})
-    app.add_subcommand(name, std::string("the daemon's ") + name);
-  app.set_version_flag("--version", "moectl 0.1.0");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
-  // The admin socket is not served yet: say so plainly rather than pretend.
-  std::cerr << "moectl: cannot connect: this moed build has no admin socket yet\n";
-  return 3;
+  namespace admin = moed::runtime::admin;
+  admin::MoectlEnv env;
+  if (const char* run_dir = std::getenv("MOED_RUN_DIR")) env.run_dir = run_dir;
+  env.uid = static_cast<unsigned>(::geteuid());
+  std::error_code ec;
+  env.cwd = std::filesystem::current_path(ec).string();
+
+  const std::vector<std::string> args(argv, argv + argc);
+  const admin::CommandLine command_line = admin::parse_command_line(args, env);
+  std::cout << command_line.out;
+  std::cerr << command_line.err;
+  if (!command_line.invocation) return command_line.exit_code;
+
+  admin::RunOptions options;
+  options.tty = ::isatty(STDOUT_FILENO) == 1;
+  return admin::run_moectl(*command_line.invocation, std::cout, std::cerr, options);
 }

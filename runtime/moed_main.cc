@@ -17,7 +17,7 @@ struct Cli {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string weights, placement_file, log_level;
-  bool print_config = false;
+  bool print_config = false, print_topology = false;
   std::string generate_weights;
   moed::runtime::ServeOptions serve;
 };
@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", cli.log_level, "trace, debug, info, warn, error or off")
       ->type_name("LEVEL");
   app.add_flag("--print-config", cli.print_config, "print the effective config as TOML and exit");
+  app.add_flag("--print-topology", cli.print_topology,
+               "print the islands found (config, hwloc NVLink or host names) and every host's GPUs, and exit");
   app.add_option("--generate-weights", cli.generate_weights,
                  "write the synthetic model of the configured shape to PATH (safetensors) and exit")
       ->type_name("PATH");
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
   try {
     mpi = std::make_unique<moed::comm::MpiSession>(&argc, &argv);
     moed::init_logging(mpi->rank(), config.log.level);
+    if (cli.print_topology) return moed::runtime::print_topology(config, *mpi);
     return moed::runtime::serve(config, cli.serve, *mpi);
   } catch (const moed::Error& e) {
     spdlog::critical("{}", e.describe());

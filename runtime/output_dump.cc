@@ -13,12 +13,12 @@ constexpr char kMagic[8] = {'M', 'O', 'E', 'D', 'O', 'U', 'T', '1'};
 }
 
 OutputDump::OutputDump(const std::string& path, const OutputHeader& header)
-    : path_(path), partial_(path + ".partial") {
+    : path_(path), partial_(path + ".partial"), header_(header) {
   file_ = std::fopen(partial_.c_str(), "wb");
   if (!file_) MOED_THROW(Usage, "--dump-output {}: cannot create: {}", partial_, std::strerror(errno));
-  append(kMagic, sizeof kMagic);
+  write(kMagic, sizeof kMagic);
   std::uint64_t fields[3] = {header.hidden, header.tokens_per_step, header.steps};
-  append(fields, sizeof fields);
+  write(fields, sizeof fields);
 }
 
 OutputDump::~OutputDump() {
@@ -28,12 +28,24 @@ OutputDump::~OutputDump() {
   }
 }
 
-void OutputDump::append(const void* rows, std::size_t bytes) {
-  if (bytes && std::fwrite(rows, 1, bytes, file_) != bytes)
+void OutputDump::write(const void* data, std::size_t bytes) {
+  if (bytes && std::fwrite(data, 1, bytes, file_) != bytes)
     MOED_THROW(Runtime, "{}: write failed: {}", partial_, std::strerror(errno));
 }
 
+void OutputDump::append(const void* rows, std::size_t bytes) {
+  write(rows, bytes);
+  row_bytes_ += bytes;
+}
+
 void OutputDump::finish() {
+  const std::uint64_t step_bytes = header_.hidden * header_.tokens_per_step * sizeof(float);
+  const std::uint64_t steps = step_bytes ? row_bytes_ / step_bytes : 0;
+  if (steps != header_.steps) {
+    if (std::fseek(file_, long(sizeof kMagic + 2 * sizeof(std::uint64_t)), SEEK_SET) != 0)
+      MOED_THROW(Runtime, "{}: seek failed: {}", partial_, std::strerror(errno));
+    write(&steps, sizeof steps);
+  }
   if (std::fclose(file_) != 0) MOED_THROW(Runtime, "{}: close failed: {}", partial_, std::strerror(errno));
   file_ = nullptr;
   if (std::rename(partial_.c_str(), path_.c_str()) != 0)

@@ -26,11 +26,17 @@ class OutputDump {
   OutputDump& operator=(const OutputDump&) = delete;
 
   void append(const void* rows, std::size_t bytes);
+  // The header then gives the steps actually written (a run stopped early by
+  // `moectl shutdown` serves fewer than configured).
   void finish();
 
  private:
+  void write(const void* data, std::size_t bytes);
+
   std::string path_, partial_;
   std::FILE* file_ = nullptr;
+  OutputHeader header_;
+  std::uint64_t row_bytes_ = 0;
 };
 
 // For tests and tools: the header and all rows.

@@ -153,6 +153,36 @@ nlohmann::json Report::to_json() const {
   };
 }
 
+std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::vector<std::string>& alerts,
+                            std::uint64_t migration_done_bytes, std::uint64_t migration_bytes) {
+  std::string out;
+  auto gauge = [&](const char* name, const char* help, double value, const std::string& labels = "") {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{}{} {}\n", name, help, name, name, labels, value);
+  };
+  auto more = [&](const char* name, double value, const std::string& labels) {
+    out += fmt::format("{}{} {}\n", name, labels, value);
+  };
+  gauge("moed_tokens_per_second", "tokens served per second", s.tokens_per_s);
+  gauge("moed_step_latency_ms", "step latency", s.step_p50_ms, "{quantile=\"0.5\"}");
+  more("moed_step_latency_ms", s.step_p99_ms, "{quantile=\"0.99\"}");
+  gauge("moed_alltoall_latency_ms", "dispatch and combine exchange latency per layer", s.dispatch_p50_ms,
+        "{phase=\"dispatch\",quantile=\"0.5\"}");
+  more("moed_alltoall_latency_ms", s.dispatch_p99_ms, "{phase=\"dispatch\",quantile=\"0.99\"}");
+  more("moed_alltoall_latency_ms", s.combine_p50_ms, "{phase=\"combine\",quantile=\"0.5\"}");
+  more("moed_alltoall_latency_ms", s.combine_p99_ms, "{phase=\"combine\",quantile=\"0.99\"}");
+  gauge("moed_activation_rate", "expert parameters run per token over all expert parameters", s.activation_rate);
+  gauge("moed_expert_load_std_over_mean", "spread of tokens over experts", s.load_std_over_mean);
+  out += "# HELP moed_bytes_sent_total dispatch and combine bytes by link class\n# TYPE moed_bytes_sent_total counter\n";
+  for (int c = 0; c < placement::kLinkClasses; ++c)
+    more("moed_bytes_sent_total", double(s.bytes[c]),
+         fmt::format("{{link=\"{}\"}}", placement::to_string(placement::LinkClass(c))));
+  gauge("moed_placement_epoch", "epoch of the placement being served", double(epoch));
+  gauge("moed_migration_bytes", "bytes of the current migration", double(migration_bytes));
+  more("moed_migration_bytes", double(migration_done_bytes), "{done=\"true\"}");
+  gauge("moed_alerts", "alerts raised by the [metrics] thresholds", double(alerts.size()));
+  return out;
+}
+
 void Report::write_json(const std::string& path) const {
   write_file_atomically(path, to_json().dump(2) + "\n");
 }

@@ -38,6 +38,11 @@ struct Summary {
   std::uint64_t saturated = 0;
 };
 
+// The figures in Prometheus' text exposition format (the admin socket's
+// `metrics` and a scrape target's body).
+std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::vector<std::string>& alerts,
+                            std::uint64_t migration_done_bytes, std::uint64_t migration_bytes);
+
 class Report {
  public:
   Report(RunInfo info, int load_window_steps);

@@ -17,6 +17,50 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// An MPI-3 window under a passive lock_all epoch for its whole life: puts are
+// MPI_Rput (local completion watched with the deadline), flush is
+// MPI_Win_flush_all (remote completion).
+class MpiWindow final : public RmaWindow {
+ public:
+  MpiWindow(MPI_Comm comm, std::size_t bytes, std::chrono::milliseconds timeout)
+      : bytes_(bytes), timeout_(timeout) {
+    check_mpi(MPI_Win_allocate(MPI_Aint(bytes), 1, MPI_INFO_NULL, comm, &base_, &win_),
+              "MPI_Win_allocate");
+    check_mpi(MPI_Win_lock_all(0, win_), "MPI_Win_lock_all");
+  }
+  ~MpiWindow() override {
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);
+  }
+  std::byte* local() override { return static_cast<std::byte*>(base_); }
+  std::size_t bytes() const override { return bytes_; }
+  void put(int target, std::size_t offset, const void* src, std::size_t bytes) override {
+    constexpr std::size_t kMax = std::size_t(1) << 30;  // MPI counts are int
+    for (std::size_t done = 0; done < bytes; done += kMax) {
+      const std::size_t n = std::min(kMax, bytes - done);
+      requests_.emplace_back();
+      check_mpi(MPI_Rput(static_cast<const std::byte*>(src) + done, int(n), MPI_BYTE, target,
+                         MPI_Aint(offset + done), int(n), MPI_BYTE, win_, &requests_.back()),
+                "MPI_Rput");
+    }
+  }
+  void flush(const std::string& what) override {
+    wait_all_until(requests_, Clock::now() + timeout_, {}, [&](const std::vector<std::size_t>& pending) {
+      MOED_THROW(Runtime, "{}: {} of {} one-sided writes not complete after {} ms ([comm].timeout_ms)",
+                 what, pending.size(), requests_.size(), timeout_.count());
+    });
+    requests_.clear();
+    check_mpi(MPI_Win_flush_all(win_), "MPI_Win_flush_all");
+  }
+
+ private:
+  void* base_ = nullptr;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::size_t bytes_;
+  std::chrono::milliseconds timeout_;
+  std::vector<MPI_Request> requests_;
+};
+
 class MpiTransport final : public Transport {
  public:
   MpiTransport(const CommConfig& config, MPI_Comm comm)
@@ -72,6 +116,10 @@ class MpiTransport final : public Transport {
     wait_all(requests, peer_of_request, what);
   }
 
+  std::unique_ptr<RmaWindow> create_window(std::size_t bytes, const std::string& what) override {
+    return std::make_unique<MpiWindow>(comm_, bytes, timeout_);
+  }
+
   void all_gather(const void* send, std::size_t bytes, void* recv,
                   const std::string& what) override {
     ExchangeLayout layout;
@@ -94,7 +142,7 @@ class MpiTransport final : public Transport {
 
   void wait_all(std::vector<MPI_Request>& requests, const std::vector<int>& peer_of_request,
                 const std::string& what) {
-    wait_all_until(requests, Clock::now() + timeout_, [&](const std::vector<std::size_t>& pending) {
+    wait_all_until(requests, Clock::now() + timeout_, {}, [&](const std::vector<std::size_t>& pending) {
       std::vector<int> waiting_from, waiting_to;
       for (std::size_t i : pending) {
         int p = peer_of_request[i];

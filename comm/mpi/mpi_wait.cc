@@ -1,21 +1,22 @@
 #include "comm/mpi/mpi_wait.h"
 
-#include <sched.h>
-
+#include "comm/idle_backoff.h"
 #include "comm/mpi/mpi_session.h"
 #include "common/error.h"
 
 namespace moed::comm {
 
 void wait_all_until(std::vector<MPI_Request>& requests, Deadline deadline,
+                    const std::function<void()>& progress,
                     const std::function<void(const std::vector<std::size_t>&)>& on_expiry) {
-  int idle_polls = 0;
+  IdleBackoff backoff;
   for (;;) {
     int done = 0;
     check_mpi(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
               "MPI_Testall");
     if (done) return;
-    if (++idle_polls > 32) sched_yield();
+    if (progress) progress();
+    backoff.idle();
     if (std::chrono::steady_clock::now() > deadline) {
       std::vector<std::size_t> pending;
       for (std::size_t i = 0; i < requests.size(); ++i) {

@@ -66,28 +66,22 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
     source.gate(l, lw.gate.data());
     source.norm(l, lw.norm.data());
     store.layers_.push_back(std::move(lw));
-
-    store.local_experts_.push_back(placement.experts_on(l, rank));
-    std::vector<Slot> slots;
-    for (int e : store.local_experts_.back()) {
+    for (int e : placement.experts_on(l, rank)) {
       Slot slot;
       slot.w13.resize(2 * F * H);
       slot.w2.resize(H * F);
       source.up(l, e, 1, slot.w13.data());
       source.up(l, e, 3, slot.w13.data() + F * H);
       source.down(l, e, slot.w2.data());
-      slots.push_back(std::move(slot));
+      store.slots_.emplace(std::pair{l, e}, std::move(slot));
     }
-    store.slots_.push_back(std::move(slots));
   }
   return store;
 }
 
 const ExpertStore::Slot* ExpertStore::find(int layer, int expert) const {
-  const auto& local = local_experts_.at(layer);
-  auto it = std::lower_bound(local.begin(), local.end(), expert);
-  if (it == local.end() || *it != expert) return nullptr;
-  return &slots_[layer][it - local.begin()];
+  auto it = slots_.find({layer, expert});
+  return it == slots_.end() ? nullptr : &it->second;
 }
 
 bool ExpertStore::holds(int layer, int expert) const { return find(layer, expert) != nullptr; }
@@ -102,10 +96,26 @@ std::size_t ExpertStore::expert_bytes() const {
   return std::size_t(slots()) * std::size_t(shape_.expert_params()) * sizeof(float);
 }
 
-int ExpertStore::slots() const {
-  int n = 0;
-  for (const auto& l : slots_) n += int(l.size());
-  return n;
+int ExpertStore::slots() const { return int(slots_.size()); }
+
+void ExpertStore::copy_slot(int layer, int expert, float* out) const {
+  const Slot* slot = find(layer, expert);
+  MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
+  std::copy(slot->w13.begin(), slot->w13.end(), out);
+  std::copy(slot->w2.begin(), slot->w2.end(), out + slot->w13.size());
+}
+
+void ExpertStore::add_slot(int layer, int expert, const float* weights) {
+  MOED_CHECK(!holds(layer, expert), "layer {} expert {} is already held", layer, expert);
+  const std::size_t up = 2 * std::size_t(shape_.ffn) * std::size_t(shape_.hidden);
+  Slot slot;
+  slot.w13.assign(weights, weights + up);
+  slot.w2.assign(weights + up, weights + slot_floats());
+  slots_.emplace(std::pair{layer, expert}, std::move(slot));
+}
+
+void ExpertStore::drop_slot(int layer, int expert) {
+  MOED_CHECK(slots_.erase({layer, expert}) == 1, "layer {} expert {} is not held", layer, expert);
 }
 
 }  // namespace moed::runtime

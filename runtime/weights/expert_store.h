@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/expert_ffn.h"
@@ -30,6 +32,12 @@ class ExpertStore {
   std::size_t expert_bytes() const;                          // fp32 bytes of the held slots
   int slots() const;
 
+  // Live migration moves slots as flat fp32 arrays: W1|W3 ([2F, H]) then W2 ([H, F]).
+  std::size_t slot_floats() const { return 3 * std::size_t(shape_.hidden) * std::size_t(shape_.ffn); }
+  void copy_slot(int layer, int expert, float* out) const;  // slot_floats() floats
+  void add_slot(int layer, int expert, const float* weights);
+  void drop_slot(int layer, int expert);
+
  private:
   struct Slot {
     std::vector<float> w13;  // [2F, H]
@@ -39,8 +47,7 @@ class ExpertStore {
 
   ModelShape shape_;
   std::vector<LayerWeights> layers_;
-  std::vector<std::vector<Slot>> slots_;       // [layer][i] for local_experts_[layer][i]
-  std::vector<std::vector<int>> local_experts_;  // [layer] ascending
+  std::map<std::pair<int, int>, Slot> slots_;  // (layer, expert) -> weights
 };
 
 }  // namespace moed::runtime

@@ -10,7 +10,6 @@
 #include <array>
 #include <atomic>
 #include <bit>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -695,18 +694,13 @@ TEST(RoutingStatsFile, RefusesEveryCorruptedByte) {
 
 // -------------------------------------------------- DeepSeek-V3 at scale
 
-TEST(RoutingStats, DeepSeekShapeMemoryAndConstructionTime) {
-  const auto start = std::chrono::steady_clock::now();
+// The memory bound the header states, at DeepSeek-V3's shape (timing is not
+// asserted: test machines are shared).
+TEST(RoutingStats, DeepSeekShapeMemory) {
   RoutingStats stats(58, 256, 50.0, 4096, 8);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::size_t expected = 58 * 256 + 58 * 256 * 255 / 2 + 57 * 256 * 256 + 58;
   EXPECT_EQ(stats.raw().size(), expected);
   EXPECT_EQ(stats.raw().size(), 5'643'578u);  // x 8 bytes = 45.1 MB, as the header says
-  EXPECT_LT(seconds, 0.5) << "constructing DeepSeek-V3-shaped statistics";
-  RecordProperty("construct_seconds", std::to_string(seconds));
-  std::cout << "[ figure ] DeepSeek-V3-shaped statistics (58 x 256, sample 4096 x top-8) built in "
-            << seconds * 1e3 << " ms\n";
 }
 
 TEST(RoutingStats, ServingPathDoesNotAllocate) {
@@ -731,20 +725,6 @@ TEST(RoutingStats, ServingPathDoesNotAllocate) {
   EXPECT_EQ(g_allocations.load(), before) << "allocations on the serving path";
   EXPECT_EQ(stats.sample_size(), 16u);
 
-  // Throughput figure (not asserted): one top-8 token through all 58 layers.
-  const auto start = std::chrono::steady_clock::now();
-  const int tokens = 2000;
-  for (int t = 0; t < tokens; ++t) {
-    const auto& p = paths[static_cast<std::size_t>(t) % paths.size()];
-    for (int l = 0; l < 58; ++l) {
-      stats.add_choice(l, p[l]);
-      if (l + 1 < 58) stats.add_transition(l, p[l], p[l + 1]);
-    }
-  }
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  RecordProperty("us_per_token_58_layers", std::to_string(us / tokens));
-  std::cout << "[ figure ] add_choice + add_transition, 58 layers top-8: " << us / tokens
-            << " us per token\n";
 }
 
 }  // namespace

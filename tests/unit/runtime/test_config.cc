@@ -44,7 +44,7 @@ TEST(ConfigDefaults, DocumentedValues) {
   EXPECT_DOUBLE_EQ(c.workload.hot_ratio, 2.75);
   EXPECT_EQ(c.experts.chunk_rows, 512);
   EXPECT_EQ(c.cluster.ranks_per_island, 0);
-  EXPECT_EQ(c.comm.backend, "mpi");
+  EXPECT_EQ(c.comm.backend, "auto");
   EXPECT_EQ(c.placement.policy, "contiguous");
   EXPECT_EQ(c.metrics.load_window_steps, 8);
   EXPECT_EQ(c.log.level, "info");
@@ -213,10 +213,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadKeyCase{"ExpertsUnknown", "[experts]\nchunk = 4\n", "unknown key [experts].chunk"},
         BadKeyCase{"ExpertsType", "[experts]\nchunk_rows = \"4\"\n", "[experts].chunk_rows must be an integer"},
         BadKeyCase{"ExpertsRange", "[experts]\nblas_threads = 0\n", "[experts].blas_threads = 0 is out of range"},
-        BadKeyCase{"ClusterUnknown", "[cluster]\nislands = 2\n", "unknown key [cluster].islands"},
+        BadKeyCase{"ClusterUnknown", "[cluster]\nnodes = 2\n", "unknown key [cluster].nodes"},
         BadKeyCase{"ClusterType", "[cluster]\nranks_per_island = [2]\n", "[cluster].ranks_per_island must be an integer"},
         BadKeyCase{"ClusterRange", "[cluster]\nranks_per_island = -1\n", "[cluster].ranks_per_island = -1 is out of range"},
-        BadKeyCase{"CommUnknown", "[comm]\nhierarchical = true\n", "unknown key [comm].hierarchical"},
+        BadKeyCase{"CommUnknown", "[comm]\nprotocol = true\n", "unknown key [comm].protocol"},
         BadKeyCase{"CommType", "[comm]\ntimeout_ms = 1.5\n", "[comm].timeout_ms must be an integer"},
         BadKeyCase{"CommRange", "[comm]\ntimeout_ms = 5\n", "[comm].timeout_ms = 5 is out of range"},
         BadKeyCase{"CommChoice", "[comm]\nbackend = \"pigeon\"\n", "[comm].backend = \"pigeon\" is not allowed"},

@@ -1,17 +1,23 @@
 // The pure middle of a layer's data path (runtime/dispatch_plan.h): counts,
-// the dispatch plan and its two rules, the dispatch and combine wire formats,
-// batching by expert, and a whole layer simulated in memory over 1, 3 and
-// more ranks, which must give the same output bits for every placement.
+// routes (flat, and hierarchical through gateways), the chunk rule, the row
+// and combine wire formats, forwarding at a gateway, batching by expert, the
+// answers at gateways and homes, and a whole layer simulated in memory over
+// 1 to 6 ranks in 1 to 3 islands, which must give the same output bits for
+// every placement and either route.
 #include "runtime/dispatch_plan.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -19,14 +25,20 @@
 #include "common/rng.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "placement/placement.h"
+#include "placement/topology.h"
 #include "runtime/router.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::runtime {
 namespace {
 
+using placement::LinkClass;
 using placement::Placement;
+using placement::Topology;
+using test::expect_error;
 using Pairs = std::vector<std::pair<std::uint32_t, float>>;
+
+constexpr std::int64_t kOne = std::int64_t(1) << 32;  // 1.0 in fixed point
 
 Routing make_routing(const std::vector<Pairs>& tokens) {
   Routing r;
@@ -37,13 +49,31 @@ Routing make_routing(const std::vector<Pairs>& tokens) {
   return r;
 }
 
-using test::expect_error;
-
 ExpertCounts counts_of(const std::vector<std::vector<std::uint32_t>>& rows) {
   ExpertCounts c(int(rows.size()), int(rows.front().size()));
   for (std::size_t r = 0; r < rows.size(); ++r)
     std::memcpy(c.data() + r * rows[r].size(), rows[r].data(), rows[r].size() * sizeof(std::uint32_t));
   return c;
+}
+
+// Rows of `tokens` tokens, element i of token t being 100 t + i: each row recognisable.
+std::vector<float> token_rows(std::size_t tokens, int hidden) {
+  std::vector<float> x(tokens * hidden);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(100 * (i / hidden) + i % hidden);
+  return x;
+}
+
+// Views `batches[s]`, packed, as the messages a rank received from rank s.
+struct Received {
+  std::vector<std::byte> buffer;
+  comm::ExchangeLayout layout;
+  ReceivedRows rows;
+};
+void receive(const std::vector<RowBatch>& batches, int hidden, Received& out) {
+  pack_rows(batches, hidden, out.buffer, out.layout);
+  out.layout.recv_bytes = out.layout.send_bytes;
+  out.layout.recv_offsets = out.layout.send_offsets;
+  out.rows = parse_rows(out.buffer.data(), out.layout, hidden);
 }
 
 // ---------------------------------------------------------------- ExpertCounts
@@ -72,6 +102,27 @@ TEST(ExpertCounts, TotalAndBefore) {
   EXPECT_EQ(c.before(1, 3), 4u);
 }
 
+// ---------------------------------------------------------------- RowBatch
+
+TEST(RowBatch, AddStartsARowUnlessTheLastRowIsThatTokens) {
+  const float a[1] = {1}, b[1] = {2};
+  RowBatch batch;
+  batch.add(5, 0, a, 1, .5f, 3);
+  batch.add(5, 0, a, 2, .25f, 3);  // same token: the same row, a second pair
+  batch.add(7, -4, b, 0, 1, 2);
+  batch.add(5, 0, a, 4, .25f, 3);  // token 5 again, but not last: a new row
+  EXPECT_EQ(batch.rows(), 3u);
+  EXPECT_EQ(batch.token, (std::vector<std::uint64_t>{5, 7, 5}));
+  EXPECT_EQ(batch.origin, (std::vector<std::int64_t>{0, -4, 0}));
+  EXPECT_EQ(batch.data, (std::vector<const float*>{a, b, a}));
+  EXPECT_EQ(batch.pair_offsets, (std::vector<std::uint32_t>{0, 2, 3, 4}));
+  EXPECT_EQ(batch.experts, (std::vector<std::uint32_t>{1, 2, 0, 4}));
+  EXPECT_EQ(batch.weights, (std::vector<float>{.5f, .25f, 1, .25f}));
+  EXPECT_EQ(batch.dests, (std::vector<std::uint32_t>{3, 3, 2, 3}));
+  EXPECT_EQ(batch.pairs_of(0), 2u);
+  EXPECT_EQ(batch.pairs_of(2), 1u);
+}
+
 // ---------------------------------------------------------------- plan_dispatch by hand
 
 PlanInput plan_input(const Routing& r, const Placement& p, const ExpertCounts& c, int rank,
@@ -79,29 +130,58 @@ PlanInput plan_input(const Routing& r, const Placement& p, const ExpertCounts& c
   return PlanInput{&r, &p, layer, &c, rank, chunk_rows, step};
 }
 
-void expect_destination(const DispatchPlan::Destination& d, const std::vector<std::uint32_t>& tokens,
-                        const std::vector<std::uint32_t>& pair_offsets,
-                        const std::vector<std::uint32_t>& experts, const std::vector<float>& weights) {
-  EXPECT_EQ(d.tokens, tokens);
-  EXPECT_EQ(d.pair_offsets, pair_offsets);
-  EXPECT_EQ(d.experts, experts);
-  EXPECT_EQ(d.weights, weights);
+// One RowBatch as expected. Rows of local tokens (origin >= 0) must point at their row of `x`.
+struct Want {
+  std::vector<std::uint64_t> token;
+  std::vector<std::int64_t> origin;
+  std::vector<std::uint32_t> pair_offsets;
+  std::vector<std::uint32_t> experts;
+  std::vector<float> weights;
+  std::vector<std::uint32_t> dests;
+};
+
+void expect_batch(const RowBatch& b, const Want& want, const float* x = nullptr, int hidden = 0) {
+  EXPECT_EQ(b.token, want.token);
+  EXPECT_EQ(b.origin, want.origin);
+  EXPECT_EQ(b.pair_offsets, want.pair_offsets);
+  EXPECT_EQ(b.experts, want.experts);
+  EXPECT_EQ(b.weights, want.weights);
+  EXPECT_EQ(b.dests, want.dests);
+  ASSERT_EQ(b.data.size(), b.rows());
+  if (x)
+    for (std::size_t r = 0; r < b.rows(); ++r)
+      if (b.origin[r] >= 0) {
+        EXPECT_EQ(b.data[r], x + b.origin[r] * hidden) << "row " << r;
+      }
+}
+
+void expect_empty(const std::vector<RowBatch>& batches) {
+  for (std::size_t d = 0; d < batches.size(); ++d) EXPECT_EQ(batches[d].rows(), 0u) << "to rank " << d;
 }
 
 TEST(PlanDispatch, TwoExpertsOnOneRankTravelOnce) {
-  // Experts 0, 1 on rank 0; 2, 3 on rank 1.
+  // Experts 0, 1 on rank 0; 2, 3 on rank 1. This rank's tokens are global 40, 41, 42.
   const Placement p = placement::contiguous(2, 1, 4);
-  const Routing r = make_routing({{{0, .6f}, {1, .4f}},    // both on rank 0: one row, two pairs
-                                  {{2, .7f}, {0, .3f}},    // one row to each rank
-                                  {{3, .55f}, {2, .45f}}}); // both on rank 1
+  const Routing r = make_routing({{{0, .6f}, {1, .4f}},      // both on rank 0: one row, two pairs
+                                  {{2, .7f}, {0, .3f}},      // one row to each rank
+                                  {{3, .55f}, {2, .45f}}});  // both on rank 1
   const ExpertCounts c = counts_of({ExpertCounts::local(r, 4), {0, 0, 0, 0}});
-  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c, 0));
-  ASSERT_EQ(plan.to.size(), 2u);
-  expect_destination(plan.to[0], {0, 1}, {0, 2, 3}, {0, 1, 0}, {.6f, .4f, .3f});
-  expect_destination(plan.to[1], {1, 2}, {0, 1, 3}, {2, 3, 2}, {.7f, .55f, .45f});
-  EXPECT_EQ(plan.to[0].pairs_of(0), 2u);
-  EXPECT_EQ(plan.to[0].pairs_of(1), 1u);
-  EXPECT_EQ(plan.to[1].pairs_of(1), 2u);
+  PlanInput in = plan_input(r, p, c, 0);
+  in.first_token = 40;
+  const std::vector<float> x = token_rows(3, 2);
+  const DispatchPlan plan = plan_dispatch(in, x.data(), 2);
+  ASSERT_EQ(plan.hop1.size(), 2u);
+  ASSERT_EQ(plan.hop2.size(), 2u);
+  expect_empty(plan.hop1);  // flat: no gateways
+  expect_batch(plan.hop2[0], {.token = {40, 41}, .origin = {0, 1}, .pair_offsets = {0, 2, 3},
+                              .experts = {0, 1, 0}, .weights = {.6f, .4f, .3f}, .dests = {0, 0, 0}},
+               x.data(), 2);
+  expect_batch(plan.hop2[1], {.token = {41, 42}, .origin = {1, 2}, .pair_offsets = {0, 1, 3},
+                              .experts = {2, 3, 2}, .weights = {.7f, .55f, .45f}, .dests = {1, 1, 1}},
+               x.data(), 2);
+  EXPECT_EQ(plan.hop2[0].pairs_of(0), 2u);
+  EXPECT_EQ(plan.hop2[0].pairs_of(1), 1u);
+  EXPECT_EQ(plan.hop2[1].pairs_of(1), 2u);
 }
 
 TEST(PlanDispatch, ExpertsOnThreeRanksMakeThreeRows) {
@@ -109,11 +189,12 @@ TEST(PlanDispatch, ExpertsOnThreeRanksMakeThreeRows) {
   for (int e = 0; e < 3; ++e) p.set_replicas(0, e, {2 - e});  // expert e on rank 2 - e
   const Routing r = make_routing({{{0, .5f}, {1, .3f}, {2, .2f}}});
   const ExpertCounts c = counts_of({{1, 1, 1}, {0, 0, 0}, {0, 0, 0}});
-  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c, 0));
-  ASSERT_EQ(plan.to.size(), 3u);
-  expect_destination(plan.to[2], {0}, {0, 1}, {0}, {.5f});
-  expect_destination(plan.to[1], {0}, {0, 1}, {1}, {.3f});
-  expect_destination(plan.to[0], {0}, {0, 1}, {2}, {.2f});
+  const std::vector<float> x = token_rows(1, 3);
+  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c, 0), x.data(), 3);
+  ASSERT_EQ(plan.hop2.size(), 3u);
+  expect_batch(plan.hop2[2], {{0}, {0}, {0, 1}, {0}, {.5f}, {2}}, x.data(), 3);
+  expect_batch(plan.hop2[1], {{0}, {0}, {0, 1}, {1}, {.3f}, {1}}, x.data(), 3);
+  expect_batch(plan.hop2[0], {{0}, {0}, {0, 1}, {2}, {.2f}, {0}}, x.data(), 3);
 }
 
 TEST(PlanDispatch, RowsPerDestinationAreInTokenOrder) {
@@ -121,10 +202,14 @@ TEST(PlanDispatch, RowsPerDestinationAreInTokenOrder) {
   const Routing r = make_routing(
       {{{1, 1}}, {{0, 1}}, {{3, .5f}, {2, .5f}}, {{2, 1}}, {{1, .5f}, {3, .5f}}, {}});
   const ExpertCounts c = counts_of({ExpertCounts::local(r, 4), {0, 0, 0, 0}});
-  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c, 0));
-  EXPECT_EQ(plan.to[0].tokens, (std::vector<std::uint32_t>{1, 2, 3}));
-  EXPECT_EQ(plan.to[1].tokens, (std::vector<std::uint32_t>{0, 2, 4}));
-  EXPECT_EQ(plan.to[1].experts, (std::vector<std::uint32_t>{1, 3, 1, 3}));
+  PlanInput in = plan_input(r, p, c, 0);
+  in.first_token = 7;  // global id = 7 + local index
+  const DispatchPlan plan = plan_dispatch(in, token_rows(6, 1).data(), 1);
+  EXPECT_EQ(plan.hop2[0].origin, (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_EQ(plan.hop2[0].token, (std::vector<std::uint64_t>{8, 9, 10}));
+  EXPECT_EQ(plan.hop2[1].origin, (std::vector<std::int64_t>{0, 2, 4}));
+  EXPECT_EQ(plan.hop2[1].token, (std::vector<std::uint64_t>{7, 9, 11}));
+  EXPECT_EQ(plan.hop2[1].experts, (std::vector<std::uint32_t>{1, 3, 1, 3}));
 }
 
 TEST(PlanDispatch, TheLayerSelectsThePlacement) {
@@ -135,9 +220,10 @@ TEST(PlanDispatch, TheLayerSelectsThePlacement) {
   p.set_replicas(1, 1, {1});
   const Routing r = make_routing({{{0, .5f}, {1, .5f}}});
   const ExpertCounts c = counts_of({{1, 1}, {0, 0}});
-  EXPECT_EQ(plan_dispatch(plan_input(r, p, c, 0, 1, 0, 0)).to[0].tokens.size(), 1u);
-  EXPECT_EQ(plan_dispatch(plan_input(r, p, c, 0, 1, 0, 1)).to[1].tokens.size(), 1u);
-  EXPECT_TRUE(plan_dispatch(plan_input(r, p, c, 0, 1, 0, 1)).to[0].tokens.empty());
+  const std::vector<float> x = token_rows(1, 1);
+  EXPECT_EQ(plan_dispatch(plan_input(r, p, c, 0, 1, 0, 0), x.data(), 1).hop2[0].rows(), 1u);
+  EXPECT_EQ(plan_dispatch(plan_input(r, p, c, 0, 1, 0, 1), x.data(), 1).hop2[1].rows(), 1u);
+  EXPECT_EQ(plan_dispatch(plan_input(r, p, c, 0, 1, 0, 1), x.data(), 1).hop2[0].rows(), 0u);
 }
 
 // Expert 0 has two replicas, on ranks 2 (replica 0) and 0 (replica 1); expert 1 is on rank 1.
@@ -150,36 +236,43 @@ class PlanReplicas : public ::testing::Test {
     p.set_replicas(0, 0, {2, 0});
     p.set_replicas(0, 1, {1});
   }
+  DispatchPlan plan_as(const ExpertCounts& counts, int rank, std::uint64_t step) {
+    PlanInput in = plan_input(r, p, counts, rank, 2, step);
+    in.first_token = 100;
+    return plan_dispatch(in, x.data(), 1);
+  }
   Placement p;
   const Routing r = make_routing({{{0, 1}},                // position 3
                                   {{0, .6f}, {1, .4f}},    // position 4
                                   {{1, .7f}, {0, .3f}},    // position 5
                                   {{0, 1}}});              // position 6
   const ExpertCounts c = counts_of({{3, 0}, {4, 2}, {2, 0}});
+  const std::vector<float> x = token_rows(4, 1);
 };
 
 TEST_F(PlanReplicas, ChunkJGoesToReplicaJPlusStepModR) {
   // step 1: chunks 1, 2, 2, 3 -> replicas 0, 1, 1, 0 -> ranks 2, 0, 0, 2.
-  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c, 1, 2, 1));
-  expect_destination(plan.to[2], {0, 3}, {0, 1, 2}, {0, 0}, {1, 1});
-  expect_destination(plan.to[0], {1, 2}, {0, 1, 2}, {0, 0}, {.6f, .3f});
-  expect_destination(plan.to[1], {1, 2}, {0, 1, 2}, {1, 1}, {.4f, .7f});
+  const DispatchPlan plan = plan_as(c, 1, 1);
+  expect_batch(plan.hop2[2], {{100, 103}, {0, 3}, {0, 1, 2}, {0, 0}, {1, 1}, {2, 2}}, x.data(), 1);
+  expect_batch(plan.hop2[0], {{101, 102}, {1, 2}, {0, 1, 2}, {0, 0}, {.6f, .3f}, {0, 0}}, x.data(), 1);
+  expect_batch(plan.hop2[1], {{101, 102}, {1, 2}, {0, 1, 2}, {1, 1}, {.4f, .7f}, {1, 1}}, x.data(), 1);
+  expect_empty(plan.hop1);
 }
 
 TEST_F(PlanReplicas, TheStepRotatesTheReplicas) {
   // step 0: chunks 1, 2, 2, 3 -> replicas 1, 0, 0, 1 -> ranks 0, 2, 2, 0.
-  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c, 1, 2, 0));
-  expect_destination(plan.to[0], {0, 3}, {0, 1, 2}, {0, 0}, {1, 1});
-  expect_destination(plan.to[2], {1, 2}, {0, 1, 2}, {0, 0}, {.6f, .3f});
+  const DispatchPlan plan = plan_as(c, 1, 0);
+  expect_batch(plan.hop2[0], {{100, 103}, {0, 3}, {0, 1, 2}, {0, 0}, {1, 1}, {0, 0}}, x.data(), 1);
+  expect_batch(plan.hop2[2], {{101, 102}, {1, 2}, {0, 1, 2}, {0, 0}, {.6f, .3f}, {2, 2}}, x.data(), 1);
 }
 
 TEST_F(PlanReplicas, PositionsStartAfterTheLowerRanks) {
   // The same routing planned as rank 0 (positions 0..3, chunks 0, 0, 1, 1), step 0:
   // replicas 0, 0, 1, 1 -> ranks 2, 2, 0, 0.
   const ExpertCounts c0 = counts_of({{4, 2}, {3, 0}, {2, 0}});
-  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c0, 0, 2, 0));
-  expect_destination(plan.to[2], {0, 1}, {0, 1, 2}, {0, 0}, {1, .6f});
-  expect_destination(plan.to[0], {2, 3}, {0, 1, 2}, {0, 0}, {.3f, 1});
+  const DispatchPlan plan = plan_as(c0, 0, 0);
+  expect_batch(plan.hop2[2], {{100, 101}, {0, 1}, {0, 1, 2}, {0, 0}, {1, .6f}, {2, 2}}, x.data(), 1);
+  expect_batch(plan.hop2[0], {{102, 103}, {2, 3}, {0, 1, 2}, {0, 0}, {.3f, 1}, {0, 0}}, x.data(), 1);
 }
 
 // With islands, a chunk goes to a replica on the island most of its rows come
@@ -192,12 +285,14 @@ TEST(ChunkReplica, FollowsTheIslandOfMostOfTheChunksRows) {
   p.set_replicas(0, 0, {1, 3});
   p.set_replicas(0, 1, {0});
   const ExpertCounts c = counts_of({{5, 0}, {0, 0}, {3, 0}, {0, 0}});
-  const placement::Topology islands = placement::Topology::blocks(4, 2);
+  const Topology islands = Topology::blocks(4, 2);
   const Routing none;
   for (std::uint64_t step : {0, 1, 5}) {
-    PlanInput in{&none, &p, 0, &c, 0, 4, step, &islands};
-    EXPECT_EQ(p.replicas(0, 0)[chunk_replica(in, 0, 0)], 1) << "step " << step;
-    EXPECT_EQ(p.replicas(0, 0)[chunk_replica(in, 0, 1)], 3) << "step " << step;
+    for (bool hierarchical : {false, true}) {  // the route does not change the chunk rule
+      PlanInput in{&none, &p, 0, &c, 0, 4, step, &islands, hierarchical};
+      EXPECT_EQ(p.replicas(0, 0)[chunk_replica(in, 0, 0)], 1) << "step " << step;
+      EXPECT_EQ(p.replicas(0, 0)[chunk_replica(in, 0, 1)], 3) << "step " << step;
+    }
   }
   // Without a topology the replicas rotate: chunk j -> replica (j + step) mod 2.
   PlanInput flat{&none, &p, 0, &c, 0, 4, 1, nullptr};
@@ -212,7 +307,7 @@ TEST(ChunkReplica, RotatesAmongTheNearReplicasAndFallsBackToAll) {
   p.set_replicas(0, 0, {0, 1, 2});
   const ExpertCounts from_island0 = counts_of({{8}, {0}, {0}, {0}});
   const ExpertCounts from_island1 = counts_of({{0}, {0}, {0}, {8}});
-  const placement::Topology islands = placement::Topology::blocks(4, 2);
+  const Topology islands = Topology::blocks(4, 2);
   const Routing none;
   PlanInput a{&none, &p, 0, &from_island0, 0, 8, 0, &islands};
   EXPECT_EQ(chunk_replica(a, 0, 0), 0u);  // near replicas {0, 1}: (0 + 0) mod 2
@@ -235,7 +330,127 @@ TEST(ReplicaOfChunk, IsChunkPlusStepModReplicas) {
   EXPECT_EQ(replica_of_chunk(4, 7, 2), 1u);
 }
 
-// ---------------------------------------------------------------- dispatch wire format
+// ---------------------------------------------------------------- gateways
+
+// gateway(home, island) is the rank of `island` whose index there is the home's
+// index within its own island, modulo the size of `island`.
+struct GatewayCase {
+  const char* name;
+  std::vector<int> island_of_rank;
+  std::vector<std::vector<int>> gateway;  // [home][island], by hand
+};
+
+class Gateway : public ::testing::TestWithParam<GatewayCase> {};
+
+TEST_P(Gateway, IsTheRankWithTheHomesIndexModuloTheIslandsSize) {
+  const Topology t(GetParam().island_of_rank);
+  ASSERT_EQ(std::size_t(t.ranks()), GetParam().gateway.size());
+  for (int home = 0; home < t.ranks(); ++home) {
+    ASSERT_EQ(std::size_t(t.islands()), GetParam().gateway[home].size());
+    for (int island = 0; island < t.islands(); ++island) {
+      const int g = gateway(t, home, island);
+      EXPECT_EQ(g, GetParam().gateway[home][island]) << "home " << home << " island " << island;
+      EXPECT_EQ(t.island_of(g), island);
+    }
+    EXPECT_EQ(gateway(t, home, t.island_of(home)), home) << "a home is its own island's gateway";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Topologies, Gateway,
+    ::testing::Values(
+        // blocks(8, 2): {0,1} {2,3} {4,5} {6,7}; index = home mod 2 -> rank 2 i + home mod 2.
+        GatewayCase{"Blocks8By2",
+                    {0, 0, 1, 1, 2, 2, 3, 3},
+                    {{0, 2, 4, 6}, {1, 3, 5, 7}, {0, 2, 4, 6}, {1, 3, 5, 7},
+                     {0, 2, 4, 6}, {1, 3, 5, 7}, {0, 2, 4, 6}, {1, 3, 5, 7}}},
+        // blocks(6, 3): {0,1,2} {3,4,5}; index = home mod 3 -> rank 3 i + home mod 3.
+        GatewayCase{"Blocks6By3",
+                    {0, 0, 0, 1, 1, 1},
+                    {{0, 3}, {1, 4}, {2, 5}, {0, 3}, {1, 4}, {2, 5}}},
+        // Uneven {0,1,2} {3,4} {5}: home 2 (index 2) -> island 1 index 2 mod 2 = 0 (rank 3),
+        // island 2 index 2 mod 1 = 0 (rank 5); home 4 (index 1) -> rank 1 of island 0.
+        GatewayCase{"Uneven321",
+                    {0, 0, 0, 1, 1, 2},
+                    {{0, 3, 5}, {1, 4, 5}, {2, 3, 5}, {0, 3, 5}, {1, 4, 5}, {0, 3, 5}}},
+        // Interleaved: island 0 = {1, 3}, island 1 = {0, 2}. Home 2 has index 1 in {0, 2}:
+        // island 0's rank of index 1 is 3.
+        GatewayCase{"Interleaved", {1, 0, 1, 0}, {{1, 0}, {1, 0}, {3, 2}, {3, 2}}}),
+    [](const ::testing::TestParamInfo<GatewayCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------- hierarchical planning by hand
+
+// Islands {0, 1} and {2, 3}; expert e on rank e. Three tokens (global 10, 11, 12):
+//   token 10: experts 2, 3 (two ranks of the remote island) and 1;
+//   token 11: experts 0 and 1, all in the home's island (homes 0 and 1);
+//   token 12: expert 3 only.
+// Hierarchical from home 0: one hop-1 row per (token, remote island), to the
+// gateway (home 0 -> rank 2, home 1 -> rank 3), carrying the remote pairs and
+// their dests; own-island pairs go straight out in hop 2.
+class PlanHierarchical : public ::testing::TestWithParam<int> {
+ protected:
+  PlanHierarchical() : p(4, 1, 4) {
+    for (int e = 0; e < 4; ++e) p.set_replicas(0, e, {e});
+  }
+  DispatchPlan make_plan(const Topology* t, bool hierarchical) const {
+    PlanInput in = plan_input(r, p, c, GetParam());
+    in.topology = t;
+    in.hierarchical = hierarchical;
+    in.first_token = 10;
+    return plan_dispatch(in, x.data(), 2);
+  }
+  Placement p;
+  const Routing r = make_routing({{{2, .5f}, {3, .3f}, {1, .2f}},  // 10
+                                  {{0, .6f}, {1, .4f}},            // 11
+                                  {{3, 1}}});                      // 12
+  const ExpertCounts c = counts_of({{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}});
+  const std::vector<float> x = token_rows(3, 2);
+  const Topology two = Topology::blocks(4, 2);
+};
+
+TEST_P(PlanHierarchical, RemotePairsCrossOnceToTheGateway) {
+  const int home = GetParam(), g = home == 0 ? 2 : 3;
+  ASSERT_EQ(gateway(two, home, 1), g);
+  const DispatchPlan plan = make_plan(&two, true);
+  ASSERT_EQ(plan.hop1.size(), 4u);
+  ASSERT_EQ(plan.hop2.size(), 4u);
+  // Hop 1: token 10 once with both remote pairs, token 12 with its one; token 11 not at all.
+  expect_batch(plan.hop1[g], {.token = {10, 12}, .origin = {0, 2}, .pair_offsets = {0, 2, 3},
+                              .experts = {2, 3, 3}, .weights = {.5f, .3f, 1}, .dests = {2, 3, 3}},
+               x.data(), 2);
+  for (int d = 0; d < 4; ++d)
+    if (d != g) {
+      EXPECT_EQ(plan.hop1[d].rows(), 0u) << "hop 1 to rank " << d;
+    }
+  // Hop 2: only the home island.
+  expect_batch(plan.hop2[0], {{11}, {1}, {0, 1}, {0}, {.6f}, {0}}, x.data(), 2);
+  expect_batch(plan.hop2[1], {{10, 11}, {0, 1}, {0, 1, 2}, {1, 1}, {.2f, .4f}, {1, 1}}, x.data(), 2);
+  EXPECT_EQ(plan.hop2[2].rows(), 0u);
+  EXPECT_EQ(plan.hop2[3].rows(), 0u);
+}
+
+TEST_P(PlanHierarchical, FlatOrOneIslandSendsEverythingDirect) {
+  const Topology one = Topology::blocks(4, 4);
+  const DispatchPlan flat = make_plan(&two, false);
+  for (const DispatchPlan& plan : {flat, make_plan(&one, true), make_plan(nullptr, true)}) {
+    expect_empty(plan.hop1);
+    expect_batch(plan.hop2[0], {{11}, {1}, {0, 1}, {0}, {.6f}, {0}}, x.data(), 2);
+    expect_batch(plan.hop2[1], {{10, 11}, {0, 1}, {0, 1, 2}, {1, 1}, {.2f, .4f}, {1, 1}}, x.data(), 2);
+    expect_batch(plan.hop2[2], {{10}, {0}, {0, 1}, {2}, {.5f}, {2}}, x.data(), 2);
+    expect_batch(plan.hop2[3], {{10, 12}, {0, 2}, {0, 1, 2}, {3, 3}, {.3f, 1}, {3, 3}}, x.data(), 2);
+  }
+  // Flat: token 10 crosses twice (to ranks 2 and 3) and 12 once: 3 cross-island rows;
+  // hierarchical: 2 (one per token that has an expert over there).
+  EXPECT_EQ(flat.hop2[2].rows() + flat.hop2[3].rows(), 3u);
+  EXPECT_EQ(make_plan(&two, true).hop1[gateway(two, GetParam(), 1)].rows(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Homes, PlanHierarchical, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "Home" + std::to_string(info.param);
+                         });
+
+// ---------------------------------------------------------------- row wire format
 
 struct MessageSize {
   std::size_t rows, pairs;
@@ -243,21 +458,22 @@ struct MessageSize {
   std::size_t bytes;
 };
 
-class DispatchMessageBytes : public ::testing::TestWithParam<MessageSize> {};
+class RowMessageBytes : public ::testing::TestWithParam<MessageSize> {};
 
-TEST_P(DispatchMessageBytes, HeaderAndDataEachPaddedTo16) {
+TEST_P(RowMessageBytes, HeaderAndDataEachPaddedTo16) {
   const auto& m = GetParam();
-  EXPECT_EQ(dispatch_message_bytes(m.rows, m.pairs, m.hidden), m.bytes);
+  EXPECT_EQ(row_message_bytes(m.rows, m.pairs, m.hidden), m.bytes);
   EXPECT_EQ(m.bytes % 16, 0u);
 }
 
+// Header: 8 + 12 per row (u64 token, u32 pairs) + 12 per pair (expert, weight, dest).
 INSTANTIATE_TEST_SUITE_P(
-    Sizes, DispatchMessageBytes,
-    ::testing::Values(MessageSize{0, 0, 5, 16},     // 8 -> 16, no data
-                      MessageSize{2, 3, 5, 96},     // 4*(2+2+3) + 4*3 = 40 -> 48; 40 -> 48
-                      MessageSize{1, 1, 4, 48},     // 16 + 4 = 20 -> 32; 16
-                      MessageSize{3, 3, 1, 64},     // 32 + 12 = 44 -> 48; 12 -> 16
-                      MessageSize{1, 2, 8, 64}));   // 20 + 8 = 28 -> 32; 32
+    Sizes, RowMessageBytes,
+    ::testing::Values(MessageSize{0, 0, 5, 16},    // 8 -> 16, no data
+                      MessageSize{2, 3, 5, 128},   // 8 + 24 + 36 = 68 -> 80; 40 -> 48
+                      MessageSize{1, 1, 4, 48},    // 8 + 12 + 12 = 32; 16
+                      MessageSize{3, 3, 1, 96},    // 8 + 36 + 36 = 80; 12 -> 16
+                      MessageSize{1, 2, 8, 80}));  // 8 + 12 + 24 = 44 -> 48; 32
 
 // Token rows with awkward bits: signed zeros, a denormal, NaN and infinity payloads.
 std::vector<float> odd_rows(std::size_t tokens, int hidden, std::uint64_t seed) {
@@ -269,7 +485,64 @@ std::vector<float> odd_rows(std::size_t tokens, int hidden, std::uint64_t seed) 
   return x;
 }
 
-TEST(DispatchWire, PackThenParseGivesThePlanBack) {
+// Packs `batches`, reads them back as if each message had come from the rank it
+// was sent to, and checks every field bit for bit, the layout, alignment and padding.
+void expect_round_trip(const std::vector<RowBatch>& batches, int H) {
+  std::vector<std::byte> buffer(4096, std::byte{0xCD});  // stale bytes that padding must clear
+  comm::ExchangeLayout layout;
+  pack_rows(batches, H, buffer, layout);
+  const std::size_t R = batches.size();
+  std::vector<std::size_t> bytes, offsets;
+  std::size_t total = 0;
+  for (const RowBatch& b : batches) {
+    offsets.push_back(total);
+    bytes.push_back(row_message_bytes(b.rows(), b.experts.size(), H));
+    total += bytes.back();
+  }
+  EXPECT_EQ(layout.send_bytes, bytes);
+  EXPECT_EQ(layout.send_offsets, offsets);
+  EXPECT_EQ(buffer.size(), total);
+
+  layout.recv_bytes = layout.send_bytes;
+  layout.recv_offsets = layout.send_offsets;
+  const ReceivedRows received = parse_rows(buffer.data(), layout, H);
+  ASSERT_EQ(received.from.size(), R);
+  for (std::size_t d = 0; d < R; ++d) {
+    SCOPED_TRACE("message to rank " + std::to_string(d));
+    const auto& src = received.from[d];
+    const RowBatch& b = batches[d];
+    ASSERT_EQ(src.rows, b.rows());
+    ASSERT_EQ(src.pairs, b.experts.size());
+    for (std::uint32_t row = 0; row < src.rows; ++row) {
+      EXPECT_EQ(src.token[row], b.token[row]);
+      EXPECT_EQ(src.pairs_per_row[row], b.pairs_of(row));
+      EXPECT_EQ(src.first_pair[row], b.pair_offsets[row]);
+      EXPECT_EQ(std::memcmp(src.data + std::size_t(row) * H, b.data[row], H * sizeof(float)), 0)
+          << "row " << row;
+    }
+    for (std::uint32_t i = 0; i < src.pairs; ++i) {
+      EXPECT_EQ(src.experts[i], b.experts[i]);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(src.weights[i]), std::bit_cast<std::uint32_t>(b.weights[i]));
+      EXPECT_EQ(src.dests[i], b.dests[i]);
+    }
+    // Every message starts 16-byte aligned in the buffer, the u64 token ids at offset 8.
+    const std::byte* start = buffer.data() + layout.send_offsets[d];
+    EXPECT_EQ(layout.send_offsets[d] % 16, 0u);
+    EXPECT_EQ(reinterpret_cast<const std::byte*>(src.token) - start, 8);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(src.token) % alignof(std::uint64_t), 0u);
+    // The header ends after the dests; zero padding up to the data, at a multiple of 16.
+    const std::size_t meta = 8 + 12 * std::size_t(src.rows) + 12 * std::size_t(src.pairs);
+    EXPECT_EQ(reinterpret_cast<const std::byte*>(src.dests + src.pairs) - start, std::ptrdiff_t(meta));
+    const std::size_t data_at = std::size_t(reinterpret_cast<const std::byte*>(src.data) - start);
+    EXPECT_EQ(data_at, (meta + 15) / 16 * 16);
+    for (std::size_t i = meta; i < data_at; ++i)
+      EXPECT_EQ(start[i], std::byte{0}) << "header padding byte " << i;
+    for (std::size_t i = data_at + std::size_t(src.rows) * H * 4; i < layout.send_bytes[d]; ++i)
+      EXPECT_EQ(start[i], std::byte{0}) << "data padding byte " << i;
+  }
+}
+
+TEST(RowWire, PackThenParseGivesTheHop2PlanBack) {
   const int H = 5;
   const Placement p = placement::contiguous(3, 1, 6);  // experts 0-1, 2-3, 4-5
   const Routing r = make_routing({{{0, .6f}, {1, .4f}},
@@ -278,69 +551,48 @@ TEST(DispatchWire, PackThenParseGivesThePlanBack) {
                                   {{1, .9f}, {3, .1f}}});
   const ExpertCounts c = counts_of({ExpertCounts::local(r, 6), std::vector<std::uint32_t>(6, 0),
                                     std::vector<std::uint32_t>(6, 0)});
-  const DispatchPlan plan = plan_dispatch(plan_input(r, p, c, 0));
+  PlanInput in = plan_input(r, p, c, 0);
+  in.first_token = (std::uint64_t(1) << 40) + 3;  // token ids need all 64 bits
   const std::vector<float> x = odd_rows(4, H, 3);
-
-  std::vector<std::byte> buffer(4096, std::byte{0xCD});  // stale bytes that padding must clear
-  comm::ExchangeLayout layout;
-  pack_dispatch(plan, x.data(), H, buffer, layout);
-
-  // rank 0: 3 rows, 4 pairs; rank 1: 3 rows, 4 pairs; rank 2: none.
-  const std::vector<std::size_t> bytes = {dispatch_message_bytes(3, 4, H),
-                                          dispatch_message_bytes(3, 4, H),
-                                          dispatch_message_bytes(0, 0, H)};
-  EXPECT_EQ(layout.send_bytes, bytes);
-  EXPECT_EQ(layout.send_offsets, (std::vector<std::size_t>{0, bytes[0], bytes[0] + bytes[1]}));
-  EXPECT_EQ(buffer.size(), bytes[0] + bytes[1] + bytes[2]);
-
-  // Read it back as if each message had come from the rank it was sent to.
-  layout.recv_bytes = layout.send_bytes;
-  layout.recv_offsets = layout.send_offsets;
-  const ReceivedRows received = parse_dispatch(buffer.data(), layout, H);
-  ASSERT_EQ(received.from.size(), 3u);
-  for (std::size_t d = 0; d < 3; ++d) {
-    const auto& src = received.from[d];
-    const auto& dest = plan.to[d];
-    ASSERT_EQ(src.rows, dest.tokens.size()) << "rank " << d;
-    ASSERT_EQ(src.pairs, dest.experts.size()) << "rank " << d;
-    for (std::uint32_t row = 0; row < src.rows; ++row) {
-      EXPECT_EQ(src.pairs_per_row[row], dest.pairs_of(row));
-      EXPECT_EQ(src.first_pair[row], dest.pair_offsets[row]);
-      EXPECT_EQ(std::memcmp(src.data + std::size_t(row) * H, x.data() + std::size_t(dest.tokens[row]) * H,
-                            H * sizeof(float)),
-                0)
-          << "rank " << d << " row " << row;
-    }
-    for (std::uint32_t i = 0; i < src.pairs; ++i) {
-      EXPECT_EQ(src.experts[i], dest.experts[i]);
-      EXPECT_EQ(std::bit_cast<std::uint32_t>(src.weights[i]), std::bit_cast<std::uint32_t>(dest.weights[i]));
-    }
-    // Fields aligned, padding zero.
-    const std::byte* start = buffer.data() + layout.send_offsets[d];
-    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(src.data) % 16,
-              reinterpret_cast<std::uintptr_t>(start) % 16);
-    const std::size_t meta = 4 * (2 + src.rows + src.pairs) + 4 * src.pairs;
-    const std::size_t data_at = std::size_t(reinterpret_cast<const std::byte*>(src.data) - start);
-    EXPECT_EQ(data_at, (meta + 15) / 16 * 16);
-    for (std::size_t b = meta; b < data_at; ++b)
-      EXPECT_EQ(start[b], std::byte{0}) << "rank " << d << " header padding byte " << b;
-    for (std::size_t b = data_at + std::size_t(src.rows) * H * 4; b < layout.send_bytes[d]; ++b)
-      EXPECT_EQ(start[b], std::byte{0}) << "rank " << d << " data padding byte " << b;
-  }
+  const DispatchPlan plan = plan_dispatch(in, x.data(), H);
+  // rank 0: 3 rows, 4 pairs; rank 1: 3 rows, 4 pairs; rank 2: none (an empty 16-byte message).
+  ASSERT_EQ(plan.hop2[0].rows(), 3u);
+  ASSERT_EQ(plan.hop2[1].experts.size(), 4u);
+  ASSERT_EQ(plan.hop2[2].rows(), 0u);
+  expect_round_trip(plan.hop2, H);
 }
 
-class DispatchWireErrors : public ::testing::Test {
+TEST(RowWire, PackThenParseGivesTheHop1PlanBack) {
+  // The hop-1 message carries the dests of remote pairs: token 0's pairs go to ranks 2 and 3.
+  const int H = 3;
+  Placement p(4, 1, 4);
+  for (int e = 0; e < 4; ++e) p.set_replicas(0, e, {e});
+  const Routing r = make_routing({{{2, .5f}, {3, .5f}}, {{3, 1}}, {{0, 1}}});
+  const ExpertCounts c = counts_of({{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}});
+  const Topology t = Topology::blocks(4, 2);
+  PlanInput in = plan_input(r, p, c, 0);
+  in.topology = &t;
+  in.hierarchical = true;
+  in.first_token = ~std::uint64_t(0) - 10;
+  const std::vector<float> x = odd_rows(3, H, 8);
+  const DispatchPlan plan = plan_dispatch(in, x.data(), H);
+  ASSERT_EQ(plan.hop1[2].dests, (std::vector<std::uint32_t>{2, 3, 3}));
+  expect_round_trip(plan.hop1, H);
+}
+
+class RowWireErrors : public ::testing::Test {
  protected:
   void SetUp() override {
     const Placement p = placement::contiguous(1, 1, 2);
     r = make_routing({{{0, .5f}, {1, .5f}}, {{1, 1}}});
     c = counts_of({ExpertCounts::local(r, 2)});
-    plan = plan_dispatch(plan_input(r, p, c, 0));
     x.assign(2 * H, 1.0f);
-    pack_dispatch(plan, x.data(), H, buffer, layout);
+    plan = plan_dispatch(plan_input(r, p, c, 0), x.data(), H);
+    pack_rows(plan.hop2, H, buffer, layout);
     layout.recv_bytes = layout.send_bytes;
     layout.recv_offsets = layout.send_offsets;
   }
+  // Words: rows, pairs, token ids (2 words each), pairs per row, experts, weights, dests.
   std::uint32_t* words() { return reinterpret_cast<std::uint32_t*>(buffer.data()); }
 
   static constexpr int H = 4;
@@ -352,31 +604,35 @@ class DispatchWireErrors : public ::testing::Test {
   comm::ExchangeLayout layout;
 };
 
-TEST_F(DispatchWireErrors, SizeThatDisagreesWithTheHeader) {
+TEST_F(RowWireErrors, SizeThatDisagreesWithTheHeader) {
   ASSERT_EQ(words()[0], 2u);  // rows
   ASSERT_EQ(words()[1], 3u);  // pairs
   layout.recv_bytes[0] -= 16;
-  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
-               {"rank 0", "bytes"});
+  expect_error([&] { parse_rows(buffer.data(), layout, H); }, ErrorKind::Internal, {"rank 0", "bytes"});
 }
 
-TEST_F(DispatchWireErrors, TooShortForAHeader) {
+TEST_F(RowWireErrors, TooShortForAHeader) {
   layout.recv_bytes[0] = 4;
-  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
-               {"rank 0", "4 bytes"});
+  expect_error([&] { parse_rows(buffer.data(), layout, H); }, ErrorKind::Internal, {"rank 0", "4 bytes"});
 }
 
-TEST_F(DispatchWireErrors, PairsPerRowThatDisagreeWithTheHeader) {
-  ASSERT_EQ(words()[2], 2u);
-  words()[2] = 1;  // rows now hold 2 pairs, the header says 3
-  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
+TEST_F(RowWireErrors, PairsPerRowThatDisagreeWithTheHeader) {
+  ASSERT_EQ(words()[6], 2u);  // after 2 words of header and 2 u64 token ids
+  words()[6] = 1;             // rows now hold 2 pairs, the header says 3
+  expect_error([&] { parse_rows(buffer.data(), layout, H); }, ErrorKind::Internal,
                {"rank 0", "2 pairs", "3"});
 }
 
-TEST_F(DispatchWireErrors, RowWithoutPairs) {
-  words()[3] = 0;
-  expect_error([&] { parse_dispatch(buffer.data(), layout, H); }, ErrorKind::Internal,
-               {"row 1", "no pair"});
+TEST_F(RowWireErrors, RowWithoutPairs) {
+  ASSERT_EQ(words()[7], 1u);
+  words()[7] = 0;
+  expect_error([&] { parse_rows(buffer.data(), layout, H); }, ErrorKind::Internal, {"row 1", "no pair"});
+}
+
+TEST_F(RowWireErrors, PackRefusesARowWithoutData) {
+  plan.hop2[0].data[1] = nullptr;
+  expect_error([&] { pack_rows(plan.hop2, H, buffer, layout); }, ErrorKind::Internal,
+               {"row 1", "rank 0", "no data"});
 }
 
 // ---------------------------------------------------------------- combine wire format
@@ -398,99 +654,334 @@ INSTANTIATE_TEST_SUITE_P(Sizes, CombineRowBytes,
                                            RowBytes{2, 5, 40}, RowBytes{3, 4, 32}, RowBytes{2, 1, 8},
                                            RowBytes{8, 3, 24}));
 
-// Home rank 0 of two ranks: two rows went to rank 1, token 0 with one pair (expert 2,
-// weight 0.25), token 1 with two pairs.
-DispatchPlan hand_plan() {
-  DispatchPlan plan;
-  plan.to.resize(2);
-  plan.to[1].tokens = {0, 1};
-  plan.to[1].pair_offsets = {0, 1, 3};
-  plan.to[1].experts = {2, 3, 1};
-  plan.to[1].weights = {0.25f, 0.5f, 0.5f};
-  return plan;
+// Home rank 0 of two ranks: two rows went to rank 1, global token 20 (local 0) with one
+// pair (expert 2, weight 0.25), token 21 (local 1) with two pairs.
+std::vector<RowBatch> hand_sent() {
+  static const float row[3] = {0, 0, 0};
+  std::vector<RowBatch> sent(2);
+  sent[1].add(20, 0, row, 2, 0.25f, 1);
+  sent[1].add(21, 1, row, 3, 0.5f, 1);
+  sent[1].add(21, 1, row, 1, 0.5f, 1);
+  return sent;
 }
 
-TEST(CombineWire, MessageBytesByPairCount) {
+TEST(CombineWire, MessageBytesByPairCountOnBothSides) {
   const int H = 3;
-  EXPECT_EQ(combine_message_bytes(hand_plan(), H), (std::vector<std::size_t>{0, 16 + 24}));
+  // An fp32 row (12 bytes, padded to 16) and an int64 row (24).
+  EXPECT_EQ(combine_message_bytes(hand_sent(), H), (std::vector<std::size_t>{0, 16 + 24}));
+  Received at;  // the same rows as rank 1 received them (here indexed by destination)
+  receive(hand_sent(), H, at);
+  EXPECT_EQ(combine_message_bytes(at.rows, H), (std::vector<std::size_t>{0, 16 + 24}));
 }
 
-// The return from rank 1: an fp32 row (3 floats + 4 bytes padding), then an int64 row.
-std::vector<std::byte> hand_return(const float y[3], const std::int64_t partial[3]) {
+// The answers from rank 1: an fp32 row (3 floats + 4 bytes padding), then an int64 row.
+std::vector<std::byte> hand_answers(const float y[3], const std::int64_t partial[3]) {
   std::vector<std::byte> buf(40, std::byte{0xFF});  // padding bytes are garbage on purpose
   std::memcpy(buf.data(), y, 12);
   std::memcpy(buf.data() + 16, partial, 24);
   return buf;
 }
 
-TEST(CombineWire, AccumulateReturnsWeightsAtHomeAndAddsPartials) {
+comm::ExchangeLayout answers_from_rank1(std::size_t bytes) {
+  comm::ExchangeLayout layout;
+  layout.recv_bytes = {0, bytes};
+  layout.recv_offsets = {0, 0};
+  return layout;
+}
+
+TEST(CombineWire, AccumulateAnswersWeightsAtHomeAndAddsPartials) {
   const int H = 3;
-  const DispatchPlan plan = hand_plan();
   const float y[3] = {1.0f, -2.0f, 0x1.8p-31f};
   const std::int64_t partial[3] = {5, -7, std::int64_t(1) << 40};
-  const std::vector<std::byte> recv = hand_return(y, partial);
-  comm::ExchangeLayout layout;
-  layout.recv_bytes = {0, 40};
-  layout.recv_offsets = {0, 0};
+  const std::vector<std::byte> recv = hand_answers(y, partial);
   std::vector<std::int64_t> acc = {1, 2, 3, 4, 5, 6};
-  EXPECT_EQ(accumulate_returns(plan, recv.data(), layout, H, acc.data()), 0u);
-  // Token 0: 0.25 * y * 2^32 = {2^30, -2^31, 0.75 -> rounds to 1}, added to {1, 2, 3}.
+  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(40), H, acc.data(), nullptr), 0u);
+  // Local token 0: 0.25 * y * 2^32 = {2^30, -2^31, 0.75 -> rounds to 1}, added to {1, 2, 3}.
   EXPECT_EQ(acc[0], 1 + (std::int64_t(1) << 30));
   EXPECT_EQ(acc[1], 2 - (std::int64_t(1) << 31));
   EXPECT_EQ(acc[2], 3 + 1);
-  // Token 1: the partial as it came.
+  // Local token 1: the partial as it came.
   EXPECT_EQ(acc[3], 4 + 5);
   EXPECT_EQ(acc[4], 5 - 7);
   EXPECT_EQ(acc[5], 6 + (std::int64_t(1) << 40));
 }
 
-TEST(CombineWire, AccumulateReturnsCountsSaturatedTerms) {
+TEST(CombineWire, AccumulateAnswersCountsSaturatedTerms) {
   const int H = 3;
-  const DispatchPlan plan = hand_plan();
   // 0.25 * 4e10 * 2^32 = 4.3e19 > 2^62: saturates at +-2^62.
   const float y[3] = {4e10f, -4e10f, 1.0f};
   const std::int64_t partial[3] = {0, 0, 0};
-  const std::vector<std::byte> recv = hand_return(y, partial);
-  comm::ExchangeLayout layout;
-  layout.recv_bytes = {0, 40};
-  layout.recv_offsets = {0, 0};
+  const std::vector<std::byte> recv = hand_answers(y, partial);
   std::vector<std::int64_t> acc(6, 0);
-  EXPECT_EQ(accumulate_returns(plan, recv.data(), layout, H, acc.data()), 2u);
+  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(40), H, acc.data(), nullptr), 2u);
   EXPECT_EQ(acc[0], std::int64_t(1) << 62);
   EXPECT_EQ(acc[1], -(std::int64_t(1) << 62));
   EXPECT_EQ(acc[2], std::int64_t(1) << 30);
 }
 
-TEST(CombineWire, AccumulateReturnsRefusesAWrongSize) {
+TEST(CombineWire, AccumulateAnswersRefusesAWrongSize) {
   const int H = 3;
-  const DispatchPlan plan = hand_plan();
   const float y[3] = {0, 0, 0};
   const std::int64_t partial[3] = {0, 0, 0};
-  std::vector<std::byte> recv = hand_return(y, partial);
+  std::vector<std::byte> recv = hand_answers(y, partial);
   recv.resize(64);
-  comm::ExchangeLayout layout;
-  layout.recv_bytes = {0, 48};
-  layout.recv_offsets = {0, 0};
   std::vector<std::int64_t> acc(6, 0);
-  expect_error([&] { accumulate_returns(plan, recv.data(), layout, H, acc.data()); },
-               ErrorKind::Internal, {"rank 1", "48"});
+  expect_error(
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), H, acc.data(), nullptr); },
+      ErrorKind::Internal, {"rank 1", "48"});
+}
+
+// ---------------------------------------------------------------- at a gateway
+
+// Islands {0, 1, 2} and {3, 4}: rank 3 is the gateway of island 1 for homes 0 and 2
+// (index 0 and 2 in their island, modulo 2: index 0 of {3, 4}). Experts 5 and 8 are on
+// rank 3, 6 and 7 on rank 4. Rank 3 receives the hop-1 rows
+//   from home 0: token 10: (expert 5, .75, rank 3), (7, .25, rank 4)         gateway slot 0
+//                token 11: (6, .5, rank 4)                                   slot 1
+//   from home 2: token 30: (8, .5, rank 3), (5, .25, rank 3), (6, .25, rank 4)  slot 2
+// and has one token of its own, global 40, with (5, 1, rank 3).
+class AtTheGateway : public ::testing::Test {
+ protected:
+  static constexpr int H = 3;
+  void SetUp() override {
+    home0.resize(5);
+    home2.resize(5);
+    home0[3].add(10, 0, x0.data(), 5, .75f, 3);
+    home0[3].add(10, 0, x0.data(), 7, .25f, 4);
+    home0[3].add(11, 1, x0.data() + H, 6, .5f, 4);
+    home2[3].add(30, 0, x2.data(), 8, .5f, 3);
+    home2[3].add(30, 0, x2.data(), 5, .25f, 3);
+    home2[3].add(30, 0, x2.data(), 6, .25f, 4);
+    std::vector<RowBatch> at3(5);  // what rank 3 receives in hop 1, by source
+    at3[0] = home0[3];
+    at3[2] = home2[3];
+    receive(at3, H, hop1);
+    plan.hop2.resize(5);
+    plan.hop2[3].add(40, 0, own.data(), 5, 1, 3);
+    plan_forward(hop1.rows, H, plan);
+  }
+
+  // The island's answers to rank 3's hop-2 rows, as ExpertExecutor writes them:
+  //   rank 3 (itself): token 40 fp32 y_own, token 10 fp32 y_a, token 30 int64 partial;
+  //   rank 4:          token 10 fp32 y_b, token 11 fp32 y_c, token 30 fp32 y_d.
+  // Padding bytes are garbage on purpose.
+  void answer_island() {
+    answers.assign(56 + 48, std::byte{0xFF});
+    auto put = [&](std::size_t at, const void* p, std::size_t n) { std::memcpy(answers.data() + at, p, n); };
+    put(0, y_own, 12);
+    put(16, y_a, 12);
+    put(32, partial, 24);  // int64: 2 pairs
+    put(56, y_b, 12);
+    put(72, y_c, 12);
+    put(88, y_d, 12);
+    layout.recv_bytes = {0, 0, 0, 56, 48};
+    layout.recv_offsets = {0, 0, 0, 0, 56};
+  }
+
+  const Topology topology{{0, 0, 0, 1, 1}};
+  const std::vector<float> x0 = token_rows(2, H), x2 = token_rows(1, H), own = token_rows(1, H);
+  std::vector<RowBatch> home0, home2;  // the homes' hop 1
+  Received hop1;
+  DispatchPlan plan;  // rank 3's
+
+  const float y_own[3] = {1, 2, 3};
+  const float y_a[3] = {1, -2, 0.5f};
+  const float y_b[3] = {4, 0.5f, -1};
+  const float y_c[3] = {0x1.8p-30f, -0.0f, -3};
+  const float y_d[3] = {8, -4, 0.25f};
+  const std::int64_t partial[3] = {5, -7, std::int64_t(1) << 40};
+  std::vector<std::byte> answers;
+  comm::ExchangeLayout layout;
+};
+
+TEST_F(AtTheGateway, IsTheGatewayOfBothHomes) {
+  EXPECT_EQ(gateway(topology, 0, 1), 3);
+  EXPECT_EQ(gateway(topology, 2, 1), 3);
+  EXPECT_EQ(gateway(topology, 1, 1), 4);
+}
+
+TEST_F(AtTheGateway, PlanForwardMakesHop2RowsToTheDestsOfEachHop1Row) {
+  const auto& from0 = hop1.rows.from[0];
+  const auto& from2 = hop1.rows.from[2];
+  // To itself: its own row first, then token 10's pair for rank 3 (slot 0, origin -1) and
+  // token 30's two pairs for rank 3 as one row (slot 2, origin -3).
+  expect_batch(plan.hop2[3], {.token = {40, 10, 30},
+                              .origin = {0, -1, -3},
+                              .pair_offsets = {0, 1, 2, 4},
+                              .experts = {5, 5, 8, 5},
+                              .weights = {1, .75f, .5f, .25f},
+                              .dests = {3, 3, 3, 3}});
+  EXPECT_EQ(plan.hop2[3].data, (std::vector<const float*>{own.data(), from0.data, from2.data}));
+  // To rank 4: slots 0, 1 (home 0's rows 0, 1) and 2 (home 2's row 0).
+  expect_batch(plan.hop2[4], {.token = {10, 11, 30},
+                              .origin = {-1, -2, -3},
+                              .pair_offsets = {0, 1, 2, 3},
+                              .experts = {7, 6, 6},
+                              .weights = {.25f, .5f, .25f},
+                              .dests = {4, 4, 4}});
+  EXPECT_EQ(plan.hop2[4].data, (std::vector<const float*>{from0.data, from0.data + H, from2.data}));
+  // The data pointers point into the received message, which holds the homes' rows.
+  EXPECT_EQ(std::memcmp(plan.hop2[4].data[1], x0.data() + H, H * sizeof(float)), 0);
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(plan.hop2[d].rows(), 0u) << "rank " << d;
+  EXPECT_TRUE(plan.hop1.empty());  // forwarding adds to hop 2 only
+}
+
+TEST_F(AtTheGateway, PlanForwardRefusesADestOutsideThePlan) {
+  DispatchPlan small;
+  small.hop2.resize(4);  // rank 4 does not exist here
+  expect_error([&] { plan_forward(hop1.rows, H, small); }, ErrorKind::Internal, {"hop-1 row for rank 4"});
+}
+
+TEST_F(AtTheGateway, PreparesOneSlotPerHop1RowInReceivedOrder) {
+  const GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
+  // Slot 0: 2 pairs, int64 (24); slot 1: 1 pair, fp32 (16); slot 2: 3 pairs, int64 (24).
+  EXPECT_EQ(g.layout.send_bytes, (std::vector<std::size_t>{40, 0, 24, 0, 0}));
+  EXPECT_EQ(g.layout.send_offsets, (std::vector<std::size_t>{0, 40, 40, 64, 64}));
+  EXPECT_EQ(g.slot_offset, (std::vector<std::size_t>{0, 24, 40}));
+  EXPECT_EQ(g.slot_pairs, (std::vector<std::uint32_t>{2, 1, 3}));
+  ASSERT_EQ(g.send.size(), 64u);
+  for (std::byte b : g.send) EXPECT_EQ(b, std::byte{0});  // sums start at 0
+}
+
+TEST_F(AtTheGateway, SumsItsIslandsAnswersExactly) {
+  answer_island();
+  ASSERT_EQ(combine_message_bytes(plan.hop2, H), layout.recv_bytes);
+  GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
+  std::vector<std::int64_t> acc(H, 0);  // rank 3's own token
+  EXPECT_EQ(accumulate_answers(plan.hop2, answers.data(), layout, H, acc.data(), &g), 0u);
+  // The local token's answer goes to acc, weighted at home: 1 * y_own.
+  EXPECT_EQ(acc, (std::vector<std::int64_t>{kOne, 2 * kOne, 3 * kOne}));
+  // Slot 0 (2 pairs, answered in fp32 by ranks 3 and 4), weighted here:
+  //   .75 * {1, -2, .5} * 2^32 = {3 2^30, -12 2^29, 3 2^29}
+  //   .25 * {4, .5, -1} * 2^32 = {4 2^30,      2^29, -2 2^29}
+  std::int64_t slot[3];
+  std::memcpy(slot, g.send.data() + g.slot_offset[0], sizeof slot);
+  EXPECT_EQ(slot[0], 7 * (std::int64_t(1) << 30));
+  EXPECT_EQ(slot[1], -11 * (std::int64_t(1) << 29));
+  EXPECT_EQ(slot[2], std::int64_t(1) << 29);
+  // Slot 1 (a 1-pair hop-1 row): rank 4's fp32 answer, unchanged bits, padding still 0.
+  EXPECT_EQ(std::memcmp(g.send.data() + g.slot_offset[1], y_c, sizeof y_c), 0);
+  for (std::size_t i = 12; i < 16; ++i) EXPECT_EQ(g.send[g.slot_offset[1] + i], std::byte{0});
+  // Slot 2 (3 pairs): rank 3's int64 partial plus rank 4's .25 * {8, -4, .25} * 2^32.
+  std::memcpy(slot, g.send.data() + g.slot_offset[2], sizeof slot);
+  EXPECT_EQ(slot[0], 5 + (std::int64_t(1) << 33));
+  EXPECT_EQ(slot[1], -7 - kOne);
+  EXPECT_EQ(slot[2], (std::int64_t(1) << 40) + (std::int64_t(1) << 28));
+}
+
+TEST_F(AtTheGateway, HomesAddTheGatewaysAnswers) {
+  answer_island();
+  GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
+  std::vector<std::int64_t> acc3(H, 0);
+  accumulate_answers(plan.hop2, answers.data(), layout, H, acc3.data(), &g);
+  // Home 0 receives block 0 of the gateway's hop-1 answers (from rank 3).
+  comm::ExchangeLayout back0;
+  back0.recv_bytes = {0, 0, 0, g.layout.send_bytes[0], 0};
+  back0.recv_offsets = {0, 0, 0, 0, g.layout.send_bytes[0]};
+  EXPECT_EQ(combine_message_bytes(home0, H), back0.recv_bytes);
+  std::vector<std::int64_t> acc0(2 * H, 0);
+  const std::byte* block0 = g.send.data() + g.layout.send_offsets[0];
+  EXPECT_EQ(accumulate_answers(home0, block0, back0, H, acc0.data(), nullptr), 0u);
+  // Token 10: slot 0's sum; token 11: weighted at home, .5 * {1.5 2^-30, -0, -3} * 2^32.
+  EXPECT_EQ(acc0, (std::vector<std::int64_t>{7 * (std::int64_t(1) << 30), -11 * (std::int64_t(1) << 29),
+                                             std::int64_t(1) << 29, 3, 0, -3 * (std::int64_t(1) << 31)}));
+  // Home 2 receives block 2: token 30 gets slot 2's sum.
+  comm::ExchangeLayout back2;
+  back2.recv_bytes = {0, 0, 0, g.layout.send_bytes[2], 0};
+  back2.recv_offsets = {0, 0, 0, 0, g.layout.send_bytes[2]};
+  EXPECT_EQ(combine_message_bytes(home2, H), back2.recv_bytes);
+  std::vector<std::int64_t> acc2(H, 0);
+  const std::byte* block2 = g.send.data() + g.layout.send_offsets[2];
+  EXPECT_EQ(accumulate_answers(home2, block2, back2, H, acc2.data(), nullptr), 0u);
+  EXPECT_EQ(acc2, (std::vector<std::int64_t>{5 + (std::int64_t(1) << 33), -7 - kOne,
+                                             (std::int64_t(1) << 40) + (std::int64_t(1) << 28)}));
+}
+
+TEST_F(AtTheGateway, AnAnswerForASlotNeedsTheGatewaysAnswers) {
+  answer_island();
+  std::vector<std::int64_t> acc(H, 0);
+  expect_error([&] { accumulate_answers(plan.hop2, answers.data(), layout, H, acc.data(), nullptr); },
+               ErrorKind::Internal, {"gateway slot", "forwarded nothing"});
+}
+
+// ---------------------------------------------------------------- batch_by_expert
+
+// Rank 0 holds experts 0 and 1 (expert 2 is on rank 1). Its hop-2 rows come from two
+// senders whose token ids interleave: itself (home of tokens 1, 4, 6) and a gateway
+// forwarding tokens 0 and 5 of other homes. Pairs, with their index in the sender's message:
+//   sender 0: token 1 (e0 p0), token 4 (e0 p1, e1 p2), token 6 (e0 p3)
+//   sender 1: token 0 (e1 p0, e0 p1), token 5 (e0 p2)
+// Expert 0's rows by token id: 0 (s1 r0 p1), 1 (s0 r0 p0), 4 (s0 r1 p1), 5 (s1 r1 p2),
+// 6 (s0 r2 p3); expert 1's: 0 (s1 r0 p0), 4 (s0 r1 p2). Chunks of 2: {2, 2, 1} and {2}.
+TEST(BatchByExpert, SortsEachExpertsRowsByGlobalTokenId) {
+  const int H = 2;
+  const std::vector<float> x = token_rows(7, H);
+  auto row = [&](int t) { return x.data() + t * H; };
+  std::vector<RowBatch> at0(2);
+  at0[0].add(1, 1, row(1), 0, .5f, 0);
+  at0[0].add(4, 4, row(4), 0, .5f, 0);
+  at0[0].add(4, 4, row(4), 1, .5f, 0);
+  at0[0].add(6, 6, row(6), 0, 1, 0);
+  at0[1].add(0, -1, row(0), 1, .5f, 0);
+  at0[1].add(0, -1, row(0), 0, .5f, 0);
+  at0[1].add(5, -2, row(5), 0, 1, 0);
+  Received received;
+  receive(at0, H, received);
+
+  Placement p(2, 1, 3);
+  p.set_replicas(0, 0, {0});
+  p.set_replicas(0, 1, {0});
+  p.set_replicas(0, 2, {1});
+  const ExpertCounts c = counts_of({{3, 1, 0}, {2, 1, 0}});  // 5 rows of expert 0, 2 of expert 1
+  const Routing none;
+  const std::vector<ExpertBatch> batches = batch_by_expert(received.rows, plan_input(none, p, c, 0, 2));
+  ASSERT_EQ(batches.size(), 2u);
+  auto rows_of = [](const ExpertBatch& b) {
+    std::vector<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>> out;
+    for (const auto& r : b.rows) out.emplace_back(r.source, r.row, r.pair);
+    return out;
+  };
+  using Rows = std::vector<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>>;
+  EXPECT_EQ(batches[0].expert, 0);
+  EXPECT_EQ(rows_of(batches[0]), (Rows{{1, 0, 1}, {0, 0, 0}, {0, 1, 1}, {1, 1, 2}, {0, 2, 3}}));
+  EXPECT_EQ(batches[0].chunk_rows, (std::vector<std::uint32_t>{2, 2, 1}));
+  EXPECT_EQ(batches[1].expert, 1);
+  EXPECT_EQ(rows_of(batches[1]), (Rows{{1, 0, 0}, {0, 1, 2}}));
+  EXPECT_EQ(batches[1].chunk_rows, (std::vector<std::uint32_t>{2}));
 }
 
 // ---------------------------------------------------------------- a layer in memory
 
+// One exchange of a layer (hop 1 or hop 2), both ways, on one rank.
+struct Hop {
+  std::vector<std::byte> send, recv, back_send, back_recv;
+  comm::ExchangeLayout out, back;
+  ReceivedRows received;
+};
+
 // One rank's side of one layer.
 struct RankSide {
+  std::size_t start = 0;    // index of its token 0 among the global tokens
   std::uint64_t first = 0;  // global id of its token 0
   std::size_t count = 0;
   Routing routing;
   std::vector<float> x;     // its tokens' rows
   DispatchPlan plan;
-  std::vector<std::byte> send, recv, back_send, back_recv;
-  comm::ExchangeLayout layout, back_layout;
-  ReceivedRows received;
+  Hop hop1, hop2;
   std::vector<ExpertBatch> batches;
-  std::vector<float> out;   // its tokens' outputs
+  GatewayAnswers gateway;
+  std::vector<std::int64_t> acc;
 };
+
+// What went over each link class: rows per hop, bytes each way (empty messages included,
+// as the engine counts them).
+struct Traffic {
+  std::size_t rows[2][placement::kLinkClasses] = {};  // [hop 1, hop 2][link class]
+  std::size_t dispatch_bytes[placement::kLinkClasses] = {};
+  std::size_t combine_bytes[placement::kLinkClasses] = {};
+};
+constexpr int kSameRank = int(LinkClass::SameRank), kSameIsland = int(LinkClass::SameIsland),
+              kCross = int(LinkClass::CrossIsland);
 
 struct LayerRun {
   int ranks;
@@ -498,36 +989,53 @@ struct LayerRun {
   int hidden;
   std::uint64_t chunk_rows, step;
   const Placement* placement;
+  const Topology* topology;
+  bool hierarchical;
   ExpertCounts counts;
   std::vector<RankSide> side;
+  Traffic traffic;
 
+  // As the engine: two hops when hierarchical and there is more than one island.
+  bool two_hops() const { return hierarchical && topology->islands() > 1; }
   PlanInput input(int r) const {
-    return PlanInput{&side[r].routing, placement, layer, &counts, r, chunk_rows, step};
+    return PlanInput{&side[r].routing, placement, layer, &counts, r, chunk_rows, step,
+                     topology, hierarchical, side[r].first};
   }
 };
 
-// An all-to-all-v in memory: block d of rank s's send lands in rank d's receive buffer,
-// blocks in source order. Fills the receive halves of the layouts.
-void all_to_all(std::vector<RankSide>& side, std::vector<std::byte> RankSide::*send,
-                comm::ExchangeLayout RankSide::*layout, std::vector<std::byte> RankSide::*recv) {
-  const std::size_t R = side.size();
+// An all-to-all-v in memory over `hop` (dispatch, or its answers when `back`): block d of
+// rank s's send lands in rank d's receive buffer, blocks in source order. Fills the receive
+// halves of the layouts and counts the bytes by link class.
+void all_to_all(LayerRun& run, Hop RankSide::*hop, bool back) {
+  const std::size_t R = run.side.size();
+  auto send = [&](std::size_t r) -> const std::vector<std::byte>& {
+    return back ? (run.side[r].*hop).back_send : (run.side[r].*hop).send;
+  };
+  auto layout = [&](std::size_t r) -> comm::ExchangeLayout& {
+    return back ? (run.side[r].*hop).back : (run.side[r].*hop).out;
+  };
+  std::size_t* bytes = back ? run.traffic.combine_bytes : run.traffic.dispatch_bytes;
   for (std::size_t d = 0; d < R; ++d) {
-    comm::ExchangeLayout& in = side[d].*layout;
+    comm::ExchangeLayout& in = layout(d);
     in.recv_bytes.assign(R, 0);
-    in.recv_offsets.assign(R, 0);
-    std::size_t at = 0;
     for (std::size_t s = 0; s < R; ++s) {
-      in.recv_offsets[s] = at;
-      in.recv_bytes[s] = (side[s].*layout).send_bytes[d];
-      at += in.recv_bytes[s];
+      in.recv_bytes[s] = layout(s).send_bytes[d];
+      bytes[int(run.topology->link(int(s), int(d)))] += in.recv_bytes[s];
     }
-    (side[d].*recv).assign(at, std::byte{0});
-    for (std::size_t s = 0; s < R; ++s) {
-      const comm::ExchangeLayout& out = side[s].*layout;
-      std::memcpy((side[d].*recv).data() + in.recv_offsets[s], (side[s].*send).data() + out.send_offsets[d],
-                  out.send_bytes[d]);
-    }
+    in.recv_offsets = comm::ExchangeLayout::prefix_offsets(in.recv_bytes);
+    std::vector<std::byte>& recv = back ? (run.side[d].*hop).back_recv : (run.side[d].*hop).recv;
+    recv.assign(in.recv_total(), std::byte{0});
+    for (std::size_t s = 0; s < R; ++s)
+      if (in.recv_bytes[s])
+        std::memcpy(recv.data() + in.recv_offsets[s], send(s).data() + layout(s).send_offsets[d],
+                    in.recv_bytes[s]);
   }
+}
+
+void count_rows(LayerRun& run, std::vector<RowBatch> DispatchPlan::*hop, int which) {
+  for (int s = 0; s < run.ranks; ++s)
+    for (int d = 0; d < run.ranks; ++d)
+      run.traffic.rows[which][int(run.topology->link(s, d))] += (run.side[s].plan.*hop)[d].rows();
 }
 
 // Global tokens: rows and routing. The routing of a token is its own: the same whatever
@@ -553,36 +1061,47 @@ Tokens make_tokens(std::size_t n, int hidden, int experts, int top_k, std::uint6
   return t;
 }
 
-// Splits the global tokens evenly by rank (as the engine does) and runs plan, pack,
-// exchange, parse and batch on every rank.
-LayerRun dispatch_layer(const Tokens& tokens, const Placement& placement, int layer,
-                        std::uint64_t chunk_rows, std::uint64_t step) {
+// Splits the global tokens evenly by rank (as the engine does; global id = step * count +
+// index, as the engine's) and runs plan, [pack, exchange, parse and forward hop 1], pack,
+// exchange, parse and batch hop 2 on every rank.
+LayerRun dispatch_layer(const Tokens& tokens, const Placement& placement, const Topology& topology,
+                        bool hierarchical, int layer, std::uint64_t chunk_rows, std::uint64_t step) {
   const int R = placement.ranks(), H = tokens.hidden, E = tokens.experts;
-  LayerRun run{R, layer, H, chunk_rows, step, &placement, ExpertCounts(R, E), std::vector<RankSide>(R)};
+  EXPECT_EQ(topology.ranks(), R);
+  LayerRun run{R, layer, H, chunk_rows, step, &placement, &topology, hierarchical,
+               ExpertCounts(R, E), std::vector<RankSide>(R), {}};
   for (int r = 0; r < R; ++r) {
     RankSide& s = run.side[r];
-    s.first = tokens.count * r / R;
-    s.count = tokens.count * (r + 1) / R - s.first;
-    s.x.assign(tokens.x.begin() + s.first * H, tokens.x.begin() + (s.first + s.count) * H);
+    s.start = tokens.count * r / R;
+    s.first = step * tokens.count + s.start;
+    s.count = tokens.count * (r + 1) / R - s.start;
+    s.x.assign(tokens.x.begin() + s.start * H, tokens.x.begin() + (s.start + s.count) * H);
     for (std::size_t t = 0; t < s.count; ++t) {
-      auto e = tokens.routing.experts_of(s.first + t);
-      auto w = tokens.routing.weights_of(s.first + t);
+      auto e = tokens.routing.experts_of(s.start + t);
+      auto w = tokens.routing.weights_of(s.start + t);
       for (std::size_t i = 0; i < e.size(); ++i) s.routing.add(e[i], w[i]);
       s.routing.end_token();
     }
     const std::vector<std::uint32_t> mine = ExpertCounts::local(s.routing, E);
     std::memcpy(run.counts.data() + std::size_t(r) * E, mine.data(), E * sizeof(std::uint32_t));
   }
-  for (int r = 0; r < R; ++r) {
-    RankSide& s = run.side[r];
-    s.plan = plan_dispatch(run.input(r));
-    pack_dispatch(s.plan, s.x.data(), H, s.send, s.layout);
+  for (int r = 0; r < R; ++r) run.side[r].plan = plan_dispatch(run.input(r), run.side[r].x.data(), H);
+  if (run.two_hops()) {
+    count_rows(run, &DispatchPlan::hop1, 0);
+    for (RankSide& s : run.side) pack_rows(s.plan.hop1, H, s.hop1.send, s.hop1.out);
+    all_to_all(run, &RankSide::hop1, false);
+    for (RankSide& s : run.side) {
+      s.hop1.received = parse_rows(s.hop1.recv.data(), s.hop1.out, H);
+      plan_forward(s.hop1.received, H, s.plan);
+    }
   }
-  all_to_all(run.side, &RankSide::send, &RankSide::layout, &RankSide::recv);
+  count_rows(run, &DispatchPlan::hop2, 1);
+  for (RankSide& s : run.side) pack_rows(s.plan.hop2, H, s.hop2.send, s.hop2.out);
+  all_to_all(run, &RankSide::hop2, false);
   for (int r = 0; r < R; ++r) {
     RankSide& s = run.side[r];
-    s.received = parse_dispatch(s.recv.data(), s.layout, H);
-    s.batches = batch_by_expert(s.received, run.input(r));
+    s.hop2.received = parse_rows(s.hop2.recv.data(), s.hop2.out, H);
+    s.batches = batch_by_expert(s.hop2.received, run.input(r));
   }
   return run;
 }
@@ -592,20 +1111,20 @@ void fake_expert(int expert, const float* x, int hidden, float* y) {
   for (int i = 0; i < hidden; ++i) y[i] = x[i] * float(expert + 1);
 }
 
-// Writes the combine messages as ExpertExecutor does: one answer per received row, fp32
-// unweighted for a single pair, int64 fixed-point weighted sums otherwise.
+// Writes the hop-2 answers as ExpertExecutor does: one answer per received row, chunk by
+// chunk, fp32 unweighted for a single pair, int64 fixed-point weighted sums otherwise.
 void run_fake_experts(RankSide& s, int H) {
-  s.back_layout.send_bytes = combine_message_bytes(s.received, H);
-  s.back_layout.send_offsets.assign(s.back_layout.send_bytes.size(), 0);
-  for (std::size_t d = 1; d < s.back_layout.send_bytes.size(); ++d)
-    s.back_layout.send_offsets[d] = s.back_layout.send_offsets[d - 1] + s.back_layout.send_bytes[d - 1];
-  s.back_send.assign(s.back_layout.send_offsets.back() + s.back_layout.send_bytes.back(), std::byte{0});
-  std::vector<std::vector<std::size_t>> row_at(s.received.from.size());
-  for (std::size_t src = 0; src < s.received.from.size(); ++src) {
-    std::size_t at = s.back_layout.send_offsets[src];
-    for (std::uint32_t row = 0; row < s.received.from[src].rows; ++row) {
+  const ReceivedRows& received = s.hop2.received;
+  comm::ExchangeLayout& layout = s.hop2.back;
+  layout.send_bytes = combine_message_bytes(received, H);
+  layout.send_offsets = comm::ExchangeLayout::prefix_offsets(layout.send_bytes);
+  s.hop2.back_send.assign(layout.send_total(), std::byte{0});
+  std::vector<std::vector<std::size_t>> row_at(received.from.size());
+  for (std::size_t src = 0; src < received.from.size(); ++src) {
+    std::size_t at = layout.send_offsets[src];
+    for (std::uint32_t row = 0; row < received.from[src].rows; ++row) {
       row_at[src].push_back(at);
-      at += combine_row_bytes(s.received.from[src].pairs_per_row[row], H);
+      at += combine_row_bytes(received.from[src].pairs_per_row[row], H);
     }
   }
   std::vector<float> y(H);
@@ -614,41 +1133,64 @@ void run_fake_experts(RankSide& s, int H) {
     for (std::uint32_t m : b.chunk_rows) {
       for (std::uint32_t i = 0; i < m; ++i) {
         const ExpertBatch::Row& row = b.rows[first + i];
-        const auto& src = s.received.from[row.source];
+        const auto& src = received.from[row.source];
         fake_expert(b.expert, src.data + std::size_t(row.row) * H, H, y.data());
-        std::byte* out = s.back_send.data() + row_at[row.source][row.row];
+        std::byte* out = s.hop2.back_send.data() + row_at[row.source][row.row];
         if (src.pairs_per_row[row.row] == 1)
           std::memcpy(out, y.data(), H * sizeof(float));
         else
-          kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y.data(), src.weights[row.pair], H);
+          kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y.data(), src.weights[row.pair],
+                                      H);
       }
       first += m;
     }
   }
 }
 
-// The whole layer: dispatch, fake experts, combine, residual. Returns the global outputs.
-std::vector<float> run_layer(const Tokens& tokens, const Placement& placement, int layer,
-                             std::uint64_t chunk_rows, std::uint64_t step) {
-  LayerRun run = dispatch_layer(tokens, placement, layer, chunk_rows, step);
+// The whole layer: dispatch, fake experts, hop-2 answers into homes and gateways,
+// [hop-1 answers into homes], residual. Returns the global outputs; `traffic` gets the counts.
+std::vector<float> run_layer(const Tokens& tokens, const Placement& placement, const Topology& topology,
+                             bool hierarchical, int layer, std::uint64_t chunk_rows, std::uint64_t step,
+                             Traffic* traffic = nullptr) {
+  LayerRun run = dispatch_layer(tokens, placement, topology, hierarchical, layer, chunk_rows, step);
   const int H = tokens.hidden;
   for (RankSide& s : run.side) run_fake_experts(s, H);
-  all_to_all(run.side, &RankSide::back_send, &RankSide::back_layout, &RankSide::back_recv);
-  std::vector<float> out(tokens.count * H);
+  all_to_all(run, &RankSide::hop2, true);
   for (RankSide& s : run.side) {
-    // What the home rank expects back agrees with what the experts sent.
-    EXPECT_EQ(s.back_layout.recv_bytes, combine_message_bytes(s.plan, H));
-    std::vector<std::int64_t> acc(s.count * H, 0);
-    EXPECT_EQ(accumulate_returns(s.plan, s.back_recv.data(), s.back_layout, H, acc.data()), 0u);
-    kernels::residual_from_fixed(s.x.data(), acc.data(), s.count * H, out.data() + s.first * H);
+    // What a sender expects back agrees with what the experts sent.
+    EXPECT_EQ(s.hop2.back.recv_bytes, combine_message_bytes(s.plan.hop2, H));
+    if (run.two_hops()) s.gateway = prepare_gateway_answers(s.hop1.received, H);
+    s.acc.assign(s.count * H, 0);
+    EXPECT_EQ(accumulate_answers(s.plan.hop2, s.hop2.back_recv.data(), s.hop2.back, H, s.acc.data(),
+                                 run.two_hops() ? &s.gateway : nullptr),
+              0u);
   }
+  if (run.two_hops()) {
+    for (RankSide& s : run.side) {
+      s.hop1.back_send = s.gateway.send;
+      s.hop1.back = s.gateway.layout;
+    }
+    all_to_all(run, &RankSide::hop1, true);
+    for (RankSide& s : run.side) {
+      EXPECT_EQ(s.hop1.back.recv_bytes, combine_message_bytes(s.plan.hop1, H));
+      EXPECT_EQ(
+          accumulate_answers(s.plan.hop1, s.hop1.back_recv.data(), s.hop1.back, H, s.acc.data(), nullptr),
+          0u);
+    }
+  }
+  std::vector<float> out(tokens.count * H);
+  for (RankSide& s : run.side)
+    kernels::residual_from_fixed(s.x.data(), s.acc.data(), s.count * H, out.data() + s.start * H);
+  if (traffic) *traffic = run.traffic;
   return out;
 }
 
-// The placements the layer is checked under; layer 1 of 2 is the one served.
+// The placements and topologies the layer is checked under; layer 1 of 2 is the one served.
 struct PlacementCase {
   const char* name;
   std::function<Placement()> make;
+  std::vector<int> island_of_rank;
+  Topology topology() const { return Topology(island_of_rank); }
 };
 
 constexpr int kExperts = 6, kLayers = 2, kLayer = 1;
@@ -662,13 +1204,28 @@ Placement everywhere_thrice() {
 }
 
 const std::vector<PlacementCase>& placement_cases() {
+  using placement::add_random_replicas, placement::contiguous, placement::shuffled;
   static const std::vector<PlacementCase> cases = {
-      {"OneRank", [] { return placement::contiguous(1, kLayers, kExperts); }},
-      {"ThreeRanksContiguous", [] { return placement::contiguous(3, kLayers, kExperts); }},
+      {"OneRank", [] { return contiguous(1, kLayers, kExperts); }, {0}},
+      {"ThreeRanksOneIsland", [] { return contiguous(3, kLayers, kExperts); }, {0, 0, 0}},
       {"ThreeRanksShuffledWithReplicas",
-       [] { return placement::add_random_replicas(placement::shuffled(3, kLayers, kExperts, 17), 4, 5); }},
-      {"FiveRanksSomeWithoutExperts", [] { return placement::contiguous(5, kLayers, kExperts); }},
-      {"FourRanksThreeReplicasEach", everywhere_thrice},
+       [] { return add_random_replicas(shuffled(3, kLayers, kExperts, 17), 4, 5); }, {0, 0, 1}},
+      {"FourRanksTwoIslandsContiguous", [] { return contiguous(4, kLayers, kExperts); }, {0, 0, 1, 1}},
+      {"FourRanksTwoIslandsShuffled", [] { return shuffled(4, kLayers, kExperts, 23); }, {0, 0, 1, 1}},
+      {"FourRanksTwoIslandsShuffledWithReplicas",
+       [] { return add_random_replicas(shuffled(4, kLayers, kExperts, 23), 4, 7); }, {0, 0, 1, 1}},
+      {"FourRanksThreeReplicasEach", everywhere_thrice, {0, 0, 1, 1}},
+      // Ranks 3 and 4 hold no expert: island 1 only sends.
+      {"FiveRanksUnevenIslandsSomeWithoutExperts", [] { return contiguous(5, kLayers, kExperts); },
+       {0, 0, 0, 1, 1}},
+      {"SixRanksThreeIslandsContiguous", [] { return contiguous(6, kLayers, kExperts); },
+       {0, 0, 1, 1, 2, 2}},
+      {"SixRanksThreeIslandsShuffled", [] { return shuffled(6, kLayers, kExperts, 29); },
+       {0, 0, 1, 1, 2, 2}},
+      {"SixRanksThreeIslandsShuffledWithReplicas",
+       [] { return add_random_replicas(shuffled(6, kLayers, kExperts, 31), 6, 11); }, {0, 0, 1, 1, 2, 2}},
+      {"SixRanksTwoIslandsOfThreeWithReplicas",
+       [] { return add_random_replicas(shuffled(6, kLayers, kExperts, 37), 5, 13); }, {0, 0, 0, 1, 1, 1}},
   };
   return cases;
 }
@@ -679,52 +1236,135 @@ bool has_replicas(const Placement& p, int layer) {
   return false;
 }
 
-TEST(PlacementCases, ShuffledCaseReallyHasReplicas) {
-  // Otherwise the replica path of the layer tests would not be exercised.
-  EXPECT_TRUE(has_replicas(placement_cases()[2].make(), kLayer));
-  EXPECT_TRUE(has_replicas(placement_cases()[4].make(), kLayer));
-  EXPECT_FALSE(has_replicas(placement_cases()[1].make(), kLayer));
-  for (const auto& c : placement_cases()) EXPECT_NO_THROW(c.make().validate(c.name));
+TEST(PlacementCases, ReplicaCasesReallyHaveReplicas) {
+  // Otherwise the replica paths of the layer tests would not be exercised.
+  for (const auto& c : placement_cases()) {
+    const std::string name = c.name;
+    EXPECT_EQ(has_replicas(c.make(), kLayer), name.find("Replica") != std::string::npos) << name;
+    EXPECT_NO_THROW(c.make().validate(c.name));
+    EXPECT_EQ(c.topology().ranks(), c.make().ranks()) << name;
+  }
 }
 
-class LayerInMemory : public ::testing::TestWithParam<std::size_t> {
+// 37 tokens, top-3 of 6 experts, H = 7 (odd: padded rows), chunks of 3 rows, step 5.
+const Tokens& layer_tokens() {
+  static const Tokens tokens = make_tokens(37, 7, kExperts, 3, 99);
+  return tokens;
+}
+constexpr std::uint64_t kChunk = 3, kStep = 5;
+
+class LayerInMemory : public ::testing::TestWithParam<std::tuple<std::size_t, bool>> {
  protected:
-  const PlacementCase& which() const { return placement_cases()[GetParam()]; }
-  // 37 tokens, top-3 of 6 experts, H = 7 (odd: padded rows), chunks of 3 rows, step 5.
-  const Tokens tokens = make_tokens(37, 7, kExperts, 3, 99);
-  static constexpr std::uint64_t kChunk = 3, kStep = 5;
+  const PlacementCase& which() const { return placement_cases()[std::get<0>(GetParam())]; }
+  bool hierarchical() const { return std::get<1>(GetParam()); }
+  LayerRun dispatch() const {
+    return dispatch_layer(tokens, p, topology, hierarchical(), kLayer, kChunk, kStep);
+  }
+  const Tokens& tokens = layer_tokens();
+  const Placement p = which().make();
+  const Topology topology = which().topology();
 };
 
-std::string case_name(const ::testing::TestParamInfo<std::size_t>& info) {
-  return placement_cases()[info.param].name;
+std::string case_name(const ::testing::TestParamInfo<std::tuple<std::size_t, bool>>& info) {
+  return std::string(placement_cases()[std::get<0>(info.param)].name) +
+         (std::get<1>(info.param) ? "Hierarchical" : "Flat");
 }
 
 TEST_P(LayerInMemory, CombineSizesAgreeOnBothSides) {
-  const Placement p = which().make();
-  LayerRun run = dispatch_layer(tokens, p, kLayer, kChunk, kStep);
+  LayerRun run = dispatch();
+  const int H = tokens.hidden;
   for (int r = 0; r < run.ranks; ++r)
-    for (int s = 0; s < run.ranks; ++s)
-      EXPECT_EQ(combine_message_bytes(run.side[r].received, tokens.hidden)[s],
-                combine_message_bytes(run.side[s].plan, tokens.hidden)[r])
-          << "rank " << r << " answering rank " << s;
+    for (int s = 0; s < run.ranks; ++s) {
+      EXPECT_EQ(combine_message_bytes(run.side[r].hop2.received, H)[s],
+                combine_message_bytes(run.side[s].plan.hop2, H)[r])
+          << "hop 2: rank " << r << " answering rank " << s;
+      if (run.two_hops()) {
+        EXPECT_EQ(combine_message_bytes(run.side[r].hop1.received, H)[s],
+                  combine_message_bytes(run.side[s].plan.hop1, H)[r])
+            << "hop 1: rank " << r << " answering rank " << s;
+      }
+    }
+}
+
+// Where each pair is computed, by the chunk rule: token id -> {(expert, rank)}.
+std::map<std::uint64_t, std::set<std::pair<std::uint32_t, int>>> expected_pairs(const LayerRun& run,
+                                                                                const Tokens& tokens) {
+  std::map<std::uint64_t, std::set<std::pair<std::uint32_t, int>>> want;
+  std::vector<std::uint64_t> position(tokens.experts, 0);
+  const std::uint64_t base = run.step * tokens.count;
+  for (std::size_t t = 0; t < tokens.count; ++t)
+    for (std::uint32_t e : tokens.routing.experts_of(t)) {
+      const std::uint64_t chunk = position[e]++ / run.chunk_rows;
+      const int rank = run.placement->replicas(run.layer, int(e))[chunk_replica(run.input(0), int(e), chunk)];
+      want[base + t].emplace(e, rank);
+    }
+  return want;
 }
 
 TEST_P(LayerInMemory, EveryTokenTravelsOnceToEachRankOfItsExperts) {
-  const Placement p = which().make();
-  LayerRun run = dispatch_layer(tokens, p, kLayer, kChunk, kStep);
+  LayerRun run = dispatch();
+  const auto want = expected_pairs(run, tokens);
+  // What arrived in hop 2, from homes and gateways alike: at most one row per (token, rank).
+  std::map<std::uint64_t, std::set<std::pair<std::uint32_t, int>>> got;
+  std::set<std::pair<std::uint64_t, int>> rows;
   std::size_t pairs = 0;
-  for (const RankSide& s : run.side)
-    for (const auto& d : s.plan.to) {
-      pairs += d.experts.size();
-      for (std::size_t i = 1; i < d.tokens.size(); ++i) EXPECT_LT(d.tokens[i - 1], d.tokens[i]);
-    }
+  for (int d = 0; d < run.ranks; ++d)
+    for (const auto& src : run.side[d].hop2.received.from)
+      for (std::uint32_t r = 0; r < src.rows; ++r) {
+        EXPECT_TRUE(rows.emplace(src.token[r], d).second)
+            << "token " << src.token[r] << " twice at rank " << d;
+        for (std::uint32_t q = src.first_pair[r]; q < src.first_pair[r] + src.pairs_per_row[r]; ++q) {
+          EXPECT_EQ(src.dests[q], std::uint32_t(d));
+          got[src.token[r]].emplace(src.experts[q], d);
+          ++pairs;
+        }
+      }
+  EXPECT_EQ(got, want);
   EXPECT_EQ(pairs, tokens.routing.pairs());
+  // Each home's rows of its own tokens, per destination, are in token order with
+  // token = first + origin.
+  for (const RankSide& s : run.side)
+    for (const auto* hop : {&s.plan.hop1, &s.plan.hop2})
+      for (const RowBatch& b : *hop) {
+        std::int64_t last = -1;
+        for (std::size_t r = 0; r < b.rows(); ++r) {
+          if (b.origin[r] < 0) continue;
+          EXPECT_GT(b.origin[r], last);
+          last = b.origin[r];
+          EXPECT_EQ(b.token[r], s.first + std::uint64_t(b.origin[r]));
+        }
+      }
+}
+
+TEST_P(LayerInMemory, RowsGoOnlyWhereTheRouteSays) {
+  LayerRun run = dispatch();
+  const Topology& t = topology;
+  for (int s = 0; s < run.ranks; ++s) {
+    const DispatchPlan& plan = run.side[s].plan;
+    for (int d = 0; d < run.ranks; ++d) {
+      const bool cross = t.island_of(s) != t.island_of(d);
+      if (!run.two_hops()) {
+        EXPECT_EQ(plan.hop1[d].rows(), 0u) << "flat: no hop 1, rank " << s << " to " << d;
+        continue;
+      }
+      // Hop 1 only to the gateways of remote islands; one row per (token, remote island).
+      if (plan.hop1[d].rows()) {
+        EXPECT_TRUE(cross && d == gateway(t, s, t.island_of(d))) << "hop 1 from " << s << " to " << d;
+      }
+      for (std::size_t r = 1; r < plan.hop1[d].rows(); ++r)
+        EXPECT_LT(plan.hop1[d].token[r - 1], plan.hop1[d].token[r]);
+      // Hop 2 stays inside islands: the home's own rows and the forwarded ones.
+      if (cross) {
+        EXPECT_EQ(plan.hop2[d].rows(), 0u) << "hop 2 across islands, " << s << " to " << d;
+      }
+    }
+  }
 }
 
 TEST_P(LayerInMemory, BatchesFollowTheChunkRule) {
-  const Placement p = which().make();
-  LayerRun run = dispatch_layer(tokens, p, kLayer, kChunk, kStep);
+  LayerRun run = dispatch();
   const int H = tokens.hidden;
+  const std::uint64_t base = kStep * tokens.count;
   bool split = false;  // some expert's rows divided between replicas
   for (int e = 0; e < kExperts; ++e) {
     // Expert e's pairs in global token order, by a plain walk over the global routing.
@@ -739,12 +1379,17 @@ TEST_P(LayerInMemory, BatchesFollowTheChunkRule) {
     EXPECT_EQ(run.counts.total(e), global.size());
     const std::vector<int>& replicas = p.replicas(kLayer, e);
     for (std::size_t k = 0; k < replicas.size(); ++k) {
-      // Chunk j (rows [3j, 3j + 3)) belongs to replica (j + step) mod R.
+      // Chunk j (rows [3j, 3j + 3)) belongs to replica chunk_replica(j) (its rule is
+      // checked by hand above); on one island that is (j + step) mod R.
       std::vector<std::uint64_t> want_tokens;
       std::vector<float> want_weights;
       std::vector<std::uint32_t> want_chunks;
       for (std::size_t j = 0; j * kChunk < global.size(); ++j) {
-        if ((j + kStep) % replicas.size() != k) continue;
+        const std::size_t owner = chunk_replica(run.input(0), e, j);
+        if (topology.islands() == 1) {
+          EXPECT_EQ(owner, (j + kStep) % replicas.size());
+        }
+        if (owner != k) continue;
         const std::size_t end = std::min<std::size_t>(global.size(), (j + 1) * kChunk);
         want_chunks.push_back(std::uint32_t(end - j * kChunk));
         for (std::size_t q = j * kChunk; q < end; ++q) {
@@ -765,9 +1410,8 @@ TEST_P(LayerInMemory, BatchesFollowTheChunkRule) {
       split |= replicas.size() > 1 && !want_tokens.empty() && want_tokens.size() < global.size();
       for (std::size_t i = 0; i < batch->rows.size(); ++i) {
         const auto& row = batch->rows[i];
-        const RankSide& source = run.side[row.source];
-        const auto& src = holder.received.from[row.source];
-        const std::uint64_t token = source.first + source.plan.to[replicas[k]].tokens[row.row];
+        const auto& src = holder.hop2.received.from[row.source];
+        const std::uint64_t token = src.token[row.row] - base;
         EXPECT_EQ(token, want_tokens[i]) << "expert " << e << " replica " << k << " row " << i;
         EXPECT_EQ(src.experts[row.pair], std::uint32_t(e));
         EXPECT_EQ(src.weights[row.pair], want_weights[i]);
@@ -789,21 +1433,27 @@ TEST_P(LayerInMemory, BatchesFollowTheChunkRule) {
 }
 
 TEST_P(LayerInMemory, CountsThatDisagreeWithTheRowsAreAnInternalError) {
-  const Placement p = which().make();
-  LayerRun run = dispatch_layer(tokens, p, kLayer, kChunk, kStep);
-  // Claim more pairs of expert 0 than were sent: two more chunks for each of its replicas,
-  // so that every replica expects more rows than it received.
-  const int e = 0;
-  const int holder = p.replicas(kLayer, e)[0];
-  run.counts.data()[e] += std::uint32_t(2 * kChunk * p.replicas(kLayer, e).size());
-  expect_error([&] { batch_by_expert(run.side[holder].received, run.input(holder)); },
-               ErrorKind::Internal,
-               {"expert " + std::to_string(e), "rank " + std::to_string(holder)});
+  LayerRun run = dispatch();
+  // Claim more pairs of expert 0 than were sent: 2 n more chunks (n replicas) from the last
+  // rank, after every row sent. At least 2 n - 1 of them are whole and from the last rank's
+  // island, so they rotate among the replicas there (among all when none is there): the
+  // holder, one of those, gains at least one whole chunk and loses at most the rows of the
+  // last partial chunk, which are fewer.
+  const int e = 0, last = run.ranks - 1;
+  const std::vector<int>& replicas = p.replicas(kLayer, e);
+  int holder = replicas[0];
+  for (int r : replicas)
+    if (topology.island_of(r) == topology.island_of(last)) {
+      holder = r;
+      break;
+    }
+  run.counts.data()[std::size_t(last) * kExperts + e] += std::uint32_t(2 * kChunk * replicas.size());
+  expect_error([&] { batch_by_expert(run.side[holder].hop2.received, run.input(holder)); },
+               ErrorKind::Internal, {"expert " + std::to_string(e), "rank " + std::to_string(holder)});
 }
 
 TEST_P(LayerInMemory, OutputMatchesAPlainSum) {
-  const Placement p = which().make();
-  const std::vector<float> out = run_layer(tokens, p, kLayer, kChunk, kStep);
+  const std::vector<float> out = run_layer(tokens, p, topology, hierarchical(), kLayer, kChunk, kStep);
   const int H = tokens.hidden;
   for (std::size_t t = 0; t < tokens.count; ++t)
     for (int i = 0; i < H; ++i) {
@@ -816,30 +1466,146 @@ TEST_P(LayerInMemory, OutputMatchesAPlainSum) {
 }
 
 TEST_P(LayerInMemory, OutputBitsEqualTheOneRankRun) {
-  const std::vector<float> one = run_layer(tokens, placement_cases()[0].make(), kLayer, kChunk, kStep);
-  const std::vector<float> here = run_layer(tokens, which().make(), kLayer, kChunk, kStep);
-  ASSERT_EQ(one.size(), here.size());
-  for (std::size_t i = 0; i < one.size(); ++i)
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(one[i]), std::bit_cast<std::uint32_t>(here[i]))
+  const PlacementCase& one = placement_cases()[0];
+  const std::vector<float> reference =
+      run_layer(tokens, one.make(), one.topology(), false, kLayer, kChunk, kStep);
+  const std::vector<float> here = run_layer(tokens, p, topology, hierarchical(), kLayer, kChunk, kStep);
+  ASSERT_EQ(reference.size(), here.size());
+  for (std::size_t i = 0; i < reference.size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(reference[i]), std::bit_cast<std::uint32_t>(here[i]))
         << "token " << i / tokens.hidden << " element " << i % tokens.hidden;
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, LayerInMemory,
-                         ::testing::Range<std::size_t>(0, placement_cases().size()), case_name);
+                         ::testing::Combine(::testing::Range<std::size_t>(0, placement_cases().size()),
+                                            ::testing::Bool()),
+                         case_name);
 
 TEST(LayerInMemoryErrors, ARowForAnExpertTheRankDoesNotHold) {
   // Plan with one placement, batch with another in which expert 0 moved away from rank 0.
   const Tokens tokens = make_tokens(8, 4, 2, 1, 3);
   const Placement p = placement::contiguous(2, 1, 2);  // expert 0 on rank 0, 1 on rank 1
-  LayerRun run = dispatch_layer(tokens, p, 0, 4, 0);
+  const Topology t = Topology::blocks(2, 2);
+  LayerRun run = dispatch_layer(tokens, p, t, false, 0, 4, 0);
   ASSERT_GT(run.counts.total(0), 0u);
   Placement moved(2, 1, 2);
   moved.set_replicas(0, 0, {1});
   moved.set_replicas(0, 1, {0});
   PlanInput in = run.input(0);
   in.placement = &moved;
-  expect_error([&] { batch_by_expert(run.side[0].received, in); }, ErrorKind::Internal,
+  expect_error([&] { batch_by_expert(run.side[0].hop2.received, in); }, ErrorKind::Internal,
                {"rank 0", "expert 0", "does not hold"});
+}
+
+// ---------------------------------------------------------------- traffic by link class
+
+// Flat against hierarchical on the same tokens and placement: the same bits, and one
+// cross-island row per (token, remote island) instead of one per (token, remote rank).
+class LayerTraffic : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(LayerTraffic, HierarchicalCrossesIslandsOncePerTokenAndIsland) {
+  const PlacementCase& c = placement_cases()[GetParam()];
+  const Placement p = c.make();
+  const Topology t = c.topology();
+  const Tokens& tokens = layer_tokens();
+  Traffic flat, hier;
+  const std::vector<float> a = run_layer(tokens, p, t, false, kLayer, kChunk, kStep, &flat);
+  const std::vector<float> b = run_layer(tokens, p, t, true, kLayer, kChunk, kStep, &hier);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+
+  // By hand from the chunk rule: the remote ranks and remote islands of each token.
+  LayerRun run = dispatch_layer(tokens, p, t, false, kLayer, kChunk, kStep);
+  std::size_t remote_ranks = 0, remote_islands = 0;
+  for (const auto& [token, pairs] : expected_pairs(run, tokens)) {
+    const int home = int(std::upper_bound(run.side.begin(), run.side.end(), token,
+                                          [](std::uint64_t id, const RankSide& s) { return id < s.first; }) -
+                         run.side.begin()) - 1;
+    std::set<int> ranks, islands;
+    for (const auto& [e, rank] : pairs)
+      if (t.island_of(rank) != t.island_of(home)) {
+        ranks.insert(rank);
+        islands.insert(t.island_of(rank));
+      }
+    remote_ranks += ranks.size();
+    remote_islands += islands.size();
+  }
+  EXPECT_EQ(flat.rows[1][kCross], remote_ranks);
+  EXPECT_EQ(hier.rows[0][kCross], remote_islands);
+  EXPECT_EQ(hier.rows[1][kCross], 0u);
+  EXPECT_LE(hier.rows[0][kCross], flat.rows[1][kCross]);  // strictly fewer: by hand, below
+  // The answers crossing back are never more bytes either: one per hop-1 row, int64 where
+  // flat had two or more answers of at least 4 H bytes each.
+  EXPECT_LE(hier.combine_bytes[kCross], flat.combine_bytes[kCross]);
+  // Each token reaches the same ranks either way: hop 2 holds the same rows in total.
+  std::size_t flat_rows = 0, hier_rows = 0;
+  for (int l = 0; l < placement::kLinkClasses; ++l) {
+    flat_rows += flat.rows[1][l];
+    hier_rows += hier.rows[1][l];
+  }
+  EXPECT_EQ(flat_rows, hier_rows);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, LayerTraffic, ::testing::Range<std::size_t>(0, placement_cases().size()),
+                         [](const ::testing::TestParamInfo<std::size_t>& info) {
+                           return placement_cases()[info.param].name;
+                         });
+
+// Islands {0, 1} and {2, 3}, expert e on rank e, H = 64 (256-byte rows), two tokens per rank:
+//   home 0: token 0 -> experts 2, 3    token 1 -> 1, 2
+//   home 1: token 2 -> 2, 3            token 3 -> 0
+//   home 2: token 4 -> 0, 1            token 5 -> 3
+//   home 3: token 6 -> 2               token 7 -> 0, 1, 3
+// Flat, rows by link class (one per token and rank): same rank 1 (7 -> 3); same island 4
+// (1 -> 1, 3 -> 0, 5 -> 3, 6 -> 2); across 9 (0 -> 2, 3; 1 -> 2; 2 -> 2, 3; 4 -> 0, 1;
+// 7 -> 0, 1). Hierarchical, hop 1: one row per token and remote island: 0, 1, 2, 4, 7 = 5
+// across, to gateways 2 (home 0), 3 (home 1), 0 (home 2), 1 (home 3); hop 2 then holds the
+// same 14 (token, rank) rows, none across: same rank 1 + 5 at the gateways (0 -> 2, 1 -> 2,
+// 2 -> 3, 4 -> 0, 7 -> 1) = 6, same island 4 + 4 forwarded (0 -> 3, 2 -> 2, 4 -> 1, 7 -> 0) = 8.
+//
+// Bytes across (a message is 16-padded header 8 + 12/row + 12/pair, then 256/row; every
+// rank sends every rank a message, 16 bytes when empty):
+//   flat dispatch: 0 -> 2 holds 2 rows 2 pairs (64 + 512 = 576), the 7 other cross
+//     messages 1 row 1 pair (32 + 256 = 288): 576 + 7 * 288 = 2592.
+//   hierarchical hop 1: 0 -> 2: 2 rows 3 pairs (80 + 512 = 592); 1 -> 3, 2 -> 0, 3 -> 1:
+//     1 row 2 pairs (48 + 256 = 304); 4 empty: 592 + 3 * 304 + 4 * 16 = 1568; hop 2 sends
+//     8 empty messages across: 128. In all 1696.
+//   combine, flat: 9 fp32 answers of 256 = 2304; hierarchical: tokens 0, 2, 4, 7 answered
+//     in int64 (512), token 1 in fp32 (256): 2304 too. Two fp32 answers weigh as much as
+//     one int64 sum: the combine saves bytes only for three or more ranks per island.
+TEST(LayerTraffic, TwoExpertsOnTwoRanksOfARemoteIslandCrossOnce) {
+  const int H = 64;
+  Tokens tokens{8, H, 4, {}, make_routing({{{2, .5f}, {3, .5f}},
+                                           {{1, .75f}, {2, .25f}},
+                                           {{2, .25f}, {3, .75f}},
+                                           {{0, 1}},
+                                           {{0, .5f}, {1, .5f}},
+                                           {{3, 1}},
+                                           {{2, 1}},
+                                           {{0, .5f}, {1, .25f}, {3, .25f}}})};
+  tokens.x = make_tokens(8, H, 4, 1, 5).x;
+  Placement p(4, 1, 4);
+  for (int e = 0; e < 4; ++e) p.set_replicas(0, e, {e});
+  const Topology t = Topology::blocks(4, 2);
+  Traffic flat, hier;
+  const std::vector<float> a = run_layer(tokens, p, t, false, 0, 4, 0, &flat);
+  const std::vector<float> b = run_layer(tokens, p, t, true, 0, 4, 0, &hier);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+
+  EXPECT_EQ(flat.rows[1][kSameRank], 1u);
+  EXPECT_EQ(flat.rows[1][kSameIsland], 4u);
+  EXPECT_EQ(flat.rows[1][kCross], 9u);
+  EXPECT_EQ(flat.rows[0][kCross] + flat.rows[0][kSameIsland] + flat.rows[0][kSameRank], 0u);
+  EXPECT_EQ(hier.rows[0][kCross], 5u);
+  EXPECT_EQ(hier.rows[0][kSameIsland] + hier.rows[0][kSameRank], 0u);
+  EXPECT_EQ(hier.rows[1][kSameRank], 6u);
+  EXPECT_EQ(hier.rows[1][kSameIsland], 8u);
+  EXPECT_EQ(hier.rows[1][kCross], 0u);
+
+  EXPECT_EQ(flat.dispatch_bytes[kCross], 2592u);
+  EXPECT_EQ(hier.dispatch_bytes[kCross], 1696u);
+  EXPECT_EQ(flat.combine_bytes[kCross], 2304u);
+  EXPECT_EQ(hier.combine_bytes[kCross], 2304u);
 }
 
 }  // namespace

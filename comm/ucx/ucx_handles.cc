@@ -1,0 +1,86 @@
+#include "comm/ucx/ucx_handles.h"
+
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+
+namespace moed::comm::ucx {
+
+void throw_ucs(const char* call, ucs_status_t status, std::string_view detail) {
+  if (detail.empty()) MOED_THROW(Runtime, "{}: {}", call, ucs_status_string(status));
+  MOED_THROW(Runtime, "{} ({}): {}", call, detail, ucs_status_string(status));
+}
+
+Context make_context(std::size_t estimated_endpoints) {
+  ucp_config_t* raw_config = nullptr;
+  check_ucs(ucp_config_read(nullptr, nullptr, &raw_config), "ucp_config_read");
+  Config config(raw_config);
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
+                      UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA;
+  params.estimated_num_eps = estimated_endpoints;
+  params.mt_workers_shared = 0;
+  params.name = "moed";
+  ucp_context_h context = nullptr;
+  check_ucs(ucp_init(&params, config.get(), &context), "ucp_init");
+  return Context(context);
+}
+
+Worker make_worker(ucp_context_h context) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  check_ucs(ucp_worker_create(context, &params, &worker), "ucp_worker_create");
+  return Worker(worker);
+}
+
+WorkerAddress::WorkerAddress(ucp_worker_h worker) : worker_(worker) {
+  check_ucs(ucp_worker_get_address(worker, &address_, &length_), "ucp_worker_get_address");
+}
+
+Endpoint::Endpoint(ucp_worker_h worker, std::span<const std::byte> remote_address) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  check_ucs(ucp_ep_create(worker, &params, &ep_), "ucp_ep_create");
+}
+
+Request Endpoint::start_close() {
+  ucp_request_param_t param{};  // no FORCE flag: flush, then close (FORCE needs err mode PEER)
+  return Request(
+      check_request(ucp_ep_close_nbx(std::exchange(ep_, nullptr), &param), "ucp_ep_close_nbx"));
+}
+
+MappedMemory::MappedMemory(ucp_context_h context, std::size_t bytes)
+    : context_(context), bytes_(bytes) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.length = bytes;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  check_ucs(ucp_mem_map(context, &params, &memh_), "ucp_mem_map");
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucs_status_t s = ucp_mem_query(memh_, &attr); s != UCS_OK) {
+    ucp_mem_unmap(context_, memh_);
+    throw_ucs("ucp_mem_query", s);
+  }
+  data_ = static_cast<std::byte*>(attr.address);
+}
+
+PackedRkey::PackedRkey(ucp_context_h context, const MappedMemory& memory) {
+  void* buffer = nullptr;
+  check_ucs(ucp_rkey_pack(context, memory.handle(), &buffer, &length_), "ucp_rkey_pack");
+  buffer_.reset(buffer);
+}
+
+Rkey unpack_rkey(ucp_ep_h ep, std::span<const std::byte> packed) {
+  ucp_rkey_h rkey = nullptr;
+  check_ucs(ucp_ep_rkey_unpack(ep, packed.data(), &rkey), "ucp_ep_rkey_unpack");
+  return Rkey(rkey);
+}
+
+}  // namespace moed::comm::ucx

@@ -1,0 +1,571 @@
+#include "comm/ucx/ucx_transport.h"
+
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "comm/idle_backoff.h"
+#include "comm/mpi/mpi_session.h"
+#include "comm/ucx/ucx_handles.h"
+#include "common/error.h"
+
+namespace moed::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Tag of a message: the exchange's sequence number above the sender's rank.
+constexpr int kRankBits = 24;
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+ucp_tag_t message_tag(std::uint64_t sequence, int sender) {
+  return (sequence << kRankBits) | ucp_tag_t(sender);
+}
+
+// A duplicate of the job's communicator, for the set-up and teardown
+// collectives; freed last, unless MPI is already finalised.
+class DupComm {
+ public:
+  explicit DupComm(MPI_Comm comm) { check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup"); }
+  ~DupComm() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  DupComm(const DupComm&) = delete;
+  DupComm& operator=(const DupComm&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// What the transport and its windows share: the communicator, the UCX
+// context, the worker and the endpoints. Members are declared in creation
+// order, so they are released endpoints first, communicator last.
+class UcxCore {
+ public:
+  UcxCore(MPI_Comm comm, std::chrono::milliseconds timeout);
+  ~UcxCore();
+  UcxCore(const UcxCore&) = delete;
+  UcxCore& operator=(const UcxCore&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  Clock::time_point deadline() const { return Clock::now() + timeout_; }
+  ucp_context_h context() const { return context_.get(); }
+  ucp_worker_h worker() const { return worker_.get(); }
+  ucp_ep_h endpoint(int peer) const { return endpoints_[peer].get(); }
+
+  unsigned progress() { return ucp_worker_progress(worker_.get()); }
+
+  // Progresses the worker until done() holds. Past the deadline, calls
+  // on_expiry, which must throw (the transport is then marked failed).
+  // Yields the core while idle: ranks may share cores.
+  template <class Done, class OnExpiry>
+  void progress_until(Done&& done, Clock::time_point deadline, OnExpiry&& on_expiry) {
+    IdleBackoff backoff;
+    while (!done()) {
+      if (progress() != 0)
+        backoff.reset();
+      else
+        backoff.idle();
+      if (Clock::now() > deadline) {
+        failed_ = true;
+        on_expiry();
+        MOED_THROW(Internal, "deadline callback returned instead of throwing");
+      }
+    }
+  }
+
+  // An MPI barrier during which the worker keeps progressing (a peer may
+  // need this rank's progress to finish its flush or close). False, with a
+  // warning, when the deadline passes.
+  bool progressing_barrier(const char* what);
+
+  // After a failure the teardown stays local: peers may be stuck or gone.
+  void mark_failed() { failed_ = true; }
+  bool failed() const { return failed_ || std::uncaught_exceptions() > 0; }
+
+ private:
+  // Every rank reports whether its part succeeded; throws on all ranks
+  // unless all did, so that no rank goes on to wait for a failed one.
+  void agree(const std::string& local_error, const char* step);
+  void close_endpoints();
+
+  DupComm comm_;
+  int rank_ = 0, size_ = 1;
+  std::chrono::milliseconds timeout_;
+  ucx::Context context_;
+  ucx::Worker worker_;
+  std::vector<ucx::Endpoint> endpoints_;  // none to self: the self block is a memcpy
+  bool failed_ = false;
+};
+
+UcxCore::UcxCore(MPI_Comm comm, std::chrono::milliseconds timeout)
+    : comm_(comm), timeout_(timeout) {
+  MPI_Comm_rank(comm_.get(), &rank_);
+  MPI_Comm_size(comm_.get(), &size_);
+  if (size_ >= (1 << kRankBits))
+    MOED_THROW(Runtime, "UCX transport: {} ranks exceed the {} the message tags can name", size_,
+               1 << kRankBits);
+
+  std::string error;
+  std::optional<ucx::WorkerAddress> address;
+  try {
+    context_ = ucx::make_context(std::size_t(size_));
+    worker_ = ucx::make_worker(context_.get());
+    address.emplace(worker_.get());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "start");
+
+  // All-gather the worker addresses over MPI (lengths first: they may differ).
+  const auto mine = address->bytes();
+  int my_length = int(mine.size());
+  std::vector<int> lengths(size_), offsets(size_, 0);
+  check_mpi(MPI_Allgather(&my_length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_.get()),
+            "MPI_Allgather");
+  for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::vector<std::byte> all(std::size_t(offsets.back() + lengths.back()));
+  check_mpi(MPI_Allgatherv(mine.data(), my_length, MPI_BYTE, all.data(), lengths.data(),
+                           offsets.data(), MPI_BYTE, comm_.get()),
+            "MPI_Allgatherv");
+
+  try {
+    endpoints_.resize(size_);
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_)
+        endpoints_[peer] = ucx::Endpoint(
+            worker_.get(), std::span(all).subspan(offsets[peer], std::size_t(lengths[peer])));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "connect");
+}
+
+void UcxCore::agree(const std::string& local_error, const char* step) {
+  int ok = local_error.empty() ? 1 : 0;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_.get()), "MPI_Allreduce");
+  if (ok) return;
+  failed_ = true;
+  if (!local_error.empty()) MOED_THROW(Runtime, "UCX transport on rank {}: {}", rank_, local_error);
+  MOED_THROW(Runtime, "UCX transport: failed to {} on another rank (see its error)", step);
+}
+
+bool UcxCore::progressing_barrier(const char* what) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(comm_.get(), &request) != MPI_SUCCESS) return false;
+  const auto until = deadline();
+  int done = 0;
+  IdleBackoff backoff;
+  for (;;) {
+    const bool busy = progress() != 0;
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (busy)
+      backoff.reset();
+    else
+      backoff.idle();
+    if (Clock::now() > until) {
+      spdlog::warn("UCX transport: {}: not every rank arrived within {} ms; closing without them",
+                   what, timeout_.count());
+      failed_ = true;
+      return false;
+    }
+  }
+}
+
+void UcxCore::close_endpoints() {
+  std::vector<ucx::Request> closing;
+  for (auto& endpoint : endpoints_)
+    if (endpoint) closing.push_back(endpoint.start_close());
+  const auto all_closed = [&] {
+    for (const auto& request : closing)
+      if (!request.done()) return false;
+    return true;
+  };
+  try {
+    progress_until(all_closed, deadline(), [&] {
+      MOED_THROW(Runtime, "closing UCX endpoints took over {} ms", timeout_.count());
+    });
+  } catch (const Error& e) {
+    spdlog::warn("UCX transport: {}", e.what());
+  }
+}
+
+UcxCore::~UcxCore() {
+  // Graceful teardown, all ranks together: once every rank is here no more
+  // data is in flight; close the endpoints (each close flushes and tells the
+  // peer); and wait again so that no worker is destroyed while a peer still
+  // needs it to finish closing. After a failure, skip the peers.
+  try {
+    if (!failed() && progressing_barrier("teardown")) {
+      close_endpoints();
+      progressing_barrier("teardown after closing endpoints");
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("UCX transport teardown: {}", e.what());
+  }
+}
+
+// The tagged messages of one exchange. Completion callbacks count finished
+// operations. Whatever is still pending when the set is destroyed (after an
+// error) has its receive cancelled and its handle released, so that UCX
+// stops writing into a buffer the caller is about to reuse.
+class MessageSet {
+ public:
+  MessageSet(ucp_worker_h worker, std::size_t capacity) : worker_(worker) {
+    ops_.reserve(capacity);
+  }
+  ~MessageSet() {
+    for (Op& op : ops_) {
+      if (!op.request) continue;
+      if (!op.done && op.is_recv) ucp_request_cancel(worker_, op.request);
+      ucp_request_free(op.request);
+    }
+  }
+  MessageSet(const MessageSet&) = delete;
+  MessageSet& operator=(const MessageSet&) = delete;
+
+  void post_recv(int peer, std::byte* buffer, std::size_t bytes, ucp_tag_t tag) {
+    Op& op = add(peer, true, bytes);
+    ucp_request_param_t param{};
+    // No immediate completion: UCX 1.13 does not fill recv_info.tag_info when
+    // a receive completes at once (a message already there), so the length
+    // would be lost. With this flag the callback reports it, possibly from
+    // within this call.
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv = on_recv;
+    param.user_data = &op;
+    op.request = ucx::check_request(
+        ucp_tag_recv_nbx(worker_, non_null(buffer), bytes, tag, kFullMask, &param),
+        "ucp_tag_recv_nbx", fmt::format("from rank {}", peer));
+  }
+
+  void post_send(ucp_ep_h ep, int peer, const std::byte* buffer, std::size_t bytes, ucp_tag_t tag) {
+    Op& op = add(peer, false, bytes);
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = on_send;
+    param.user_data = &op;
+    op.request = ucx::check_request(ucp_tag_send_nbx(ep, non_null(buffer), bytes, tag, &param),
+                                    "ucp_tag_send_nbx", fmt::format("to rank {}", peer));
+    if (!op.request) complete(op, UCS_OK, bytes);
+  }
+
+  bool all_done() const { return completed_ == ops_.size(); }
+
+  // Ranks whose receive (or send) has not completed.
+  std::vector<int> pending(bool receives) const {
+    std::vector<int> peers;
+    for (const Op& op : ops_)
+      if (!op.done && op.is_recv == receives) peers.push_back(op.peer);
+    return peers;
+  }
+
+  // After all_done(): every operation succeeded and every message had the
+  // length the layout expects.
+  void check(int rank, const std::string& what) const {
+    for (const Op& op : ops_) {
+      if (op.status == UCS_ERR_MESSAGE_TRUNCATED)
+        MOED_THROW(Runtime, "rank {}: {}: rank {} sent more than the {} bytes expected", rank, what,
+                   op.peer, op.expected);
+      if (op.status != UCS_OK)
+        ucx::throw_ucs(op.is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx", op.status,
+                       fmt::format("rank {}: {}: {} rank {}", rank, what,
+                                   op.is_recv ? "from" : "to", op.peer));
+      if (op.is_recv && op.length != op.expected)
+        MOED_THROW(Runtime,
+                   "rank {}: {}: rank {} sent {} bytes, {} expected (the ranks disagree "
+                   "on the exchange layout)",
+                   rank, what, op.peer, op.length, op.expected);
+    }
+  }
+
+ private:
+  struct Op {
+    MessageSet* set;
+    int peer;
+    bool is_recv;
+    std::size_t expected;
+    void* request = nullptr;
+    bool done = false;
+    ucs_status_t status = UCS_OK;
+    std::size_t length = 0;
+  };
+
+  Op& add(int peer, bool is_recv, std::size_t bytes) {
+    // The callbacks hold pointers into ops_: it must never reallocate.
+    MOED_CHECK(ops_.size() < ops_.capacity(), "{} messages posted, room for {}", ops_.size() + 1,
+               ops_.capacity());
+    return ops_.emplace_back(Op{this, peer, is_recv, bytes});
+  }
+
+  // UCX wants a valid address even for a zero-byte message.
+  template <class T>
+  static T* non_null(T* p) {
+    static std::byte dummy;
+    return p ? p : reinterpret_cast<T*>(&dummy);
+  }
+
+  static void complete(Op& op, ucs_status_t status, std::size_t length) {
+    if (op.done) return;
+    op.done = true;
+    op.status = status;
+    op.length = length;
+    ++op.set->completed_;
+  }
+  static void on_send(void*, ucs_status_t status, void* user_data) {
+    Op& op = *static_cast<Op*>(user_data);
+    complete(op, status, op.expected);
+  }
+  static void on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                      void* user_data) {
+    complete(*static_cast<Op*>(user_data), status, info ? info->length : 0);
+  }
+
+  ucp_worker_h worker_;
+  std::vector<Op> ops_;
+  std::size_t completed_ = 0;
+};
+
+// A window in memory allocated and registered by ucp_mem_map. Puts to self
+// are a memcpy; puts to peers go through their unpacked rkeys.
+class UcxWindow final : public RmaWindow {
+ public:
+  UcxWindow(std::shared_ptr<UcxCore> core, std::size_t bytes)
+      : core_(std::move(core)),
+        memory_(core_->context(), std::max<std::size_t>(bytes, 1)),  // UCX refuses length 0
+        bytes_(bytes) {
+    std::memset(memory_.data(), 0, memory_.bytes());
+  }
+  ~UcxWindow() override {
+    // Collective like MPI_Win_free: no rank unmaps its window while a peer may
+    // still be writing into it.
+    try {
+      if (!core_->failed()) {
+        flush("window teardown");
+        core_->progressing_barrier("window teardown");
+      }
+    } catch (const std::exception& e) {
+      spdlog::warn("UCX window teardown: {}", e.what());
+    }
+  }
+
+  const ucx::MappedMemory& memory() const { return memory_; }
+
+  // Called once by create_window with every rank's base address, size and
+  // packed rkey (packed[r] is rank r's).
+  void connect(std::vector<std::uint64_t> bases, std::vector<std::uint64_t> sizes,
+               const std::vector<std::span<const std::byte>>& packed) {
+    remote_base_ = std::move(bases);
+    remote_bytes_ = std::move(sizes);
+    rkeys_.resize(core_->size());
+    for (int peer = 0; peer < core_->size(); ++peer)
+      if (peer != core_->rank())
+        rkeys_[peer] = ucx::unpack_rkey(core_->endpoint(peer), packed[peer]);
+    unflushed_.assign(core_->size(), false);
+  }
+
+  std::byte* local() override { return memory_.data(); }
+  std::size_t bytes() const override { return bytes_; }
+
+  void put(int target, std::size_t offset, const void* src, std::size_t bytes) override {
+    MOED_CHECK(target >= 0 && target < core_->size(), "put to rank {} of {}", target,
+               core_->size());
+    MOED_CHECK(offset <= remote_bytes_[target] && bytes <= remote_bytes_[target] - offset,
+               "put of {} bytes at {} into rank {}'s {}-byte window", bytes, offset, target,
+               remote_bytes_[target]);
+    if (bytes == 0) return;
+    if (target == core_->rank()) {
+      std::memcpy(memory_.data() + offset, src, bytes);
+      return;
+    }
+    ucp_request_param_t param{};
+    // The handle is released at once: flush() waits for completion.
+    ucx::Request request(
+        ucx::check_request(ucp_put_nbx(core_->endpoint(target), src, bytes,
+                                       remote_base_[target] + offset, rkeys_[target].get(), &param),
+                           "ucp_put_nbx", fmt::format("to rank {}", target)));
+    unflushed_[target] = true;
+  }
+
+  void flush(const std::string& what) override {
+    ucp_request_param_t param{};
+    ucx::Request request(
+        ucx::check_request(ucp_worker_flush_nbx(core_->worker(), &param), "ucp_worker_flush_nbx"));
+    core_->progress_until(
+        [&] { return request.done(); }, core_->deadline(),
+        [&] {
+          std::vector<int> targets;
+          for (int r = 0; r < core_->size(); ++r)
+            if (unflushed_[r]) targets.push_back(r);
+          MOED_THROW(
+              Runtime,
+              "rank {}: {}: deadline of {} ms expired; puts to ranks [{}] not confirmed (over "
+              "tcp a target completes puts only while it progresses UCX) ([comm].timeout_ms)",
+              core_->rank(), what, core_->timeout().count(), fmt::join(targets, ", "));
+        });
+    if (ucs_status_t s = request.status(); s != UCS_OK) {
+      core_->mark_failed();
+      ucx::throw_ucs("ucp_worker_flush_nbx", s, fmt::format("rank {}: {}", core_->rank(), what));
+    }
+    unflushed_.assign(core_->size(), false);
+  }
+
+ private:
+  std::shared_ptr<UcxCore> core_;  // outlives the keys and the memory
+  ucx::MappedMemory memory_;
+  std::size_t bytes_;
+  std::vector<std::uint64_t> remote_base_, remote_bytes_;
+  std::vector<ucx::Rkey> rkeys_;  // released before the memory and the endpoints
+  std::vector<bool> unflushed_;   // targets put to since the last flush
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(const CommConfig& config, MPI_Comm comm)
+      : core_(std::make_shared<UcxCore>(comm, std::chrono::milliseconds(config.timeout_ms))) {}
+  ~UcxTransport() override {
+    if (std::uncaught_exceptions() > 0) core_->mark_failed();
+  }
+
+  const char* name() const override { return "ucx"; }
+  int rank() const override { return core_->rank(); }
+  int size() const override { return core_->size(); }
+  void progress() override { core_->progress(); }
+
+  void exchange_sizes(const std::uint64_t* send, std::uint64_t* recv,
+                      const std::string& what) override {
+    ExchangeLayout layout;
+    layout.send_bytes.assign(size(), sizeof(std::uint64_t));
+    layout.recv_bytes = layout.send_bytes;
+    layout.send_offsets = layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.send_bytes);
+    exchange(reinterpret_cast<const std::byte*>(send), layout, reinterpret_cast<std::byte*>(recv),
+             what);
+  }
+
+  void all_gather(const void* send, std::size_t bytes, void* recv,
+                  const std::string& what) override {
+    ExchangeLayout layout;
+    layout.send_bytes.assign(size(), bytes);
+    layout.recv_bytes = layout.send_bytes;
+    layout.send_offsets.assign(size(), 0);  // the same block goes to everyone
+    layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.recv_bytes);
+    exchange(static_cast<const std::byte*>(send), layout, static_cast<std::byte*>(recv), what);
+  }
+
+  void exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv,
+                const std::string& what) override {
+    const int n = size(), me = rank();
+    MOED_CHECK(int(layout.send_bytes.size()) == n && int(layout.recv_bytes.size()) == n &&
+                   int(layout.send_offsets.size()) == n && int(layout.recv_offsets.size()) == n,
+               "{}: layout for {} ranks", what, layout.send_bytes.size());
+    MOED_CHECK(layout.send_bytes[me] == layout.recv_bytes[me], "{}: self block {} vs {}", what,
+               layout.send_bytes[me], layout.recv_bytes[me]);
+    const std::uint64_t sequence = next_sequence_++;
+    try {
+      MessageSet messages(core_->worker(), 2 * std::size_t(n - 1));
+      // Receives first, so that most messages land straight in their buffer.
+      for (int src = 0; src < n; ++src)
+        if (src != me)
+          messages.post_recv(src, recv + layout.recv_offsets[src], layout.recv_bytes[src],
+                             message_tag(sequence, src));
+      for (int dst = 0; dst < n; ++dst)
+        if (dst != me)
+          messages.post_send(core_->endpoint(dst), dst, send + layout.send_offsets[dst],
+                             layout.send_bytes[dst], message_tag(sequence, me));
+      if (layout.send_bytes[me])
+        std::memcpy(recv + layout.recv_offsets[me], send + layout.send_offsets[me],
+                    layout.send_bytes[me]);
+      core_->progress_until([&] { return messages.all_done(); }, core_->deadline(),
+                            [&] { throw_deadline(messages, what); });
+      messages.check(me, what);
+    } catch (...) {
+      core_->mark_failed();
+      throw;
+    }
+  }
+
+  std::unique_ptr<RmaWindow> create_window(std::size_t bytes, const std::string& what) override {
+    auto window = std::make_unique<UcxWindow>(core_, bytes);
+    ucx::PackedRkey packed(core_->context(), window->memory());
+    // Every rank's base address, size and packed-key length ...
+    struct Info {
+      std::uint64_t base, bytes, key_bytes;
+    };
+    const Info mine{reinterpret_cast<std::uintptr_t>(window->local()), bytes,
+                    packed.bytes().size()};
+    std::vector<Info> infos(size());
+    all_gather(&mine, sizeof mine, infos.data(), what + " (window addresses)");
+    // ... then the packed keys themselves.
+    ExchangeLayout layout;
+    layout.send_bytes.assign(size(), packed.bytes().size());
+    layout.send_offsets.assign(size(), 0);
+    for (const Info& info : infos) layout.recv_bytes.push_back(info.key_bytes);
+    layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.recv_bytes);
+    std::vector<std::byte> keys(layout.recv_total());
+    exchange(packed.bytes().data(), layout, keys.data(), what + " (window keys)");
+
+    std::vector<std::uint64_t> bases, sizes;
+    std::vector<std::span<const std::byte>> key_of;
+    for (int r = 0; r < size(); ++r) {
+      bases.push_back(infos[r].base);
+      sizes.push_back(infos[r].bytes);
+      key_of.push_back(
+          std::span<const std::byte>(keys).subspan(layout.recv_offsets[r], layout.recv_bytes[r]));
+    }
+    try {
+      window->connect(std::move(bases), std::move(sizes), key_of);
+    } catch (...) {
+      core_->mark_failed();
+      throw;
+    }
+    return window;
+  }
+
+ private:
+  [[noreturn]] void throw_deadline(const MessageSet& messages, const std::string& what) const {
+    const std::vector<int> from = messages.pending(true), to = messages.pending(false);
+    std::string sends =
+        to.empty() ? "" : fmt::format(", and for sends to ranks [{}]", fmt::join(to, ", "));
+    MOED_THROW(Runtime,
+               "rank {}: {}: deadline of {} ms expired; still waiting for data from ranks [{}]{} "
+               "([comm].timeout_ms)",
+               rank(), what, core_->timeout().count(), fmt::join(from, ", "), sends);
+  }
+
+  std::shared_ptr<UcxCore> core_;  // shared with the windows, which may outlive the transport
+  std::uint64_t next_sequence_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> create_ucx_transport(const CommConfig& config, MPI_Comm comm) {
+  return std::make_unique<UcxTransport>(config, comm);
+}
+
+std::optional<std::string> ucx_unavailable() {
+  try {
+    ucx::Context context = ucx::make_context(1);
+    ucx::Worker worker = ucx::make_worker(context.get());
+    ucx::WorkerAddress address(worker.get());
+    return std::nullopt;
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+}
+
+}  // namespace moed::comm

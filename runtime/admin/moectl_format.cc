@@ -1,0 +1,455 @@
+#include "runtime/admin/moectl_format.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+namespace moed::runtime::admin {
+namespace {
+
+// ---- Command line -----------------------------------------------------------
+
+// Parameters given as positional arguments rather than --options, by command.
+const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& positionals() {
+  static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> table{
+      {"migrate", {{"layer", "LAYER"}, {"expert", "EXPERT"}, {"to", "TO"}}},
+      {"migration", {{"migration_id", "ID"}}},
+  };
+  return table;
+}
+
+std::string option_name(const std::string& param) {
+  std::string out = "--" + param;
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+// One parameter's value as CLI11 fills it, and where it goes in the request.
+struct Holder {
+  const ParamSpec* spec = nullptr;
+  CLI::Option* option = nullptr;
+  std::int64_t integer = 0;
+  std::string text;
+  bool flag = false;
+};
+
+struct SubcommandState {
+  const CommandSpec* spec = nullptr;
+  CLI::App* app = nullptr;
+  std::deque<Holder> holders;  // deque: CLI11 keeps pointers into it
+  bool apply = false;          // reoptimize --apply
+  bool dry_run = false;        // reoptimize --dry-run (the default anyway)
+  CLI::Option* apply_option = nullptr;
+};
+
+void add_param(SubcommandState& state, const ParamSpec& p) {
+  Holder& h = state.holders.emplace_back();
+  h.spec = &p;
+  std::string name = option_name(p.name);
+  if (auto it = positionals().find(state.spec->name); it != positionals().end())
+    for (const auto& [param, shown] : it->second)
+      if (param == p.name) name = shown;
+  switch (p.type) {
+    case ParamType::Bool:
+      h.option = state.app->add_flag(name, h.flag, p.doc);
+      break;
+    case ParamType::Int:
+      h.option = state.app->add_option(name, h.integer, p.doc)->check(CLI::Range(p.min, p.max));
+      break;
+    case ParamType::Path:
+      // Not checked here: the daemon writes the file, and says why it cannot.
+      h.option = state.app->add_option(name, h.text, p.doc)->type_name("PATH");
+      break;
+    case ParamType::Choice:
+      h.option = state.app->add_option(name, h.text, p.doc)->check(CLI::IsMember(p.choices));
+      break;
+  }
+  if (p.required) h.option->required();
+}
+
+json request_of(const SubcommandState& state, const MoectlEnv& env) {
+  json request{{"cmd", state.spec->name}};
+  for (const Holder& h : state.holders) {
+    if (h.option->count() == 0) continue;
+    switch (h.spec->type) {
+      case ParamType::Bool:
+        request[h.spec->name] = h.flag;
+        break;
+      case ParamType::Int:
+        request[h.spec->name] = h.integer;
+        break;
+      case ParamType::Path: {
+        // The daemon's working directory is not ours: send an absolute path.
+        std::filesystem::path path(h.text);
+        if (path.is_relative()) path = std::filesystem::path(env.cwd) / path;
+        request[h.spec->name] = path.lexically_normal().string();
+        break;
+      }
+      case ParamType::Choice:
+        request[h.spec->name] = h.text;
+        break;
+    }
+  }
+  return request;
+}
+
+// ---- Rendering ----------------------------------------------------------------
+
+std::string value_text(const json& v) {
+  if (v.is_null()) return "none";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    return std::abs(d) >= 100 ? fmt::format("{:.1f}", d) : fmt::format("{:.4g}", d);
+  }
+  if (v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); })) {
+    if (v.empty()) return "none";
+    std::string out;
+    for (const auto& e : v) out += (out.empty() ? "" : "; ") + e.get<std::string>();
+    return out;
+  }
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::int64_t int_field(const json& j, const char* key, std::int64_t fallback = -1) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<std::int64_t>() : fallback;
+}
+
+std::string string_field(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+int percent_of(const json& m) {
+  const std::string state = string_field(m, "state");
+  if (state == "committed" || state == "release" || state == "commit" || state == "verify")
+    return 100;
+  const std::int64_t total = int_field(m, "bytes", 0), done = int_field(m, "done_bytes", 0);
+  if (total <= 0) return 0;
+  return static_cast<int>(std::clamp<std::int64_t>(done * 100 / total, 0, 100));
+}
+
+// "layer 1 expert 5, rank 0 -> rank 2", leaving out what the answer lacks
+// (empty without a layer and an expert: a migration of several moves).
+std::string move_text(const json& m) {
+  if (int_field(m, "layer") < 0 || int_field(m, "expert") < 0) return "";
+  std::string out = fmt::format("layer {} expert {}", int_field(m, "layer"), int_field(m, "expert"));
+  const std::int64_t from = int_field(m, "from"), to = int_field(m, "to");
+  if (from >= 0 && to >= 0) out += fmt::format(", rank {} -> rank {}", from, to);
+  else if (to >= 0) out += fmt::format(" to rank {}", to);
+  return out;
+}
+
+std::string format_status(const json& answer) {
+  json shown = answer;
+  if (auto it = shown.find("migration"); it != shown.end()) {
+    if (it->is_object()) *it = progress_line(*it).substr(std::string("migration ").size());
+  }
+  if (auto it = shown.find("tokens_per_s"); it != shown.end() && it->is_number())
+    *it = fmt::format("{:.1f}", it->get<double>());
+  return format_fields(shown, {"rank", "state", "epoch", "step", "tokens_per_s", "alerts",
+                               "migration"});
+}
+
+// Rows: layers; columns: ranks; cells: the experts with a slot there.
+std::string format_placement(const json& answer) {
+  auto slots = answer.find("slots");
+  if (slots == answer.end() || !slots->is_array()) return format_fields(answer);
+  int ranks = static_cast<int>(int_field(answer, "ranks", 0));
+  std::vector<std::vector<std::vector<int>>> cells;  // [layer][rank] -> experts
+  for (const auto& layer : *slots) {
+    if (!layer.is_array()) return format_fields(answer);
+    std::vector<std::vector<int>> row(std::max(ranks, 0));
+    for (std::size_t e = 0; e < layer.size(); ++e) {
+      if (!layer[e].is_array()) return format_fields(answer);
+      for (const auto& r : layer[e]) {
+        if (!r.is_number_integer() || r.get<std::int64_t>() < 0 || r.get<std::int64_t>() > 1 << 20)
+          return format_fields(answer);
+        const int rank = r.get<int>();
+        if (rank >= static_cast<int>(row.size())) row.resize(rank + 1);
+        row[rank].push_back(static_cast<int>(e));
+      }
+    }
+    ranks = std::max(ranks, static_cast<int>(row.size()));
+    cells.push_back(std::move(row));
+  }
+  std::vector<std::vector<std::string>> table;
+  table.push_back({"layer"});
+  for (int r = 0; r < ranks; ++r) table[0].push_back(fmt::format("rank {}", r));
+  for (std::size_t l = 0; l < cells.size(); ++l) {
+    std::vector<std::string> row{std::to_string(l)};
+    cells[l].resize(ranks);
+    for (auto& experts : cells[l]) row.push_back(experts.empty() ? "-" : format_ranges(experts));
+    table.push_back(std::move(row));
+  }
+  std::vector<std::size_t> width(ranks + 1, 0);
+  for (const auto& row : table)
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+
+  std::string out = fmt::format("placement epoch {}: {} ranks, {} layers", int_field(answer, "epoch", 0),
+                                ranks, cells.size());
+  if (auto e = int_field(answer, "experts"); e >= 0) out += fmt::format(", {} experts", e);
+  out += "\n";
+  for (const auto& row : table) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c)
+      line += fmt::format("{:<{}}", row[c], c + 1 < row.size() ? width[c] + 2 : 0);
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string format_reoptimize(const json& answer) {
+  const bool dry_run = answer.value("dry_run", false);
+  const json moves = answer.contains("moves") && answer["moves"].is_array() ? answer["moves"]
+                                                                            : json::array();
+  std::string out = fmt::format("reoptimize{}: {} move{}\n", dry_run ? " (dry run)" : "",
+                                moves.size(), moves.size() == 1 ? "" : "s");
+  if (auto predicted = answer.find("predicted"); predicted != answer.end() && predicted->is_object()) {
+    std::size_t width = 0;
+    for (const auto& [name, v] : predicted->items()) width = std::max(width, name.size());
+    for (const auto& [name, v] : predicted->items()) {
+      if (v.is_object() && v.contains("now") && v.contains("after") && v["now"].is_number() &&
+          v["after"].is_number()) {
+        const double now = v["now"].get<double>(), after = v["after"].get<double>();
+        std::string change = now != 0 ? fmt::format("  ({:+.1f}%)", (after - now) / now * 100) : "";
+        out += fmt::format("  {:<{}}  {} -> {}{}\n", name, width, value_text(v["now"]),
+                           value_text(v["after"]), change);
+      } else {
+        out += fmt::format("  {:<{}}  {}\n", name, width, value_text(v));
+      }
+    }
+  }
+  constexpr std::size_t kShown = 20;
+  for (std::size_t i = 0; i < moves.size() && i < kShown; ++i) {
+    const std::string move = move_text(moves[i]);
+    out += "  move " + (move.empty() ? value_text(moves[i]) : move) + "\n";
+  }
+  if (moves.size() > kShown) out += fmt::format("  ... and {} more moves\n", moves.size() - kShown);
+  if (auto id = migration_id_of(answer)) out += fmt::format("migration {} started\n", *id);
+  return out;
+}
+
+}  // namespace
+
+CommandLine parse_command_line(const std::vector<std::string>& args, const MoectlEnv& env) {
+  CLI::App app{
+      "moectl: controls a running moed through its admin socket.\n"
+      "Exit codes: 0 ok, 1 error from the daemon (or a migration aborted), 2 bad usage, "
+      "3 cannot connect.",
+      "moectl"};
+  app.set_version_flag("--version", "moectl 0.1.0");
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may also follow the command
+  std::string socket, dir;
+  int rank = 0;
+  bool json_output = false;
+  double timeout = 30;
+  auto* socket_opt = app.add_option("--socket", socket, "the admin socket to use")->type_name("PATH");
+  auto* dir_opt = app.add_option("--dir", dir, "the daemons' run dir (default: $MOED_RUN_DIR or /tmp/moed-$UID)")
+                      ->type_name("DIR")
+                      ->excludes(socket_opt);
+  auto* rank_opt = app.add_option("--rank", rank, "the rank whose socket to use (default 0)")
+                       ->check(CLI::NonNegativeNumber)
+                       ->excludes(socket_opt);
+  app.add_flag("--json", json_output, "print the daemon's answers as JSON lines");
+  app.add_option("--timeout", timeout, "seconds to wait for each answer (default 30)")
+      ->check(CLI::PositiveNumber);
+  (void)dir_opt;
+  (void)rank_opt;
+
+  std::deque<SubcommandState> states;
+  for (const CommandSpec& spec : commands()) {
+    SubcommandState& state = states.emplace_back();
+    state.spec = &spec;
+    state.app = app.add_subcommand(spec.name, spec.doc);
+    for (const ParamSpec& p : spec.params) {
+      if (spec.name == "reoptimize" && p.name == "dry_run") continue;  // below, with --apply
+      add_param(state, p);
+    }
+    if (spec.name == "reoptimize") {
+      // Re-optimising moves weights: moectl asks for it explicitly (--apply)
+      // and otherwise only predicts (a dry run).
+      auto* dry = state.app->add_flag("--dry-run", state.dry_run, "only predict the gain and list the moves (the default)");
+      state.apply_option =
+          state.app->add_flag("--apply", state.apply, "migrate to the new placement and follow it to the commit")
+              ->excludes(dry);
+    }
+  }
+
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  CommandLine result;
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream out, err;
+    const int code = app.exit(e, out, err);
+    result.exit_code = code == 0 ? kExitOk : kExitUsage;
+    result.out = out.str();
+    result.err = err.str();
+    return result;
+  }
+
+  Invocation inv;
+  inv.as_json = json_output;
+  inv.timeout_s = timeout;
+  inv.socket = !socket.empty()
+                   ? socket
+                   : socket_path(!dir.empty() ? dir : default_run_dir(env.run_dir.c_str(), env.uid), rank);
+  for (const SubcommandState& state : states) {
+    if (!state.app->parsed()) continue;
+    inv.command = state.spec->name;
+    inv.request = request_of(state, env);
+    if (inv.command == "reoptimize") {
+      inv.request["dry_run"] = !state.apply;
+      inv.follow = state.apply;
+    }
+    if (inv.command == "migrate") inv.follow = true;
+  }
+  result.invocation = std::move(inv);
+  return result;
+}
+
+std::string format_error(const json& answer) {
+  std::string code = "error", message;
+  if (auto it = answer.find("error"); it != answer.end() && it->is_object()) {
+    code = string_field(*it, "code");
+    message = string_field(*it, "message");
+  }
+  if (code.empty()) code = "error";
+  return "moectl: " + code + ": " + message;
+}
+
+std::string format_fields(const json& object, const std::vector<std::string>& first) {
+  if (!object.is_object()) return value_text(object) + "\n";
+  std::vector<std::string> keys;
+  for (const auto& k : first)
+    if (object.contains(k)) keys.push_back(k);
+  for (const auto& [k, v] : object.items())
+    if (k != "id" && k != "ok" && std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  std::size_t width = 0;
+  for (const auto& k : keys) width = std::max(width, k.size());
+  std::string out;
+  for (const auto& k : keys) out += fmt::format("{:<{}}  {}\n", k, width, value_text(object[k]));
+  return out;
+}
+
+std::string format_answer(const std::string& command, const json& answer) {
+  if (!answer.is_object()) return value_text(answer) + "\n";
+  if (command == "status") return format_status(answer);
+  if (command == "metrics") {
+    if (auto it = answer.find("text"); it != answer.end() && it->is_string()) {
+      std::string text = it->get<std::string>();
+      if (!text.empty() && text.back() != '\n') text += '\n';
+      return text;
+    }
+  }
+  if (command == "placement") return format_placement(answer);
+  if (command == "reoptimize") return format_reoptimize(answer);
+  if (command == "migration") {
+    if (auto it = answer.find("migration"); it != answer.end()) {
+      if (it->is_object()) return progress_line(*it) + "\n";
+      if (it->is_null()) return "no migration\n";
+    }
+  }
+  if (command == "migrate") {
+    if (auto id = migration_id_of(answer)) {
+      const json& m = answer["migration"];
+      const std::string move = m.is_object() ? move_text(m) : "";
+      return fmt::format("migration {} started{}\n", *id, move.empty() ? "" : ": " + move);
+    }
+  }
+  if (command == "stats" && answer.contains("dump") && answer["dump"].is_string())
+    return "statistics written to " + answer["dump"].get<std::string>() + "\n";
+  return format_fields(answer);
+}
+
+std::optional<std::int64_t> migration_id_of(const json& answer) {
+  auto it = answer.find("migration");
+  if (it == answer.end()) return std::nullopt;
+  if (it->is_number_integer()) return it->get<std::int64_t>();
+  if (it->is_object()) {
+    const std::int64_t id = int_field(*it, "id");
+    if (id >= 0) return id;
+  }
+  return std::nullopt;
+}
+
+bool migration_finished(const json& migration) {
+  const std::string state = string_field(migration, "state");
+  return state == "committed" || state == "aborted";
+}
+
+bool migration_aborted(const json& migration) { return string_field(migration, "state") == "aborted"; }
+
+std::string progress_line(const json& m) {
+  const std::string state = string_field(m, "state");
+  std::string out = fmt::format("migration {}: {}", int_field(m, "id"), state.empty() ? "?" : state);
+  const std::int64_t total = int_field(m, "bytes", 0), done = int_field(m, "done_bytes", 0);
+  if (state == "transfer" && total > 0) {
+    out += fmt::format(" {}% ({})", percent_of(m), format_byte_pair(done, total));
+  } else if (state == "committed") {
+    std::vector<std::string> parts;
+    if (std::string move = move_text(m); !move.empty()) parts.push_back(move);
+    if (const std::int64_t moves = int_field(m, "moves"); moves >= 0)
+      parts.push_back(fmt::format("{} move{}", moves, moves == 1 ? "" : "s"));
+    if (total > 0) {
+      const std::string pair = format_byte_pair(total, total);  // "34.6 of 34.6 MB"
+      parts.push_back(pair.substr(pair.find(" of ") + 4) + " moved");
+    }
+    for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? "; " : " (") + parts[i];
+    if (!parts.empty()) out += ")";
+  } else if (state == "aborted") {
+    const std::string error = string_field(m, "error");
+    out += error.empty() ? " (before commit; serving goes on with the old placement)" : ": " + error;
+  }
+  return out;
+}
+
+std::string progress_bar(const json& m, int width) {
+  width = std::max(width, 1);
+  const int percent = percent_of(m);
+  const int filled = percent * width / 100;
+  const std::string state = string_field(m, "state");
+  std::string out = fmt::format("migration {} [{}{}] {:>3}% {}", int_field(m, "id"),
+                                std::string(filled, '#'), std::string(width - filled, '.'), percent,
+                                state.empty() ? "?" : state);
+  const std::int64_t total = int_field(m, "bytes", 0), done = int_field(m, "done_bytes", 0);
+  if (total > 0) out += " " + format_byte_pair(std::max<std::int64_t>(done, 0), total);
+  return out;
+}
+
+std::string format_byte_pair(std::uint64_t done, std::uint64_t total) {
+  struct Unit {
+    double scale;
+    const char* name;
+  };
+  static constexpr Unit units[] = {{1e9, "GB"}, {1e6, "MB"}, {1e3, "kB"}};
+  for (const Unit& u : units)
+    if (static_cast<double>(total) >= u.scale)
+      return fmt::format("{:.1f} of {:.1f} {}", done / u.scale, total / u.scale, u.name);
+  return fmt::format("{} of {} B", done, total);
+}
+
+std::string format_ranges(std::vector<int> values) {
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  std::string out;
+  for (std::size_t i = 0; i < values.size();) {
+    std::size_t j = i;
+    while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += j == i ? std::to_string(values[i]) : fmt::format("{}-{}", values[i], values[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace moed::runtime::admin

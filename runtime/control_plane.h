@@ -1,0 +1,115 @@
+// The control plane: decisions taken at step boundaries, in the same order on
+// every rank.
+//
+// Rank 0, the coordinator, queues the admin socket's control requests
+// (reoptimize, migrate, stats, drain, shutdown) and, at each boundary, turns
+// them and the progress of the running migration into a list of actions. The
+// list is broadcast; every rank applies it in order (the collective ones, a
+// statistics gather or an RMA window, together). A migration's ranks then
+// report to rank 0, which decides the next stage at the next boundary. So
+// nothing a client does reaches the step loop between boundaries, and a slow
+// decision (the optimiser) runs on a thread of rank 0's own while steps go on.
+//
+// Every rank also publishes a snapshot (status, metrics, placement, the
+// migration's progress) that the admin socket's thread answers from.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/control_channel.h"
+#include "comm/transport.h"
+#include "placement/placement.h"
+#include "placement/routing_stats.h"
+#include "placement/topology.h"
+#include "runtime/admin/admin_server.h"
+#include "runtime/config.h"
+#include "runtime/migration.h"
+#include "runtime/report.h"
+#include "runtime/weights/expert_store.h"
+
+namespace moed::runtime {
+
+// What the control plane works on; owned by the daemon.
+struct ControlContext {
+  const Config& config;
+  int rank, ranks;
+  comm::ControlChannel& control;
+  comm::Transport& transport;
+  ExpertStore& store;
+  placement::Placement& placement;
+  const placement::Topology& topology;
+  placement::RoutingStats* stats;  // null when none is kept
+};
+
+class ControlPlane {
+ public:
+  explicit ControlPlane(ControlContext context);
+  ~ControlPlane();
+
+  // The admin socket's handlers (any thread).
+  void submit(admin::Request request, admin::Reply reply);  // control requests, rank 0
+  nlohmann::json snapshot_answer(const admin::Request& request);
+
+  // At the boundary before step `step`, on every rank (collective). Returns
+  // false when the daemon must stop (shutdown, or a drain that has finished).
+  bool boundary(std::uint64_t step);
+  // After a step: the figures the snapshot shows (rank 0 has the run's
+  // summary), and the step's wall time from its boundary on (the migration
+  // figures compare the steps during a migration with the steps before it).
+  void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
+  // At exit: answers whatever is still waiting.
+  void finish();
+
+  // Gathers every rank's statistics on rank 0 (collective); rank 0 gets the
+  // merged copy, the others an empty optional.
+  std::optional<placement::RoutingStats> gather_stats(const std::string& what);
+
+ private:
+  struct Migration;  // the coordinator's view of the running migration
+  using json = nlohmann::json;
+
+  json decide(std::uint64_t step);       // rank 0
+  void apply(const json& actions);       // every rank
+  json my_report() const;                // every rank, while a migration runs
+  void absorb_reports(const std::vector<json>& reports);  // rank 0
+  void start_migration(std::vector<placement::Move> moves, json& ops, const std::string& why);
+  void commit_placement();
+  void finish_reoptimize(json& ops);
+  json migration_json() const;
+  void reply_all_pending(const std::string& code, const std::string& message);
+
+  ControlContext c_;
+  // Requests from the socket thread, taken at the next boundary (rank 0).
+  std::mutex queue_mu_;
+  std::deque<std::pair<admin::Request, admin::Reply>> queue_;
+  // Coordinator state.
+  std::unique_ptr<Migration> migration_;        // the running or last migration
+  std::uint64_t next_migration_id_ = 1;
+  bool draining_ = false, stopping_ = false;
+  std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
+  std::future<json> optimizing_;                                      // the plan, being made
+  std::deque<double> steady_step_ms_;  // rank 0: wall times of recent steps without a migration
+  // This rank's side of the running migration.
+  MigrationWindows windows_;
+  std::unique_ptr<MigrationTransfer> transfer_;
+  std::optional<std::string> refusal_, failure_;
+  std::vector<std::size_t> bad_checksums_;
+  double send_seconds_ = 0;  // this boundary's time in MigrationTransfer::send
+  MigrationFaults faults_;
+  // The snapshot the socket thread reads.
+  mutable std::mutex snapshot_mu_;
+  json status_, placement_json_, migration_snapshot_;
+  std::string metrics_;
+  std::optional<placement::RoutingStats> last_stats_;  // rank 0: the last merged statistics
+};
+
+}  // namespace moed::runtime

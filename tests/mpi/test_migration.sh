@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Live migration and online re-optimisation end to end: 4 ranks serve while
+# moectl drives them through the admin socket. PART is one of
+#   live     migrate one expert, a reoptimize refused while a migration runs,
+#            reoptimize --apply: outputs bit-exact against a run without any
+#            migration, and the committed placement written
+#   faults   a transfer that fails midway, a checksum mismatch, a destination
+#            without memory: each aborts, and serving goes on on the old epoch
+#   restart  a rank killed during a migration ends the job with a clear
+#            message; relaunched, the cluster resumes the committed placement
+#            and its statistics
+source "$(dirname "$0")/lib.sh"
+: "${MOECTL:?}"
+part=${1:?usage: test_migration.sh live|faults|restart}
+RANKS=4
+
+daemon_pid=""
+cleanup() {
+  [ -z "$daemon_pid" ] || kill "$daemon_pid" 2>/dev/null || true
+  rm -rf "$SCRATCH"
+}
+trap cleanup EXIT
+
+# start_daemon NAME [moed flags...]: 4 ranks serving "for ever" in the
+# background (moectl shutdown ends them), admin sockets in $SCRATCH/NAME.
+# Returns once rank 0 and the last rank answer.
+start_daemon() {
+  local name=$1
+  shift
+  run=$SCRATCH/$name
+  mkdir -p "$run"
+  mpirun --bind-to none -np $RANKS "$MOED" --config "$SMALL" --set workload.steps=1000000 \
+    --set "admin.dir=\"$run\"" --dump-output "$run/out.bin" --report-json "$run/report.json" "$@" \
+    >"$run/log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 600); do
+    if ctl status >/dev/null 2>&1 && ctl --rank $((RANKS - 1)) status >/dev/null 2>&1; then return 0; fi
+    kill -0 "$daemon_pid" 2>/dev/null || { cat "$run/log" >&2; fail "$name: moed exited at start"; }
+    sleep 0.1
+  done
+  fail "$name: no admin socket answered within 60 s"
+}
+
+ctl() { "$MOECTL" --dir "$run" "$@"; }
+
+# wait_daemon: the background job ends within 60 s; its exit code in $daemon_rc.
+wait_daemon() {
+  for _ in $(seq 600); do
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$daemon_pid" 2>/dev/null && { cat "$run/log" >&2; fail "moed still runs 60 s after it should have ended"; }
+  daemon_rc=0
+  wait "$daemon_pid" || daemon_rc=$?
+  daemon_pid=""
+}
+
+stop_daemon() {
+  ctl shutdown >/dev/null
+  wait_daemon
+  [ "$daemon_rc" = 0 ] || { cat "$run/log" >&2; fail "moed exited with $daemon_rc after moectl shutdown"; }
+}
+
+# expect_ctl CODE PATTERN WHAT -- MOECTL ARGS: moectl exits with CODE and says PATTERN.
+expect_ctl() {
+  local code=$1 pattern=$2 what=$3 rc=0
+  shift 4
+  ctl "$@" >"$run/ctl.out" 2>&1 || rc=$?
+  [ "$rc" = "$code" ] || { cat "$run/ctl.out" "$run/log" >&2; fail "$what: moectl exit $rc, expected $code"; }
+  grep -Eq -- "$pattern" "$run/ctl.out" || { cat "$run/ctl.out" >&2; fail "$what: moectl output lacks /$pattern/"; }
+  echo "ok: $what: $(grep -Em1 -- "$pattern" "$run/ctl.out" | cut -c1-140)"
+}
+
+epoch() { ctl --json placement | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["epoch"])'; }
+
+# same_as_reference: the stopped run's outputs equal those of a single
+# process serving the same number of steps with no migration at all.
+same_as_reference() {
+  local steps
+  steps=$(od -An -tu8 -j24 -N8 "$run/out.bin" | tr -d ' ')
+  [ "${steps:-0}" -gt 0 ] || fail "the output dump of $run holds no steps"
+  moed_on 0 --config "$SMALL" --set workload.steps="$steps" --dump-output "$run/reference.bin" >/dev/null
+  same_bits "$run/reference.bin" "$run/out.bin" "$1 ($steps steps)"
+}
+
+case $part in
+live)
+  # Small chunks (200 B per boundary) keep a migration running for a few
+  # hundred steps, long enough to ask for another operation meanwhile.
+  start_daemon live --set migration.chunk_mb=0.0002 --set "placement.committed=\"$SCRATCH/committed.toml\""
+  [ "$(stat -c %a "$run/moed-0.sock")" = 600 ] || fail "the admin socket is not mode 0600"
+  echo "ok: admin sockets are mode 0600"
+  expect_ctl 0 'committed' "migrate layer 1 expert 3 to rank 0" -- migrate 1 3 0
+  [ "$(epoch)" = 1 ] || fail "epoch $(epoch) after one migration, expected 1"
+  grep -q '^epoch = 1' "$SCRATCH/committed.toml" || fail "the committed placement file is not epoch 1"
+  grep -q 'slots = \[\[0\], \[0\], \[1\], \[0\],' "$SCRATCH/committed.toml" ||
+    fail "layer 1 expert 3 is not on rank 0 in the committed placement"
+
+  ctl --json migrate 0 0 3 >"$run/busy-migrate.out" 2>&1 &
+  migrate_pid=$!
+  for _ in $(seq 100); do grep -q '"started"\|"migration"' "$run/busy-migrate.out" && break; sleep 0.05; done
+  expect_ctl 1 'busy' "reoptimize while migration 2 runs" -- reoptimize --apply
+  wait "$migrate_pid" || { cat "$run/busy-migrate.out" >&2; fail "migration 2 did not commit"; }
+
+  expect_ctl 0 'committed' "reoptimize --apply --max-moves 4 from the live statistics" -- reoptimize --apply --max-moves 4
+  grep -Eq 'move layer' "$run/ctl.out" || fail "reoptimize listed no moves"
+  [ "$(epoch)" = 3 ] || fail "epoch $(epoch) after three commits, expected 3"
+  grep -q '^epoch = 3' "$SCRATCH/committed.toml" || fail "the committed placement file is not epoch 3"
+  stop_daemon
+  same_as_reference "outputs across three live migrations vs no migration"
+  ;;
+
+faults)
+  # A source that fails after its first chunk (rank 1 holds experts 2 and 3).
+  MOED_FAULT=migrate-fail:rank=1 start_daemon fail --set migration.chunk_mb=0.01
+  expect_ctl 1 'aborted.*transfer failed' "a transfer that fails midway" -- migrate 1 3 0
+  [ "$(epoch)" = 0 ] || fail "epoch $(epoch) after an aborted migration, expected 0"
+  grep -q 'migration 1 aborted' "$run/log" || fail "the abort is not in the log"
+  expect_ctl 0 'committed' "a migration after the aborted one (another source)" -- migrate 0 0 2
+  stop_daemon
+  same_as_reference "outputs across an aborted and a committed migration vs no migration"
+
+  MOED_FAULT=migrate-corrupt:rank=0 start_daemon corrupt
+  expect_ctl 1 'aborted.*checksum mismatch' "weights corrupted in flight" -- migrate 1 3 0
+  [ "$(epoch)" = 0 ] || fail "epoch $(epoch) after a checksum mismatch, expected 0"
+  expect_ctl 0 'serving' "serving on after the mismatch" -- status
+  stop_daemon
+  same_as_reference "outputs across a migration aborted on its checksum vs no migration"
+
+  # 6 slots of 73.7 kB each are 0.44 MB: a seventh does not fit in 0.45 MB.
+  start_daemon memory --set migration.memory_mb=0.45
+  expect_ctl 1 'refused.*budget of 0.45 MB' "a destination without memory for the slot" -- migrate 1 3 0
+  [ "$(epoch)" = 0 ] || fail "epoch $(epoch) after a refused migration, expected 0"
+  stop_daemon
+  ;;
+
+restart)
+  committed=$SCRATCH/committed.toml stats=$SCRATCH/stats.bin
+  keep=(--set "placement.committed=\"$committed\"" --set "stats.file=\"$stats\"" --set stats.every_steps=8)
+  MOED_FAULT=migrate-kill:rank=1 start_daemon killed "${keep[@]}"
+  expect_ctl 0 'committed' "a migration before the failure" -- migrate 0 0 2
+  rc=0
+  ctl migrate 1 3 0 >"$run/ctl.out" 2>&1 || rc=$?
+  [ "$rc" != 0 ] || fail "moectl migrate reported success although its source rank died"
+  wait_daemon
+  rc=$daemon_rc
+  [ "$rc" != 0 ] || fail "the job ended with exit 0 after a rank was killed"
+  grep -q 'rank 1 dies during migration 2' "$run/log" || { cat "$run/log" >&2; fail "no log of the killed rank"; }
+  grep -Eiq 'signal 9|killed' "$run/log" || { cat "$run/log" >&2; fail "mpirun did not say a rank was killed"; }
+  echo "ok: a rank killed during migration 2 ends the job (exit $rc): $(grep -Eim1 'signal 9|killed' "$run/log" | cut -c1-120)"
+  grep -q '^epoch = 1' "$committed" || fail "the committed placement is not epoch 1 after the failure"
+
+  run=$SCRATCH/relaunch
+  mkdir -p "$run"
+  moed_on $RANKS --config "$SMALL" "${keep[@]}" --log-level info \
+    --dump-output "$run/out.bin" --report-json "$run/report.json" >"$run/log" 2>&1 ||
+    { cat "$run/log" >&2; fail "the relaunch failed"; }
+  grep -q "epoch 1" "$run/report.json" || { cat "$run/report.json" >&2; fail "the relaunch did not resume epoch 1"; }
+  grep -q "resuming the statistics of $stats" "$run/log" || fail "the relaunch did not resume the statistics"
+  echo "ok: the relaunch resumes the committed placement (epoch 1) and the statistics"
+  same_as_reference "outputs of the relaunched cluster vs a single process"
+  ;;
+*) fail "unknown part $part" ;;
+esac
