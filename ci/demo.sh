@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Command one of the README: install, build, and run the demo: 4 ranks under
 # mpirun serving the embedded default config (4 MoE layers x 8 experts, top-2)
-# from a synthetic safetensors checkpoint, as 2 islands of 2 ranks.
+# from a synthetic safetensors checkpoint, as 2 islands of 2 ranks; while it
+# serves, `moectl reoptimize --apply` moves experts live, and the outputs are
+# compared with a run without migration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./ci/install-deps.sh
@@ -15,11 +17,54 @@ mkdir -p "$out"
 mpirun_flags=(--oversubscribe --bind-to none)
 if [ "$(id -u)" = 0 ]; then mpirun_flags+=(--allow-run-as-root); fi
 export OPENBLAS_NUM_THREADS=1
+
+# The daemons serve until moectl shuts them down; meanwhile moectl asks them
+# to re-optimise their placement from the routing they have seen, and they
+# migrate expert weights to it while serving.
+run=$out/run
+rm -rf "$run" && mkdir -p "$run"
 mpirun "${mpirun_flags[@]}" -np 4 ./build/runtime/moed \
   --config configs/demo.toml \
   --weights "$out/model.safetensors" \
+  --set workload.steps=100000 --set "admin.dir=\"$PWD/$run\"" \
+  --set "placement.committed=\"$PWD/$out/committed.toml\"" \
   --report-json "$out/report.json" \
-  --dump-output "$out/output.bin" 2>"$out/moed.log"
+  --dump-output "$out/output.bin" 2>"$out/moed.log" &
+daemon=$!
+trap 'kill $daemon 2>/dev/null || true' EXIT
+moectl() { ./build/runtime/moectl --dir "$run" "$@"; }
+step() { moectl --json status 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("step", 0))' 2>/dev/null || echo 0; }
+wait_for_step() {
+  while [ "$(step)" -lt "$1" ]; do
+    kill -0 $daemon 2>/dev/null || { tail -20 "$out/moed.log" >&2; echo "demo: moed stopped" >&2; exit 1; }
+    sleep 0.2
+  done
+}
+wait_for_step 12
+echo "\$ moectl status"
+moectl status
+echo
+echo "\$ moectl reoptimize --apply --max-moves 4"
+moectl reoptimize --apply --max-moves 4
+echo
+echo "\$ moectl placement"
+moectl placement
+wait_for_step $(($(step) + 8))
+moectl shutdown >/dev/null
+trap - EXIT
+wait $daemon
+
+# The same steps without any migration, in one process: the bits must match.
+steps=$(od -An -tu8 -j24 -N8 "$out/output.bin" | tr -d ' ')
+./build/runtime/moed --config configs/demo.toml --weights "$out/model.safetensors" \
+  --set workload.steps="$steps" --dump-output "$out/reference.bin" >/dev/null 2>>"$out/moed.log"
+if cmp -s "$out/output.bin" "$out/reference.bin"; then
+  echo "outputs: bit-identical to the same $steps steps served by one process without migration"
+else
+  echo "outputs: DIFFER from the run without migration ($(cmp "$out/output.bin" "$out/reference.bin" 2>&1 | head -1))" >&2
+  exit 1
+fi
 
 echo
-echo "demo: logs in $out/moed.log, figures in $out/report.json, outputs in $out/output.bin"
+echo "demo: logs in $out/moed.log, figures in $out/report.json, outputs in $out/output.bin,"
+echo "      the committed placement in $out/committed.toml"

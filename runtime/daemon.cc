@@ -147,14 +147,18 @@ std::optional<placement::RoutingStats> initial_stats(const Config& c, int rank, 
                                  per_rank, max_k);
 }
 
-std::string describe_placement(const Config& c, const placement::Placement& p) {
-  const std::string file = placement_origin(c);
-  std::string how = file.empty() ? c.placement.policy : "file " + file;
+// "epoch 0, 2 replicated experts, at most 4 slots per rank"
+std::string placement_details(const placement::Placement& p) {
   int replicated = 0;
   for (int l = 0; l < p.layers(); ++l)
     for (int e = 0; e < p.experts(); ++e) replicated += p.replicas(l, e).size() > 1;
-  return fmt::format("{} (epoch {}, {} replicated experts, at most {} slots per rank)", how,
-                     p.epoch(), replicated, p.max_slots_per_rank());
+  return fmt::format("epoch {}, {} replicated experts, at most {} slots per rank", p.epoch(), replicated,
+                     p.max_slots_per_rank());
+}
+
+std::string describe_placement(const Config& c, const placement::Placement& p) {
+  const std::string file = placement_origin(c);
+  return fmt::format("{} ({})", file.empty() ? c.placement.policy : "file " + file, placement_details(p));
 }
 
 // Output files are opened (or checked) before the first step, so that a bad
@@ -277,10 +281,12 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
                double(d->store_->expert_bytes()) / 1e6, d->engine_->first_token(),
                d->engine_->first_token() + d->engine_->local_tokens());
 
+  d->start_placement_ = describe_placement(c, d->placement_);
+  d->start_epoch_ = d->placement_.epoch();
   RunInfo info{mpi.size(), d->topology_->islands(), d->store_->shape(),
                std::uint64_t(c.workload.tokens_per_step), std::uint64_t(c.workload.steps),
                std::uint64_t(c.workload.warmup_steps), d->transport_->name(),
-               d->workload_->describe(), describe_placement(c, d->placement_),
+               d->workload_->describe(), d->start_placement_,
                kernels::blas_description(), d->topology_->describe()};
   d->report_ = std::make_unique<Report>(info, int(c.metrics.load_window_steps));
   if (d->rank_ == 0) {
@@ -336,6 +342,9 @@ void Daemon::finish() {
   if (stats_ && !config_.stats.file.empty() && stats_->steps() != stats_written_at_) write_stats();
   if (rank_ != 0) return;
   if (dump_) dump_->finish();
+  if (placement_.epoch() != start_epoch_)
+    report_->set_placement(fmt::format("migrated live ({}); started from {}", placement_details(placement_),
+                                       start_placement_));
   report_->print(std::cout);
   std::cout.flush();
   if (!options_.report_json.empty()) report_->write_json(options_.report_json);

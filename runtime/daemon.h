@@ -68,6 +68,8 @@ class Daemon {
   std::optional<Fault> fault_;
   std::optional<placement::Topology> topology_;
   placement::Placement placement_;
+  std::string start_placement_;  // as the report describes it
+  std::uint64_t start_epoch_ = 0;
   std::unique_ptr<comm::Transport> transport_;
   std::optional<ExpertStore> store_;
   std::unique_ptr<Workload> workload_;

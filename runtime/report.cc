@@ -12,6 +12,7 @@ Report::Report(RunInfo info, int load_window_steps)
     : info_(std::move(info)), window_(load_window_steps) {}
 
 void Report::add_step(std::uint64_t step, const StepRecord& rec) {
+  ++served_;
   if (step >= info_.warmup_steps) steps_.push_back(rec);
 }
 
@@ -99,7 +100,7 @@ void Report::print(std::ostream& os) const {
       "  expert load        std/mean {:.2f}, hottest {:.2f}x mean (last {} steps)\n"
       "  bytes sent         same rank {} ({:.0f}%) | same island {} ({:.0f}%) | cross island {} "
       "({:.0f}%)\n",
-      info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), info_.steps, info_.tokens_per_step,
+      info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), served_, info_.tokens_per_step,
       info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.dispatch_p50_ms, s.dispatch_p99_ms,
       s.combine_p50_ms, s.combine_p99_ms, s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,
@@ -127,7 +128,7 @@ nlohmann::json Report::to_json() const {
       {"hidden", info_.shape.hidden},
       {"ffn", info_.shape.ffn},
       {"tokens_per_step", info_.tokens_per_step},
-      {"steps", info_.steps},
+      {"steps", served_},  // fewer than configured when moectl shutdown ended the run
       {"warmup_steps", info_.warmup_steps},
       {"measured_steps", s.measured_steps},
       {"transport", info_.transport},

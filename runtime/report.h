@@ -54,10 +54,13 @@ class Report {
   void print(std::ostream& os) const;
   nlohmann::json to_json() const;
   void write_json(const std::string& path) const;
+  // The placement served at the end, when live migration changed it.
+  void set_placement(std::string description) { info_.placement = std::move(description); }
 
  private:
   RunInfo info_;
   int window_;
+  std::uint64_t served_ = 0;       // steps served, warm-up included
   std::vector<StepRecord> steps_;  // measured steps only
 };
 
