@@ -106,7 +106,15 @@ live)
   grep -Eq 'move layer' "$run/ctl.out" || fail "reoptimize listed no moves"
   [ "$(epoch)" = 3 ] || fail "epoch $(epoch) after three commits, expected 3"
   grep -q '^epoch = 3' "$SCRATCH/committed.toml" || fail "the committed placement file is not epoch 3"
-  stop_daemon
+  expect_ctl 0 '^moed_placement_epoch 3' "metrics in Prometheus text show epoch 3" -- metrics
+  expect_ctl 0 "statistics written to $run/live.stats" "stats dumped to a file" -- stats --dump "$run/live.stats"
+  [ -s "$run/live.stats" ] || fail "the stats dump is empty"
+  (cd "$run" && ctl stats --dump relative.stats >/dev/null) || fail "stats --dump to a relative path failed"
+  [ -s "$run/relative.stats" ] || fail "moectl did not resolve a relative dump path against its own directory"
+  # drain: the work in flight ends, then the daemons stop by themselves.
+  expect_ctl 0 'draining' "drain" -- drain
+  wait_daemon
+  [ "$daemon_rc" = 0 ] || { cat "$run/log" >&2; fail "moed exited with $daemon_rc after a drain"; }
   same_as_reference "outputs across three live migrations vs no migration"
   ;;
 
