@@ -3,6 +3,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -30,7 +31,9 @@ class MpiWindow final : public RmaWindow {
   }
   ~MpiWindow() override {
     MPI_Win_unlock_all(win_);
-    MPI_Win_free(&win_);
+    // MPI_Win_free is collective: while an error unwinds this rank, its peers
+    // may never come, and the job is about to end anyway (the window leaks).
+    if (std::uncaught_exceptions() == 0) MPI_Win_free(&win_);
   }
   std::byte* local() override { return static_cast<std::byte*>(base_); }
   std::size_t bytes() const override { return bytes_; }

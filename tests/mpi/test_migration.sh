@@ -3,7 +3,8 @@
 # moectl drives them through the admin socket. PART is one of
 #   live     migrate one expert, a reoptimize refused while a migration runs,
 #            reoptimize --apply: outputs bit-exact against a run without any
-#            migration, and the committed placement written
+#            migration, and the committed placement written; metrics, stats
+#            dumps, drain; a migration over the MPI backend's windows
 #   faults   a transfer that fails midway, a checksum mismatch, a destination
 #            without memory: each aborts, and serving goes on on the old epoch
 #   restart  a rank killed during a migration ends the job with a clear
@@ -116,6 +117,12 @@ live)
   wait_daemon
   [ "$daemon_rc" = 0 ] || { cat "$run/log" >&2; fail "moed exited with $daemon_rc after a drain"; }
   same_as_reference "outputs across three live migrations vs no migration"
+
+  # The same weights path over MPI one-sided windows instead of UCX RMA.
+  start_daemon mpi --set comm.backend='"mpi"' --set migration.chunk_mb=0.01
+  expect_ctl 0 'committed' "migrate over the MPI backend's windows" -- migrate 2 5 1
+  stop_daemon
+  same_as_reference "outputs across a migration over MPI windows vs no migration"
   ;;
 
 faults)
