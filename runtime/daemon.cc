@@ -264,12 +264,16 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
       c, d->rank_, mpi.size(), d->control_, *d->transport_, *d->store_, d->placement_, *d->topology_,
       d->stats_ ? &*d->stats_ : nullptr});
   if (!c.admin.dir.empty()) {
-    ControlPlane* cp = d->control_plane_.get();
-    d->admin_ = std::make_unique<admin::AdminServer>(
-        c.admin.dir, d->rank_, 0,
-        admin::Handlers{[cp](const admin::Request& r) { return cp->snapshot_answer(r); },
-                        [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
-    spdlog::info("admin socket {}", d->admin_->path());
+    // A third round: a socket one rank cannot open stops every rank alike.
+    exit_code = attempt("admin socket status", [&] {
+      ControlPlane* cp = d->control_plane_.get();
+      d->admin_ = std::make_unique<admin::AdminServer>(
+          c.admin.dir, d->rank_, 0,
+          admin::Handlers{[cp](const admin::Request& r) { return cp->snapshot_answer(r); },
+                          [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
+      spdlog::info("admin socket {}", d->admin_->path());
+    });
+    if (exit_code != 0) return nullptr;
   }
   // No GPU is used yet: the CPU path serves (the CUDA kernels are not wired in).
   spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB), "

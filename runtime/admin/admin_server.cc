@@ -43,11 +43,11 @@ void make_private_dir(const std::string& dir) {
     if (errno == ENOENT) {
       std::error_code ec;
       std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);
-      if (ec) MOED_THROW(Runtime, "cannot create the admin socket dir {}: {}", dir, ec.message());
+      if (ec) MOED_THROW(Usage, "[admin].dir: cannot create the admin socket dir {}: {}", dir, ec.message());
       if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-        MOED_THROW(Runtime, "cannot create the admin socket dir {}: {}", dir, errno_text(errno));
+        MOED_THROW(Usage, "[admin].dir: cannot create the admin socket dir {}: {}", dir, errno_text(errno));
     } else if (errno != EEXIST) {
-      MOED_THROW(Runtime, "cannot create the admin socket dir {}: {}", dir, errno_text(errno));
+      MOED_THROW(Usage, "[admin].dir: cannot create the admin socket dir {}: {}", dir, errno_text(errno));
     }
   }
   // lstat, not stat: a symlink planted in a shared dir (/tmp) must not redirect us.

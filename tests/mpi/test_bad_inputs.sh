@@ -33,6 +33,13 @@ config)
   expect_failure 2 'unknown key \[model\]\.depth' "unknown key by --set" -- "$MOED" --set model.depth=3 --print-config
   expect_failure 2 '\[log\]\.level = "loud" is not allowed' "bad --log-level" -- "$MOED" --log-level loud --print-config
   expect_failure 2 'MOED_FAULT' "bad fault injection syntax" -- env MOED_FAULT=sometimes "$MOED" "${base[@]}"
+  : >"$SCRATCH/not-a-dir"
+  expect_failure 2 '\[admin\]\.dir: cannot create the admin socket dir .*/not-a-dir/run' "admin dir under a file" -- \
+    moed_on 2 "${base[@]}" --set "admin.dir=\"$SCRATCH/not-a-dir/run\""
+  expect_failure 2 'admin socket dir .*/not-a-dir is not a directory' "admin dir that is a file" -- \
+    moed_on 2 "${base[@]}" --set "admin.dir=\"$SCRATCH/not-a-dir\""
+  expect_failure 2 'budget|memory_mb' "a negative migration memory budget" -- \
+    "$MOED" --set migration.memory_mb=-1 --print-config
   ;;
 weights)
   "$MOED" "${base[@]}" --generate-weights "$SCRATCH/good.safetensors" >/dev/null
