@@ -157,6 +157,27 @@ std::string format_status(const json& answer) {
                                "migration"});
 }
 
+// The summary line, then one row per layer. Falls back to fields for a
+// shape it does not know.
+std::string format_stats(const json& answer) {
+  const json* layers = answer.contains("per_layer") ? &answer["per_layer"] : nullptr;
+  if (!layers || !layers->is_array()) return format_fields(answer);
+  std::string out = fmt::format("statistics of {} steps (half-life {} steps), {} sampled token paths\n",
+                                value_text(answer.value("steps", json())),
+                                value_text(answer.value("half_life_steps", json())),
+                                value_text(answer.value("sample_tokens", json())));
+  out += fmt::format("{:<6} {:>10}  {:<15} {:>10}  {}\n", "layer", "tokens", "hottest expert", "x mean",
+                     "most co-routed pair");
+  for (const json& l : *layers) {
+    if (!l.is_object() || !l.value("top_pair", json()).is_array() || l["top_pair"].size() != 2)
+      return format_fields(answer);
+    out += fmt::format("{:<6} {:>10.0f}  {:<15} {:>10.2f}  {} + {}\n", int_field(l, "layer"),
+                       l.value("tokens", 0.0), int_field(l, "hottest_expert"), l.value("hottest_over_mean", 0.0),
+                       value_text(l["top_pair"][0]), value_text(l["top_pair"][1]));
+  }
+  return out;
+}
+
 // Rows: layers; columns: ranks; cells: the experts with a slot there.
 std::string format_placement(const json& answer) {
   auto slots = answer.find("slots");
@@ -368,6 +389,7 @@ std::string format_answer(const std::string& command, const json& answer) {
   }
   if (command == "stats" && answer.contains("dump") && answer["dump"].is_string())
     return "statistics written to " + answer["dump"].get<std::string>() + "\n";
+  if (command == "stats") return format_stats(answer);
   return format_fields(answer);
 }
 

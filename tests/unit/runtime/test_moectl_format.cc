@@ -164,6 +164,19 @@ TEST(MoectlFormat, MetricsAreRawText) {
   EXPECT_EQ(format_answer("metrics", json{{"ok", true}, {"text", "a 1\nb 2"}}), "a 1\nb 2\n");
 }
 
+TEST(MoectlFormat, StatsAsATable) {
+  const json answer = json::parse(R"({"ok":true,"steps":3396,"half_life_steps":64,"sample_tokens":1024,
+      "per_layer":[{"layer":0,"tokens":9183.3,"hottest_expert":1,"hottest_over_mean":2.7629,"top_pair":[1,7]},
+                   {"layer":1,"tokens":9183.3,"hottest_expert":12,"hottest_over_mean":2.5,"top_pair":[1,2]}]})");
+  EXPECT_EQ(format_answer("stats", answer),
+            "statistics of 3396 steps (half-life 64 steps), 1024 sampled token paths\n"
+            "layer      tokens  hottest expert      x mean  most co-routed pair\n"
+            "0            9183  1                     2.76  1 + 7\n"
+            "1            9183  12                    2.50  1 + 2\n");
+  // An unexpected shape falls back to fields rather than failing.
+  EXPECT_EQ(format_answer("stats", json{{"ok", true}, {"per_layer", json::array({1})}}), "per_layer  [1]\n");
+}
+
 TEST(MoectlFormat, PlacementAsATable) {
   const json answer = json::parse(R"({"ok":true,"epoch":2,"ranks":4,"layers":2,"experts":8,
       "slots":[[[0],[0],[1],[1],[2],[2],[3],[3]],
