@@ -77,7 +77,17 @@ MigrationTransfer::MigrationTransfer(std::uint64_t id, std::vector<placement::Mo
       slot_bytes_(store.slot_floats() * sizeof(float)),
       windows_(windows) {}
 
-MigrationTransfer::~MigrationTransfer() = default;
+MigrationTransfer::~MigrationTransfer() {
+  // An abort may come with puts in flight: they land before the window can
+  // be reused or freed.
+  if (issued_ > sent_ && window_) {
+    try {
+      window_->flush(fmt::format("puts of migration {} at its end", id_));
+    } catch (const std::exception& e) {
+      spdlog::warn("migration {}: {}", id_, e.what());
+    }
+  }
+}
 
 std::size_t MigrationTransfer::total_bytes() const {
   std::size_t n = 0;
@@ -123,23 +133,28 @@ void MigrationTransfer::send(std::size_t budget) {
     spdlog::warn("MOED_FAULT: rank {} dies during migration {}", rank_, id_);
     std::raise(SIGKILL);
   }
+  // The puts of the last boundary have had a whole step to land (an RDMA
+  // NIC, or UCX progress in the step's own waits, moves them meanwhile).
+  if (issued_ > sent_) {
+    window_->flush(fmt::format("transfer of migration {}", id_));
+    sent_ = issued_;
+    if (faults_.fail_source == rank_)
+      MOED_THROW(Runtime, "MOED_FAULT: rank {} fails its transfer after {} of {} bytes", rank_, sent_, to_send_);
+  }
   std::size_t left = budget;
   std::size_t position = 0;  // byte position over all outgoing slots
   for (const auto& [i, staged] : outgoing_) {
     const std::size_t end = position + slot_bytes_;
-    if (sent_ < end && left > 0) {
-      const std::size_t within = sent_ - position;
+    if (issued_ < end && left > 0) {
+      const std::size_t within = issued_ - position;
       const std::size_t n = std::min(left, slot_bytes_ - within);
       transport_.progress();
       window_->put(moves_[i].to, offsets_[i] + within, window_->local() + staged + within, n);
-      sent_ += n;
+      issued_ += n;
       left -= n;
     }
     position = end;
   }
-  window_->flush(fmt::format("transfer of migration {}", id_));
-  if (faults_.fail_source == rank_ && sent_ > 0)
-    MOED_THROW(Runtime, "MOED_FAULT: rank {} fails its transfer after {} of {} bytes", rank_, sent_, to_send_);
 }
 
 std::vector<std::pair<std::size_t, std::uint64_t>> MigrationTransfer::source_checksums() const {

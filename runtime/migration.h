@@ -77,10 +77,12 @@ class MigrationTransfer {
 
   // Collective. Returns why this rank refuses, if it does.
   std::optional<std::string> prepare(std::size_t memory_budget_bytes);
-  // Source side: puts up to `budget` more bytes and flushes them. Throws a
-  // Runtime error on failure (the caller reports it and the migration aborts).
+  // Source side, once per boundary: completes (flushes) the puts the last
+  // call started, then starts up to `budget` more bytes, which land while
+  // the next step runs. Throws a Runtime error on failure (the caller
+  // reports it and the migration aborts).
   void send(std::size_t budget);
-  std::size_t sent_bytes() const { return sent_; }
+  std::size_t sent_bytes() const { return sent_; }  // landed (flushed)
   std::size_t bytes_to_send() const { return to_send_; }
   // Checksums of this rank's outgoing slots, by move index (the sources').
   std::vector<std::pair<std::size_t, std::uint64_t>> source_checksums() const;
@@ -104,7 +106,7 @@ class MigrationTransfer {
   comm::RmaWindow* window_ = nullptr;  // from windows_
   // This rank's outgoing slots, staged once in its window: (move index, byte offset).
   std::vector<std::pair<std::size_t, std::size_t>> outgoing_;
-  std::size_t to_send_ = 0, sent_ = 0;
+  std::size_t to_send_ = 0, sent_ = 0, issued_ = 0;
 };
 
 }  // namespace moed::runtime

@@ -173,10 +173,12 @@ TEST_F(Migration, CorruptedBytesFailVerification) {
   EXPECT_EQ(ranks[0]->transfer->verify(expected), std::vector<std::size_t>{0});
 }
 
-TEST_F(Migration, AFailingSourceThrowsAfterItsFirstChunk) {
+TEST_F(Migration, AFailingSourceThrowsWhenItsFirstChunkHasLanded) {
   MigrationFaults faults;
   faults.fail_source = 1;
   prepare({{1, 2, 1, 0, 1}}, 1, 0, faults);
+  ranks[1]->transfer->send(16);  // starts the first chunk
+  EXPECT_EQ(ranks[1]->transfer->sent_bytes(), 0u) << "nothing has landed before the next boundary";
   test::expect_error([&] { ranks[1]->transfer->send(16); }, ErrorKind::Runtime, {"MOED_FAULT", "rank 1"});
 }
 
