@@ -121,7 +121,7 @@ std::optional<placement::RoutingStats> ControlPlane::gather_stats(const std::str
 }
 
 bool ControlPlane::boundary(std::uint64_t step) {
-  std::string text = c_.rank == 0 ? decide(step).dump() : std::string();
+  std::string text = c_.rank == 0 ? decide().dump() : std::string();
   std::uint64_t size = text.size();
   c_.control.broadcast(&size, sizeof size, fmt::format("control actions of step {}", step));
   text.resize(size);
@@ -131,7 +131,7 @@ bool ControlPlane::boundary(std::uint64_t step) {
   return !actions.value("stop", false);
 }
 
-json ControlPlane::decide(std::uint64_t step) {
+json ControlPlane::decide() {
   json ops = json::array();
   std::deque<std::pair<admin::Request, admin::Reply>> requests;
   {
@@ -230,7 +230,6 @@ json ControlPlane::decide(std::uint64_t step) {
   }
   const bool migrating = migration_ && migration_->active();
   const bool stop = stopping_ || (draining_ && !migrating && !reoptimize_);
-  (void)step;
   return {{"ops", ops}, {"stop", stop}};
 }
 

@@ -77,7 +77,7 @@ class ControlPlane {
   struct Migration;  // the coordinator's view of the running migration
   using json = nlohmann::json;
 
-  json decide(std::uint64_t step);       // rank 0
+  json decide();                         // rank 0
   void apply(const json& actions);       // every rank
   json my_report() const;                // every rank, while a migration runs
   void absorb_reports(const std::vector<json>& reports);  // rank 0

@@ -273,17 +273,15 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const Moect
   bool json_output = false;
   double timeout = 30;
   auto* socket_opt = app.add_option("--socket", socket, "the admin socket to use")->type_name("PATH");
-  auto* dir_opt = app.add_option("--dir", dir, "the daemons' run dir (default: $MOED_RUN_DIR or /tmp/moed-$UID)")
-                      ->type_name("DIR")
-                      ->excludes(socket_opt);
-  auto* rank_opt = app.add_option("--rank", rank, "the rank whose socket to use (default 0)")
-                       ->check(CLI::NonNegativeNumber)
-                       ->excludes(socket_opt);
+  app.add_option("--dir", dir, "the daemons' run dir (default: $MOED_RUN_DIR or /tmp/moed-$UID)")
+      ->type_name("DIR")
+      ->excludes(socket_opt);
+  app.add_option("--rank", rank, "the rank whose socket to use (default 0)")
+      ->check(CLI::NonNegativeNumber)
+      ->excludes(socket_opt);
   app.add_flag("--json", json_output, "print the daemon's answers as JSON lines");
   app.add_option("--timeout", timeout, "seconds to wait for each answer (default 30)")
       ->check(CLI::PositiveNumber);
-  (void)dir_opt;
-  (void)rank_opt;
 
   std::deque<SubcommandState> states;
   for (const CommandSpec& spec : commands()) {
