@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/int_ranges.h"
+
 namespace moed::launch {
 
 namespace {
@@ -108,20 +110,7 @@ int gpu_for_rank(const LaunchInfo& where, int gpu_count) {
   return where.local_rank % gpu_count;
 }
 
-std::string format_cpu_list(std::vector<int> cpus) {
-  std::sort(cpus.begin(), cpus.end());
-  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
-  std::string out;
-  for (std::size_t i = 0; i < cpus.size();) {
-    std::size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += std::to_string(cpus[i]);
-    if (j > i) out += '-' + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return out;
-}
+std::string format_cpu_list(std::vector<int> cpus) { return format_ranges(std::move(cpus)); }
 
 std::optional<std::vector<int>> parse_cpu_list(std::string_view text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);

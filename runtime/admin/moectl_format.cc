@@ -458,18 +458,4 @@ std::string format_byte_pair(std::uint64_t done, std::uint64_t total) {
   return fmt::format("{} of {} B", done, total);
 }
 
-std::string format_ranges(std::vector<int> values) {
-  std::sort(values.begin(), values.end());
-  values.erase(std::unique(values.begin(), values.end()), values.end());
-  std::string out;
-  for (std::size_t i = 0; i < values.size();) {
-    std::size_t j = i;
-    while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += j == i ? std::to_string(values[i]) : fmt::format("{}-{}", values[i], values[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 }  // namespace moed::runtime::admin

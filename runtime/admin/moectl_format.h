@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/int_ranges.h"  // format_ranges, for the placement table
 #include "runtime/admin/protocol.h"
 
 namespace moed::runtime::admin {
@@ -69,7 +70,5 @@ std::string progress_bar(const json& migration, int width = 30);
 
 // "15.6 of 34.6 MB": both in the unit that suits `total` (B, kB, MB, GB; 10^3 steps).
 std::string format_byte_pair(std::uint64_t done, std::uint64_t total);
-// "0-3,7,9-10": ascending integers with runs collapsed.
-std::string format_ranges(std::vector<int> values);
 
 }  // namespace moed::runtime::admin
