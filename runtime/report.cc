@@ -4,16 +4,43 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "common/error.h"
 #include "common/summary_stats.h"
 
 namespace moed::runtime {
 
 Report::Report(RunInfo info, int load_window_steps)
-    : info_(std::move(info)), window_(load_window_steps) {}
+    : info_(std::move(info)),
+      window_(load_window_steps),
+      window_load_(std::size_t(info_.shape.layers) * std::size_t(info_.shape.experts), 0) {}
 
 void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   ++served_;
-  if (step >= info_.warmup_steps) steps_.push_back(rec);
+  if (step < info_.warmup_steps) return;
+  ++measured_;
+  time_ += rec.total;
+  route_ += rec.route, plan_ += rec.plan, dispatch_ += rec.dispatch;
+  experts_ += rec.experts, combine_ += rec.combine;
+  for (int c = 0; c < placement::kLinkClasses; ++c) bytes_[c] += rec.bytes_sent[c];
+  pairs_ += rec.pairs;
+  saturated_ += rec.saturated;
+  step_s_.add(rec.total);
+  for (double d : rec.dispatch_a2a) dispatch_s_.add(d);
+  for (double c : rec.combine_a2a) combine_s_.add(c);
+
+  // The load window: the oldest step leaves the running sum, this one enters.
+  if (rec.expert_load.size() != window_load_.size())
+    MOED_THROW(Internal, "step {}: {} expert loads, the report expects {} (layers x experts)", step,
+               rec.expert_load.size(), window_load_.size());
+  if (ring_.size() < std::size_t(window_)) {
+    ring_.push_back(rec.expert_load);
+  } else {
+    std::vector<std::uint64_t>& oldest = ring_[ring_next_];
+    for (std::size_t i = 0; i < oldest.size(); ++i) window_load_[i] -= oldest[i];
+    oldest = rec.expert_load;
+    ring_next_ = (ring_next_ + 1) % ring_.size();
+  }
+  for (std::size_t i = 0; i < window_load_.size(); ++i) window_load_[i] += rec.expert_load[i];
 }
 
 namespace {
@@ -42,39 +69,26 @@ std::string Report::step_line(std::uint64_t step, const StepRecord& rec) const {
 
 Summary Report::summary() const {
   Summary s;
-  s.measured_steps = steps_.size();
-  if (steps_.empty()) return s;
-  std::vector<double> totals, dispatch, combine;
-  double time = 0;
-  std::uint64_t pairs = 0;
-  for (const auto& r : steps_) {
-    totals.push_back(ms(r.total));
-    time += r.total;
-    for (double d : r.dispatch_a2a) dispatch.push_back(ms(d));
-    for (double c : r.combine_a2a) combine.push_back(ms(c));
-    s.route_ms += ms(r.route), s.plan_ms += ms(r.plan), s.dispatch_ms += ms(r.dispatch);
-    s.experts_ms += ms(r.experts), s.combine_ms += ms(r.combine);
-    for (int c = 0; c < placement::kLinkClasses; ++c) s.bytes[c] += r.bytes_sent[c];
-    pairs += r.pairs;
-    s.saturated += r.saturated;
-  }
-  const double n = double(steps_.size());
-  s.route_ms /= n, s.plan_ms /= n, s.dispatch_ms /= n, s.experts_ms /= n, s.combine_ms /= n;
-  s.tokens_per_s = double(info_.tokens_per_step) * n / time;
-  s.step_p50_ms = percentile(totals, 0.50), s.step_p99_ms = percentile(totals, 0.99);
-  s.dispatch_p50_ms = percentile(dispatch, 0.50), s.dispatch_p99_ms = percentile(dispatch, 0.99);
-  s.combine_p50_ms = percentile(combine, 0.50), s.combine_p99_ms = percentile(combine, 0.99);
+  s.measured_steps = measured_;
+  if (measured_ == 0) return s;
+  const double n = double(measured_);
+  s.route_ms = ms(route_) / n, s.plan_ms = ms(plan_) / n, s.dispatch_ms = ms(dispatch_) / n;
+  s.experts_ms = ms(experts_) / n, s.combine_ms = ms(combine_) / n;
+  s.bytes = bytes_;
+  s.saturated = saturated_;
+  s.tokens_per_s = double(info_.tokens_per_step) * n / time_;
+  s.step_p50_ms = ms(step_s_.quantile(0.50)), s.step_p99_ms = ms(step_s_.quantile(0.99));
+  s.dispatch_p50_ms = ms(dispatch_s_.quantile(0.50)), s.dispatch_p99_ms = ms(dispatch_s_.quantile(0.99));
+  s.combine_p50_ms = ms(combine_s_.quantile(0.50)), s.combine_p99_ms = ms(combine_s_.quantile(0.99));
   const double token_layers = double(info_.tokens_per_step) * n * info_.shape.layers;
-  s.experts_per_token = double(pairs) / token_layers;
+  s.experts_per_token = double(pairs_) / token_layers;
   s.activation_rate = s.experts_per_token / info_.shape.experts;
 
   // Load spread over the window of the last steps, per layer, then averaged.
   const int E = info_.shape.experts, L = info_.shape.layers;
-  std::size_t from = steps_.size() > std::size_t(window_) ? steps_.size() - window_ : 0;
+  std::vector<double> load(std::size_t(E), 0.0);
   for (int l = 0; l < L; ++l) {
-    std::vector<double> load(E, 0.0);
-    for (std::size_t i = from; i < steps_.size(); ++i)
-      for (int e = 0; e < E; ++e) load[e] += double(steps_[i].expert_load[std::size_t(l) * E + e]);
+    for (int e = 0; e < E; ++e) load[std::size_t(e)] = double(window_load_[std::size_t(l) * E + e]);
     s.load_std_over_mean += std_over_mean(load) / L;
     s.load_max_over_mean += max_over_mean(load) / L;
   }

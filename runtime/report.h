@@ -1,6 +1,13 @@
 // The figures of a run (rank 0): tokens/s, step latency, all-to-all latency,
 // activation rate, expert load spread, bytes by link class. Printed per step
 // and as a summary at exit, and written as one JSON object.
+//
+// A daemon serves for months, so nothing here grows with the steps served:
+// sums are running sums, latency percentiles come from streaming histograms
+// (QuantileHistogram: since start, within 0.55%), and the expert loads are
+// kept for the last [metrics].load_window_steps steps only, in a ring with a
+// running sum. add_step and summary cost the same on the first step and the
+// millionth.
 #pragma once
 
 #include <array>
@@ -11,6 +18,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/quantile_histogram.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 
@@ -60,8 +68,20 @@ class Report {
  private:
   RunInfo info_;
   int window_;
-  std::uint64_t served_ = 0;       // steps served, warm-up included
-  std::vector<StepRecord> steps_;  // measured steps only
+  std::uint64_t served_ = 0;  // steps served, warm-up included
+
+  // Measured steps only (after the warm-up).
+  std::uint64_t measured_ = 0;
+  double time_ = 0;                                   // seconds, summed
+  double route_ = 0, plan_ = 0, dispatch_ = 0, experts_ = 0, combine_ = 0;  // seconds, summed
+  std::array<std::uint64_t, placement::kLinkClasses> bytes_{};
+  std::uint64_t pairs_ = 0, saturated_ = 0;
+  QuantileHistogram step_s_, dispatch_s_, combine_s_;  // seconds
+  // Expert loads of the last window_ measured steps: ring_[slot] is one step's
+  // [layer * experts + e]; window_load_ is their sum.
+  std::vector<std::vector<std::uint64_t>> ring_;
+  std::size_t ring_next_ = 0;
+  std::vector<std::uint64_t> window_load_;
 };
 
 }  // namespace moed::runtime

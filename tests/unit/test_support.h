@@ -2,11 +2,14 @@
 //   expect_error: run a callable, expecting a moed::Error of a given kind whose
 //                 message contains given substrings;
 //   TempDir:      a fresh empty directory under temp_directory_path(), removed
-//                 with everything in it when the TempDir goes.
+//                 with everything in it when the TempDir goes;
+//   heap_in_use:  the bytes malloc has handed out and not yet taken back, to
+//                 check that a long-lived object does not grow.
 // Header only: each test binary is built from the .cc files of one part.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -101,5 +104,11 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Heap bytes in use (glibc: small blocks plus mmapped large ones), process-wide.
+inline std::size_t heap_in_use() {
+  const struct mallinfo2 info = ::mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
 
 }  // namespace moed::test
