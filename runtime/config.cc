@@ -64,6 +64,9 @@ const config::Section<WorkloadConfig>& workload_section() {
                     "replayed from a trace file"),
           integer<C>("tokens_per_step", &C::tokens_per_step, 512, 1, 1 << 24,
                      "tokens per step over all ranks (split evenly by rank)"),
+          choice<C>("order", &C::order, "sequential", {"sequential", "shuffled"},
+                    "sequential: step s serves tokens s*T .. s*T+T-1 in order; shuffled: the same "
+                    "tokens in a permutation drawn per step (dumps stay in token order)"),
           integer<C>("steps", &C::steps, 16, 1, 1 << 30, "steps to serve, then exit"),
           integer<C>("warmup_steps", &C::warmup_steps, 1, 0, 1 << 20,
                      "steps served first and left out of the figures"),
@@ -84,11 +87,18 @@ const config::Section<ExpertsConfig>& experts_section() {
   static const config::Section<C> s(
       "experts", "expert computation on CPU",
       {
+          choice<C>("gemm", &C::gemm, "fixed-order", {"fixed-order", "openblas"},
+                    "fixed-order: moed's GEMM, whose every output is one fma chain in k order, so a "
+                    "token's bits do not depend on its batch, rank or CPU; openblas: sgemm on "
+                    "canonical chunks, bit-exact across ranks and placements but not batches"),
+          choice<C>("isa", &C::isa, "auto", {"auto", "avx512", "avx2", "portable"},
+                    "fixed-order GEMM kernel: auto = the widest this CPU runs (all give the same bits)"),
           integer<C>("chunk_rows", &C::chunk_rows, 512, 1, 1 << 20,
-                     "rows per expert GEMM call; an expert's rows of a step are cut into chunks "
-                     "of this size in token order, so results do not depend on placement "
-                     "(runs compare bit for bit only with equal values)"),
-          integer<C>("blas_threads", &C::blas_threads, 1, 1, 1024, "OpenBLAS threads per rank"),
+                     "rows per expert GEMM call; an expert's rows of a step are cut into chunks of "
+                     "this size in token order, and replicas share an expert's chunks (with "
+                     "gemm = openblas, runs compare bit for bit only with equal values)"),
+          integer<C>("blas_threads", &C::blas_threads, 1, 1, 1024,
+                     "OpenBLAS threads per rank (the fixed-order GEMM runs on one thread)"),
       });
   return s;
 }

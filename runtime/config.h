@@ -29,7 +29,7 @@ struct RouterConfig {
 };
 
 struct WorkloadConfig {
-  std::string kind;
+  std::string kind, order;
   std::int64_t tokens_per_step = 0, steps = 0, warmup_steps = 0, seed = 0;
   double hot_ratio = 0;
   std::int64_t topic_size = 0;
@@ -38,6 +38,7 @@ struct WorkloadConfig {
 };
 
 struct ExpertsConfig {
+  std::string gemm, isa;
   std::int64_t chunk_rows = 0, blas_threads = 1;
 };
 

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
 #include "launch/launch_env.h"
 #include "launch/topology_discovery.h"
@@ -179,6 +180,44 @@ void check_output_paths(const ServeOptions& options, int rank, const Config& c,
   }
 }
 
+// The fixed-order GEMM kernel [experts].isa names (auto: the widest here).
+void choose_gemm_isa(const Config& c) {
+  if (c.experts.isa == "auto") return kernels::set_gemm_isa(kernels::best_gemm_isa());
+  for (kernels::GemmIsa isa : {kernels::GemmIsa::avx512, kernels::GemmIsa::avx2, kernels::GemmIsa::portable}) {
+    if (kernels::to_string(isa) != c.experts.isa) continue;
+    if (kernels::best_gemm_isa() < isa)
+      MOED_THROW(Usage, "[experts].isa = {}: this CPU does not run it (the widest here is {})", c.experts.isa,
+                 kernels::to_string(kernels::best_gemm_isa()));
+    return kernels::set_gemm_isa(isa);
+  }
+}
+
+// Whether this run may claim that a token's bits do not depend on its batch:
+// the fixed-order GEMM probed on this CPU at this model's shapes (k as
+// served, up to three blocks of it; n as one full panel plus the shape's
+// edge), for the router and, unless they run on OpenBLAS, the experts.
+struct Numerics {
+  bool batch_invariant = false;
+  std::string description;
+};
+
+Numerics probe_numerics(const Config& c) {
+  const std::size_t H = std::size_t(c.model.hidden), F = std::size_t(c.model.ffn), E = std::size_t(c.model.experts);
+  const bool experts_fixed = c.experts.gemm == "fixed-order";
+  std::vector<std::pair<std::size_t, std::size_t>> shapes{{E, H}};  // (n, k)
+  if (experts_fixed) shapes.insert(shapes.end(), {{2 * F, H}, {H, F}});
+  for (auto [n, k] : shapes) {
+    kernels::InvarianceProbe probe = kernels::probe_row_invariance(16 + n % 16, std::min<std::size_t>(k, 600));
+    if (!probe.invariant) return {false, "NOT batch-invariant: the start-up probe failed: " + probe.detail};
+  }
+  const std::string isa = kernels::to_string(kernels::gemm_isa());
+  if (!experts_fixed)
+    return {false, fmt::format("experts on OpenBLAS sgemm ([experts].gemm): bit-exact across ranks and "
+                               "placements, not across batches; router on the fixed-order GEMM ({})",
+                               isa)};
+  return {true, fmt::format("batch-invariant: fixed-order GEMM ({}), probed at start-up", isa)};
+}
+
 // Per-step reduction: times are maxed over ranks, bytes summed.
 StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, std::uint64_t step) {
   StepRecord out = mine;
@@ -238,7 +277,10 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     if (code != 0 && d->rank_ == 0) spdlog::error("not serving: start-up failed (see the errors above)");
     return code;
   };
+  Numerics numerics;
   exit_code = attempt("start-up status", [&] {
+    choose_gemm_isa(c);
+    numerics = probe_numerics(c);
     d->fault_ = fault_from_env();
     FoundIslands found = discover_islands(c, d->control_, where, local.host);
     if (local.error) std::rethrow_exception(local.error);
@@ -250,6 +292,12 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     d->stats_ = initial_stats(c, d->rank_, mpi.size());
     check_output_paths(options, d->rank_, c, d->dump_);
   });
+  if (exit_code == 0) {
+    // The claim holds for the job only if it holds on every rank's CPU.
+    if (!numerics.batch_invariant && c.experts.gemm == "fixed-order") spdlog::warn("numerics: {}", numerics.description);
+    if (d->control_.all_max(numerics.batch_invariant ? 0 : 1, "numerics probe") && numerics.batch_invariant)
+      numerics = {false, "NOT batch-invariant: the start-up probe failed on another rank (see its log)"};
+  }
   if (exit_code == 0)
     exit_code = attempt("transport status", [&] { d->transport_ = comm::create_transport(c.comm, mpi.world(), d->control_); });
   if (exit_code != 0) return nullptr;
@@ -291,14 +339,32 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
                std::uint64_t(c.workload.tokens_per_step), std::uint64_t(c.workload.steps),
                std::uint64_t(c.workload.warmup_steps), d->transport_->name(),
                d->workload_->describe(), d->start_placement_,
-               kernels::blas_description(), d->topology_->describe()};
+               kernels::blas_description(), d->topology_->describe(), numerics.batch_invariant,
+               numerics.description};
   d->report_ = std::make_unique<Report>(info, int(c.metrics.load_window_steps));
   if (d->rank_ == 0) {
     spdlog::info("serving {} with {} ranks ({}, islands from {}), {}", info.shape.describe(), info.ranks,
                  info.topology, d->islands_source_, info.placement);
     spdlog::info("workload: {}", info.workload);
+    if (numerics.batch_invariant)
+      spdlog::info("numerics: {}", numerics.description);
+    else
+      spdlog::warn("numerics: {}", numerics.description);
   }
   return d;
+}
+
+// The dump is in token order; a shuffled step serves its tokens out of it.
+const std::byte* Daemon::in_token_order(std::uint64_t step, const std::vector<std::byte>& rows) {
+  if (config_.workload.order != "shuffled") return rows.data();
+  const TokenOrder order(std::uint64_t(config_.workload.tokens_per_step), true, std::uint64_t(config_.workload.seed));
+  std::vector<std::uint32_t> position;
+  order.positions(step, position);
+  const std::size_t row_bytes = std::size_t(config_.model.hidden) * sizeof(float);
+  reordered_.resize(rows.size());
+  for (std::size_t t = 0; t < position.size(); ++t)
+    std::memcpy(reordered_.data() + t * row_bytes, rows.data() + position[t] * row_bytes, row_bytes);
+  return reordered_.data();
 }
 
 bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
@@ -311,7 +377,7 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
   if (!options_.dump_output.empty()) {
     std::vector<std::byte> rows = control_.gather(hidden_.data(), hidden_.size() * sizeof(float),
                                                   fmt::format("outputs of step {}", step));
-    if (dump_) dump_->append(rows.data(), rows.size());
+    if (dump_) dump_->append(in_token_order(step, rows), rows.size());
   }
   Summary summary;
   if (rank_ == 0) {

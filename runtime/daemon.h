@@ -60,6 +60,7 @@ class Daemon {
 
  private:
   Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+  const std::byte* in_token_order(std::uint64_t step, const std::vector<std::byte>& rows);
 
   const Config& config_;
   ServeOptions options_;
@@ -82,6 +83,7 @@ class Daemon {
   std::unique_ptr<admin::AdminServer> admin_;     // with [admin].dir
   std::string islands_source_;
   std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
+  std::vector<std::byte> reordered_;  // rank 0: a shuffled step's rows in token order
 };
 
 // moed's main loop: start, serve every configured step, finish. Returns the

@@ -71,7 +71,10 @@ struct PlanInput {
   std::uint64_t step = 0;
   const placement::Topology* topology = nullptr;  // none: one island, replicas rotate
   bool hierarchical = false;                      // route through gateways (needs a topology)
-  std::uint64_t first_token = 0;                  // global id of this rank's token 0
+  // Step-wide key of this rank's token 0 (step x T + its first position):
+  // tokens are keyed by position, so an expert's rows are ordered alike on
+  // every rank, whichever token sits at a position.
+  std::uint64_t first_token = 0;
 };
 
 // Index, in the expert's replica list, of the replica that computes chunk

@@ -20,13 +20,15 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       workload_(workload),
       shape_(store.shape()),
       router_(RouterParams::from(config)),
-      tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)) {
+      tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)),
+      order_(tokens_per_step_, config.workload.order == "shuffled", std::uint64_t(config.workload.seed)) {
   const std::uint64_t R = std::uint64_t(transport.size()), r = std::uint64_t(transport.rank());
   first_ = tokens_per_step_ * r / R;
   count_ = std::size_t(tokens_per_step_ * (r + 1) / R - first_);
+  // The router's logits come from the fixed-order GEMM whatever [experts].gemm
+  // says: a token's routing never depends on its batch.
   for (int l = 0; l < shape_.layers; ++l)
-    gate_gemm_.push_back(std::make_unique<kernels::InvariantRowGemm>(
-        store.layer(l).gate.data(), std::size_t(shape_.experts), std::size_t(shape_.hidden)));
+    gate_.emplace_back(store.layer(l).gate.data(), std::size_t(shape_.experts), std::size_t(shape_.hidden));
   counts_ = ExpertCounts(transport.size(), shape_.experts);
   hierarchical_ = config.comm.hierarchical && topology.islands() > 1;
   routing_.resize(shape_.layers);
@@ -39,11 +41,22 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   rec.expert_load.assign(std::size_t(shape_.layers) * shape_.experts, 0);
   const double start = now_seconds();
   x.resize(count_ * shape_.hidden);
-  workload_.tokens(step * tokens_per_step_ + first_, count_, x.data());
+  fetch_tokens(step, x.data());
   for (int l = 0; l < shape_.layers; ++l) run_layer(l, step, x, rec);
   if (stats_) record_stats();
   rec.total = now_seconds() - start;
   return rec;
+}
+
+void Engine::fetch_tokens(std::uint64_t step, float* x) {
+  order_.ids(step, first_, count_, ids_);
+  if (!order_.shuffled()) return workload_.tokens(ids_.empty() ? 0 : ids_[0], count_, x);
+  for (std::size_t t = 0; t < count_; ++t) workload_.tokens(ids_[t], 1, x + t * std::size_t(shape_.hidden));
+}
+
+void Engine::fetch_routing(int layer, Routing& routing) const {
+  if (!order_.shuffled()) return workload_.routing(ids_.empty() ? 0 : ids_[0], count_, layer, routing);
+  for (std::uint64_t id : ids_) workload_.routing(id, 1, layer, routing);
 }
 
 void Engine::record_stats() {
@@ -94,10 +107,10 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
   Routing& routing = routing_[layer];
   routing.clear();
   if (workload_.replays_routing()) {
-    workload_.routing(step * tokens_per_step_ + first_, count_, layer, routing);
+    fetch_routing(layer, routing);
   } else {
     logits_.resize(count_ * E);
-    (*gate_gemm_[layer])(xn_.data(), count_, logits_.data());
+    kernels::gemm_fixed_order(xn_.data(), count_, gate_[layer], logits_.data());
     route(logits_.data(), count_, E, router_, routing);
   }
   double t1 = now_seconds();

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/transport.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/fixed_order_gemm.h"
 #include "placement/placement.h"
 #include "placement/routing_stats.h"
 #include "placement/topology.h"
@@ -17,6 +17,7 @@
 #include "runtime/expert_executor.h"
 #include "runtime/router.h"
 #include "runtime/weights/expert_store.h"
+#include "runtime/workload/token_order.h"
 #include "runtime/workload/workload.h"
 
 namespace moed::runtime {
@@ -37,8 +38,9 @@ class Engine {
   Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
          const placement::Placement& placement, const ExpertStore& store, const Workload& workload);
 
-  // Global token range of this rank in every step: [first, first + count) of the
-  // step's tokens_per_step, split evenly by rank.
+  // This rank's positions in every step: [first, first + count) of the step's
+  // tokens_per_step, split evenly by rank ([workload].order says which token
+  // sits at each position).
   std::uint64_t first_token() const { return first_; }
   std::size_t local_tokens() const { return count_; }
 
@@ -67,6 +69,9 @@ class Engine {
   void answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vector<std::byte>& send,
               const std::string& what, StepRecord& rec);
   void record_stats();
+  // The workload's tokens (and replayed routing) for this rank's positions.
+  void fetch_tokens(std::uint64_t step, float* x);
+  void fetch_routing(int layer, Routing& routing) const;
 
   const Config& config_;
   comm::Transport& transport_;
@@ -79,7 +84,9 @@ class Engine {
   std::uint64_t tokens_per_step_;
   std::uint64_t first_ = 0;
   std::size_t count_ = 0;
-  std::vector<std::unique_ptr<kernels::InvariantRowGemm>> gate_gemm_;  // per layer
+  TokenOrder order_;
+  std::vector<std::uint64_t> ids_;  // this step's tokens at this rank's positions
+  std::vector<kernels::PackedWeights> gate_;  // per layer: the gate [experts, hidden], packed
   ExpertExecutor executor_;
 
   // Buffers reused from layer to layer.

@@ -104,6 +104,7 @@ void Report::print(std::ostream& os) const {
       "  workload           {}\n"
       "  placement          {}\n"
       "  transport          {}; {}\n"
+      "  numerics           {}\n"
       "  tokens/s           {:.0f}\n"
       "  step latency       p50 {:.2f} ms   p99 {:.2f} ms\n"
       "  dispatch a2a       p50 {:.2f} ms   p99 {:.2f} ms  (per layer)\n"
@@ -115,7 +116,7 @@ void Report::print(std::ostream& os) const {
       "  bytes sent         same rank {} ({:.0f}%) | same island {} ({:.0f}%) | cross island {} "
       "({:.0f}%)\n",
       info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), served_, info_.tokens_per_step,
-      info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas,
+      info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas, info_.numerics,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.dispatch_p50_ms, s.dispatch_p99_ms,
       s.combine_p50_ms, s.combine_p99_ms, s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,
       s.combine_ms, 100 * s.activation_rate, s.experts_per_token, info_.shape.experts,
@@ -148,6 +149,8 @@ nlohmann::json Report::to_json() const {
       {"transport", info_.transport},
       {"workload", info_.workload},
       {"placement", info_.placement},
+      {"batch_invariant", info_.batch_invariant},
+      {"numerics", info_.numerics},
       {"tokens_per_s", s.tokens_per_s},
       {"step_latency_ms", {{"p50", s.step_p50_ms}, {"p99", s.step_p99_ms}}},
       {"dispatch_latency_ms", {{"p50", s.dispatch_p50_ms}, {"p99", s.dispatch_p99_ms}}},

@@ -29,6 +29,8 @@ struct RunInfo {
   ModelShape shape;
   std::uint64_t tokens_per_step = 0, steps = 0, warmup_steps = 0;
   std::string transport, workload, placement, blas, topology;
+  bool batch_invariant = false;  // the start-up probe's verdict
+  std::string numerics;          // what the bits depend on, and why
 };
 
 struct Summary {

@@ -3,21 +3,28 @@
 
 #include <cstddef>
 
+#include "kernels/cpu/fixed_order_gemm.h"
+
 namespace moed::kernels {
 
-// One expert's weights in fp32, torch Linear layout. W1 and W3 are stacked into
-// one [2F, H] matrix so the up-projection is a single sgemm.
+// One expert's weights in fp32. W1 and W3 are stacked into one [2F, H] matrix
+// (rows [0, F) are W1, rows [F, 2F) are W3) so the up-projection is a single
+// GEMM. Either packed for the fixed-order GEMM (the default: a row's bits do
+// not depend on its batch) or in torch Linear layout for OpenBLAS.
 struct ExpertView {
-  const float* w13 = nullptr;  // [2F, H]: rows [0, F) are W1, rows [F, 2F) are W3
-  const float* w2 = nullptr;   // [H, F]
-  std::size_t hidden = 0;      // H
-  std::size_t ffn = 0;         // F
+  const PackedWeights* w13_packed = nullptr;  // [2F, H]
+  const PackedWeights* w2_packed = nullptr;   // [H, F]
+  const float* w13 = nullptr;                 // [2F, H], row-major (OpenBLAS)
+  const float* w2 = nullptr;                  // [H, F], row-major (OpenBLAS)
+  std::size_t hidden = 0;                     // H
+  std::size_t ffn = 0;                        // F
 };
 
 // Scratch floats expert_ffn needs for m rows.
 inline std::size_t expert_ffn_scratch(const ExpertView& e, std::size_t m) { return m * 2 * e.ffn; }
 
-// y[m, H] for x[m, H]: two sgemm calls (w13, then w2) and the gated activation.
+// y[m, H] for x[m, H]: two GEMM calls (w13, then w2) and the gated activation;
+// fixed-order GEMMs when the view holds packed weights, else OpenBLAS.
 void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, float* scratch);
 
 // out[i] = silu(gate[i]) * up[i], with a fixed-sequence exp (same bits on every run).

@@ -56,6 +56,7 @@ class TensorSource {
 ExpertStore ExpertStore::load(const Config& config, const placement::Placement& placement, int rank) {
   ExpertStore store;
   store.shape_ = ModelShape::from(config.model);
+  store.packed_ = config.experts.gemm == "fixed-order";
   const ModelShape& s = store.shape_;
   TensorSource source(config, s);
   const std::size_t H = s.hidden, F = s.ffn;
@@ -67,16 +68,27 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
     source.norm(l, lw.norm.data());
     store.layers_.push_back(std::move(lw));
     for (int e : placement.experts_on(l, rank)) {
-      Slot slot;
-      slot.w13.resize(2 * F * H);
-      slot.w2.resize(H * F);
-      source.up(l, e, 1, slot.w13.data());
-      source.up(l, e, 3, slot.w13.data() + F * H);
-      source.down(l, e, slot.w2.data());
-      store.slots_.emplace(std::pair{l, e}, std::move(slot));
+      std::vector<float> w13(2 * F * H), w2(H * F);
+      source.up(l, e, 1, w13.data());
+      source.up(l, e, 3, w13.data() + F * H);
+      source.down(l, e, w2.data());
+      store.slots_.emplace(std::pair{l, e}, store.make_slot(std::move(w13), std::move(w2)));
     }
   }
   return store;
+}
+
+ExpertStore::Slot ExpertStore::make_slot(std::vector<float> w13, std::vector<float> w2) const {
+  Slot slot;
+  if (!packed_) {
+    slot.w13 = std::move(w13);
+    slot.w2 = std::move(w2);
+    return slot;
+  }
+  const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn);
+  slot.w13_packed = kernels::PackedWeights(w13.data(), 2 * F, H);
+  slot.w2_packed = kernels::PackedWeights(w2.data(), H, F);
+  return slot;
 }
 
 const ExpertStore::Slot* ExpertStore::find(int layer, int expert) const {
@@ -89,7 +101,9 @@ bool ExpertStore::holds(int layer, int expert) const { return find(layer, expert
 kernels::ExpertView ExpertStore::expert(int layer, int expert) const {
   const Slot* slot = find(layer, expert);
   MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
-  return {slot->w13.data(), slot->w2.data(), std::size_t(shape_.hidden), std::size_t(shape_.ffn)};
+  const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn);
+  if (packed_) return {&slot->w13_packed, &slot->w2_packed, nullptr, nullptr, H, F};
+  return {nullptr, nullptr, slot->w13.data(), slot->w2.data(), H, F};
 }
 
 std::size_t ExpertStore::expert_bytes() const {
@@ -101,17 +115,21 @@ int ExpertStore::slots() const { return int(slots_.size()); }
 void ExpertStore::copy_slot(int layer, int expert, float* out) const {
   const Slot* slot = find(layer, expert);
   MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
+  const std::size_t up = 2 * std::size_t(shape_.ffn) * std::size_t(shape_.hidden);
+  if (packed_) {
+    slot->w13_packed.unpack(out);
+    slot->w2_packed.unpack(out + up);
+    return;
+  }
   std::copy(slot->w13.begin(), slot->w13.end(), out);
-  std::copy(slot->w2.begin(), slot->w2.end(), out + slot->w13.size());
+  std::copy(slot->w2.begin(), slot->w2.end(), out + up);
 }
 
 void ExpertStore::add_slot(int layer, int expert, const float* weights) {
   MOED_CHECK(!holds(layer, expert), "layer {} expert {} is already held", layer, expert);
   const std::size_t up = 2 * std::size_t(shape_.ffn) * std::size_t(shape_.hidden);
-  Slot slot;
-  slot.w13.assign(weights, weights + up);
-  slot.w2.assign(weights + up, weights + slot_floats());
-  slots_.emplace(std::pair{layer, expert}, std::move(slot));
+  slots_.emplace(std::pair{layer, expert}, make_slot(std::vector<float>(weights, weights + up),
+                                                     std::vector<float>(weights + up, weights + slot_floats())));
 }
 
 void ExpertStore::drop_slot(int layer, int expert) {

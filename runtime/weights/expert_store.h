@@ -1,5 +1,7 @@
 // The weights one rank serves with: every layer's router gate and norm (the
-// router is replicated) and the experts of this rank's slots, in fp32.
+// router is replicated) and the experts of this rank's slots, in fp32. With
+// [experts].gemm = "fixed-order" the experts are held packed for that GEMM
+// (packed once, at load or when a migrated slot arrives), else row-major.
 #pragma once
 
 #include <cstddef>
@@ -32,20 +34,27 @@ class ExpertStore {
   std::size_t expert_bytes() const;                          // fp32 bytes of the held slots
   int slots() const;
 
-  // Live migration moves slots as flat fp32 arrays: W1|W3 ([2F, H]) then W2 ([H, F]).
+  bool packed() const { return packed_; }
+
+  // Live migration moves slots as flat fp32 arrays: W1|W3 ([2F, H]) then W2
+  // ([H, F]), row-major whichever way the two ranks hold them.
   std::size_t slot_floats() const { return 3 * std::size_t(shape_.hidden) * std::size_t(shape_.ffn); }
   void copy_slot(int layer, int expert, float* out) const;  // slot_floats() floats
   void add_slot(int layer, int expert, const float* weights);
   void drop_slot(int layer, int expert);
 
  private:
+  // One of the two forms, as packed_ says.
   struct Slot {
+    kernels::PackedWeights w13_packed, w2_packed;
     std::vector<float> w13;  // [2F, H]
     std::vector<float> w2;   // [H, F]
   };
+  Slot make_slot(std::vector<float> w13, std::vector<float> w2) const;
   const Slot* find(int layer, int expert) const;
 
   ModelShape shape_;
+  bool packed_ = true;
   std::vector<LayerWeights> layers_;
   std::map<std::pair<int, int>, Slot> slots_;  // (layer, expert) -> weights
 };

@@ -7,10 +7,12 @@
 // at once; the slowest rank's time is the step's bound. moed's ratio is bound
 // over its measured step time (1.0 = no overhead beyond the GEMMs). A second
 // bound replays the GEMM calls moed actually issues (row chunks, W1 and W3
-// fused) to separate the cost of those choices from routing and communication.
+// fused, moed's kernel) to separate the cost of those choices from routing and
+// communication.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <map>
 #include <iostream>
 
 #include "comm/mpi/mpi_session.h"
@@ -18,6 +20,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/summary_stats.h"
+#include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
 #include "runtime/daemon.h"
 
@@ -26,9 +29,26 @@ namespace {
 using namespace moed;
 using namespace moed::runtime;
 
-// Seconds this rank spends on its experts' GEMMs for one layer's loads.
+// Row-major copies of the held experts' weights, for OpenBLAS (the store
+// holds them packed for the fixed-order GEMM).
+struct RowMajorExperts {
+  std::map<std::pair<int, int>, std::vector<float>> slots;  // (layer, expert) -> W1|W3 then W2
+  const std::vector<float>& of(const ExpertStore& store, int l, int e) {
+    auto [it, added] = slots.try_emplace({l, e});
+    if (added) {
+      it->second.resize(store.slot_floats());
+      store.copy_slot(l, e, it->second.data());
+    }
+    return it->second;
+  }
+};
+
+// Seconds this rank spends on its experts' GEMMs for one layer's loads:
+// the bound (OpenBLAS, one sgemm each for W1, W3 and W2 over all the
+// expert's rows) or, as_served, the calls moed issues (W1|W3 fused, then W2,
+// chunk by chunk, with moed's kernel: fixed-order or OpenBLAS).
 double gemm_seconds(const ExpertStore& store, const placement::Placement& placement, int rank,
-                    const StepRecord& rec, std::uint64_t chunk_rows, bool as_served,
+                    const StepRecord& rec, std::uint64_t chunk_rows, bool as_served, RowMajorExperts& row_major,
                     std::vector<float>& a, std::vector<float>& b) {
   const ModelShape& s = store.shape();
   const std::size_t H = s.hidden, F = s.ffn;
@@ -38,20 +58,27 @@ double gemm_seconds(const ExpertStore& store, const placement::Placement& placem
       std::size_t rows = rec.expert_load[std::size_t(l) * s.experts + e];
       rows /= placement.replicas(l, e).size();  // an even share when replicated
       if (rows == 0) continue;
-      kernels::ExpertView w = store.expert(l, e);
+      const float* w13 = row_major.of(store, l, e).data();
+      const float* w2 = w13 + 2 * F * H;
+      const kernels::ExpertView served = store.expert(l, e);
       a.resize(std::max(a.size(), rows * 2 * F));
       b.resize(std::max(b.size(), rows * 2 * F));
       double t0 = now_seconds();
       if (as_served) {
         for (std::size_t r = 0; r < rows; r += chunk_rows) {
           std::size_t m = std::min<std::size_t>(chunk_rows, rows - r);
-          kernels::gemm_xwt(a.data(), m, H, w.w13, 2 * F, b.data());
-          kernels::gemm_xwt(b.data(), m, F, w.w2, H, a.data(), 2 * F);
+          if (served.w13_packed) {
+            kernels::gemm_fixed_order(a.data(), m, *served.w13_packed, b.data());
+            kernels::gemm_fixed_order(b.data(), m, *served.w2_packed, a.data(), 2 * F);
+          } else {
+            kernels::gemm_xwt(a.data(), m, H, w13, 2 * F, b.data());
+            kernels::gemm_xwt(b.data(), m, F, w2, H, a.data(), 2 * F);
+          }
         }
       } else {
-        kernels::gemm_xwt(a.data(), rows, H, w.w13, F, b.data());          // W1
-        kernels::gemm_xwt(a.data(), rows, H, w.w13 + F * H, F, b.data());  // W3
-        kernels::gemm_xwt(b.data(), rows, F, w.w2, H, a.data());           // W2
+        kernels::gemm_xwt(a.data(), rows, H, w13, F, b.data());          // W1
+        kernels::gemm_xwt(a.data(), rows, H, w13 + F * H, F, b.data());  // W3
+        kernels::gemm_xwt(b.data(), rows, F, w2, H, a.data());           // W2
       }
       total += now_seconds() - t0;
     }
@@ -81,6 +108,7 @@ int main(int argc, char** argv) {
     // Each measured step is followed at once by its bounds, every rank at
     // once as when serving, so that drift in the machine's speed hits both.
     std::vector<float> a, b;
+    RowMajorExperts row_major;
     std::vector<double> ratio, ratio_served, moed_ms, bound_ms, served_ms;
     const std::uint64_t chunk = std::uint64_t(config.experts.chunk_rows);
     StepRecord rec;
@@ -90,7 +118,7 @@ int main(int argc, char** argv) {
       for (int pass = 0; pass < 2; ++pass) {
         daemon->control().all_max(0, "bound barrier");
         t[pass] = gemm_seconds(daemon->store(), daemon->placement(), mpi.rank(), rec, chunk,
-                               pass == 1, a, b);
+                               pass == 1, row_major, a, b);
       }
       daemon->control().reduce_max(t, 2, "bound figures");
       moed_ms.push_back(rec.total * 1e3);
@@ -107,7 +135,7 @@ int main(int argc, char** argv) {
           "  moed            {:9.0f} tokens/s   step p50 {:8.2f} ms\n"
           "  compute bound   {:9.0f} tokens/s   step p50 {:8.2f} ms  (OpenBLAS sgemm, W1/W3/W2 per expert)\n"
           "  ratio           {:9.3f}            (bound / moed step time, median over steps)\n"
-          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the chunked, fused calls moed issues; ratio {:.3f})\n"
+          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the chunked, fused calls moed issues, {}; ratio {:.3f})\n"
           "  phases per step route {:.2f} | plan {:.2f} | dispatch {:.2f} | experts {:.2f} | combine {:.2f} ms  (mean; each phase maxed over ranks)\n"
           "  a2a per layer   dispatch p50 {:.2f} p99 {:.2f} ms | combine p50 {:.2f} p99 {:.2f} ms\n",
           label, mpi.size(), config.workload.tokens_per_step,
@@ -115,6 +143,7 @@ int main(int argc, char** argv) {
           percentile(moed_ms, 0.5), tokens / (percentile(bound_ms, 0.5) / 1e3),
           percentile(bound_ms, 0.5), percentile(ratio, 0.5),
           tokens / (percentile(served_ms, 0.5) / 1e3), percentile(served_ms, 0.5),
+          config.experts.gemm == "openblas" ? "OpenBLAS" : "fixed-order " + kernels::to_string(kernels::gemm_isa()),
           percentile(ratio_served, 0.5), s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,
           s.combine_ms, s.dispatch_p50_ms, s.dispatch_p99_ms, s.combine_p50_ms, s.combine_p99_ms);
     }

@@ -6,6 +6,9 @@
 #     at 2 and 4 ranks: tokens/s against the OpenBLAS compute bound;
 # (b) the same layer at 128 tokens per rank on 4 ranks (decode-like): where
 #     the step time goes.
+# Each case runs twice, A/B: the experts on OpenBLAS sgemm (canonical chunks,
+# not batch-invariant) and on the fixed-order GEMM (the default). Compare
+# their ratios to the bound, which each run measures for itself.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -17,7 +20,13 @@ flags=(--bind-to none --oversubscribe)
 export OPENBLAS_NUM_THREADS=1
 echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for ranks in 2 4; do
-  mpirun "${flags[@]}" -np $ranks "$bench" --config "$root/configs/bench-prefill.toml" \
-    --set workload.tokens_per_step=$((2048 * ranks)) --label "prefill, 2048 tokens/rank"
+  for gemm in openblas fixed-order; do
+    mpirun "${flags[@]}" -np $ranks "$bench" --config "$root/configs/bench-prefill.toml" \
+      --set workload.tokens_per_step=$((2048 * ranks)) --set experts.gemm=$gemm \
+      --label "prefill, 2048 tokens/rank, experts on $gemm"
+  done
 done
-mpirun "${flags[@]}" -np 4 "$bench" --config "$root/configs/bench-decode.toml" --label "decode, 128 tokens/rank"
+for gemm in openblas fixed-order; do
+  mpirun "${flags[@]}" -np 4 "$bench" --config "$root/configs/bench-decode.toml" --set experts.gemm=$gemm \
+    --label "decode, 128 tokens/rank, experts on $gemm"
+done

@@ -4,7 +4,8 @@
 //   TempDir:      a fresh empty directory under temp_directory_path(), removed
 //                 with everything in it when the TempDir goes;
 //   heap_in_use:  the bytes malloc has handed out and not yet taken back, to
-//                 check that a long-lived object does not grow.
+//                 check that a long-lived object does not grow;
+//   random_floats: n floats uniform in [-1, 1) from a counter-based key.
 // Header only: each test binary is built from the .cc files of one part.
 #pragma once
 
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/rng.h"
 
 namespace moed::test {
 
@@ -104,6 +106,13 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t key) {
+  CounterRng g(key);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = g.symmetric(i);
+  return v;
+}
 
 // Heap bytes in use (glibc: small blocks plus mmapped large ones), process-wide.
 inline std::size_t heap_in_use() {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "common/rng.h"
@@ -69,19 +70,23 @@ TEST(SiluMul, VeryNegativeGateGivesAboutZero) {
   }
 }
 
-// A random expert with its weights, in torch layout.
+// A random expert with its weights, in torch layout and packed.
 struct Expert {
   std::size_t H, F;
   std::vector<float> w13, w2;
-  ExpertView view() const { return {w13.data(), w2.data(), H, F}; }
+  PackedWeights w13_packed, w2_packed;
+  ExpertView view() const { return {&w13_packed, &w2_packed, nullptr, nullptr, H, F}; }
+  ExpertView openblas_view() const { return {nullptr, nullptr, w13.data(), w2.data(), H, F}; }
 };
 
 Expert random_expert(std::size_t H, std::size_t F, std::uint64_t key) {
   CounterRng g(key);
-  Expert e{H, F, std::vector<float>(2 * F * H), std::vector<float>(H * F)};
+  Expert e{H, F, std::vector<float>(2 * F * H), std::vector<float>(H * F), {}, {}};
   const float s1 = 1.0f / std::sqrt(float(H)), s2 = 1.0f / std::sqrt(float(F));
   for (std::size_t i = 0; i < e.w13.size(); ++i) e.w13[i] = g.symmetric(i) * s1 * 2;
   for (std::size_t i = 0; i < e.w2.size(); ++i) e.w2[i] = g.symmetric(1'000'000 + i) * s2;
+  e.w13_packed = PackedWeights(e.w13.data(), 2 * F, H);
+  e.w2_packed = PackedWeights(e.w2.data(), H, F);
   return e;
 }
 
@@ -113,15 +118,17 @@ std::vector<float> random_rows(std::size_t m, std::size_t H, std::uint64_t key) 
   return x;
 }
 
-class ExpertFfn : public ::testing::TestWithParam<std::size_t> {};
+class ExpertFfn : public ::testing::TestWithParam<std::tuple<std::size_t, bool>> {};
 
 TEST_P(ExpertFfn, MatchesADoubleLoop) {
-  const std::size_t m = GetParam(), H = 48, F = 40;
+  const auto [m, openblas] = GetParam();
+  const std::size_t H = 48, F = 40;
   Expert e = random_expert(H, F, 100);
+  const ExpertView view = openblas ? e.openblas_view() : e.view();
   std::vector<float> x = random_rows(m, H, 200 + m);
-  std::vector<float> y(m * H), scratch(expert_ffn_scratch(e.view(), m));
+  std::vector<float> y(m * H), scratch(expert_ffn_scratch(view, m));
   ASSERT_EQ(scratch.size(), m * 2 * F);
-  expert_ffn(e.view(), x.data(), m, y.data(), scratch.data());
+  expert_ffn(view, x.data(), m, y.data(), scratch.data());
   std::vector<double> want = reference_ffn(e, x, m);
   double magnitude = 0;
   for (double v : want) magnitude = std::max(magnitude, std::abs(v));
@@ -130,11 +137,32 @@ TEST_P(ExpertFfn, MatchesADoubleLoop) {
     EXPECT_NEAR(y[i], want[i], 1e-4 * magnitude) << "row " << i / H << " col " << i % H;
 }
 
-INSTANTIATE_TEST_SUITE_P(Rows, ExpertFfn, ::testing::Values(1, 5, 17));
+INSTANTIATE_TEST_SUITE_P(Rows, ExpertFfn,
+                         ::testing::Combine(::testing::Values(1, 5, 17), ::testing::Bool()),
+                         [](const auto& info) {
+                           return (std::get<1>(info.param) ? "openblas_" : "fixed_order_") +
+                                  std::to_string(std::get<0>(info.param));
+                         });
+
+TEST(ExpertFfn, ARowsOutputDoesNotDependOnItsBatch) {
+  // The fixed-order path: one token alone, or at any position among others.
+  const std::size_t H = 64, F = 96, most = 40;
+  Expert e = random_expert(H, F, 400);
+  const std::vector<float> others = random_rows(most, H, 401), row = random_rows(1, H, 402);
+  std::vector<float> alone(H), scratch(expert_ffn_scratch(e.view(), most));
+  expert_ffn(e.view(), row.data(), 1, alone.data(), scratch.data());
+  for (std::size_t m : {2, 7, 13, 40})
+    for (std::size_t pos : {std::size_t(0), m / 2, m - 1}) {
+      std::vector<float> x(others.begin(), others.begin() + std::ptrdiff_t(m * H)), y(m * H);
+      std::copy(row.begin(), row.end(), x.begin() + std::ptrdiff_t(pos * H));
+      expert_ffn(e.view(), x.data(), m, y.data(), scratch.data());
+      ASSERT_EQ(std::memcmp(y.data() + pos * H, alone.data(), H * sizeof(float)), 0)
+          << "position " << pos << " of " << m;
+    }
+}
 
 TEST(ExpertFfn, IdenticalCallsGiveIdenticalBits) {
-  // The engine always issues the same calls (rows, chunking) for an expert:
-  // two such calls must agree bit for bit, whatever the buffers held before.
+  // Two identical calls agree bit for bit, whatever the buffers held before.
   const std::size_t m = 13, H = 64, F = 96;
   Expert e = random_expert(H, F, 300);
   std::vector<float> x = random_rows(m, H, 301);

@@ -1,5 +1,5 @@
-// gemm_xwt against a double loop, and the row-batch invariance that
-// InvariantRowGemm exists for (which plain sgemm does not give).
+// gemm_xwt (OpenBLAS) against a double loop, and a search for the batch
+// dependence that the fixed-order GEMM exists to avoid.
 #include "kernels/cpu/gemm.h"
 
 #include <gtest/gtest.h>
@@ -13,17 +13,12 @@
 #include <utility>
 #include <vector>
 
-#include "common/rng.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::kernels {
 namespace {
 
-std::vector<float> random_floats(std::size_t n, std::uint64_t key) {
-  CounterRng g(key);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = g.symmetric(i);
-  return v;
-}
+using test::random_floats;
 
 bool same_bits(const float* a, const float* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
@@ -69,78 +64,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmXwt,
                                            GemmShape{5, 8, 16, 20}, GemmShape{64, 64, 128, 0},
                                            GemmShape{9, 3, 300, 310}));
 
-class InvariantRows : public ::testing::TestWithParam<std::pair<std::size_t, std::size_t>> {};
-
-// A row's bits depend on nothing but the row: not on the batch, its size, or
-// the row's position in it.
-TEST_P(InvariantRows, RowBitsDoNotDependOnTheBatch) {
-  const auto [n, k] = GetParam();
-  const std::size_t rows = 37;
-  std::vector<float> w = random_floats(n * k, 21 + n + k);
-  std::vector<float> a = random_floats(rows * k, 22 + n + k);
-  InvariantRowGemm gemm(w.data(), n, k);
-
-  std::vector<float> all(rows * n);
-  gemm(a.data(), rows, all.data());
-  // The result is also correct, not just stable.
-  for (std::size_t j = 0; j < n; ++j) {
-    double ref = 0, magnitude = 0;
-    for (std::size_t p = 0; p < k; ++p) {
-      ref += double(a[5 * k + p]) * w[j * k + p];
-      magnitude += std::abs(double(a[5 * k + p]) * w[j * k + p]);
-    }
-    EXPECT_NEAR(all[5 * n + j], ref, 1e-5 * magnitude);
-  }
-
-  std::vector<float> one(n);
-  for (std::size_t r = 0; r < rows; ++r) {
-    gemm(a.data() + r * k, 1, one.data());
-    EXPECT_TRUE(same_bits(one.data(), all.data() + r * n, n)) << "row " << r << " alone";
-  }
-  // Batches at various offsets and sizes, and the whole set cut into uneven chunks.
-  std::vector<std::pair<std::size_t, std::size_t>> batches = {{3, 20}, {0, 1}, {5, 37}, {36, 37},
-                                                              {1, 10}, {8, 17}, {0, 37}};
-  for (std::size_t start = 0, size = 1; start < rows; start += size, size = size % 9 + 1)
-    batches.push_back({start, std::min(rows, start + size)});
-  for (const auto& [begin, end] : batches) {
-    std::vector<float> part((end - begin) * n);
-    gemm(a.data() + begin * k, end - begin, part.data());
-    for (std::size_t r = begin; r < end; ++r)
-      EXPECT_TRUE(same_bits(part.data() + (r - begin) * n, all.data() + r * n, n))
-          << "row " << r << " in batch [" << begin << ", " << end << ")";
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, InvariantRows,
-                         ::testing::Values(std::pair<std::size_t, std::size_t>{8, 64},
-                                           std::pair<std::size_t, std::size_t>{8, 1024},
-                                           std::pair<std::size_t, std::size_t>{64, 64},
-                                           std::pair<std::size_t, std::size_t>{64, 1024}),
-                         [](const auto& info) {
-                           return "n" + std::to_string(info.param.first) + "_k" +
-                                  std::to_string(info.param.second);
-                         });
-
-TEST(InvariantRowGemm, ZeroRowsWritesNothing) {
-  std::vector<float> w = random_floats(8 * 16, 3);
-  InvariantRowGemm gemm(w.data(), 8, 16);
-  float c = 7.0f;
-  gemm(nullptr, 0, &c);
-  EXPECT_EQ(c, 7.0f);
-}
-
-TEST(ProbeInvariantTile, ReturnsAPowerOfTwoUpToEight) {
-  for (auto [k, n] : {std::pair<std::size_t, std::size_t>{64, 8}, {1024, 8}, {64, 64}, {1024, 64},
-                      {4096, 8}}) {
-    std::size_t tile = probe_invariant_tile(k, n);
-    EXPECT_TRUE(tile == 8 || tile == 4 || tile == 2 || tile == 1) << tile;
-    std::vector<float> w(n * k, 0.5f);
-    EXPECT_EQ(InvariantRowGemm(w.data(), n, k).tile_rows(), tile) << "k " << k << " n " << n;
-  }
-}
-
-// Why InvariantRowGemm exists: plain sgemm may round a row differently with the
-// batch it sits in. Whether it does depends on the BLAS build and the CPU.
+// Why the fixed-order GEMM exists: plain sgemm may round a row differently with
+// the batch it sits in. Whether it does depends on the BLAS build and the CPU.
 TEST(GemmXwt, PlainSgemmRowBitsMayDependOnTheBatch) {
   const std::size_t max_rows = 40;
   for (auto [n, k] : {std::pair<std::size_t, std::size_t>{8, 1024}, {64, 1024}, {8, 64}}) {

@@ -1,0 +1,220 @@
+#include "kernels/cpu/fixed_order_gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "common/rng.h"
+#include "kernels/cpu/fixed_order_tile.h"
+
+namespace moed::kernels {
+
+namespace {
+
+constexpr std::size_t kP = PackedWeights::kPanel;
+// Cache blocking (it changes no bit): kKBlock steps of a panel (16 KB) stay in
+// L1, while a kRowBlock x kKBlock block of A (packed, up to 288 KB) stays
+// in L2 and meets every panel.
+constexpr std::size_t kKBlock = 256;
+constexpr std::size_t kRowBlock = 288;
+constexpr std::size_t kMaxTileRows = 12;  // the largest tile_rows of a kernel
+
+float* allocate_floats(std::size_t count) {
+  if (count == 0) return nullptr;
+  const std::size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  return static_cast<float*>(p);
+}
+
+bool cpu_has(GemmIsa isa) {
+#if MOED_X86_TILES
+  switch (isa) {
+    case GemmIsa::portable:
+      return true;
+    case GemmIsa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case GemmIsa::avx512:
+      return __builtin_cpu_supports("avx512f");
+  }
+  return false;
+#else
+  return isa == GemmIsa::portable;
+#endif
+}
+
+detail::FixedOrderKernel kernel_of(GemmIsa isa) {
+#if MOED_X86_TILES
+  if (isa == GemmIsa::avx512) return detail::avx512_kernel();
+  if (isa == GemmIsa::avx2) return detail::avx2_kernel();
+#endif
+  return detail::portable_kernel();
+}
+
+std::atomic<GemmIsa> g_isa{best_gemm_isa()};
+
+// The portable kernel: the definition itself, one std::fma at a time.
+void portable_tile(const float* a, std::size_t rows, const float* panel, std::size_t kc, float* c,
+                   std::size_t ldc, bool first) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    float acc[kP];
+    for (std::size_t j = 0; j < kP; ++j) acc[j] = first ? 0.0f : c[r * ldc + j];
+    for (std::size_t kk = 0; kk < kc; ++kk)
+      for (std::size_t j = 0; j < kP; ++j) acc[j] = std::fma(a[kk * rows + r], panel[kk * kP + j], acc[j]);
+    for (std::size_t j = 0; j < kP; ++j) c[r * ldc + j] = acc[j];
+  }
+}
+
+}  // namespace
+
+void PackedWeights::Free::operator()(float* p) const { std::free(p); }
+
+PackedWeights::PackedWeights(const float* w, std::size_t n, std::size_t k)
+    : n_(n), k_(k), data_(allocate_floats(panels() * k * kP)) {
+  for (std::size_t p = 0; p < panels(); ++p) {
+    float* dst = data_.get() + p * k * kP;
+    for (std::size_t kk = 0; kk < k; ++kk)
+      for (std::size_t r = 0; r < kP; ++r) {
+        const std::size_t row = p * kP + r;
+        dst[kk * kP + r] = row < n ? w[row * k + kk] : 0.0f;
+      }
+  }
+}
+
+PackedWeights::PackedWeights(const PackedWeights& other)
+    : n_(other.n_), k_(other.k_), data_(allocate_floats(other.floats())) {
+  if (other.floats()) std::memcpy(data_.get(), other.data_.get(), other.floats() * sizeof(float));
+}
+
+PackedWeights& PackedWeights::operator=(const PackedWeights& other) {
+  if (this != &other) *this = PackedWeights(other);
+  return *this;
+}
+
+void PackedWeights::unpack(float* w) const {
+  for (std::size_t row = 0; row < n_; ++row) {
+    const float* src = panel(row / kP) + row % kP;
+    for (std::size_t kk = 0; kk < k_; ++kk) w[row * k_ + kk] = src[kk * kP];
+  }
+}
+
+std::string to_string(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::portable:
+      return "portable";
+    case GemmIsa::avx2:
+      return "avx2";
+    case GemmIsa::avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+GemmIsa best_gemm_isa() {
+  for (GemmIsa isa : {GemmIsa::avx512, GemmIsa::avx2})
+    if (cpu_has(isa)) return isa;
+  return GemmIsa::portable;
+}
+
+void set_gemm_isa(GemmIsa isa) {
+  MOED_CHECK(cpu_has(isa), "this CPU cannot run the {} GEMM kernel", to_string(isa));
+  g_isa = isa;
+}
+
+GemmIsa gemm_isa() { return g_isa; }
+
+void gemm_fixed_order(const float* a, std::size_t m, const PackedWeights& w, float* c, std::size_t lda,
+                      std::size_t ldc) {
+  const std::size_t n = w.n(), k = w.k();
+  lda = lda ? lda : k;
+  ldc = ldc ? ldc : n;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // the empty chain: +0
+    for (std::size_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  const detail::FixedOrderKernel kernel = kernel_of(g_isa);
+  const std::size_t row_block = kRowBlock / kernel.tile_rows * kernel.tile_rows;
+  // A's block, packed tile by tile, k-major inside a tile: the kernel reads it
+  // in order instead of from rows lda apart (which collide in L1 when lda is
+  // a multiple of 4 KB).
+  thread_local std::vector<float> packed_a;
+  packed_a.resize(row_block * std::min(kKBlock, k));
+  float edge[kMaxTileRows * kP];  // a tile whose panel runs past n: computed here, then copied
+  for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
+    const std::size_t kc = std::min(kKBlock, k - k0);
+    const bool first = k0 == 0;
+    for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
+      const std::size_t rows_in_block = std::min(row_block, m - i0);
+      for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
+        const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
+        float* dst = packed_a.data() + i * kc;
+        for (std::size_t r = 0; r < rows; ++r) {
+          const float* src = a + (i0 + i + r) * lda + k0;
+          for (std::size_t kk = 0; kk < kc; ++kk) dst[kk * rows + r] = src[kk];
+        }
+      }
+      for (std::size_t p = 0; p < w.panels(); ++p) {
+        const float* panel = w.panel(p) + k0 * kP;
+        const std::size_t j0 = p * kP, cols = std::min(kP, n - j0);
+        for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
+          const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
+          const float* at = packed_a.data() + i * kc;
+          float* ct = c + (i0 + i) * ldc + j0;
+          if (cols == kP) {
+            kernel.tile(at, rows, panel, kc, ct, ldc, first);
+            continue;
+          }
+          if (!first)
+            for (std::size_t r = 0; r < rows; ++r) std::copy(ct + r * ldc, ct + r * ldc + cols, edge + r * kP);
+          kernel.tile(at, rows, panel, kc, edge, kP, first);
+          for (std::size_t r = 0; r < rows; ++r) std::copy(edge + r * kP, edge + r * kP + cols, ct + r * ldc);
+        }
+      }
+    }
+  }
+}
+
+namespace detail {
+FixedOrderKernel portable_kernel() { return {portable_tile, 4}; }
+}  // namespace detail
+
+InvarianceProbe probe_row_invariance(std::size_t n, std::size_t k) {
+  CounterRng rng(hash_name("fixed-order-gemm-probe"));
+  std::uint64_t counter = 0;
+  auto random = [&](std::size_t count) {
+    std::vector<float> v(count);
+    for (float& x : v) x = rng.symmetric(counter++);
+    return v;
+  };
+  const std::vector<float> w = random(n * k), row = random(k);
+  const PackedWeights packed(w.data(), n, k);
+  // The definition, one fma at a time.
+  std::vector<float> want(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    float acc = 0.0f;
+    for (std::size_t kk = 0; kk < k; ++kk) acc = std::fma(row[kk], w[j * k + kk], acc);
+    want[j] = acc;
+  }
+  // The row alone, and at every position of batches around the tile sizes
+  // and the row blocking, among random rows.
+  for (std::size_t m : {1, 2, 5, 6, 7, 12, 13, 31, 145}) {
+    std::vector<float> a = random(m * k), c(m * n);
+    for (std::size_t pos = 0; pos < m; pos += (m > 16 ? 7 : 1)) {
+      std::vector<float> batch = a;
+      std::copy(row.begin(), row.end(), batch.begin() + std::ptrdiff_t(pos * k));
+      gemm_fixed_order(batch.data(), m, packed, c.data());
+      if (std::memcmp(c.data() + pos * n, want.data(), n * sizeof(float)) != 0)
+        return {false, fmt::format("a row at position {} of {} rows differs from the fma chain "
+                                   "({} kernel, n {} k {})",
+                                   pos, m, to_string(gemm_isa()), n, k)};
+    }
+  }
+  return {true, ""};
+}
+
+}  // namespace moed::kernels

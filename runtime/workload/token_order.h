@@ -1,0 +1,32 @@
+// Which global token sits at each position of a step. In order, token
+// step x T + p sits at position p. Shuffled ([workload].order = "shuffled"),
+// the step serves the same T tokens in a permutation drawn from the step and
+// the seed, so each token lands at another position, and often on another
+// rank, than in order: the tests use it to show that a token's output does
+// not depend on where in its step it is served.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace moed::runtime {
+
+class TokenOrder {
+ public:
+  TokenOrder(std::uint64_t tokens_per_step, bool shuffled, std::uint64_t seed);
+  bool shuffled() const { return shuffled_; }
+  // Global ids of positions [first, first + count) of step `step`.
+  void ids(std::uint64_t step, std::uint64_t first, std::size_t count, std::vector<std::uint64_t>& out) const;
+  // The position of every token of the step, indexed by id - step x T (the
+  // inverse permutation), for putting rows back in id order.
+  void positions(std::uint64_t step, std::vector<std::uint32_t>& out) const;
+
+ private:
+  void permutation(std::uint64_t step, std::vector<std::uint32_t>& out) const;  // position -> id offset
+
+  std::uint64_t tokens_per_step_;
+  bool shuffled_;
+  std::uint64_t seed_;
+};
+
+}  // namespace moed::runtime

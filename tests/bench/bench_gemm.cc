@@ -1,0 +1,69 @@
+// The fixed-order GEMM against OpenBLAS's sgemm on the expert shapes, in the
+// same run on the same core: the GEMM alone, in GFLOP/s, and the ratio.
+// Usage: bench_gemm [--seconds S] [--isa avx512|avx2|portable]
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <vector>
+
+#include "common/rng.h"
+#include "kernels/cpu/fixed_order_gemm.h"
+#include "kernels/cpu/gemm.h"
+
+using namespace moed;
+
+namespace {
+
+double gflops_of(std::size_t m, std::size_t n, std::size_t k, double seconds_per_call) {
+  return 2.0 * double(m) * double(n) * double(k) / seconds_per_call / 1e9;
+}
+
+template <class F>
+double seconds_per_call(F&& call, double budget) {
+  call();  // warm
+  const auto start = std::chrono::steady_clock::now();
+  int calls = 0;
+  double elapsed = 0;
+  do {
+    call();
+    ++calls;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < budget);
+  return elapsed / calls;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("bench_gemm: the fixed-order GEMM against OpenBLAS sgemm");
+  double budget = 1.0;
+  std::string isa = kernels::to_string(kernels::best_gemm_isa());
+  app.add_option("--seconds", budget, "time per measurement");
+  app.add_option("--isa", isa, "fixed-order kernel: avx512, avx2 or portable");
+  CLI11_PARSE(app, argc, argv);
+  for (auto candidate : {kernels::GemmIsa::portable, kernels::GemmIsa::avx2, kernels::GemmIsa::avx512})
+    if (kernels::to_string(candidate) == isa) kernels::set_gemm_isa(candidate);
+  kernels::set_blas_threads(1);
+  fmt::print("fixed-order kernel {}; {}\n", kernels::to_string(kernels::gemm_isa()), kernels::blas_description());
+  fmt::print("{:>6} {:>6} {:>6} {:>12} {:>12} {:>8}\n", "m", "n", "k", "openblas", "fixed-order", "ratio");
+  struct Shape {
+    std::size_t m, n, k;
+  };
+  // The serving benchmark's expert (H=1024, F=2816): W1|W3 then W2, at
+  // prefill chunk sizes and at decode's few rows per expert.
+  const std::vector<Shape> shapes{{512, 5632, 1024}, {512, 1024, 2816}, {128, 5632, 1024}, {128, 1024, 2816},
+                                  {32, 5632, 1024},  {32, 1024, 2816},  {8, 5632, 1024},   {8, 1024, 2816},
+                                  {97, 5632, 1024},  {1, 5632, 1024}};
+  CounterRng rng(1);
+  for (const Shape& s : shapes) {
+    std::vector<float> a(s.m * s.k), w(s.n * s.k), c(s.m * s.n);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = rng.symmetric(i);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = rng.symmetric(i + a.size());
+    kernels::PackedWeights packed(w.data(), s.n, s.k);
+    double blas = seconds_per_call([&] { kernels::gemm_xwt(a.data(), s.m, s.k, w.data(), s.n, c.data()); }, budget);
+    double fixed = seconds_per_call([&] { kernels::gemm_fixed_order(a.data(), s.m, packed, c.data()); }, budget);
+    fmt::print("{:>6} {:>6} {:>6} {:>12.1f} {:>12.1f} {:>8.2f}\n", s.m, s.n, s.k, gflops_of(s.m, s.n, s.k, blas),
+               gflops_of(s.m, s.n, s.k, fixed), blas / fixed);
+  }
+}
