@@ -12,7 +12,7 @@
 
 #include "runtime/admin/moectl_format.h"
 #include "runtime/admin/protocol.h"
-#include "runtime/admin/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace moed::runtime::admin {
 

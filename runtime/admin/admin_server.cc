@@ -5,8 +5,6 @@
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,13 +13,13 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/error.h"
-#include "runtime/admin/unique_fd.h"
+#include "common/unix_socket.h"
+#include "common/unique_fd.h"
 
 namespace moed::runtime::admin {
 namespace {
@@ -33,77 +31,6 @@ constexpr int kLinesPerTurn = 32;    // lines handled per client per loop turn (
 constexpr int kMaxPollWaitMs = 1000;
 
 std::string errno_text(int err) { return std::strerror(err); }
-
-std::string mode_text(mode_t mode) { return fmt::format("{:04o}", mode & 07777); }
-
-// ---- The socket file and its directory ----------------------------------
-
-void make_private_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0) {
-    if (errno == ENOENT) {
-      std::error_code ec;
-      std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);
-      if (ec) MOED_THROW(Usage, "[admin].dir: cannot create the admin socket dir {}: {}", dir, ec.message());
-      if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-        MOED_THROW(Usage, "[admin].dir: cannot create the admin socket dir {}: {}", dir, errno_text(errno));
-    } else if (errno != EEXIST) {
-      MOED_THROW(Usage, "[admin].dir: cannot create the admin socket dir {}: {}", dir, errno_text(errno));
-    }
-  }
-  // lstat, not stat: a symlink planted in a shared dir (/tmp) must not redirect us.
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0)
-    MOED_THROW(Runtime, "cannot inspect the admin socket dir {}: {}", dir, errno_text(errno));
-  if (S_ISLNK(st.st_mode))
-    MOED_THROW(Usage, "the admin socket dir {} is a symbolic link: use a real directory", dir);
-  if (!S_ISDIR(st.st_mode)) MOED_THROW(Usage, "the admin socket dir {} is not a directory", dir);
-  if (st.st_uid != ::geteuid())
-    MOED_THROW(Usage, "the admin socket dir {} is owned by uid {}, not by this daemon's uid {}",
-               dir, st.st_uid, ::geteuid());
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    MOED_THROW(Usage,
-               "the admin socket dir {} is writable by group or others (mode {}): use a private "
-               "dir (chmod 700)",
-               dir, mode_text(st.st_mode));
-}
-
-sockaddr_un socket_address(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path))
-    MOED_THROW(Usage, "the admin socket path {} is too long ({} bytes; at most {})", path,
-               path.size(), sizeof(addr.sun_path) - 1);
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  return addr;
-}
-
-// A socket file left by a daemon that died is removed; one a daemon still
-// listens on, or a file that is not our socket, is refused.
-void remove_stale_socket(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return;
-    MOED_THROW(Runtime, "cannot inspect the admin socket {}: {}", path, errno_text(errno));
-  }
-  if (!S_ISSOCK(st.st_mode))
-    MOED_THROW(Usage, "{} exists and is not a socket: remove it or set another [admin] dir", path);
-  if (st.st_uid != ::geteuid())
-    MOED_THROW(Usage, "the admin socket {} belongs to uid {}, not to this daemon's uid {}", path,
-               st.st_uid, ::geteuid());
-  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!probe) MOED_THROW(Runtime, "socket(): {}", errno_text(errno));
-  const sockaddr_un addr = socket_address(path);
-  // A non-blocking connect to a Unix socket succeeds or fails at once; EAGAIN
-  // means a full backlog, so someone listens.
-  if (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 ||
-      errno == EAGAIN)
-    MOED_THROW(Runtime, "another moed is already listening on the admin socket {}", path);
-  if (errno != ECONNREFUSED)
-    MOED_THROW(Runtime, "cannot probe the admin socket {}: {}", path, errno_text(errno));
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-    MOED_THROW(Runtime, "cannot remove the stale admin socket {}: {}", path, errno_text(errno));
-  spdlog::info("admin socket: removed the stale socket {} of a previous daemon", path);
-}
 
 // ---- Replies from other threads ------------------------------------------
 
@@ -208,9 +135,7 @@ struct AdminServer::Impl {
   int rank, coordinator;
   Handlers handlers;
   Limits limits;
-  UniqueFd listener;
-  dev_t socket_dev = 0;
-  ino_t socket_ino = 0;
+  std::unique_ptr<ListeningSocket> listener;
   std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
   std::atomic<bool> stop{false};
   std::vector<std::unique_ptr<Client>> clients;
@@ -223,8 +148,6 @@ struct AdminServer::Impl {
         lines_too_long{0}, dropped_slow{0}, closed_idle{0}, turns{0};
   } counters;
 
-  void bind_and_listen();
-  void remove_socket_file();
   void run();
   void turn();
   int poll_timeout_ms() const;
@@ -241,33 +164,6 @@ struct AdminServer::Impl {
   void reap();
   void shut_down_clients();
 };
-
-void AdminServer::Impl::bind_and_listen() {
-  make_private_dir(dir);
-  const sockaddr_un addr = socket_address(path);
-  remove_stale_socket(path);
-  listener.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!listener) MOED_THROW(Runtime, "socket(): {}", errno_text(errno));
-  if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
-    MOED_THROW(Runtime, "cannot bind the admin socket {}: {}", path, errno_text(errno));
-  // Between bind and chmod the file has the umask's mode; the 0700 dir keeps
-  // everyone else out meanwhile.
-  const bool ok = ::chmod(path.c_str(), 0600) == 0 && ::listen(listener.get(), SOMAXCONN) == 0;
-  const int err = errno;
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) socket_dev = st.st_dev, socket_ino = st.st_ino;
-  if (!ok) {
-    remove_socket_file();
-    MOED_THROW(Runtime, "cannot set up the admin socket {}: {}", path, errno_text(err));
-  }
-}
-
-void AdminServer::Impl::remove_socket_file() {
-  // Only if it is still ours: a newer daemon may have replaced it.
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0 && st.st_dev == socket_dev && st.st_ino == socket_ino)
-    ::unlink(path.c_str());
-}
 
 void AdminServer::Impl::run() {
   while (!stop.load()) {
@@ -314,7 +210,7 @@ void AdminServer::Impl::turn() {
   // While accept() fails for lack of fds, the listener stays readable: leave
   // it out of the poll for a moment rather than spin.
   const bool accepting = Clock::now() >= accept_paused_until;
-  fds.push_back({listener.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+  fds.push_back({listener->fd(), static_cast<short>(accepting ? POLLIN : 0), 0});
   for (const auto& c : clients) {
     short events = 0;
     if (!c->read_closed && !c->closing && !c->backlog) events |= POLLIN;
@@ -350,7 +246,7 @@ void AdminServer::Impl::turn() {
 
 void AdminServer::Impl::accept_all() {
   for (;;) {
-    UniqueFd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    UniqueFd fd(::accept4(listener->fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -364,14 +260,15 @@ void AdminServer::Impl::accept_all() {
 }
 
 void AdminServer::Impl::admit(UniqueFd fd) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    spdlog::warn("admin socket: cannot read the peer's credentials: {}", errno_text(errno));
+  PeerCredentials cred;
+  try {
+    cred = peer_credentials(fd.get());
+  } catch (const Error& e) {
+    spdlog::warn("admin socket: {}", e.what());
     return;
   }
   const uid_t self = ::geteuid();
-  if (cred.uid != self && cred.uid != 0) {
+  if (!peer_may_connect(cred.uid)) {
     ++counters.refused_uid;
     spdlog::warn("admin socket {}: refused a connection from uid {} (pid {}): only uid {} or root",
                  path, cred.uid, cred.pid, self);
@@ -643,13 +540,8 @@ AdminServer::AdminServer(const std::string& dir, int rank, int coordinator_rank,
   impl_->coordinator = coordinator_rank;
   impl_->handlers = std::move(handlers);
   impl_->limits = limits;
-  impl_->bind_and_listen();
-  try {
-    impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
-  } catch (...) {
-    impl_->remove_socket_file();
-    throw;
-  }
+  impl_->listener = std::make_unique<ListeningSocket>(dir, impl_->path, SocketNames{"admin socket", "[admin].dir"});
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
   spdlog::debug("admin socket: listening on {}", impl_->path);
 }
 
@@ -658,8 +550,7 @@ AdminServer::~AdminServer() {
   impl_->mailbox->wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->mailbox->close();
-  impl_->listener.reset();
-  impl_->remove_socket_file();
+  impl_->listener.reset();  // closes it and removes the socket file
 }
 
 const std::string& AdminServer::path() const { return impl_->path; }

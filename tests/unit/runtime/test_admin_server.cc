@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/admin/unique_fd.h"
+#include "common/unique_fd.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::runtime::admin {

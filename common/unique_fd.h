@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace moed::runtime::admin {
+namespace moed {
 
 class UniqueFd {
  public:
@@ -31,4 +31,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace moed::runtime::admin
+}  // namespace moed
