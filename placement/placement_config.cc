@@ -39,6 +39,9 @@ const config::Section<StatsConfig>& stats_config_section() {
                              "steps between gathers to rank 0 and file writes (and at exit)"),
           config::integer<C>("sample_tokens", &C::sample_tokens, 4096, 0, 1 << 24,
                              "recent token paths kept for the cost model, over all ranks"),
+          config::integer<C>("follow_tokens", &C::follow_tokens, 4096, 1, 1 << 24,
+                             "front-door tokens each rank follows across layers (by request id and "
+                             "position) for affinity and sampled paths; the oldest is forgotten first"),
       });
   return section;
 }

@@ -30,6 +30,7 @@ struct StatsConfig {
   double half_life_steps = 0;
   std::int64_t every_steps = 0;
   std::int64_t sample_tokens = 0;
+  std::int64_t follow_tokens = 0;
 };
 
 const config::Section<ClusterConfig>& cluster_config_section();

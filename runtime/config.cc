@@ -59,15 +59,16 @@ const config::Section<WorkloadConfig>& workload_section() {
   static const config::Section<C> s(
       "workload", "the tokens the daemon serves without an external client",
       {
-          choice<C>("kind", &C::kind, "synthetic", {"synthetic", "trace"},
+          choice<C>("kind", &C::kind, "synthetic", {"synthetic", "trace", "ingress"},
                     "synthetic: topic-mixture tokens routed by the router; trace: routing "
-                    "replayed from a trace file"),
+                    "replayed from a trace file; ingress: model processes send their tokens "
+                    "through the front door ([ingress]) until moectl shutdown"),
           integer<C>("tokens_per_step", &C::tokens_per_step, 512, 1, 1 << 24,
                      "tokens per step over all ranks (split evenly by rank)"),
           choice<C>("order", &C::order, "sequential", {"sequential", "shuffled"},
                     "sequential: step s serves tokens s*T .. s*T+T-1 in order; shuffled: the same "
                     "tokens in a permutation drawn per step (dumps stay in token order)"),
-          integer<C>("steps", &C::steps, 16, 1, 1 << 30, "steps to serve, then exit"),
+          integer<C>("steps", &C::steps, 16, 1, 1 << 30, "steps to serve, then exit (synthetic and trace)"),
           integer<C>("warmup_steps", &C::warmup_steps, 1, 0, 1 << 20,
                      "steps served first and left out of the figures"),
           integer<C>("seed", &C::seed, 7, 0, INT64_MAX, "seed of the token generator"),
@@ -78,6 +79,31 @@ const config::Section<WorkloadConfig>& workload_section() {
           real<C>("cross_topic", &C::cross_topic, 0.1, 0, 1,
                   "synthetic: chance that a choice leaves the token's topic"),
           text<C>("trace", &C::trace, "", "trace: routing trace file (moed-trace v1 or JSONL)"),
+      });
+  return s;
+}
+
+const config::Section<IngressConfig>& ingress_section() {
+  using C = IngressConfig;
+  static const config::Section<C> s(
+      "ingress", "the front door: model processes on this host hand moed their MoE layers",
+      {
+          text<C>("dir", &C::dir, "",
+                  "directory of the front-door sockets, moed-ingress-RANK.sock (mode 0600); needed "
+                  "by [workload].kind = \"ingress\""),
+          integer<C>("max_clients", &C::max_clients, 64, 1, 4096, "clients served at once per rank"),
+          integer<C>("max_slots", &C::max_slots, 8, 1, 1024,
+                     "most submits a client may have in flight (slots of shared memory)"),
+          integer<C>("max_rows", &C::max_rows, 1024, 1, 1 << 20, "most rows in one submit"),
+          integer<C>("max_tokens_per_step", &C::max_tokens_per_step, 4096, 1, 1 << 24,
+                     "most rows a rank takes per layer per step; the rest waits for the next step"),
+          integer<C>("max_wait_us", &C::max_wait_us, 100, 0, 10'000'000,
+                     "once some rows are queued, wait at most this long for a layer's budget to fill"),
+          integer<C>("idle_wait_us", &C::idle_wait_us, 2000, 10, 10'000'000,
+                     "with no work anywhere, ranks check again after 50 us, doubling up to this: "
+                     "the most delay before idle ranks pick up work"),
+          integer<C>("max_client_mb", &C::max_client_mb, 256, 1, 1 << 20,
+                     "shared memory per client at most (fewer slots are granted beyond it)"),
       });
   return s;
 }
@@ -163,6 +189,7 @@ const config::Schema<Config>& schema() {
     s.add(model_section(), &Config::model);
     s.add(router_section(), &Config::router);
     s.add(workload_section(), &Config::workload);
+    s.add(ingress_section(), &Config::ingress);
     s.add(experts_section(), &Config::experts);
     s.add(placement::cluster_config_section(), &Config::cluster);
     s.add(comm::comm_config_section(), &Config::comm);
@@ -192,6 +219,8 @@ void validate_config(const Config& c) {
   if (c.router.mode == "topp" && c.router.min_k > max_k)
     MOED_THROW(Usage, "config: [router].min_k = {} exceeds the largest k ({} from {})",
                c.router.min_k, max_k, c.router.max_k ? "[router].max_k" : "[model].top_k");
+  if (c.workload.kind == "ingress" && c.ingress.dir.empty())
+    MOED_THROW(Usage, "config: [workload].kind = \"ingress\" needs [ingress].dir, the directory of the front-door sockets");
   if (c.workload.kind == "trace" && c.workload.trace.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
   if (c.workload.kind == "synthetic" && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))

@@ -37,6 +37,12 @@ struct WorkloadConfig {
   std::string trace;
 };
 
+struct IngressConfig {
+  std::string dir;
+  std::int64_t max_clients = 0, max_slots = 0, max_rows = 0, max_tokens_per_step = 0;
+  std::int64_t max_wait_us = 0, idle_wait_us = 0, max_client_mb = 0;
+};
+
 struct ExpertsConfig {
   std::string gemm, isa;
   std::int64_t chunk_rows = 0, blas_threads = 1;
@@ -67,6 +73,7 @@ struct Config {
   ModelConfig model;
   RouterConfig router;
   WorkloadConfig workload;
+  IngressConfig ingress;
   ExpertsConfig experts;
   placement::ClusterConfig cluster;
   comm::CommConfig comm;

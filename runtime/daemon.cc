@@ -166,6 +166,8 @@ std::string describe_placement(const Config& c, const placement::Placement& p) {
 // path is a start-up error every rank agrees on, not a failure at the end.
 void check_output_paths(const ServeOptions& options, int rank, const Config& c,
                         std::unique_ptr<OutputDump>& dump) {
+  if (c.workload.kind == "ingress" && !options.dump_output.empty())
+    MOED_THROW(Usage, "--dump-output: with [workload].kind = \"ingress\" the outputs go back to the clients");
   if (rank != 0) return;
   if (!options.dump_output.empty())
     dump = std::make_unique<OutputDump>(
@@ -178,6 +180,23 @@ void check_output_paths(const ServeOptions& options, int rank, const Config& c,
       MOED_THROW(Usage, "--report-json {}: cannot write into {}: {}", options.report_json,
                  dir.empty() ? "." : dir, std::strerror(errno));
   }
+}
+
+ingress::Limits ingress_limits(const Config& c) {
+  ingress::Limits l;
+  l.max_clients = int(c.ingress.max_clients);
+  l.max_slots = std::uint32_t(c.ingress.max_slots);
+  l.max_rows = std::uint32_t(c.ingress.max_rows);
+  l.max_tokens_per_step = std::size_t(c.ingress.max_tokens_per_step);
+  l.max_wait = std::chrono::microseconds(c.ingress.max_wait_us);
+  l.max_client_bytes = std::size_t(c.ingress.max_client_mb) << 20;
+  return l;
+}
+
+std::string describe_workload(const Config& c, const Workload* w) {
+  if (w) return w->describe();
+  return fmt::format("front door at {} (at most {} rows per layer per step per rank, {} us to fill)", c.ingress.dir,
+                     c.ingress.max_tokens_per_step, c.ingress.max_wait_us);
 }
 
 // The fixed-order GEMM kernel [experts].isa names (auto: the widest here).
@@ -227,7 +246,9 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
   control.reduce_max(times.data(), times.size(), fmt::format("figures of step {}", step));
   std::vector<std::uint64_t> sums(mine.bytes_sent.begin(), mine.bytes_sent.end());
   sums.push_back(mine.saturated);
+  sums.push_back(mine.token_layers);
   control.reduce_sum(sums.data(), sums.size(), fmt::format("byte counts of step {}", step));
+  out.token_layers = sums[placement::kLinkClasses + 1];
   out.total = times[0], out.route = times[1], out.plan = times[2];
   out.dispatch = times[3], out.experts = times[4], out.combine = times[5];
   const std::size_t L = mine.dispatch_a2a.size();
@@ -306,8 +327,8 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
   d->control_.set_progress([t = d->transport_.get()] { t->progress(); });
 
   d->engine_ = std::make_unique<Engine>(c, *d->transport_, *d->topology_, d->placement_,
-                                        *d->store_, *d->workload_);
-  if (d->stats_) d->engine_->record_stats_into(&*d->stats_);
+                                        *d->store_, d->workload_.get());
+  if (d->stats_) d->engine_->record_stats_into(&*d->stats_, std::size_t(c.stats.follow_tokens));
   d->control_plane_ = std::make_unique<ControlPlane>(ControlContext{
       c, d->rank_, mpi.size(), d->control_, *d->transport_, *d->store_, d->placement_, *d->topology_,
       d->stats_ ? &*d->stats_ : nullptr});
@@ -320,6 +341,15 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
           admin::Handlers{[cp](const admin::Request& r) { return cp->snapshot_answer(r); },
                           [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
       spdlog::info("admin socket {}", d->admin_->path());
+    });
+    if (exit_code != 0) return nullptr;
+  }
+  if (c.workload.kind == "ingress") {
+    // Like the admin socket: a front door one rank cannot open stops every rank alike.
+    exit_code = attempt("front door status", [&] {
+      d->front_door_ = std::make_unique<ingress::FrontDoor>(c.ingress.dir, d->rank_, mpi.size(), int(c.model.hidden),
+                                                            int(c.model.layers), ingress_limits(c));
+      spdlog::info("front door {}", d->front_door_->path());
     });
     if (exit_code != 0) return nullptr;
   }
@@ -336,9 +366,10 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
   d->start_placement_ = describe_placement(c, d->placement_);
   d->start_epoch_ = d->placement_.epoch();
   RunInfo info{mpi.size(), d->topology_->islands(), d->store_->shape(),
-               std::uint64_t(c.workload.tokens_per_step), std::uint64_t(c.workload.steps),
+               std::uint64_t(c.workload.kind == "ingress" ? 0 : c.workload.tokens_per_step),
+               std::uint64_t(c.workload.steps),
                std::uint64_t(c.workload.warmup_steps), d->transport_->name(),
-               d->workload_->describe(), d->start_placement_,
+               describe_workload(c, d->workload_.get()), d->start_placement_,
                kernels::blas_description(), d->topology_->describe(), numerics.batch_invariant,
                numerics.description};
   d->report_ = std::make_unique<Report>(info, int(c.metrics.load_window_steps));
@@ -368,6 +399,7 @@ const std::byte* Daemon::in_token_order(std::uint64_t step, const std::vector<st
 }
 
 bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
+  if (front_door_) return serve_front_door_step(step, reduced);
   // Every rank knows the configured end; the control plane may end earlier.
   if (step >= std::uint64_t(config_.workload.steps)) return false;
   const auto started = std::chrono::steady_clock::now();
@@ -379,9 +411,42 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
                                                   fmt::format("outputs of step {}", step));
     if (dump_) dump_->append(in_token_order(step, rows), rows.size());
   }
+  after_step(step, step, started, std::move(rec), reduced);
+  return true;
+}
+
+bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
+  const auto started = std::chrono::steady_clock::now();
+  if (!control_plane_->boundary(step)) return false;
+  // With no work anywhere, every rank waits a little longer each time (up to
+  // [ingress].idle_wait_us), so an idle daemon sleeps instead of spinning.
+  const auto idle = std::min<std::int64_t>(config_.ingress.idle_wait_us, std::int64_t(50) << std::min(idle_turns_, 20));
+  front_door_->wait_for_work(std::chrono::microseconds(idle));
+  front_door_->take(batches_);
+  std::vector<Engine::LayerRows> rows(batches_.size());
+  for (std::size_t l = 0; l < batches_.size(); ++l)
+    rows[l] = {batches_[l].x.data(), batches_[l].rows(), batches_[l].request_ids.data(), batches_[l].positions.data()};
+  const std::vector<std::uint32_t> counts = engine_->agree_layer_counts(rows, step);
+  if (std::all_of(counts.begin(), counts.end(), [](std::uint32_t n) { return n == 0; })) {
+    ++idle_turns_;
+    return true;
+  }
+  idle_turns_ = 0;
+  maybe_inject(fault_, rank_, served_);
+  StepRecord rec = engine_->run_layers(step, rows, counts);
+  front_door_->complete(batches_);
+  rec = reduce_record(control_, rec, step);
+  after_step(step, served_++, started, std::move(rec), reduced);
+  return true;
+}
+
+// Rank 0's figures, the snapshot and the statistics, after a step with work.
+// `served` counts the steps with work (the warm-up is the first of them).
+void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
+                        StepRecord rec, StepRecord* reduced) {
   Summary summary;
   if (rank_ == 0) {
-    report_->add_step(step, rec);
+    report_->add_step(served, rec);
     if (config_.log.per_step) spdlog::info("{}", report_->step_line(step, rec));
     summary = report_->summary();
   }
@@ -393,7 +458,6 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
       write_stats();
   }
   if (reduced) *reduced = std::move(rec);
-  return true;
 }
 
 void Daemon::write_stats() {
@@ -407,6 +471,7 @@ void Daemon::write_stats() {
 }
 
 void Daemon::finish() {
+  front_door_.reset();  // answers what is still queued with shutting_down
   control_plane_->finish();
   admin_.reset();  // stop answering before the report
   if (stats_ && !config_.stats.file.empty() && stats_->steps() != stats_written_at_) write_stats();

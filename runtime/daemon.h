@@ -3,6 +3,7 @@
 // loop driven by rank 0, the coordinator, then the report.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "runtime/control_plane.h"
 #include "runtime/engine.h"
 #include "runtime/fault_injection.h"
+#include "runtime/ingress/front_door.h"
 #include "runtime/output_dump.h"
 #include "runtime/report.h"
 #include "runtime/weights/expert_store.h"
@@ -61,6 +63,9 @@ class Daemon {
  private:
   Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
   const std::byte* in_token_order(std::uint64_t step, const std::vector<std::byte>& rows);
+  bool serve_front_door_step(std::uint64_t step, StepRecord* reduced);
+  void after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
+                  StepRecord rec, StepRecord* reduced);
 
   const Config& config_;
   ServeOptions options_;
@@ -84,6 +89,10 @@ class Daemon {
   std::string islands_source_;
   std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
   std::vector<std::byte> reordered_;  // rank 0: a shuffled step's rows in token order
+  std::unique_ptr<ingress::FrontDoor> front_door_;  // [workload].kind = "ingress"
+  std::vector<ingress::LayerBatch> batches_;        // the front door's rows of this step, per layer
+  std::uint64_t served_ = 0;                        // front door: steps that had work
+  int idle_turns_ = 0;                              // front door: turns in a row without work anywhere
 };
 
 // moed's main loop: start, serve every configured step, finish. Returns the

@@ -11,7 +11,7 @@ namespace moed::runtime {
 
 Engine::Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
                const placement::Placement& placement, const ExpertStore& store,
-               const Workload& workload)
+               const Workload* workload)
     : config_(config),
       transport_(transport),
       topology_(topology),
@@ -36,27 +36,71 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
   size_recv_.resize(R);
 }
 
+void Engine::record_stats_into(placement::RoutingStats* stats, std::size_t follow_tokens) {
+  stats_ = stats;
+  paths_.reset();
+  if (stats && !workload_)
+    paths_.emplace(shape_.layers, int(std::max(config_.model.top_k, config_.router.max_k)), follow_tokens);
+}
+
 StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
+  MOED_CHECK(workload_, "run_step without a workload");
   StepRecord rec;
   rec.expert_load.assign(std::size_t(shape_.layers) * shape_.experts, 0);
   const double start = now_seconds();
   x.resize(count_ * shape_.hidden);
   fetch_tokens(step, x.data());
-  for (int l = 0; l < shape_.layers; ++l) run_layer(l, step, x, rec);
+  for (int l = 0; l < shape_.layers; ++l)
+    run_layer(l, step, x.data(), count_, step * tokens_per_step_ + first_, rec);
   if (stats_) record_stats();
+  rec.total = now_seconds() - start;
+  return rec;
+}
+
+std::vector<std::uint32_t> Engine::agree_layer_counts(const std::vector<LayerRows>& mine, std::uint64_t step) {
+  const std::size_t L = std::size_t(shape_.layers);
+  std::vector<std::uint32_t> local(L, 0), all(L * std::size_t(transport_.size()));
+  for (std::size_t l = 0; l < std::min(L, mine.size()); ++l) local[l] = std::uint32_t(mine[l].rows);
+  transport_.all_gather(local.data(), L * sizeof(std::uint32_t), all.data(),
+                        fmt::format("rows per layer of step {}", step));
+  return all;
+}
+
+StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers,
+                              const std::vector<std::uint32_t>& counts) {
+  const std::size_t L = std::size_t(shape_.layers), R = std::size_t(transport_.size()),
+                    me = std::size_t(transport_.rank());
+  MOED_CHECK(layers.size() == L && counts.size() == L * R, "run_layers: {} layers, {} counts", layers.size(),
+             counts.size());
+  StepRecord rec;
+  rec.expert_load.assign(L * std::size_t(shape_.experts), 0);
+  const double start = now_seconds();
+  for (std::size_t l = 0; l < L; ++l) {
+    std::uint64_t total = 0, before = 0;
+    for (std::size_t r = 0; r < R; ++r) {
+      total += counts[r * L + l];
+      if (r < me) before += counts[r * L + l];
+    }
+    if (total == 0) continue;  // no rank has rows for this layer: no collective either
+    LayerRows& in = layers[l];
+    run_layer(int(l), step, in.x, in.rows, before, rec);
+    if (paths_)
+      for (std::size_t t = 0; t < in.rows; ++t)
+        paths_->observe(in.request_ids[t], in.positions[t], int(l), routing_[l].experts_of(t), *stats_);
+  }
   rec.total = now_seconds() - start;
   return rec;
 }
 
 void Engine::fetch_tokens(std::uint64_t step, float* x) {
   order_.ids(step, first_, count_, ids_);
-  if (!order_.shuffled()) return workload_.tokens(ids_.empty() ? 0 : ids_[0], count_, x);
-  for (std::size_t t = 0; t < count_; ++t) workload_.tokens(ids_[t], 1, x + t * std::size_t(shape_.hidden));
+  if (!order_.shuffled()) return workload_->tokens(ids_.empty() ? 0 : ids_[0], count_, x);
+  for (std::size_t t = 0; t < count_; ++t) workload_->tokens(ids_[t], 1, x + t * std::size_t(shape_.hidden));
 }
 
 void Engine::fetch_routing(int layer, Routing& routing) const {
-  if (!order_.shuffled()) return workload_.routing(ids_.empty() ? 0 : ids_[0], count_, layer, routing);
-  for (std::uint64_t id : ids_) workload_.routing(id, 1, layer, routing);
+  if (!order_.shuffled()) return workload_->routing(ids_.empty() ? 0 : ids_[0], count_, layer, routing);
+  for (std::uint64_t id : ids_) workload_->routing(id, 1, layer, routing);
 }
 
 void Engine::record_stats() {
@@ -95,23 +139,24 @@ void Engine::answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vect
   for (int d = 0; d < R; ++d) rec.bytes_sent[int(topology_.link(me, d))] += hop.back.send_bytes[d];
 }
 
-void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, StepRecord& rec) {
+void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
+                       StepRecord& rec) {
   const int H = shape_.hidden, E = shape_.experts, me = transport_.rank();
   const std::string where = fmt::format("step {} layer {}", step, layer);
   double t0 = now_seconds();
 
   // route: normalise, then the router (or the trace) picks experts.
-  xn_.resize(count_ * H);
-  kernels::rms_norm(x.data(), store_.layer(layer).norm.data(), count_, H,
+  xn_.resize(count * H);
+  kernels::rms_norm(x, store_.layer(layer).norm.data(), count, H,
                     float(config_.model.norm_eps), xn_.data());
   Routing& routing = routing_[layer];
   routing.clear();
-  if (workload_.replays_routing()) {
+  if (workload_ && workload_->replays_routing()) {
     fetch_routing(layer, routing);
   } else {
-    logits_.resize(count_ * E);
-    kernels::gemm_fixed_order(xn_.data(), count_, gate_[layer], logits_.data());
-    route(logits_.data(), count_, E, router_, routing);
+    logits_.resize(count * E);
+    kernels::gemm_fixed_order(xn_.data(), count, gate_[layer], logits_.data());
+    route(logits_.data(), count, E, router_, routing);
   }
   double t1 = now_seconds();
 
@@ -120,7 +165,7 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
   transport_.all_gather(mine.data(), mine.size() * sizeof(std::uint32_t), counts_.data(),
                         "expert counts of " + where);
   PlanInput in{&routing, &placement_, layer, &counts_, me, std::uint64_t(config_.experts.chunk_rows),
-               step, &topology_, hierarchical_, step * tokens_per_step_ + first_};
+               step, &topology_, hierarchical_, first_position};
   DispatchPlan plan = plan_dispatch(in, xn_.data(), H);
   double t2 = now_seconds();
 
@@ -141,7 +186,7 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
 
   // combine: hop-2 answers return to their senders: into the home rank's
   // exact sums, or a gateway's; gateways answer across islands (hop 1).
-  acc_.assign(count_ * H, 0);
+  acc_.assign(count * H, 0);
   GatewayAnswers gateway;
   if (hierarchical_) gateway = prepare_gateway_answers(hop1, H);
   answer(plan.hop2, hop2_, hop2_.back_send, "combine of " + where, rec);
@@ -153,7 +198,7 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
     rec.saturated += accumulate_answers(plan.hop1, hop1_.back_recv.data(), hop1_.back, H, acc_.data(), nullptr);
   }
   double t5 = now_seconds();
-  kernels::residual_from_fixed(x.data(), acc_.data(), count_ * H, x.data());
+  kernels::residual_from_fixed(x, acc_.data(), count * H, x);
   double t6 = now_seconds();
 
   rec.route += t1 - t0;
@@ -163,6 +208,7 @@ void Engine::run_layer(int layer, std::uint64_t step, std::vector<float>& x, Ste
   rec.combine += t6 - t4;
   rec.dispatch_a2a.push_back(t3 - t2);
   rec.combine_a2a.push_back(t5 - t4);
+  rec.token_layers += count;
   for (int e = 0; e < E; ++e) {
     std::uint64_t load = counts_.total(e);
     rec.expert_load[std::size_t(layer) * E + e] = load;

@@ -23,6 +23,7 @@ void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   experts_ += rec.experts, combine_ += rec.combine;
   for (int c = 0; c < placement::kLinkClasses; ++c) bytes_[c] += rec.bytes_sent[c];
   pairs_ += rec.pairs;
+  token_layers_ += rec.token_layers;
   saturated_ += rec.saturated;
   step_s_.add(rec.total);
   for (double d : rec.dispatch_a2a) dispatch_s_.add(d);
@@ -62,7 +63,7 @@ std::string Report::step_line(std::uint64_t step, const StepRecord& rec) const {
       "step {}{}: {:.1f} ms, {:.0f} tokens/s | route {:.1f} plan {:.1f} dispatch {:.1f} experts "
       "{:.1f} combine {:.1f} ms | cross-island {:.0f}% of {}",
       step, step < info_.warmup_steps ? " (warm-up)" : "", ms(rec.total),
-      double(info_.tokens_per_step) / rec.total, ms(rec.route), ms(rec.plan), ms(rec.dispatch),
+      double(rec.token_layers) / info_.shape.layers / rec.total, ms(rec.route), ms(rec.plan), ms(rec.dispatch),
       ms(rec.experts), ms(rec.combine), all ? 100.0 * double(rec.bytes_sent[2]) / double(all) : 0.0,
       human_bytes(double(all)));
 }
@@ -76,12 +77,12 @@ Summary Report::summary() const {
   s.experts_ms = ms(experts_) / n, s.combine_ms = ms(combine_) / n;
   s.bytes = bytes_;
   s.saturated = saturated_;
-  s.tokens_per_s = double(info_.tokens_per_step) * n / time_;
+  // A token counts once it has passed every MoE layer: rows served over layers.
+  s.tokens_per_s = double(token_layers_) / info_.shape.layers / time_;
   s.step_p50_ms = ms(step_s_.quantile(0.50)), s.step_p99_ms = ms(step_s_.quantile(0.99));
   s.dispatch_p50_ms = ms(dispatch_s_.quantile(0.50)), s.dispatch_p99_ms = ms(dispatch_s_.quantile(0.99));
   s.combine_p50_ms = ms(combine_s_.quantile(0.50)), s.combine_p99_ms = ms(combine_s_.quantile(0.99));
-  const double token_layers = double(info_.tokens_per_step) * n * info_.shape.layers;
-  s.experts_per_token = double(pairs_) / token_layers;
+  s.experts_per_token = token_layers_ ? double(pairs_) / double(token_layers_) : 0.0;
   s.activation_rate = s.experts_per_token / info_.shape.experts;
 
   // Load spread over the window of the last steps, per layer, then averaged.
@@ -100,7 +101,7 @@ void Report::print(std::ostream& os) const {
   std::uint64_t all = s.bytes[0] + s.bytes[1] + s.bytes[2];
   auto share = [&](int c) { return all ? 100.0 * double(s.bytes[c]) / double(all) : 0.0; };
   os << fmt::format(
-      "moed: {} rank{}, {}; {}; {} steps of {} tokens ({} warm-up)\n"
+      "moed: {} rank{}, {}; {}; {} steps of {} ({} warm-up)\n"
       "  workload           {}\n"
       "  placement          {}\n"
       "  transport          {}; {}\n"
@@ -115,7 +116,8 @@ void Report::print(std::ostream& os) const {
       "  expert load        std/mean {:.2f}, hottest {:.2f}x mean (last {} steps)\n"
       "  bytes sent         same rank {} ({:.0f}%) | same island {} ({:.0f}%) | cross island {} "
       "({:.0f}%)\n",
-      info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), served_, info_.tokens_per_step,
+      info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), served_,
+      info_.tokens_per_step ? fmt::format("{} tokens", info_.tokens_per_step) : std::string("front-door rows"),
       info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas, info_.numerics,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.dispatch_p50_ms, s.dispatch_p99_ms,
       s.combine_p50_ms, s.combine_p99_ms, s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,

@@ -27,7 +27,7 @@ namespace moed::runtime {
 struct RunInfo {
   int ranks = 1, islands = 1;
   ModelShape shape;
-  std::uint64_t tokens_per_step = 0, steps = 0, warmup_steps = 0;
+  std::uint64_t tokens_per_step = 0, steps = 0, warmup_steps = 0;  // tokens_per_step 0: the front door's vary
   std::string transport, workload, placement, blas, topology;
   bool batch_invariant = false;  // the start-up probe's verdict
   std::string numerics;          // what the bits depend on, and why
@@ -77,7 +77,7 @@ class Report {
   double time_ = 0;                                   // seconds, summed
   double route_ = 0, plan_ = 0, dispatch_ = 0, experts_ = 0, combine_ = 0;  // seconds, summed
   std::array<std::uint64_t, placement::kLinkClasses> bytes_{};
-  std::uint64_t pairs_ = 0, saturated_ = 0;
+  std::uint64_t pairs_ = 0, saturated_ = 0, token_layers_ = 0;
   QuantileHistogram step_s_, dispatch_s_, combine_s_;  // seconds
   // Expert loads of the last window_ measured steps: ring_[slot] is one step's
   // [layer * experts + e]; window_load_ is their sum.

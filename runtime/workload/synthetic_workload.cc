@@ -59,6 +59,7 @@ std::string SyntheticWorkload::describe() const {
 }
 
 std::unique_ptr<Workload> make_workload(const Config& config, const float* gate0) {
+  if (config.workload.kind == "ingress") return nullptr;
   if (config.workload.kind == "trace") return std::make_unique<TraceWorkload>(config);
   return std::make_unique<SyntheticWorkload>(config, gate0);
 }

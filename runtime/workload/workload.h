@@ -25,7 +25,8 @@ class Workload {
   virtual std::string describe() const = 0;
 };
 
-// The workload named by [workload].kind. `gate0` is layer 0's gate matrix
+// The workload named by [workload].kind; none for "ingress", whose tokens
+// come through the front door. `gate0` is layer 0's gate matrix
 // [experts, hidden], from which the synthetic workload aims its tokens.
 std::unique_ptr<Workload> make_workload(const Config& config, const float* gate0);
 

@@ -42,6 +42,7 @@ StepRecord record(double total, std::vector<double> dispatch, std::vector<double
   r.bytes_sent = bytes;
   r.expert_load = std::move(load);
   r.pairs = pairs;
+  r.token_layers = 100 * 2;  // run_info(): 100 tokens per step through 2 layers
   return r;
 }
 

@@ -1,0 +1,59 @@
+/* libmoed_client's C ABI: the same calls as client.h, for C and for
+ * ctypes (client/python/moed_client.py). Functions that can fail return a
+ * negative value (or NULL) and leave a message in moed_client_error();
+ * moed_client_status() then says what the daemon answered (0: the failure
+ * was on this side). See client.h for what a layer computes. */
+#ifndef MOED_CLIENT_H
+#define MOED_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOED_CLIENT_API __attribute__((visibility("default")))
+
+typedef struct moed_client moed_client;
+
+enum { MOED_DTYPE_F32 = 0, MOED_DTYPE_BF16 = 1 };
+
+/* The daemon's statuses (moed::wire::Status). */
+enum {
+  MOED_BAD_REQUEST = 1,
+  MOED_BUSY = 2,
+  MOED_NOT_FINITE = 3,
+  MOED_TOO_MANY_CLIENTS = 4,
+  MOED_FORBIDDEN = 5,
+  MOED_SHUTTING_DOWN = 6,
+  MOED_INTERNAL = 7
+};
+
+typedef struct {
+  int32_t rank, ranks, hidden, layers, slots, max_rows;
+} moed_client_info;
+
+/* slots, max_rows: what to ask for (0: 4 and 256); timeout_ms < 0: none.
+ * On failure returns NULL and writes the message into error[error_size]. */
+MOED_CLIENT_API moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32_t max_rows, int32_t timeout_ms,
+                                 char* error, size_t error_size);
+MOED_CLIENT_API void moed_client_close(moed_client* c);
+MOED_CLIENT_API void moed_client_get_info(const moed_client* c, moed_client_info* out);
+
+MOED_CLIENT_API int moed_client_acquire(moed_client* c); /* a free slot, or -1 */
+MOED_CLIENT_API void* moed_client_rows(moed_client* c, int slot);
+MOED_CLIENT_API uint64_t* moed_client_request_ids(moed_client* c, int slot);
+MOED_CLIENT_API uint32_t* moed_client_positions(moed_client* c, int slot);
+MOED_CLIENT_API int moed_client_submit(moed_client* c, int slot, int layer, uint32_t rows, int dtype);
+MOED_CLIENT_API int moed_client_wait(moed_client* c, int slot, int32_t timeout_ms); /* timeout_ms < 0: the connect timeout */
+MOED_CLIENT_API int moed_client_release(moed_client* c, int slot);
+
+MOED_CLIENT_API const char* moed_client_error(const moed_client* c);
+MOED_CLIENT_API int moed_client_status(const moed_client* c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,521 @@
+#include "runtime/ingress/front_door.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+#include "common/unix_socket.h"
+#include "runtime/ingress/intake.h"
+
+namespace moed::runtime::ingress {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+constexpr std::size_t kReadPerTurn = 64 * 1024;  // bytes read per client per poll turn (fairness)
+
+}  // namespace
+
+// One connected client: its socket, its shared memory and its slots.
+class Session {
+ public:
+  Session(UniqueFd fd, std::uint64_t id, PeerCredentials peer)
+      : fd_(std::move(fd)), id_(id), peer_(peer), connected_(Clock::now()) {}
+  ~Session() {
+    if (region_) ::munmap(region_, layout_.region_bytes());
+  }
+
+  int fd() const { return fd_.get(); }
+  std::uint64_t id() const { return id_; }
+  const PeerCredentials& peer() const { return peer_; }
+  Clock::time_point connected() const { return connected_; }
+  bool welcomed() const { return region_ != nullptr; }
+  const wire::Layout& layout() const { return layout_; }
+  wire::FrameReader& reader() { return reader_; }
+
+  // Creates the sealed shared memory and maps it; returns the memfd to send.
+  int map_region(const wire::Layout& layout) {
+    memfd_.reset(::memfd_create("moed-ingress", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!memfd_) MOED_THROW(Runtime, "memfd_create(): {}", errno_text(errno));
+    if (::ftruncate(memfd_.get(), off_t(layout.region_bytes())) != 0)
+      MOED_THROW(Runtime, "cannot size the shared memory ({} bytes): {}", layout.region_bytes(), errno_text(errno));
+    // The client cannot shrink it under us (a shrunk memfd would fault our reads).
+    if (::fcntl(memfd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      MOED_THROW(Runtime, "cannot seal the shared memory: {}", errno_text(errno));
+    void* p = ::mmap(nullptr, layout.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, memfd_.get(), 0);
+    if (p == MAP_FAILED) MOED_THROW(Runtime, "cannot map the shared memory: {}", errno_text(errno));
+    region_ = static_cast<std::byte*>(p);
+    layout_ = layout;
+    in_flight_.assign(layout.slots, false);
+    return memfd_.get();
+  }
+  // The memfd is sent once; the mapping keeps the memory.
+  void forget_memfd() { memfd_.reset(); }
+
+  std::byte* slot(std::uint32_t s) { return region_ + std::uint64_t(s) * layout_.slot_bytes; }
+
+  // Any thread; a frame is sent whole or the client is cut off (it does not
+  // read its answers, and answers are tiny).
+  void send(const std::vector<std::byte>& frame, int memfd = -1) {
+    std::lock_guard lock(send_mutex_);
+    if (dead_) return;
+    iovec iov{const_cast<std::byte*>(frame.data()), frame.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (memfd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &memfd, sizeof memfd);
+    }
+    ssize_t n;
+    do n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n != ssize_t(frame.size())) kill();
+  }
+  void send_error(std::uint64_t tag, std::uint32_t slot, wire::Status status, const std::string& message) {
+    send(wire::encode(wire::ErrorReply{tag, slot, status, message}));
+  }
+  // Ends the connection; the memory stays mapped until the last step using it lets go.
+  void kill() {
+    dead_ = true;
+    // Read what the client sent and we will not handle: a Unix socket closed
+    // with unread bytes resets the peer, which would lose our last answer.
+    std::byte sink[4096];
+    while (::recv(fd_.get(), sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    }
+    ::shutdown(fd_.get(), SHUT_RDWR);
+  }
+  bool dead() const { return dead_; }
+
+  // Guarded by FrontDoor::Impl::mutex.
+  std::vector<bool>& in_flight() { return in_flight_; }
+
+ private:
+  UniqueFd fd_, memfd_;
+  std::uint64_t id_;
+  PeerCredentials peer_;
+  Clock::time_point connected_;
+  wire::FrameReader reader_;
+  wire::Layout layout_;
+  std::byte* region_ = nullptr;
+  std::mutex send_mutex_;
+  std::atomic<bool> dead_{false};
+  std::vector<bool> in_flight_;
+};
+
+void LayerBatch::clear() {
+  x.clear();
+  request_ids.clear();
+  positions.clear();
+  pieces.clear();
+}
+
+struct FrontDoor::Impl {
+  int rank = 0, ranks = 1, hidden = 0, layers = 0;
+  Limits limits;
+  std::unique_ptr<ListeningSocket> listener;
+  UniqueFd wake;  // eventfd: stop
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  std::uint64_t next_id = 1;
+  std::vector<std::shared_ptr<Session>> connections;  // server thread only
+
+  // Shared with the step thread.
+  mutable std::mutex mutex;
+  std::condition_variable work;
+  struct Queued {
+    std::shared_ptr<Session> session;
+    std::deque<QueuedSubmit> queue;
+  };
+  std::vector<Queued> clients;                  // welcomed, alive
+  std::map<std::uint64_t, wire::Submit> tickets;  // queued submits by ticket
+  std::uint64_t next_ticket = 1;
+  std::vector<std::size_t> queued_rows;         // per layer
+  std::size_t round = 0;
+  FrontDoorCounters counts;
+
+  void run();
+  void turn();
+  void accept_all();
+  void admit(UniqueFd fd);
+  void read_from(const std::shared_ptr<Session>& s);
+  void handle(const std::shared_ptr<Session>& s, const wire::Frame& f);
+  void welcome(const std::shared_ptr<Session>& s, const wire::Hello& hello);
+  void queue_submit(const std::shared_ptr<Session>& s, const wire::Submit& m);
+  void drop(const std::shared_ptr<Session>& s, const char* why);
+  void refuse(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status, const std::string& message);
+};
+
+void FrontDoor::Impl::refuse(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status,
+                             const std::string& message) {
+  {
+    std::lock_guard lock(mutex);
+    ++counts.refused;
+  }
+  s.send_error(tag, slot, status, message);
+}
+
+void FrontDoor::Impl::run() {
+  while (!stop.load()) {
+    try {
+      turn();
+    } catch (const std::exception& e) {
+      spdlog::error("front door: {}", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+void FrontDoor::Impl::turn() {
+  std::vector<pollfd> fds;
+  fds.push_back({wake.get(), POLLIN, 0});
+  fds.push_back({listener->fd(), POLLIN, 0});
+  for (const auto& s : connections) fds.push_back({s->fd(), POLLIN, 0});
+  ::poll(fds.data(), fds.size(), 1000);
+  if (stop.load()) return;
+  if (fds[1].revents & POLLIN) accept_all();
+  const auto now = Clock::now();
+  // Copy: read_from may drop connections.
+  std::vector<std::shared_ptr<Session>> polled(connections.begin(), connections.end());
+  for (std::size_t i = 0; i < polled.size(); ++i) {
+    const auto& s = polled[i];
+    if (fds[2 + i].revents) read_from(s);
+    if (!s->welcomed() && !s->dead() && now - s->connected() > limits.hello_timeout) {
+      refuse(0, wire::kNoSlot, *s, wire::Status::bad_request, "no hello within the time allowed");
+      drop(s, "sent no hello");
+    }
+    if (s->dead()) drop(s, "its connection ended");
+  }
+}
+
+void FrontDoor::Impl::accept_all() {
+  for (;;) {
+    UniqueFd fd(::accept4(listener->fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) spdlog::warn("front door: accept(): {}", errno_text(errno));
+      return;
+    }
+    admit(std::move(fd));
+  }
+}
+
+void FrontDoor::Impl::admit(UniqueFd fd) {
+  PeerCredentials peer;
+  try {
+    peer = peer_credentials(fd.get());
+  } catch (const Error& e) {
+    spdlog::warn("front door: {}", e.what());
+    return;
+  }
+  auto s = std::make_shared<Session>(std::move(fd), next_id++, peer);
+  if (!peer_may_connect(peer.uid)) {
+    spdlog::warn("front door {}: refused a client of uid {} (pid {}): only uid {} or root", listener->path(),
+                 peer.uid, peer.pid, ::geteuid());
+    refuse(0, wire::kNoSlot, *s, wire::Status::forbidden,
+           fmt::format("uid {} may not use this daemon; only uid {} or root may", peer.uid, ::geteuid()));
+    return;
+  }
+  if (int(connections.size()) >= limits.max_clients) {
+    refuse(0, wire::kNoSlot, *s, wire::Status::too_many_clients,
+           fmt::format("this rank serves at most {} clients ([ingress].max_clients); try again later",
+                       limits.max_clients));
+    return;
+  }
+  connections.push_back(std::move(s));
+}
+
+void FrontDoor::Impl::read_from(const std::shared_ptr<Session>& s) {
+  std::byte buffer[8192];
+  for (std::size_t got = 0; got < kReadPerTurn && !s->dead();) {
+    const ssize_t n = ::recv(s->fd(), buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n <= 0) {
+      s->kill();
+      break;
+    }
+    got += std::size_t(n);
+    s->reader().feed({buffer, std::size_t(n)});
+    std::string error;
+    while (auto f = s->reader().next(error)) handle(s, *f);
+    if (!error.empty()) {
+      refuse(0, wire::kNoSlot, *s, wire::Status::bad_request, error);
+      s->kill();
+    }
+  }
+}
+
+void FrontDoor::Impl::handle(const std::shared_ptr<Session>& s, const wire::Frame& f) {
+  std::string error;
+  if (!s->welcomed()) {
+    auto hello = f.type == wire::Type::hello ? wire::decode_hello(f.payload, error) : std::nullopt;
+    if (!hello) {
+      refuse(0, wire::kNoSlot, *s, wire::Status::bad_request,
+             error.empty() ? "the first message must be a hello" : error);
+      s->kill();
+      return;
+    }
+    welcome(s, *hello);
+    return;
+  }
+  auto submit = f.type == wire::Type::submit ? wire::decode_submit(f.payload, error) : std::nullopt;
+  if (!submit) {
+    refuse(0, wire::kNoSlot, *s, wire::Status::bad_request, error.empty() ? "expected a submit" : error);
+    s->kill();
+    return;
+  }
+  queue_submit(s, *submit);
+}
+
+void FrontDoor::Impl::welcome(const std::shared_ptr<Session>& s, const wire::Hello& hello) {
+  std::uint32_t slots = std::clamp<std::uint32_t>(hello.slots, 1, limits.max_slots);
+  const std::uint32_t rows = std::clamp<std::uint32_t>(
+      hello.max_rows, 1, std::min<std::uint32_t>(limits.max_rows, std::uint32_t(limits.max_tokens_per_step)));
+  wire::Layout layout = wire::make_layout(std::uint32_t(hidden), rows, slots);
+  while (layout.slots > 1 && layout.region_bytes() > limits.max_client_bytes)
+    layout = wire::make_layout(std::uint32_t(hidden), rows, layout.slots - 1);
+  if (layout.region_bytes() > limits.max_client_bytes) {
+    refuse(0, wire::kNoSlot, *s, wire::Status::bad_request,
+           fmt::format("one slot of {} rows of {} floats ({} bytes) exceeds [ingress].max_client_mb", rows, hidden,
+                       layout.slot_bytes));
+    s->kill();
+    return;
+  }
+  const int memfd = s->map_region(layout);
+  s->send(wire::encode(wire::Welcome{std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(layers), layout}),
+          memfd);
+  s->forget_memfd();
+  if (s->dead()) return;
+  std::lock_guard lock(mutex);
+  clients.push_back({s, {}});
+  ++counts.clients;
+  ++counts.accepted;
+  spdlog::debug("front door: client {} (pid {}) connected: {} slots of {} rows", s->id(), s->peer().pid,
+                layout.slots, layout.max_rows);
+}
+
+void FrontDoor::Impl::queue_submit(const std::shared_ptr<Session>& s, const wire::Submit& m) {
+  const wire::Layout& l = s->layout();
+  std::string problem;
+  if (m.slot >= l.slots)
+    problem = fmt::format("slot {} does not exist (this client has {})", m.slot, l.slots);
+  else if (m.layer >= std::uint32_t(layers))
+    problem = fmt::format("layer {} is out of range: the model has {} MoE layers (0 to {})", m.layer, layers,
+                          layers - 1);
+  else if (m.rows == 0 || m.rows > l.max_rows)
+    problem = fmt::format("{} rows: a submit holds 1 to {} rows", m.rows, l.max_rows);
+  if (!problem.empty()) return refuse(m.tag, m.slot, *s, wire::Status::bad_request, problem);
+  std::lock_guard lock(mutex);
+  if (s->in_flight()[m.slot]) {
+    ++counts.refused;
+    s->send_error(m.tag, m.slot, wire::Status::busy,
+                  fmt::format("slot {} already has a submit in flight; wait for it first", m.slot));
+    return;
+  }
+  auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session == s; });
+  if (it == clients.end()) return;  // going away
+  s->in_flight()[m.slot] = true;
+  const std::uint64_t ticket = next_ticket++;
+  tickets[ticket] = m;
+  it->queue.push_back({0, m.layer, m.rows, ticket});
+  queued_rows[m.layer] += m.rows;
+  work.notify_one();
+}
+
+void FrontDoor::Impl::drop(const std::shared_ptr<Session>& s, const char* why) {
+  s->kill();
+  connections.erase(std::remove(connections.begin(), connections.end(), s), connections.end());
+  std::lock_guard lock(mutex);
+  auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session == s; });
+  if (it == clients.end()) return;
+  for (const QueuedSubmit& q : it->queue) {
+    queued_rows[q.layer] -= q.rows;
+    tickets.erase(q.ticket);
+  }
+  clients.erase(it);
+  --counts.clients;
+  spdlog::debug("front door: client {} (pid {}) gone: {}", s->id(), s->peer().pid, why);
+}
+
+FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, int layers, Limits limits)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.rank = rank, m.ranks = ranks, m.hidden = hidden, m.layers = layers;
+  m.limits = limits;
+  m.queued_rows.assign(std::size_t(layers), 0);
+  m.wake.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!m.wake) MOED_THROW(Runtime, "eventfd(): {}", errno_text(errno));
+  m.listener = std::make_unique<ListeningSocket>(dir, socket_path(dir, rank), SocketNames{"front-door socket", "[ingress].dir"});
+  m.thread = std::thread([&m] { m.run(); });
+}
+
+FrontDoor::~FrontDoor() {
+  Impl& m = *impl_;
+  m.stop = true;
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(m.wake.get(), &one, sizeof one);
+  if (m.thread.joinable()) m.thread.join();
+  std::lock_guard lock(m.mutex);
+  for (auto& c : m.clients)
+    for (const QueuedSubmit& q : c.queue)
+      c.session->send_error(m.tickets[q.ticket].tag, m.tickets[q.ticket].slot, wire::Status::shutting_down,
+                            "the daemon is shutting down; this layer was not served");
+  for (auto& s : m.connections) s->kill();
+}
+
+const std::string& FrontDoor::path() const { return impl_->listener->path(); }
+
+std::string FrontDoor::socket_path(const std::string& dir, int rank) {
+  return fmt::format("{}/moed-ingress-{}.sock", dir, rank);
+}
+
+void FrontDoor::wait_for_work(std::chrono::microseconds idle) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mutex);
+  auto queued = [&] {
+    return std::any_of(m.queued_rows.begin(), m.queued_rows.end(), [](std::size_t r) { return r > 0; });
+  };
+  if (!queued()) m.work.wait_for(lock, idle, queued);
+  if (queued() && m.limits.max_wait.count() > 0)
+    m.work.wait_for(lock, m.limits.max_wait, [&] {
+      return std::any_of(m.queued_rows.begin(), m.queued_rows.end(),
+                         [&](std::size_t r) { return r >= m.limits.max_tokens_per_step; });
+    });
+}
+
+namespace {
+
+// Copies a submit's rows out of its slot as fp32; the first bad value, if any.
+std::optional<std::string> copy_rows(Session& s, const wire::Submit& m, std::size_t hidden, float* out) {
+  const std::byte* rows = s.slot(m.slot) + s.layout().rows_offset;
+  const std::size_t n = std::size_t(m.rows) * hidden;
+  if (m.dtype == wire::DType::bf16) {
+    std::vector<std::uint16_t> raw(n);
+    std::memcpy(raw.data(), rows, n * sizeof(std::uint16_t));
+    for (std::size_t i = 0; i < n; ++i) out[i] = wire::bf16_to_float(raw[i]);
+  } else {
+    std::memcpy(out, rows, n * sizeof(float));
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[i]))
+      return fmt::format("row {} holds {} at column {}: every value must be finite", i / hidden,
+                         std::isnan(out[i]) ? "NaN" : "Inf", i % hidden);
+  return std::nullopt;
+}
+
+}  // namespace
+
+void FrontDoor::take(std::vector<LayerBatch>& batches) {
+  Impl& m = *impl_;
+  batches.resize(std::size_t(m.layers));
+  for (LayerBatch& b : batches) b.clear();
+  struct Taken {
+    std::shared_ptr<Session> session;
+    wire::Submit submit;
+  };
+  std::vector<Taken> taken;
+  {
+    std::lock_guard lock(m.mutex);
+    if (m.clients.empty()) return;
+    std::vector<std::deque<QueuedSubmit>> queues;
+    for (auto& c : m.clients) queues.push_back(std::move(c.queue));
+    std::vector<std::size_t> budget(std::size_t(m.layers), m.limits.max_tokens_per_step);
+    const std::vector<QueuedSubmit> picked = take_fair(queues, m.round++ % queues.size(), budget);
+    for (std::size_t i = 0; i < queues.size(); ++i) m.clients[i].queue = std::move(queues[i]);
+    for (const QueuedSubmit& q : picked) {
+      auto t = m.tickets.find(q.ticket);
+      taken.push_back({m.clients[q.client].session, t->second});
+      m.tickets.erase(t);
+      m.queued_rows[q.layer] -= q.rows;
+    }
+  }
+  const std::size_t H = std::size_t(m.hidden);
+  for (Taken& t : taken) {
+    LayerBatch& b = batches[t.submit.layer];
+    const std::size_t first = b.rows();
+    b.x.resize((first + t.submit.rows) * H);
+    if (auto bad = copy_rows(*t.session, t.submit, H, b.x.data() + first * H)) {
+      b.x.resize(first * H);
+      {
+        std::lock_guard lock(m.mutex);
+        t.session->in_flight()[t.submit.slot] = false;
+        ++m.counts.refused;
+      }
+      t.session->send_error(t.submit.tag, t.submit.slot, wire::Status::not_finite, *bad);
+      continue;
+    }
+    const std::byte* slot = t.session->slot(t.submit.slot);
+    const auto* ids = reinterpret_cast<const std::uint64_t*>(slot + t.session->layout().ids_offset);
+    const auto* pos = reinterpret_cast<const std::uint32_t*>(slot + t.session->layout().positions_offset);
+    b.request_ids.insert(b.request_ids.end(), ids, ids + t.submit.rows);
+    b.positions.insert(b.positions.end(), pos, pos + t.submit.rows);
+    b.pieces.push_back({std::move(t.session), t.submit, first});
+  }
+}
+
+void FrontDoor::complete(std::vector<LayerBatch>& batches) {
+  Impl& m = *impl_;
+  const std::size_t H = std::size_t(m.hidden);
+  std::uint64_t submits = 0, rows = 0;
+  for (LayerBatch& b : batches) {
+    for (LayerBatch::Piece& p : b.pieces) {
+      Session& s = *p.session;
+      // The outputs first, then the answer: the client reads them once told.
+      std::byte* out = s.slot(p.submit.slot) + s.layout().rows_offset;
+      const float* y = b.x.data() + p.first * H;
+      const std::size_t n = std::size_t(p.submit.rows) * H;
+      if (p.submit.dtype == wire::DType::bf16) {
+        std::vector<std::uint16_t> narrow(n);
+        for (std::size_t i = 0; i < n; ++i) narrow[i] = wire::float_to_bf16(y[i]);
+        std::memcpy(out, narrow.data(), n * sizeof(std::uint16_t));
+      } else {
+        std::memcpy(out, y, n * sizeof(float));
+      }
+      ++submits, rows += p.submit.rows;
+    }
+  }
+  {
+    std::lock_guard lock(m.mutex);
+    for (LayerBatch& b : batches)
+      for (LayerBatch::Piece& p : b.pieces) p.session->in_flight()[p.submit.slot] = false;
+    m.counts.submits_served += submits;
+    m.counts.rows_served += rows;
+  }
+  for (LayerBatch& b : batches) {
+    for (LayerBatch::Piece& p : b.pieces) p.session->send(wire::encode(wire::Done{p.submit.tag, p.submit.slot, p.submit.rows}));
+    b.pieces.clear();  // lets go of sessions that have gone
+  }
+}
+
+FrontDoorCounters FrontDoor::counters() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->counts;
+}
+
+}  // namespace moed::runtime::ingress

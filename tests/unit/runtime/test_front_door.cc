@@ -1,0 +1,349 @@
+// The front door with real clients (libmoed_client) in this process; a test
+// thread plays the step thread: it takes the queued submits and "serves"
+// them by doubling every value (any function of the row would do).
+#include "runtime/ingress/front_door.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "client/client.h"
+#include "common/unix_socket.h"
+#include "tests/unit/test_support.h"
+
+namespace moed::runtime::ingress {
+namespace {
+
+constexpr int kHidden = 16, kLayers = 3;
+
+class FrontDoorTest : public ::testing::Test {
+ protected:
+  void TearDown() override { stop_stepping(); }
+
+  FrontDoor& start(Limits limits = {}) {
+    limits.max_wait = std::chrono::microseconds(0);
+    door_ = std::make_unique<FrontDoor>(dir(), 0, 1, kHidden, kLayers, limits);
+    return *door_;
+  }
+  std::string dir() const { return tmp_.file("sock"); }
+  std::string path() const { return FrontDoor::socket_path(dir(), 0); }
+
+  // One step: take, double every row, complete. Returns rows served per layer.
+  std::vector<std::size_t> step() {
+    door_->wait_for_work(std::chrono::microseconds(2000));
+    door_->take(batches_);
+    std::vector<std::size_t> rows;
+    for (auto& b : batches_) {
+      rows.push_back(b.rows());
+      for (float& v : b.x) v *= 2;
+    }
+    door_->complete(batches_);
+    return rows;
+  }
+  void keep_stepping() {
+    stepping_ = true;
+    stepper_ = std::thread([this] {
+      while (stepping_) step();
+    });
+  }
+  void stop_stepping() {
+    stepping_ = false;
+    if (stepper_.joinable()) stepper_.join();
+  }
+
+  static std::vector<float> rows(std::size_t n, float first) {
+    std::vector<float> x(n * kHidden);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = first + float(i);
+    return x;
+  }
+
+  test::TempDir tmp_;
+  std::unique_ptr<FrontDoor> door_;
+  std::vector<LayerBatch> batches_;
+  std::atomic<bool> stepping_{false};
+  std::thread stepper_;
+};
+
+TEST_F(FrontDoorTest, ServesRowsThroughSharedMemory) {
+  start();
+  keep_stepping();
+  client::Client c(path());
+  EXPECT_EQ(c.hidden(), kHidden);
+  EXPECT_EQ(c.layers(), kLayers);
+  const std::vector<float> x = rows(5, 1.0f);
+  std::vector<float> y(x.size());
+  const std::vector<std::uint64_t> ids{1, 1, 2, 2, 3};
+  const std::vector<std::uint32_t> pos{0, 1, 0, 1, 0};
+  c.forward(2, x.data(), 5, ids.data(), pos.data(), y.data());
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], 2 * x[i]);
+  EXPECT_EQ(door_->counters().submits_served, 1u);
+  EXPECT_EQ(door_->counters().rows_served, 5u);
+}
+
+TEST_F(FrontDoorTest, TheStepSeesIdsPositionsAndLayers) {
+  start();
+  client::Client c(path());
+  for (int layer : {0, 2}) {
+    const int s = c.acquire();
+    std::memcpy(c.rows(s), rows(2, float(layer)).data(), 2 * kHidden * sizeof(float));
+    c.request_ids(s)[0] = 40 + layer, c.request_ids(s)[1] = 50;
+    c.positions(s)[0] = 7, c.positions(s)[1] = 8;
+    c.submit(s, layer, 2);
+  }
+  // Both submits are queued before the step takes them: one step serves both layers.
+  for (int tries = 0; tries < 200 && door_->counters().submits_served == 0; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    door_->take(batches_);
+    if (batches_[0].rows() + batches_[2].rows() == 0) continue;
+    ASSERT_EQ(batches_[0].rows(), 2u);
+    ASSERT_EQ(batches_[2].rows(), 2u);
+    EXPECT_EQ(batches_[2].request_ids, (std::vector<std::uint64_t>{42, 50}));
+    EXPECT_EQ(batches_[2].positions, (std::vector<std::uint32_t>{7, 8}));
+    door_->complete(batches_);
+  }
+  c.wait(0);
+  c.wait(1);
+}
+
+TEST_F(FrontDoorTest, Bf16RowsComeBackInBf16) {
+  start();
+  keep_stepping();
+  client::Client c(path());
+  const int s = c.acquire();
+  auto* r = static_cast<std::uint16_t*>(c.rows(s));
+  for (int i = 0; i < kHidden; ++i) r[i] = wire::float_to_bf16(1.5f + float(i));
+  c.request_ids(s)[0] = 1, c.positions(s)[0] = 0;
+  c.submit(s, 0, 1, wire::DType::bf16);
+  c.wait(s);
+  for (int i = 0; i < kHidden; ++i) EXPECT_EQ(wire::bf16_to_float(r[i]), 2 * (1.5f + float(i)));
+}
+
+// Every refusal names what was wrong, and the client can go on.
+TEST_F(FrontDoorTest, BadSubmitsAreRefusedWithTheReason) {
+  Limits limits;
+  limits.max_rows = 8;
+  start(limits);
+  keep_stepping();
+  client::Client c(path(), {2, 64, 10'000});
+  EXPECT_EQ(c.max_rows(), 8);  // granted fewer than asked
+  auto expect_refusal = [&](int layer, std::uint32_t n, wire::Status status, const char* words) {
+    const int s = c.acquire();
+    std::fill_n(static_cast<float*>(c.rows(s)), 8 * kHidden, 1.0f);
+    c.submit(s, layer, n);
+    try {
+      c.wait(s);
+      ADD_FAILURE() << "accepted layer " << layer << " rows " << n;
+    } catch (const client::Error& e) {
+      EXPECT_EQ(e.status(), status) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    c.release(s);
+  };
+  expect_refusal(kLayers, 1, wire::Status::bad_request, "layer 3 is out of range");
+  expect_refusal(-1, 1, wire::Status::bad_request, "out of range");
+  expect_refusal(0, 9, wire::Status::bad_request, "9 rows: a submit holds 1 to 8 rows");
+  expect_refusal(0, 0, wire::Status::bad_request, "0 rows");
+  // NaN or Inf: the submit fails; the same client's next submit is served.
+  for (float bad : {std::nanf(""), INFINITY}) {
+    const int s = c.acquire();
+    std::vector<float> x = rows(3, 0.5f);
+    x[kHidden + 4] = bad;
+    std::memcpy(c.rows(s), x.data(), x.size() * sizeof(float));
+    c.submit(s, 1, 3);
+    try {
+      c.wait(s);
+      ADD_FAILURE() << "a non-finite row was served";
+    } catch (const client::Error& e) {
+      EXPECT_EQ(e.status(), wire::Status::not_finite);
+      EXPECT_NE(std::string(e.what()).find("row 1"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("column 4"), std::string::npos) << e.what();
+    }
+    c.release(s);
+  }
+  std::vector<float> x = rows(2, 3.0f), y(x.size());
+  const std::uint64_t ids[2] = {0, 0};
+  const std::uint32_t pos[2] = {0, 1};
+  c.forward(0, x.data(), 2, ids, pos, y.data());
+  EXPECT_EQ(y[5], 2 * x[5]);
+  EXPECT_GE(door_->counters().refused, 6u);
+}
+
+TEST_F(FrontDoorTest, TheClientLibraryKeepsOneSubmitPerSlot) {
+  start();  // nobody steps: the first submit stays queued
+  client::Client c(path());
+  const int s = c.acquire();
+  std::fill_n(static_cast<float*>(c.rows(s)), kHidden, 1.0f);
+  c.submit(s, 0, 1);
+  EXPECT_THROW(c.submit(s, 0, 1), client::Error);
+  EXPECT_THROW(c.release(s), client::Error);
+}
+
+TEST_F(FrontDoorTest, TheDaemonRefusesASlotAlreadyInFlight) {
+  start();
+  // A hand-made client that ignores the rules: hello, then two submits on slot 0.
+  UniqueFd fd = connect_unix_socket(path());
+  auto send = [&](const std::vector<std::byte>& f) { ASSERT_EQ(::send(fd.get(), f.data(), f.size(), 0), ssize_t(f.size())); };
+  send(wire::encode(wire::Hello{1, 4}));
+  send(wire::encode(wire::Submit{1, 0, 0, 1, wire::DType::f32}));
+  send(wire::encode(wire::Submit{2, 0, 0, 1, wire::DType::f32}));
+  wire::FrameReader reader;
+  std::string error;
+  std::optional<wire::ErrorReply> busy;
+  for (int i = 0; i < 100 && !busy; ++i) {
+    std::byte buf[4096];
+    const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    reader.feed({buf, std::size_t(n)});
+    while (auto f = reader.next(error))
+      if (f->type == wire::Type::error) busy = wire::decode_error(f->payload, error);
+  }
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->status, wire::Status::busy);
+  EXPECT_EQ(busy->tag, 2u);
+}
+
+TEST_F(FrontDoorTest, GarbageEndsOnlyThatConnection) {
+  start();
+  keep_stepping();
+  UniqueFd fd = connect_unix_socket(path());
+  const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+  ASSERT_GT(::send(fd.get(), junk, sizeof junk, 0), 0);
+  std::byte buf[4096];
+  ssize_t total = 0, n;
+  while ((n = ::recv(fd.get(), buf + total, sizeof buf - std::size_t(total), 0)) > 0) total += n;
+  wire::FrameReader reader;
+  reader.feed({buf, std::size_t(total)});
+  std::string error;
+  auto f = reader.next(error);
+  ASSERT_TRUE(f) << error;
+  auto reply = wire::decode_error(f->payload, error);
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->status, wire::Status::bad_request);
+  EXPECT_NE(reply->message.find("bad magic"), std::string::npos) << reply->message;
+  // Others are served as ever.
+  client::Client c(path());
+  std::vector<float> x = rows(1, 1.0f), y(kHidden);
+  const std::uint64_t id = 0;
+  const std::uint32_t pos = 0;
+  c.forward(0, x.data(), 1, &id, &pos, y.data());
+  EXPECT_EQ(y[3], 2 * x[3]);
+}
+
+TEST_F(FrontDoorTest, ClientsBeyondTheLimitAreToldSo) {
+  Limits limits;
+  limits.max_clients = 2;
+  start(limits);
+  client::Client a(path()), b(path());
+  try {
+    client::Client c(path());
+    ADD_FAILURE() << "a third client was accepted";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), wire::Status::too_many_clients);
+    EXPECT_NE(std::string(e.what()).find("at most 2 clients"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(FrontDoorTest, ADisconnectMidRequestLeaksNothing) {
+  start();
+  const auto fds_before = std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {});
+  {
+    client::Client c(path());
+    const int s = c.acquire();
+    std::fill_n(static_cast<float*>(c.rows(s)), 4 * kHidden, 1.0f);
+    c.submit(s, 1, 4);
+    // Gone before its answer, with the submit still queued.
+  }
+  for (int i = 0; i < 200 && door_->counters().clients; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(door_->counters().clients, 0u);
+  // A step takes nothing of it, and the next client is served.
+  EXPECT_EQ(step(), (std::vector<std::size_t>{0, 0, 0}));
+  {
+    client::Client c(path());
+    const int s = c.acquire();
+    std::fill_n(static_cast<float*>(c.rows(s)), kHidden, 1.0f);
+    c.submit(s, 0, 1);
+    // Taken into a step, then the client dies before the answer.
+    for (int i = 0; i < 100 && step()[0] == 0; ++i) {
+    }
+  }
+  for (int i = 0; i < 200 && door_->counters().clients; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  step();
+  EXPECT_EQ(door_->counters().clients, 0u);
+  const auto fds_after = std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {});
+  EXPECT_EQ(fds_after, fds_before) << "file descriptors leaked";
+}
+
+TEST_F(FrontDoorTest, AFloodingClientDoesNotStarveAnother) {
+  Limits limits;
+  limits.max_tokens_per_step = 32;
+  start(limits);
+  client::Client flood(path(), {8, 32, 10'000}), calm(path());
+  for (int s = 0; s < 8; ++s) {
+    ASSERT_EQ(flood.acquire(), s);
+    std::fill_n(static_cast<float*>(flood.rows(s)), 32 * kHidden, 1.0f);
+    flood.submit(s, 0, 32);  // each fills a whole step's budget
+  }
+  const int s = calm.acquire();
+  std::fill_n(static_cast<float*>(calm.rows(s)), kHidden, 1.0f);
+  calm.submit(s, 0, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // all queued
+  // The flood has 8 steps of work queued; the calm client is served within 2.
+  step();
+  step();
+  calm.wait(s, 0);
+}
+
+TEST_F(FrontDoorTest, ShuttingDownAnswersWhatIsQueued) {
+  start();
+  client::Client c(path());
+  const int s = c.acquire();
+  std::fill_n(static_cast<float*>(c.rows(s)), kHidden, 1.0f);
+  c.submit(s, 0, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  door_.reset();
+  try {
+    c.wait(s, 5000);
+    ADD_FAILURE() << "served after shutdown";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), wire::Status::shutting_down) << e.what();
+  }
+}
+
+TEST_F(FrontDoorTest, AClientOfAnotherUidIsForbidden) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  start();
+  ASSERT_EQ(::chmod(tmp_.path().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir().c_str(), 0711), 0);
+  ASSERT_EQ(::chmod(path().c_str(), 0666), 0);  // only the uid check stands in the way
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    try {
+      client::Client c(path());
+      ::_exit(11);  // accepted
+    } catch (const client::Error& e) {
+      ::_exit(e.status() == wire::Status::forbidden ? 0 : 12);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: setuid failed, 11: accepted, 12: another error";
+}
+
+TEST_F(FrontDoorTest, ABadDirIsAUsageError) {
+  const std::string file = tmp_.write("a-file", "x");
+  test::expect_error([&] { FrontDoor(file + "/sub", 0, 1, kHidden, kLayers, Limits{}); }, ErrorKind::Usage,
+                     {"[ingress].dir"});
+}
+
+}  // namespace
+}  // namespace moed::runtime::ingress
