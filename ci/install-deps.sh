@@ -16,6 +16,7 @@ packages=(
   slurm-wlm munge
   iproute2
   clang libclang-rt-14-dev
+  python3-numpy python3-torch
 )
 
 missing=()

@@ -1,0 +1,155 @@
+// A test client of the front door: serves a fixed set of requests through
+// moed's ranks in one of several ways and writes every request's outputs,
+// in request order, to a file. Runs that serve the same requests must write
+// the same bytes, however the requests were batched.
+//
+//   front_door_check --dir DIR --ranks R --mode serial|concurrent|shuffled --out FILE
+//                    [--requests N] [--seed S] [--clients-per-rank C]
+//   front_door_check --dir DIR --mode hold      (submits, then waits to be killed)
+//
+// Request r has 1 + (hash % 48) rows at layer hash % layers, with request id
+// r and positions 0.., values from a counter-based generator. serial: one
+// client on rank 0, one request at a time. concurrent: C clients per rank,
+// each on its own thread, request r on client r mod (C x R), as many in
+// flight as the client has slots. shuffled: the same, each client's requests
+// in a shuffled order.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "common/rng.h"
+
+namespace {
+
+using moed::client::Client;
+
+struct Request {
+  std::uint32_t layer = 0, rows = 0;
+  std::vector<float> x, y;
+};
+
+std::vector<Request> make_requests(int count, std::uint64_t seed, int layers, int hidden) {
+  std::vector<Request> out(static_cast<std::size_t>(count));
+  for (int r = 0; r < count; ++r) {
+    const std::uint64_t h = moed::hash_combine(seed, std::uint64_t(r));
+    Request& q = out[std::size_t(r)];
+    q.layer = std::uint32_t(h % std::uint64_t(layers));
+    q.rows = 1 + std::uint32_t((h >> 20) % 48);
+    q.x.resize(std::size_t(q.rows) * std::size_t(hidden));
+    const moed::CounterRng rng(h);
+    for (std::size_t i = 0; i < q.x.size(); ++i) q.x[i] = rng.normalish(i);
+    q.y.resize(q.x.size());
+  }
+  return out;
+}
+
+// One client serving its share, keeping up to its slots in flight.
+void serve(Client& c, std::vector<Request>& requests, const std::vector<int>& mine) {
+  const std::size_t H = std::size_t(c.hidden());
+  std::vector<int> in_slot(std::size_t(c.slots()), -1);
+  std::size_t next = 0, done = 0;
+  while (done < mine.size()) {
+    for (int s = 0; s < c.slots() && next < mine.size(); ++s) {
+      if (in_slot[std::size_t(s)] >= 0) continue;
+      const int r = mine[next++];
+      Request& q = requests[std::size_t(r)];
+      const int slot = c.acquire();
+      std::memcpy(c.rows(slot), q.x.data(), q.x.size() * sizeof(float));
+      for (std::uint32_t i = 0; i < q.rows; ++i) c.request_ids(slot)[i] = std::uint64_t(r), c.positions(slot)[i] = i;
+      c.submit(slot, int(q.layer), q.rows);
+      in_slot[std::size_t(slot)] = r;
+    }
+    for (int s = 0; s < c.slots(); ++s) {
+      const int r = in_slot[std::size_t(s)];
+      if (r < 0) continue;
+      c.wait(s);
+      std::memcpy(requests[std::size_t(r)].y.data(), c.rows(s), requests[std::size_t(r)].y.size() * sizeof(float));
+      c.release(s);
+      in_slot[std::size_t(s)] = -1;
+      ++done;
+      break;  // refill before waiting again: keep the slots busy
+    }
+  }
+}
+
+std::string socket_of(const std::string& dir, int rank) { return dir + "/moed-ingress-" + std::to_string(rank) + ".sock"; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"front_door_check: serves fixed requests through moed's front door"};
+  std::string dir, mode, out;
+  int ranks = 1, count = 64, per_rank = 2;
+  std::uint64_t seed = 7;
+  app.add_option("--dir", dir, "[ingress].dir of the daemons")->required();
+  app.add_option("--ranks", ranks, "ranks to spread the clients over");
+  app.add_option("--mode", mode, "serial, concurrent, shuffled or hold")->required();
+  app.add_option("--out", out, "file for the outputs");
+  app.add_option("--requests", count, "requests to serve");
+  app.add_option("--seed", seed, "seed of the requests");
+  app.add_option("--clients-per-rank", per_rank, "clients per rank (concurrent, shuffled)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (mode == "hold") {
+      Client c(socket_of(dir, 0));
+      const int s = c.acquire();
+      std::fill_n(static_cast<float*>(c.rows(s)), c.hidden(), 1.0f);
+      c.request_ids(s)[0] = 1, c.positions(s)[0] = 0;
+      c.submit(s, 0, 1);
+      std::cout << "holding" << std::endl;
+      std::this_thread::sleep_for(std::chrono::hours(1));
+      return 0;
+    }
+    std::vector<std::unique_ptr<Client>> clients;
+    const int n_clients = mode == "serial" ? 1 : ranks * per_rank;
+    for (int i = 0; i < n_clients; ++i)
+      clients.push_back(std::make_unique<Client>(socket_of(dir, i % ranks), moed::client::Options{4, 64, 60'000}));
+    std::vector<Request> requests = make_requests(count, seed, clients[0]->layers(), clients[0]->hidden());
+    std::vector<std::vector<int>> share(static_cast<std::size_t>(n_clients));
+    for (int r = 0; r < count; ++r) share[std::size_t(r % n_clients)].push_back(r);
+    if (mode == "serial") {
+      for (int r = 0; r < count; ++r) serve(*clients[0], requests, {r});
+    } else if (mode == "concurrent" || mode == "shuffled") {
+      if (mode == "shuffled")
+        for (std::size_t i = 0; i < share.size(); ++i) std::shuffle(share[i].begin(), share[i].end(), std::mt19937(unsigned(seed + i)));
+      std::vector<std::thread> threads;
+      std::vector<std::string> errors(static_cast<std::size_t>(n_clients));
+      for (int i = 0; i < n_clients; ++i)
+        threads.emplace_back([&, i] {
+          try {
+            serve(*clients[std::size_t(i)], requests, share[std::size_t(i)]);
+          } catch (const std::exception& e) {
+            errors[std::size_t(i)] = e.what();
+          }
+        });
+      for (auto& t : threads) t.join();
+      for (const auto& e : errors)
+        if (!e.empty()) throw std::runtime_error(e);
+    } else {
+      std::cerr << "front_door_check: unknown mode " << mode << "\n";
+      return 2;
+    }
+    std::FILE* f = std::fopen(out.c_str(), "wb");
+    if (!f) throw std::runtime_error("cannot write " + out);
+    std::size_t rows = 0;
+    for (const Request& q : requests) {
+      std::fwrite(q.y.data(), sizeof(float), q.y.size(), f);
+      rows += q.rows;
+    }
+    std::fclose(f);
+    std::cout << "served " << count << " requests (" << rows << " rows) over " << n_clients << " client"
+              << (n_clients == 1 ? "" : "s") << " on " << (mode == "serial" ? 1 : ranks) << " rank"
+              << (ranks == 1 || mode == "serial" ? "" : "s") << ", " << mode << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "front_door_check: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The front door through real daemons under mpirun.
+#   batching: the same 64 requests served one at a time, all at once from 2
+#     clients per rank, and in shuffled order, at 1, 2 and 4 ranks, and with a
+#     per-step budget that makes requests wait: every run's outputs are
+#     cmp-equal. The Python client's outputs match, one row at a time too.
+#   faults: a client killed while holding a request, a client of another
+#     uid, bad inputs from Python (each refused with its reason, a bad row
+#     leaving its neighbours' bits alone); the daemons serve on, leak no file
+#     descriptor, and idle at a few percent of a core.
+# Usage: test_front_door.sh batching|faults
+source "$(dirname "$0")/lib.sh"
+: "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
+mode=${1:?mode}
+PYTHON=/usr/bin/python3
+daemon=""
+trap '[ -n "$daemon" ] && kill $daemon 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+
+# start NAME RANKS [FLAGS...]: moed with the front door in the background;
+# returns once every rank's socket is there.
+start() {
+  local name=$1 n=$2
+  shift 2
+  run=$SCRATCH/$name
+  mkdir -p "$run"
+  moed_on "$n" --config "$SMALL" --set workload.kind=ingress --set "ingress.dir=\"$run/sock\"" \
+    --set "admin.dir=\"$run/admin\"" "$@" >"$run/out.txt" 2>"$run/err.txt" &
+  daemon=$!
+  local ranks=$((n == 0 ? 1 : n))
+  for _ in $(seq 300); do
+    local up=0
+    for r in $(seq 0 $((ranks - 1))); do [ -S "$run/sock/moed-ingress-$r.sock" ] && up=$((up + 1)); done
+    [ "$up" = "$ranks" ] && return 0
+    kill -0 $daemon 2>/dev/null || { cat "$run/err.txt" >&2; fail "$name: moed stopped before its sockets appeared"; }
+    sleep 0.1
+  done
+  fail "$name: the front-door sockets did not appear"
+}
+stop() {
+  "$MOECTL" --dir "$run/admin" shutdown >/dev/null
+  wait $daemon || { cat "$run/err.txt" >&2; fail "moed exited with code $?"; }
+  daemon=""
+}
+check() {  # check RANKS MODE OUT [FLAGS...]
+  local ranks=$1 how=$2 out=$3
+  shift 3
+  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks "$ranks" --mode "$how" --out "$out" "$@"
+}
+
+case "$mode" in
+batching)
+  start one 0
+  check 1 serial "$SCRATCH/ref.bin"
+  check 1 concurrent "$SCRATCH/one-concurrent.bin"
+  MOED_SOCKET="$run/sock/moed-ingress-0.sock" $PYTHON "$MOED_SOURCE_DIR/tests/mpi/front_door_python.py" batching ||
+    fail "Python client"
+  stop
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/one-concurrent.bin" "1 rank: all at once vs one at a time"
+  start two 2
+  check 2 concurrent "$SCRATCH/two.bin"
+  stop
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/two.bin" "2 ranks, 2 clients each, all at once vs 1 rank one at a time"
+  start four 4 --set cluster.ranks_per_island=2
+  check 4 shuffled "$SCRATCH/four-shuffled.bin"
+  check 4 serial "$SCRATCH/four-serial.bin"
+  check 4 concurrent "$SCRATCH/four-many.bin" --clients-per-rank 3
+  stop
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/four-shuffled.bin" "4 ranks in 2 islands, shuffled arrival"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/four-serial.bin" "4 ranks, one at a time"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/four-many.bin" "4 ranks, 3 clients each"
+  start budget 2 --set ingress.max_tokens_per_step=64
+  check 2 concurrent "$SCRATCH/budget.bin" --clients-per-rank 3
+  stop
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/budget.bin" "2 ranks, 64 rows per layer per step (requests wait for later steps)"
+  grep -q "steps of front-door rows" "$run/out.txt" || fail "no report at exit"
+  ;;
+faults)
+  start faults 2
+  daemons=$(pgrep -f -- "^$MOED .*$run/sock" | tr '\n' ' ')
+  [ -n "$daemons" ] || fail "cannot find the daemons' processes"
+  fds() { local n=0; for p in $daemons; do n=$((n + $(ls /proc/$p/fd | wc -l))); done; echo $n; }
+  check 2 concurrent "$SCRATCH/before.bin"
+  fds_before=$(fds)
+
+  # A client killed while its request is queued or being served.
+  "$FRONT_DOOR_CHECK" --dir "$run/sock" --mode hold >"$SCRATCH/hold.txt" &
+  holder=$!
+  for _ in $(seq 100); do grep -q holding "$SCRATCH/hold.txt" && break; sleep 0.05; done
+  grep -q holding "$SCRATCH/hold.txt" || fail "the holding client did not submit"
+  kill -9 $holder
+  wait $holder 2>/dev/null || true
+  check 2 concurrent "$SCRATCH/after.bin"
+  same_bits "$SCRATCH/before.bin" "$SCRATCH/after.bin" "served on after a client was killed holding a request"
+
+  # A client of another uid cannot even reach the socket (its dir is 0700).
+  if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    rc=0
+    setpriv --reuid=65534 --regid=65534 --clear-groups "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 1 \
+      --mode serial --out /dev/null >"$SCRATCH/other-uid.txt" 2>&1 || rc=$?
+    [ $rc = 1 ] || fail "a client of uid 65534: exit $rc"
+    grep -q "Permission denied (the socket is private to the daemon's user)" "$SCRATCH/other-uid.txt" ||
+      { cat "$SCRATCH/other-uid.txt" >&2; fail "a client of uid 65534: no clear refusal"; }
+    echo "ok: a client of another uid is refused: $(head -1 "$SCRATCH/other-uid.txt" | cut -c1-140)"
+  fi
+
+  MOED_SOCKET="$run/sock/moed-ingress-1.sock" $PYTHON "$MOED_SOURCE_DIR/tests/mpi/front_door_python.py" faults ||
+    fail "Python client's bad inputs"
+
+  # Nothing leaked: the daemons hold as many file descriptors as before.
+  for _ in $(seq 50); do [ "$(fds)" -le "$fds_before" ] && break; sleep 0.1; done
+  [ "$(fds)" -le "$fds_before" ] || fail "file descriptors leaked: $fds_before before, $(fds) after"
+  echo "ok: no file descriptor leaked ($fds_before before, $(fds) after)"
+
+  # Idle: no client work, so the ranks sleep between checks.
+  ticks() { local t=0; for p in $daemons; do t=$((t + $(awk '{print $14 + $15}' /proc/$p/stat))); done; echo $t; }
+  t0=$(ticks)
+  sleep 3
+  t1=$(ticks)
+  hz=$(getconf CLK_TCK)
+  python3 -c "
+import sys
+share = ($t1 - $t0) / $hz / 3 / 2
+print(f'idle: {100 * share:.1f}% of a core per rank over 3 s')
+sys.exit(0 if share < 0.10 else 1)" || fail "idle ranks spin"
+  stop
+  ;;
+*) fail "unknown mode $mode" ;;
+esac
