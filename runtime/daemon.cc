@@ -354,14 +354,16 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     if (exit_code != 0) return nullptr;
   }
   // No GPU is used yet: the CPU path serves (the CUDA kernels are not wired in).
-  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB), "
-               "tokens [{}, {}) of each step",
+  const std::string tokens =
+      d->front_door_ ? "tokens from its front door"
+                     : fmt::format("tokens [{}, {}) of each step", d->engine_->first_token(),
+                                   d->engine_->first_token() + d->engine_->local_tokens());
+  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB), {}",
                where.host, where.local_rank, where.local_size, where.launcher,
                launch::describe_binding(where, launch::probe_binding(/*gpu_count=*/0)) + "; " +
                    binding.description,
                d->topology_->island_of(d->rank_), d->store_->slots(),
-               double(d->store_->expert_bytes()) / 1e6, d->engine_->first_token(),
-               d->engine_->first_token() + d->engine_->local_tokens());
+               double(d->store_->expert_bytes()) / 1e6, tokens);
 
   d->start_placement_ = describe_placement(c, d->placement_);
   d->start_epoch_ = d->placement_.epoch();

@@ -83,6 +83,7 @@ Summary Report::summary() const {
   s.dispatch_p50_ms = ms(dispatch_s_.quantile(0.50)), s.dispatch_p99_ms = ms(dispatch_s_.quantile(0.99));
   s.combine_p50_ms = ms(combine_s_.quantile(0.50)), s.combine_p99_ms = ms(combine_s_.quantile(0.99));
   s.experts_per_token = token_layers_ ? double(pairs_) / double(token_layers_) : 0.0;
+  s.rows_per_step = double(token_layers_) / n;
   s.activation_rate = s.experts_per_token / info_.shape.experts;
 
   // Load spread over the window of the last steps, per layer, then averaged.
@@ -165,6 +166,7 @@ nlohmann::json Report::to_json() const {
         {"combine", s.combine_ms}}},
       {"activation_rate", s.activation_rate},
       {"experts_per_token", s.experts_per_token},
+      {"rows_per_step", s.rows_per_step},
       {"expert_load_std_over_mean", s.load_std_over_mean},
       {"expert_load_max_over_mean", s.load_max_over_mean},
       {"load_window_steps", window_},

@@ -42,6 +42,7 @@ struct Summary {
   double route_ms = 0, plan_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0;  // mean per step
   double activation_rate = 0;          // experts run per token over all experts
   double experts_per_token = 0;        // per layer
+  double rows_per_step = 0;            // rows served per step over all layers and ranks (mean)
   double load_std_over_mean = 0;       // mean over layers, window of the last steps
   double load_max_over_mean = 0;       // hottest expert, mean over layers
   std::array<std::uint64_t, placement::kLinkClasses> bytes{};

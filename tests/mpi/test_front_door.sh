@@ -75,6 +75,15 @@ batching)
   grep -q "steps of front-door rows" "$run/out.txt" || fail "no report at exit"
   ;;
 faults)
+  expect_failure 2 'needs \[ingress\]\.dir' "the front door without a socket dir" -- \
+    "$MOED" --config "$SMALL" --set workload.kind=ingress
+  expect_failure 2 'dump-output: with \[workload\]\.kind = "ingress" the outputs go back to the clients' \
+    "--dump-output with the front door" -- "$MOED" --config "$SMALL" --set workload.kind=ingress \
+    --set "ingress.dir=\"$SCRATCH/unused\"" --dump-output "$SCRATCH/x.bin"
+  touch "$SCRATCH/a-file"
+  expect_failure 2 '\[ingress\]\.dir: cannot create the front-door socket dir' "a socket dir under a file, 2 ranks" -- \
+    mpirun --bind-to none -np 2 "$MOED" --config "$SMALL" --set workload.kind=ingress \
+    --set "ingress.dir=\"$SCRATCH/a-file/sock\""
   start faults 2
   daemons=$(pgrep -f -- "^$MOED .*$run/sock" | tr '\n' ' ')
   [ -n "$daemons" ] || fail "cannot find the daemons' processes"
