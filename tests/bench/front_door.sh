@@ -9,8 +9,9 @@
 # (b) pooling: 1, 2 and 4 clients per rank on 2 ranks: tokens/s and the rows
 #     each expert sees per step;
 # (c) ping-pong: two micro-batches of 128 in flight, each with a fixed
-#     "attention" time per layer, against one micro-batch of 256 (the same
-#     work, attention then MoE in turn), 1 client per rank on 2 ranks;
+#     "attention" time per layer (a sleep: attention runs elsewhere), against
+#     one micro-batch of 256 (the same work, attention then MoE in turn), one
+#     client on rank 0 of 2;
 # (d) idle: CPU of idle ranks, and the delay before an idle rank serves.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -72,12 +73,11 @@ for c in 1 2 4; do
   echo "  $c per rank: $(echo "$line" | sed -E 's/.*client: ([0-9.]+ ms per layer per client), ([0-9]+ tokens\/s).*/\2, \1/'), $per_expert rows per expert per layer per step"
 done
 
-echo "(c) ping-pong: 2 micro-batches of 128 in flight vs 1 of 256, 1 client per rank on 2 ranks"
+echo "(c) ping-pong: 2 micro-batches of 128 in flight vs 1 of 256, one client (on rank 0 of 2)"
 for att in 10000 30000 90000; do
   for mode in single pingpong; do
     start 2
-    line=$(drive --ranks 2 --clients-per-rank 1 --seconds "$seconds" \
-      --mode $mode --attention-us $att)
+    line=$(drive --ranks 1 --clients-per-rank 1 --seconds "$seconds" --mode $mode --attention-us $att)
     stop
     echo "  attention $((att / 1000)) ms per 128 rows, $mode: $(echo "$line" | sed -E 's/.* ([0-9]+ tokens\/s).*/\1/')"
   done
