@@ -26,6 +26,13 @@ const config::Section<CommConfig>& comm_config_section() {
           config::flag<C>("hierarchical", &C::hierarchical, true,
                           "cross islands once per token (to a gateway that forwards inside its "
                           "island, and sums before the return); false: every rank sends directly"),
+          config::integer<C>("wait_spin_polls", &C::wait_spin_polls, 32, 0, 1 << 30,
+                             "a wait polls this many times at full speed first (each wait anew)"),
+          config::integer<C>("wait_yield_polls", &C::wait_yield_polls, 2048, 0, 1 << 30,
+                             "then polls this many times yielding the core between polls"),
+          config::integer<C>("wait_sleep_us", &C::wait_sleep_us, 20, 0, 1'000'000,
+                             "then sleeps this long between polls (ranks that outnumber the cores "
+                             "leave them to the rank being waited for)"),
       });
   return section;
 }

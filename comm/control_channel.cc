@@ -1,5 +1,8 @@
 #include "comm/control_channel.h"
 
+#include <array>
+#include <cstring>
+
 #include <climits>
 
 #include "comm/mpi/mpi_session.h"
@@ -87,6 +90,32 @@ std::vector<std::byte> ControlChannel::gather(const void* data, std::size_t byte
             "MPI_Igatherv");
   wait(req, what);
   return out;
+}
+
+std::vector<std::byte> ControlChannel::gather_equal(const void* data, std::size_t bytes, const std::string& what) {
+  if (bytes > std::size_t(INT_MAX) / std::size_t(size_))
+    MOED_THROW(Runtime, "{}: {} bytes x {} ranks exceed MPI's int count", what, bytes, size_);
+  std::vector<std::byte> out(rank_ == 0 ? bytes * std::size_t(size_) : 0);
+  MPI_Request req;
+  check_mpi(MPI_Igather(data, int(bytes), MPI_BYTE, out.data(), int(bytes), MPI_BYTE, 0, comm_, &req), "MPI_Igather");
+  wait(req, what);
+  return out;
+}
+
+void ControlChannel::broadcast_text(std::string& text, const std::string& what) {
+  constexpr std::size_t kBlock = 256, kInline = kBlock - sizeof(std::uint64_t);
+  std::array<char, kBlock> block{};
+  std::uint64_t size = rank_ == 0 ? text.size() : 0;
+  if (rank_ == 0) {
+    std::memcpy(block.data(), &size, sizeof size);
+    std::memcpy(block.data() + sizeof size, text.data(), std::min<std::size_t>(text.size(), kInline));
+  }
+  broadcast(block.data(), kBlock, what);
+  std::memcpy(&size, block.data(), sizeof size);
+  if (rank_ != 0) text.assign(block.data() + sizeof size, std::min<std::size_t>(size, kInline));
+  if (size <= kInline) return;
+  text.resize(size);
+  broadcast(text.data() + kInline, size - kInline, what);
 }
 
 std::vector<std::string> ControlChannel::all_gather_strings(const std::string& mine,

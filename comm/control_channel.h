@@ -34,6 +34,11 @@ class ControlChannel {
   int all_max(int value, const std::string& what);
   // Every rank's bytes in rank order on rank 0 (empty elsewhere).
   std::vector<std::byte> gather(const void* data, std::size_t bytes, const std::string& what);
+  // The same when every rank sends the same number of bytes: one collective, not two.
+  std::vector<std::byte> gather_equal(const void* data, std::size_t bytes, const std::string& what);
+  // Rank 0's text on every rank. One collective when it fits in a small
+  // block (the usual case: nothing, or a few control actions), two otherwise.
+  void broadcast_text(std::string& text, const std::string& what);
   // Every rank's string, in rank order, on every rank.
   std::vector<std::string> all_gather_strings(const std::string& mine, const std::string& what);
 

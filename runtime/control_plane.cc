@@ -121,12 +121,14 @@ std::optional<placement::RoutingStats> ControlPlane::gather_stats(const std::str
 }
 
 bool ControlPlane::boundary(std::uint64_t step) {
-  std::string text = c_.rank == 0 ? decide().dump() : std::string();
-  std::uint64_t size = text.size();
-  c_.control.broadcast(&size, sizeof size, fmt::format("control actions of step {}", step));
-  text.resize(size);
-  if (size) c_.control.broadcast(text.data(), size, fmt::format("control actions of step {}", step));
-  const json actions = size ? json::parse(text) : json::object();
+  // Nothing to do (the usual step) travels as empty text: one small broadcast.
+  std::string text;
+  if (c_.rank == 0) {
+    const json decided = decide();
+    if (!decided["ops"].empty() || decided["stop"].get<bool>()) text = decided.dump();
+  }
+  c_.control.broadcast_text(text, fmt::format("control actions of step {}", step));
+  const json actions = text.empty() ? json::object() : json::parse(text);
   apply(actions);
   return !actions.value("stop", false);
 }

@@ -10,6 +10,8 @@
 #include <map>
 #include <sstream>
 
+#include "comm/idle_backoff.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cpu/fixed_order_gemm.h"
@@ -237,25 +239,39 @@ Numerics probe_numerics(const Config& c) {
   return {true, fmt::format("batch-invariant: fixed-order GEMM ({}), probed at start-up", isa)};
 }
 
-// Per-step reduction: times are maxed over ranks, bytes summed.
+// Per-step reduction: times are maxed over ranks, counts summed, in one
+// gather to rank 0 (the other ranks keep their own record).
 StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, std::uint64_t step) {
   StepRecord out = mine;
   std::vector<double> times{mine.total, mine.route, mine.plan, mine.dispatch, mine.experts, mine.combine};
-  times.insert(times.end(), mine.dispatch_a2a.begin(), mine.dispatch_a2a.end());
-  times.insert(times.end(), mine.combine_a2a.begin(), mine.combine_a2a.end());
-  control.reduce_max(times.data(), times.size(), fmt::format("figures of step {}", step));
+  times.insert(times.end(), mine.dispatch_exchange.begin(), mine.dispatch_exchange.end());
+  times.insert(times.end(), mine.combine_exchange.begin(), mine.combine_exchange.end());
   std::vector<std::uint64_t> sums(mine.bytes_sent.begin(), mine.bytes_sent.end());
   sums.push_back(mine.saturated);
   sums.push_back(mine.token_layers);
-  control.reduce_sum(sums.data(), sums.size(), fmt::format("byte counts of step {}", step));
-  out.token_layers = sums[placement::kLinkClasses + 1];
+  const std::size_t time_bytes = times.size() * sizeof(double), record_bytes = time_bytes + sums.size() * 8;
+  std::vector<std::byte> record(record_bytes);
+  std::memcpy(record.data(), times.data(), time_bytes);
+  std::memcpy(record.data() + time_bytes, sums.data(), sums.size() * 8);
+  const std::vector<std::byte> all = control.gather_equal(record.data(), record_bytes, fmt::format("figures of step {}", step));
+  if (control.rank() != 0) return out;
+  std::vector<double> t(times.size());
+  std::vector<std::uint64_t> n(sums.size());
+  for (int r = 0; r < control.size(); ++r) {
+    const std::byte* at = all.data() + std::size_t(r) * record_bytes;
+    std::memcpy(t.data(), at, time_bytes);
+    std::memcpy(n.data(), at + time_bytes, n.size() * 8);
+    for (std::size_t i = 0; i < t.size(); ++i) times[i] = r == 0 ? t[i] : std::max(times[i], t[i]);
+    for (std::size_t i = 0; i < n.size(); ++i) sums[i] = r == 0 ? n[i] : sums[i] + n[i];
+  }
   out.total = times[0], out.route = times[1], out.plan = times[2];
   out.dispatch = times[3], out.experts = times[4], out.combine = times[5];
-  const std::size_t L = mine.dispatch_a2a.size();
-  out.dispatch_a2a.assign(times.begin() + 6, times.begin() + 6 + L);
-  out.combine_a2a.assign(times.begin() + 6 + L, times.end());
-  for (int c = 0; c < placement::kLinkClasses; ++c) out.bytes_sent[c] = sums[c];
+  const std::size_t L = mine.dispatch_exchange.size();
+  out.dispatch_exchange.assign(times.begin() + 6, times.begin() + 6 + std::ptrdiff_t(L));
+  out.combine_exchange.assign(times.begin() + 6 + std::ptrdiff_t(L), times.end());
+  for (int c = 0; c < placement::kLinkClasses; ++c) out.bytes_sent[c] = sums[std::size_t(c)];
   out.saturated = sums[placement::kLinkClasses];
+  out.token_layers = sums[placement::kLinkClasses + 1];
   return out;
 }
 
@@ -271,6 +287,7 @@ Daemon::~Daemon() = default;
 
 std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& options,
                                       comm::MpiSession& mpi, int& exit_code) {
+  comm::set_wait_policy({c.comm.wait_spin_polls, c.comm.wait_yield_polls, c.comm.wait_sleep_us});
   std::unique_ptr<Daemon> d(new Daemon(c, options, mpi));
   if ((exit_code = agree_on_command(d->control_, "serve", c))) return nullptr;
   launch::LaunchInfo where = launch::detect_launch();
@@ -405,6 +422,7 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
   // Every rank knows the configured end; the control plane may end earlier.
   if (step >= std::uint64_t(config_.workload.steps)) return false;
   const auto started = std::chrono::steady_clock::now();
+  if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
   maybe_inject(fault_, rank_, step);
   StepRecord rec = reduce_record(control_, engine_->run_step(step, hidden_), step);
@@ -419,6 +437,7 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
 
 bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
+  if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
   // With no work anywhere, every rank waits a little longer each time (up to
   // [ingress].idle_wait_us), so an idle daemon sleeps instead of spinning.
@@ -478,6 +497,7 @@ void Daemon::finish() {
   admin_.reset();  // stop answering before the report
   if (stats_ && !config_.stats.file.empty() && stats_->steps() != stats_written_at_) write_stats();
   if (rank_ != 0) return;
+  report_->boundary(now_seconds());  // the last step's wall time
   if (dump_) dump_->finish();
   if (placement_.epoch() != start_epoch_)
     report_->set_placement(fmt::format("migrated live ({}); started from {}", placement_details(placement_),

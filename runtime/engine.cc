@@ -116,26 +116,32 @@ void Engine::record_stats() {
 }
 
 ReceivedRows Engine::send_rows(const std::vector<RowBatch>& batches, Hop& hop, const std::string& what,
-                               StepRecord& rec) {
+                               StepRecord& rec, double& exchange_seconds) {
   const int H = shape_.hidden, R = transport_.size(), me = transport_.rank();
   pack_rows(batches, H, hop.send, hop.out);
   for (int d = 0; d < R; ++d) size_send_[d] = hop.out.send_bytes[d];
+  double t0 = now_seconds();
   transport_.exchange_sizes(size_send_.data(), size_recv_.data(), "sizes of " + what);
+  exchange_seconds += now_seconds() - t0;
   hop.out.recv_bytes.assign(size_recv_.begin(), size_recv_.end());
   hop.out.recv_offsets = comm::ExchangeLayout::prefix_offsets(hop.out.recv_bytes);
   hop.recv.resize(hop.out.recv_total());
+  t0 = now_seconds();
   transport_.exchange(hop.send.data(), hop.out, hop.recv.data(), what);
+  exchange_seconds += now_seconds() - t0;
   for (int d = 0; d < R; ++d) rec.bytes_sent[int(topology_.link(me, d))] += hop.out.send_bytes[d];
   return parse_rows(hop.recv.data(), hop.out, H);
 }
 
 void Engine::answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vector<std::byte>& send,
-                    const std::string& what, StepRecord& rec) {
+                    const std::string& what, StepRecord& rec, double& exchange_seconds) {
   const int H = shape_.hidden, R = transport_.size(), me = transport_.rank();
   hop.back.recv_bytes = combine_message_bytes(sent, H);  // the answers to what this rank sent
   hop.back.recv_offsets = comm::ExchangeLayout::prefix_offsets(hop.back.recv_bytes);
   hop.back_recv.resize(hop.back.recv_total());
+  const double t0 = now_seconds();
   transport_.exchange(send.data(), hop.back, hop.back_recv.data(), what);
+  exchange_seconds += now_seconds() - t0;
   for (int d = 0; d < R; ++d) rec.bytes_sent[int(topology_.link(me, d))] += hop.back.send_bytes[d];
 }
 
@@ -171,12 +177,13 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
 
   // dispatch: hop 1 to the gateways of remote islands (hierarchical only),
   // which add what they received to their hop 2; then hop 2 inside islands.
+  double dispatch_exchange = 0, combine_exchange = 0;
   ReceivedRows hop1;
   if (hierarchical_) {
-    hop1 = send_rows(plan.hop1, hop1_, "dispatch hop 1 of " + where, rec);
+    hop1 = send_rows(plan.hop1, hop1_, "dispatch hop 1 of " + where, rec, dispatch_exchange);
     plan_forward(hop1, H, plan);
   }
-  ReceivedRows hop2 = send_rows(plan.hop2, hop2_, "dispatch of " + where, rec);
+  ReceivedRows hop2 = send_rows(plan.hop2, hop2_, "dispatch of " + where, rec, dispatch_exchange);
   double t3 = now_seconds();
 
   // experts: this rank's chunks, answers written straight into the combine messages.
@@ -189,15 +196,14 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   acc_.assign(count * H, 0);
   GatewayAnswers gateway;
   if (hierarchical_) gateway = prepare_gateway_answers(hop1, H);
-  answer(plan.hop2, hop2_, hop2_.back_send, "combine of " + where, rec);
+  answer(plan.hop2, hop2_, hop2_.back_send, "combine of " + where, rec, combine_exchange);
   rec.saturated += accumulate_answers(plan.hop2, hop2_.back_recv.data(), hop2_.back, H, acc_.data(),
                                       hierarchical_ ? &gateway : nullptr);
   if (hierarchical_) {
     hop1_.back = gateway.layout;
-    answer(plan.hop1, hop1_, gateway.send, "combine hop 1 of " + where, rec);
+    answer(plan.hop1, hop1_, gateway.send, "combine hop 1 of " + where, rec, combine_exchange);
     rec.saturated += accumulate_answers(plan.hop1, hop1_.back_recv.data(), hop1_.back, H, acc_.data(), nullptr);
   }
-  double t5 = now_seconds();
   kernels::residual_from_fixed(x, acc_.data(), count * H, x);
   double t6 = now_seconds();
 
@@ -206,8 +212,8 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   rec.dispatch += t3 - t2;
   rec.experts += t4 - t3;
   rec.combine += t6 - t4;
-  rec.dispatch_a2a.push_back(t3 - t2);
-  rec.combine_a2a.push_back(t5 - t4);
+  rec.dispatch_exchange.push_back(dispatch_exchange);
+  rec.combine_exchange.push_back(combine_exchange);
   rec.token_layers += count;
   for (int e = 0; e < E; ++e) {
     std::uint64_t load = counts_.total(e);

@@ -30,9 +30,13 @@ namespace moed::runtime {
 
 // What one rank measured in one step.
 struct StepRecord {
-  // Seconds: the whole step and its phases (summed over layers).
+  // Seconds: the engine's work on the step (every layer; not the step
+  // boundary, the reductions or the figures around it) and its phases.
   double total = 0, route = 0, plan = 0, dispatch = 0, experts = 0, combine = 0;
-  std::vector<double> dispatch_a2a, combine_a2a;  // per layer: the exchange alone
+  // Per layer: the dispatch and combine exchanges alone (the transport's
+  // calls, sizes included, waiting for the slowest rank included; not the
+  // packing, parsing or sums around them).
+  std::vector<double> dispatch_exchange, combine_exchange;
   std::array<std::uint64_t, placement::kLinkClasses> bytes_sent{};  // by link class
   std::vector<std::uint64_t> expert_load;  // [layer * experts + e], whole job (all-gathered)
   std::uint64_t pairs = 0;                 // (token, expert) pairs over layers, whole job
@@ -90,11 +94,11 @@ class Engine {
                  StepRecord& rec);
   // Packs and exchanges one hop's rows; returns what arrived.
   ReceivedRows send_rows(const std::vector<RowBatch>& batches, Hop& hop, const std::string& what,
-                         StepRecord& rec);
+                         StepRecord& rec, double& exchange_seconds);
   // Exchanges the answers to rows received in `hop` (`send`, laid out by
   // hop.back's send half) for the answers to the rows this rank sent.
   void answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vector<std::byte>& send,
-              const std::string& what, StepRecord& rec);
+              const std::string& what, StepRecord& rec, double& exchange_seconds);
   void record_stats();
   // The workload's tokens (and replayed routing) for this rank's positions.
   void fetch_tokens(std::uint64_t step, float* x);

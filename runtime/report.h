@@ -33,12 +33,17 @@ struct RunInfo {
   std::string numerics;          // what the bits depend on, and why
 };
 
+// Figures of the measured steps. Step latency and tokens/s are wall time
+// from one step's boundary to the next (rank 0's clock), so that the control
+// plane, the reductions, the output gather and the statistics count; the
+// engine's own time and its phases are means per step, each maxed over ranks.
 struct Summary {
   std::uint64_t measured_steps = 0;
   double tokens_per_s = 0;
   double step_p50_ms = 0, step_p99_ms = 0;
-  double dispatch_p50_ms = 0, dispatch_p99_ms = 0;
-  double combine_p50_ms = 0, combine_p99_ms = 0;
+  double dispatch_p50_ms = 0, dispatch_p99_ms = 0;  // the dispatch exchanges alone, per layer
+  double combine_p50_ms = 0, combine_p99_ms = 0;    // the combine exchanges alone, per layer
+  double engine_ms = 0;                             // mean per step
   double route_ms = 0, plan_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0;  // mean per step
   double activation_rate = 0;          // experts run per token over all experts
   double experts_per_token = 0;        // per layer
@@ -58,6 +63,9 @@ class Report {
  public:
   Report(RunInfo info, int load_window_steps);
 
+  // At every step boundary (and once at the end), with rank 0's clock in
+  // seconds: closes the wall time of the step before, if it was measured.
+  void boundary(double now);
   // One step's record, already reduced over ranks (max of times, sum of bytes).
   void add_step(std::uint64_t step, const StepRecord& rec);
   std::string step_line(std::uint64_t step, const StepRecord& rec) const;
@@ -80,6 +88,14 @@ class Report {
   std::array<std::uint64_t, placement::kLinkClasses> bytes_{};
   std::uint64_t pairs_ = 0, saturated_ = 0, token_layers_ = 0;
   QuantileHistogram step_s_, dispatch_s_, combine_s_;  // seconds
+  // Wall time: the step since the last boundary, and the closed steps' sum.
+  struct OpenStep {
+    bool open = false, measured = false;
+    double start = 0;
+    std::uint64_t token_layers = 0;
+  } open_;
+  double wall_time_ = 0;
+  std::uint64_t wall_token_layers_ = 0;
   // Expert loads of the last window_ measured steps: ring_[slot] is one step's
   // [layer * experts + e]; window_load_ is their sum.
   std::vector<std::vector<std::uint64_t>> ring_;

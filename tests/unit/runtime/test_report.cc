@@ -37,8 +37,8 @@ StepRecord record(double total, std::vector<double> dispatch, std::vector<double
   r.total = total;
   r.route = total / 10, r.plan = total / 20, r.dispatch = total / 4, r.experts = total / 2;
   r.combine = total / 5;
-  r.dispatch_a2a = std::move(dispatch);
-  r.combine_a2a = std::move(combine);
+  r.dispatch_exchange = std::move(dispatch);
+  r.combine_exchange = std::move(combine);
   r.bytes_sent = bytes;
   r.expert_load = std::move(load);
   r.pairs = pairs;
@@ -48,29 +48,45 @@ StepRecord record(double total, std::vector<double> dispatch, std::vector<double
 
 // Step 0 is warm-up and absurd in every figure; steps 1-3 are measured.
 // Loads per step: layer 0's four experts, then layer 1's.
+// Steps come one after the other on rank 0's clock: a boundary, the step,
+// then its wall time `wall` later the next boundary.
+void feed(Report& r, double& clock, std::uint64_t step, const StepRecord& rec, double wall) {
+  r.boundary(clock);
+  r.add_step(step, rec);
+  clock += wall;
+}
+
 class ReportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    report.add_step(0, record(100.0, {50, 50}, {60, 60}, {1000000, 1000000, 1000000},
+    // Wall time is each step's engine time here, plus 0.1 s on the warm-up.
+    add(0, 100.1, record(100.0, {50, 50}, {60, 60}, {1000000, 1000000, 1000000},
                               {400, 0, 0, 0, 400, 0, 0, 0}, 100000));
     // Measured step 1 is outside the load window of 2 steps.
-    report.add_step(1, record(0.1, {0.001, 0.002}, {0.004, 0.002}, {1, 2, 3},
+    add(1, 0.1, record(0.1, {0.001, 0.002}, {0.004, 0.002}, {1, 2, 3},
                               {100, 0, 100, 0, 200, 0, 0, 0}, 400));
-    report.add_step(2, record(0.2, {0.003, 0.004}, {0.001, 0.003}, {10, 20, 30},
+    add(2, 0.2, record(0.2, {0.003, 0.004}, {0.001, 0.003}, {10, 20, 30},
                               {10, 20, 30, 40, 0, 0, 0, 100}, 400));
-    report.add_step(3, record(0.4, {0.010, 0.005}, {0.002, 0.005}, {100, 200, 300},
+    add(3, 0.4, record(0.4, {0.010, 0.005}, {0.002, 0.005}, {100, 200, 300},
                               {30, 20, 10, 0, 0, 0, 0, 100}, 300));
   }
+  void add(std::uint64_t step, double wall, const StepRecord& rec) { feed(report, clock, step, rec, wall); }
+  void TearDown() override {}
+  Summary summary() {
+    report.boundary(clock);  // closes the last step
+    return report.summary();
+  }
   Report report{run_info(), 2};
+  double clock = 1000;
 };
 
 TEST_F(ReportTest, WarmUpIsLeftOut) {
-  EXPECT_EQ(report.summary().measured_steps, 3u);
+  EXPECT_EQ(summary().measured_steps, 3u);
 }
 
 TEST_F(ReportTest, TokensPerSecond) {
   // 100 tokens x 3 steps over 0.1 + 0.2 + 0.4 s.
-  EXPECT_NEAR(report.summary().tokens_per_s, 300 / 0.7, 1e-9);
+  EXPECT_NEAR(summary().tokens_per_s, 300 / 0.7, 1e-9);
 }
 
 // Percentiles are nearest-rank, from a streaming histogram: within its
@@ -79,15 +95,15 @@ double within(double want) { return want * QuantileHistogram::relative_error(); 
 
 TEST_F(ReportTest, StepLatencyPercentiles) {
   // Totals 100, 200, 400 ms. p50: rank ceil(1.5) = 2 -> 200; p99: rank 3 -> 400, the maximum.
-  const Summary s = report.summary();
+  const Summary s = summary();
   EXPECT_NEAR(s.step_p50_ms, 200, within(200));
-  EXPECT_DOUBLE_EQ(s.step_p99_ms, 400);
+  EXPECT_NEAR(s.step_p99_ms, 400, 1e-6);
 }
 
 TEST_F(ReportTest, AllToAllPercentilesOverPerLayerSamples) {
   // Dispatch samples (ms): 1 2 3 4 10 5 -> sorted 1 2 3 4 5 10: p50 rank 3 -> 3, p99 rank 6 -> 10.
   // Combine samples: 4 2 1 3 2 5 -> sorted 1 2 2 3 4 5: p50 2, p99 5.
-  const Summary s = report.summary();
+  const Summary s = summary();
   EXPECT_NEAR(s.dispatch_p50_ms, 3, within(3));
   EXPECT_DOUBLE_EQ(s.dispatch_p99_ms, 10);
   EXPECT_NEAR(s.combine_p50_ms, 2, within(2));
@@ -96,14 +112,14 @@ TEST_F(ReportTest, AllToAllPercentilesOverPerLayerSamples) {
 
 TEST_F(ReportTest, PhasesAreMeansPerMeasuredStep) {
   // route = total / 10: (10 + 20 + 40) / 3 ms.
-  const Summary s = report.summary();
+  const Summary s = summary();
   EXPECT_NEAR(s.route_ms, 70.0 / 3, 1e-9);
   EXPECT_NEAR(s.experts_ms, 350.0 / 3, 1e-9);
 }
 
 TEST_F(ReportTest, ActivationRate) {
   // Pairs 400 + 400 + 300 = 1100 over 100 tokens x 3 steps x 2 layers x 4 experts.
-  const Summary s = report.summary();
+  const Summary s = summary();
   EXPECT_NEAR(s.activation_rate, 1100.0 / 2400, 1e-12);
   EXPECT_NEAR(s.experts_per_token, 1100.0 / 600, 1e-12);
 }
@@ -112,28 +128,29 @@ TEST_F(ReportTest, LoadSpreadOverTheWindowOnly) {
   // Window: steps 2 and 3. Layer 0: 10+30, 20+20, 30+10, 40+0 = 40 each: std 0, max/mean 1.
   // Layer 1: 0, 0, 0, 200: mean 50, std sqrt((3 x 50^2 + 150^2) / 4) = sqrt(7500):
   // std/mean sqrt(3), max/mean 4. Means over layers: sqrt(3) / 2 and 2.5.
-  const Summary s = report.summary();
+  const Summary s = summary();
   EXPECT_NEAR(s.load_std_over_mean, std::sqrt(3.0) / 2, 1e-12);
   EXPECT_NEAR(s.load_max_over_mean, 2.5, 1e-12);
 }
 
 TEST_F(ReportTest, BytesSummedByClass) {
-  const Summary s = report.summary();
+  const Summary s = summary();
   EXPECT_EQ(s.bytes[0], 111u);
   EXPECT_EQ(s.bytes[1], 222u);
   EXPECT_EQ(s.bytes[2], 333u);
 }
 
 TEST_F(ReportTest, JsonHasTheGoldenSignals) {
+  summary();
   const nlohmann::json j = report.to_json();
   ASSERT_TRUE(j.contains("tokens_per_s"));
   EXPECT_NEAR(j["tokens_per_s"].get<double>(), 300 / 0.7, 1e-9);
   EXPECT_NEAR(j.at("step_latency_ms").at("p50").get<double>(), 200, within(200));
-  EXPECT_DOUBLE_EQ(j.at("step_latency_ms").at("p99").get<double>(), 400);
-  EXPECT_NEAR(j.at("dispatch_latency_ms").at("p50").get<double>(), 3, within(3));
-  EXPECT_DOUBLE_EQ(j.at("dispatch_latency_ms").at("p99").get<double>(), 10);
-  EXPECT_NEAR(j.at("combine_latency_ms").at("p50").get<double>(), 2, within(2));
-  EXPECT_DOUBLE_EQ(j.at("combine_latency_ms").at("p99").get<double>(), 5);
+  EXPECT_NEAR(j.at("step_latency_ms").at("p99").get<double>(), 400, 1e-6);
+  EXPECT_NEAR(j.at("dispatch_exchange_ms").at("p50").get<double>(), 3, within(3));
+  EXPECT_DOUBLE_EQ(j.at("dispatch_exchange_ms").at("p99").get<double>(), 10);
+  EXPECT_NEAR(j.at("combine_exchange_ms").at("p50").get<double>(), 2, within(2));
+  EXPECT_DOUBLE_EQ(j.at("combine_exchange_ms").at("p99").get<double>(), 5);
   EXPECT_NEAR(j.at("activation_rate").get<double>(), 1100.0 / 2400, 1e-12);
   EXPECT_NEAR(j.at("expert_load_std_over_mean").get<double>(), std::sqrt(3.0) / 2, 1e-12);
   EXPECT_EQ(j.at("bytes_sent").at("same_rank").get<std::uint64_t>(), 111u);
@@ -143,11 +160,34 @@ TEST_F(ReportTest, JsonHasTheGoldenSignals) {
 }
 
 TEST_F(ReportTest, PrintNamesTheFigures) {
+  summary();
   std::ostringstream os;
   report.print(os);
   const std::string text = os.str();
   EXPECT_NE(text.find("tokens/s           429"), std::string::npos) << text;
-  EXPECT_NE(text.find("p50 199.74 ms   p99 400.00 ms"), std::string::npos) << text;
+  EXPECT_NE(text.find("p50 199.74 ms   p99 400.00 ms  (wall time)"), std::string::npos) << text;
+  EXPECT_NE(text.find("dispatch exchange  p50 2.99 ms   p99 10.00 ms  (per layer, the all-to-all-v calls alone)"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(ReportTest, WallTimeNotEngineTimeMakesTokensPerSecond) {
+  // Step 4 spends 0.1 s in its engine but 0.9 s from boundary to boundary.
+  add(4, 0.9, record(0.1, {0.001, 0.001}, {0.001, 0.001}, {0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1}, 8));
+  const Summary s = summary();
+  EXPECT_NEAR(s.tokens_per_s, 400 / 1.6, 1e-9);
+  EXPECT_NEAR(s.step_p99_ms, 900, 1e-6);
+  EXPECT_NEAR(s.engine_ms, (100 + 200 + 400 + 100) / 4.0, 1e-9);
+}
+
+TEST(Report, AStepWithoutItsClosingBoundaryHasNoWallTimeYet) {
+  Report r(run_info(0), 4);
+  r.boundary(10);
+  r.add_step(0, record(0.5, {1}, {1}, {0, 0, 0}, std::vector<std::uint64_t>(8, 1), 8));
+  EXPECT_EQ(r.summary().tokens_per_s, 0.0);  // still open
+  r.boundary(11);
+  EXPECT_NEAR(r.summary().tokens_per_s, 100.0, 1e-9);
+  EXPECT_DOUBLE_EQ(r.summary().step_p50_ms, 1000);
 }
 
 TEST(Report, WindowLongerThanTheRunCoversEveryMeasuredStep) {
