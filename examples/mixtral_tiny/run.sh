@@ -21,7 +21,9 @@ export MOED_CLIENT_LIB=$build/client/libmoed_client.so OPENBLAS_NUM_THREADS=1 OM
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/moed-example.XXXXXX")
 daemon=""
-trap '[ -n "$daemon" ] && kill $daemon 2>/dev/null; rm -rf "$work"' EXIT
+# On any exit: no daemon left behind (SIGKILL if SIGTERM is not enough).
+end_daemon() { kill "$1" 2>/dev/null || return 0; for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; kill -9 "$1" 2>/dev/null || true; }
+trap '[ -n "$daemon" ] && end_daemon $daemon; rm -rf "$work"' EXIT
 "$python" "$here/model.py" write-checkpoint "$work/tiny-mixtral.safetensors" --seed 1
 
 flags=(--oversubscribe --bind-to none)

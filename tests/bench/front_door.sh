@@ -26,7 +26,9 @@ flags=(--bind-to none --oversubscribe)
 export OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d "${TMPDIR:-/tmp}/moed-bench.XXXXXX")
 daemon=""
-trap '[ -n "$daemon" ] && kill $daemon 2>/dev/null; rm -rf "$work"' EXIT
+# On any exit: no daemon left behind (SIGKILL if SIGTERM is not enough).
+end_daemon() { kill "$1" 2>/dev/null || return 0; for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; kill -9 "$1" 2>/dev/null || true; }
+trap '[ -n "$daemon" ] && end_daemon $daemon; rm -rf "$work"' EXIT
 echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u +%F) $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
 
 start() {  # start RANKS: daemons with the front door, in the background

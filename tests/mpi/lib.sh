@@ -27,6 +27,14 @@ moed_on() {
 }
 export -f moed_on  # for `timeout bash -c` below
 
+# end_daemon PID: SIGTERM, then SIGKILL if it is still there after 5 s (a
+# daemon still in MPI_Init may not act on SIGTERM; a test must leave none).
+end_daemon() {
+  kill "$1" 2>/dev/null || return 0
+  for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null || true
+}
+
 # same_bits A B WHAT: the two output dumps are identical byte for byte.
 same_bits() {
   cmp -s "$1" "$2" || fail "$3: outputs differ ($(cmp "$1" "$2" 2>&1 | head -1))"

@@ -14,7 +14,7 @@ source "$(dirname "$0")/lib.sh"
 mode=${1:?mode}
 PYTHON=/usr/bin/python3
 daemon=""
-trap '[ -n "$daemon" ] && kill $daemon 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+trap '[ -n "$daemon" ] && end_daemon $daemon; rm -rf "$SCRATCH"' EXIT
 
 # start NAME RANKS [FLAGS...]: moed with the front door in the background;
 # returns once every rank's socket is there.
@@ -23,7 +23,10 @@ start() {
   shift 2
   run=$SCRATCH/$name
   mkdir -p "$run"
-  moed_on "$n" --config "$SMALL" --set workload.kind=ingress --set "ingress.dir=\"$run/sock\"" \
+  # Not through moed_on: $! must be mpirun's (or moed's) own pid, not a subshell's.
+  local launch=("$MOED")
+  [ "$n" != 0 ] && launch=(mpirun --bind-to none -np "$n" "$MOED")
+  "${launch[@]}" --config "$SMALL" --set workload.kind=ingress --set "ingress.dir=\"$run/sock\"" \
     --set "admin.dir=\"$run/admin\"" "$@" >"$run/out.txt" 2>"$run/err.txt" &
   daemon=$!
   local ranks=$((n == 0 ? 1 : n))
