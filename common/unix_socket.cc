@@ -112,6 +112,17 @@ ListeningSocket::~ListeningSocket() {
   if (::lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) ::unlink(path_.c_str());
 }
 
+UniqueFd ListeningSocket::accept(int& error) const {
+  for (;;) {
+    UniqueFd fd(::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    error = 0;
+    if (fd) return fd;
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) error = errno;
+    return fd;
+  }
+}
+
 PeerCredentials peer_credentials(int fd) {
   ucred cred{};
   socklen_t len = sizeof cred;

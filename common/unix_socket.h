@@ -33,6 +33,11 @@ class ListeningSocket {
 
   int fd() const { return fd_.get(); }
   const std::string& path() const { return path_; }
+  // The next pending connection (non-blocking, close-on-exec), or an empty
+  // fd: `error` is then 0 when none is pending, else the errno (EMFILE and
+  // the like: the caller should stop accepting for a while, since the
+  // socket stays readable). Interrupted and aborted accepts are retried.
+  UniqueFd accept(int& error) const;
 
  private:
   std::string path_;

@@ -28,7 +28,6 @@ class TokenPaths {
   void observe(std::uint64_t request, std::uint32_t position, int layer, std::span<const std::uint32_t> experts,
                RoutingStats& stats);
   std::size_t followed() const { return index_.size(); }
-  std::size_t capacity() const { return capacity_; }
 
  private:
   struct Key {

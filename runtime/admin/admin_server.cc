@@ -246,12 +246,12 @@ void AdminServer::Impl::turn() {
 
 void AdminServer::Impl::accept_all() {
   for (;;) {
-    UniqueFd fd(::accept4(listener->fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    int error = 0;
+    UniqueFd fd = listener->accept(error);
     if (!fd) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (error == 0) return;
       // EMFILE and the like: leave the rest in the backlog for a later turn.
-      spdlog::warn("admin socket: accept(): {}", errno_text(errno));
+      spdlog::warn("admin socket: accept(): {}", errno_text(error));
       accept_paused_until = Clock::now() + std::chrono::milliseconds(200);
       return;
     }

@@ -144,6 +144,7 @@ struct FrontDoor::Impl {
   std::thread thread;
   std::uint64_t next_id = 1;
   std::vector<std::shared_ptr<Session>> connections;  // server thread only
+  Clock::time_point accept_paused_until{};           // server thread only
 
   // Shared with the step thread.
   mutable std::mutex mutex;
@@ -194,9 +195,10 @@ void FrontDoor::Impl::run() {
 void FrontDoor::Impl::turn() {
   std::vector<pollfd> fds;
   fds.push_back({wake.get(), POLLIN, 0});
-  fds.push_back({listener->fd(), POLLIN, 0});
+  const bool accepting = Clock::now() >= accept_paused_until;
+  fds.push_back({listener->fd(), short(accepting ? POLLIN : 0), 0});
   for (const auto& s : connections) fds.push_back({s->fd(), POLLIN, 0});
-  ::poll(fds.data(), fds.size(), 1000);
+  ::poll(fds.data(), fds.size(), accepting ? 1000 : 200);
   if (stop.load()) return;
   if (fds[1].revents & POLLIN) accept_all();
   const auto now = Clock::now();
@@ -215,10 +217,13 @@ void FrontDoor::Impl::turn() {
 
 void FrontDoor::Impl::accept_all() {
   for (;;) {
-    UniqueFd fd(::accept4(listener->fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    int error = 0;
+    UniqueFd fd = listener->accept(error);
     if (!fd) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) spdlog::warn("front door: accept(): {}", errno_text(errno));
+      if (error == 0) return;
+      // Out of fds: the listener stays readable, so stop polling it a while.
+      spdlog::warn("front door: accept(): {}", errno_text(error));
+      accept_paused_until = Clock::now() + std::chrono::milliseconds(200);
       return;
     }
     admit(std::move(fd));
@@ -383,9 +388,11 @@ FrontDoor::~FrontDoor() {
   if (m.thread.joinable()) m.thread.join();
   std::lock_guard lock(m.mutex);
   for (auto& c : m.clients)
-    for (const QueuedSubmit& q : c.queue)
-      c.session->send_error(m.tickets[q.ticket].tag, m.tickets[q.ticket].slot, wire::Status::shutting_down,
+    for (const QueuedSubmit& q : c.queue) {
+      const wire::Submit& submit = m.tickets.at(q.ticket);
+      c.session->send_error(submit.tag, submit.slot, wire::Status::shutting_down,
                             "the daemon is shutting down; this layer was not served");
+    }
   for (auto& s : m.connections) s->kill();
 }
 
@@ -416,8 +423,8 @@ std::optional<std::string> copy_rows(Session& s, const wire::Submit& m, std::siz
   const std::byte* rows = s.slot(m.slot) + s.layout().rows_offset;
   const std::size_t n = std::size_t(m.rows) * hidden;
   if (m.dtype == wire::DType::bf16) {
-    std::vector<std::uint16_t> raw(n);
-    std::memcpy(raw.data(), rows, n * sizeof(std::uint16_t));
+    // Read once each, widened into our copy; the check below looks at the copy.
+    const auto* raw = reinterpret_cast<const std::uint16_t*>(rows);
     for (std::size_t i = 0; i < n; ++i) out[i] = wire::bf16_to_float(raw[i]);
   } else {
     std::memcpy(out, rows, n * sizeof(float));
@@ -491,9 +498,8 @@ void FrontDoor::complete(std::vector<LayerBatch>& batches) {
       const float* y = b.x.data() + p.first * H;
       const std::size_t n = std::size_t(p.submit.rows) * H;
       if (p.submit.dtype == wire::DType::bf16) {
-        std::vector<std::uint16_t> narrow(n);
+        auto* narrow = reinterpret_cast<std::uint16_t*>(out);
         for (std::size_t i = 0; i < n; ++i) narrow[i] = wire::float_to_bf16(y[i]);
-        std::memcpy(out, narrow.data(), n * sizeof(std::uint16_t));
       } else {
         std::memcpy(out, y, n * sizeof(float));
       }

@@ -42,7 +42,7 @@ void attention(std::chrono::microseconds t) {
 struct Result {
   std::uint64_t forwards = 0, rows = 0;
   double seconds = 0;
-  double moe_seconds = 0;  // sync and single: from submit to outputs
+  double moe_seconds = 0;  // sync and single: from writing the rows into the slot to the outputs
 };
 
 }  // namespace
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
       all.forwards += r.forwards, all.rows += r.rows, all.seconds += r.seconds / n, all.moe_seconds += r.moe_seconds;
     // Wall time per layer per client, and tokens/s: rows over layers and time.
     fmt::print("{} client{} on {} rank{}, {}, {} rows per layer per {}: {:.3f} ms per layer per client, "
-               "{:.0f} tokens/s ({} layer requests); submit to outputs {:.3f} ms\n",
+               "{:.0f} tokens/s ({} layer requests); submit to outputs {:.3f} ms (rows written into the slot included)\n",
                n, n == 1 ? "" : "s", ranks, ranks == 1 ? "" : "s", mode, batch,
                mode == "pingpong" ? "micro-batch" : "client", 1e3 * all.seconds * n / double(all.forwards) * micro,
                double(all.rows) / shape.layers / all.seconds, all.forwards,

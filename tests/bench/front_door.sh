@@ -63,7 +63,7 @@ done
 median() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
 base_ms=$(median "${base[@]}") door_ms=$(median "${door[@]}")
 echo "  engine, synthetic workload:  $(printf %.2f "$base_ms") ms per layer (step p50 / layers; the engine alone; runs: ${base[*]})"
-echo "  front door:                  $(printf %.2f "$door_ms") ms per layer (at the client, submit to outputs; runs: ${door[*]})"
+echo "  front door:                  $(printf %.2f "$door_ms") ms per layer (at the client, from writing the rows into the slot to reading the outputs; runs: ${door[*]})"
 python3 -c "print(f'  ratio                        {$door_ms / $base_ms:.3f} (front door / engine)')"
 
 echo "(b) pooling: clients per rank on 2 ranks"
