@@ -24,6 +24,38 @@ std::vector<std::size_t> ExchangeLayout::prefix_offsets(const std::vector<std::s
   return offsets;
 }
 
+void Transport::exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv,
+                         const std::string& what) {
+  const int n = size();
+  MOED_CHECK(int(layout.send_bytes.size()) == n && int(layout.recv_bytes.size()) == n &&
+                 int(layout.send_offsets.size()) == n && int(layout.recv_offsets.size()) == n,
+             "{}: layout for {} ranks", what, layout.send_bytes.size());
+  std::unique_ptr<Exchange> x = open_exchange(recv, layout.recv_bytes, layout.recv_offsets, what, ReceiveSizes::exact);
+  // Remote blocks first, so that the copy to self overlaps their travel.
+  for (int i = 1; i <= n; ++i) {
+    const int dest = (rank() + i) % n;
+    x->send(dest, send + layout.send_offsets[dest], layout.send_bytes[dest]);
+  }
+  x->finish();
+}
+
+void Transport::exchange_sizes(const std::uint64_t* send, std::uint64_t* recv, const std::string& what) {
+  ExchangeLayout layout;
+  layout.send_bytes.assign(size(), sizeof(std::uint64_t));
+  layout.recv_bytes = layout.send_bytes;
+  layout.send_offsets = layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.send_bytes);
+  exchange(reinterpret_cast<const std::byte*>(send), layout, reinterpret_cast<std::byte*>(recv), what);
+}
+
+void Transport::all_gather(const void* send, std::size_t bytes, void* recv, const std::string& what) {
+  ExchangeLayout layout;
+  layout.send_bytes.assign(size(), bytes);
+  layout.recv_bytes = layout.send_bytes;
+  layout.send_offsets.assign(size(), 0);  // the same block goes to everyone
+  layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.recv_bytes);
+  exchange(static_cast<const std::byte*>(send), layout, static_cast<std::byte*>(recv), what);
+}
+
 // In order of preference: "auto" picks the first that can run on every rank.
 std::span<const TransportBackend> transport_backends() {
   static const TransportBackend table[] = {

@@ -48,6 +48,37 @@ class RmaWindow {
   virtual void flush(const std::string& what) = 0;
 };
 
+// One all-to-all-v in flight. Opening it posts every receive; blocks are
+// then sent one destination at a time (whenever each is ready), and sources
+// are reported as their block lands, in arrival order, so that a caller can
+// work on what has arrived while the rest travels. A block of 0 bytes is not
+// a message at all: both sides know the sizes, so it is neither sent nor
+// waited for (its source is reported at once). Destroying an exchange that
+// has not finished (after an error) cancels what is pending.
+// How a receive's size is known: exactly (the blocking exchanges), or as a
+// capacity that the block fills from 1 byte up (a block whose capacity is 0
+// is empty on both sides, and never a message).
+enum class ReceiveSizes { exact, at_most };
+
+class Exchange {
+ public:
+  static constexpr int kNoneYet = -2;    // next_arrival(false): nothing new has landed
+  static constexpr int kAllArrived = -1; // every source has been reported
+
+  virtual ~Exchange() = default;
+  // Sends `bytes` at `data` to `dest` (exactly the receiver's recv_bytes for
+  // this rank; the buffer must stay untouched until finish()). To self: a
+  // copy into the receive block, reported as an arrival.
+  virtual void send(int dest, const std::byte* data, std::size_t bytes) = 0;
+  // A source whose block has landed and was not reported before; with
+  // `block`, waits for one (under the deadline). kAllArrived once all have.
+  virtual int next_arrival(bool block) = 0;
+  // Waits until every receive and every send is complete (under the deadline).
+  virtual void finish() = 0;
+  // The bytes that landed from `source` (after it was reported).
+  virtual std::size_t received_bytes(int source) const = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -55,20 +86,25 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // send[r] goes to rank r; recv[r] comes from rank r.
-  virtual void exchange_sizes(const std::uint64_t* send, std::uint64_t* recv,
-                              const std::string& what) = 0;
-  // The all-to-all-v of dispatch and combine.
-  virtual void exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv,
-                        const std::string& what) = 0;
-  // Every rank contributes `bytes`; recv holds all contributions in rank order.
-  virtual void all_gather(const void* send, std::size_t bytes, void* recv,
-                          const std::string& what) = 0;
+  // Opens an exchange: posts the receives of `recv_bytes[src]` bytes at
+  // `recv + recv_offsets[src]`, whose blocks `what` names in diagnostics.
+  // The deadline ([comm].timeout_ms) runs from here.
+  virtual std::unique_ptr<Exchange> open_exchange(std::byte* recv, const std::vector<std::size_t>& recv_bytes,
+                                                  const std::vector<std::size_t>& recv_offsets,
+                                                  const std::string& what, ReceiveSizes sizes) = 0;
   // Collective: every rank exposes `bytes` (each may differ) for puts.
   virtual std::unique_ptr<RmaWindow> create_window(std::size_t bytes, const std::string& what) = 0;
   // Lets the backend make progress on outstanding work (UCX: the worker);
   // called by waits elsewhere so that no peer's one-sided put starves.
   virtual void progress() {}
+
+  // Blocking exchanges, built on open_exchange (the same messages and bits).
+  // The all-to-all-v of a whole layout: send every block, wait for all.
+  void exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv, const std::string& what);
+  // send[r] goes to rank r; recv[r] comes from rank r.
+  void exchange_sizes(const std::uint64_t* send, std::uint64_t* recv, const std::string& what);
+  // Every rank contributes `bytes`; recv holds all contributions in rank order.
+  void all_gather(const void* send, std::size_t bytes, void* recv, const std::string& what);
 };
 
 struct TransportBackend {

@@ -129,6 +129,27 @@ const config::Section<ExpertsConfig>& experts_section() {
   return s;
 }
 
+const config::Section<EngineConfig>& engine_section() {
+  using C = EngineConfig;
+  static const config::Section<C> s(
+      "engine", "the step loop of a layer",
+      {
+          flag<C>("overlap", &C::overlap, true,
+                  "experts start on the rows that have arrived (own rank first) while the rest "
+                  "travel, and each source's answers leave as soon as they are complete; false = "
+                  "every phase waits for the whole previous one (same bits either way)"),
+          integer<C>("microbatches", &C::microbatches, 1, 1, 64,
+                     "split each rank's rows of a layer into this many micro-batches, each with its "
+                     "own exchanges, so that one's rows travel while another's experts run (needs "
+                     "[experts].gemm = \"fixed-order\" above 1; same bits)"),
+          integer<C>("split_rows", &C::split_rows, 256, 1, 1 << 24,
+                     "with overlap and the fixed-order GEMM, an expert whose rows have not all arrived "
+                     "runs the arrived ones early only if they are at least this many (each call reads "
+                     "the expert's weights once: small early calls would read them again)"),
+      });
+  return s;
+}
+
 const config::Section<MetricsConfig>& metrics_section() {
   using C = MetricsConfig;
   static const config::Section<C> s(
@@ -191,6 +212,7 @@ const config::Schema<Config>& schema() {
     s.add(workload_section(), &Config::workload);
     s.add(ingress_section(), &Config::ingress);
     s.add(experts_section(), &Config::experts);
+    s.add(engine_section(), &Config::engine);
     s.add(placement::cluster_config_section(), &Config::cluster);
     s.add(comm::comm_config_section(), &Config::comm);
     s.add(placement::placement_config_section(), &Config::placement);
@@ -228,6 +250,11 @@ void validate_config(const Config& c) {
                "config: [workload].hot_ratio = {} is unreachable: the hottest expert can carry at "
                "most every token, {} = [model].experts / [model].top_k times the mean",
                c.workload.hot_ratio, double(m.experts) / double(m.top_k));
+  if (c.engine.microbatches > 1 && c.experts.gemm != "fixed-order")
+    MOED_THROW(Usage,
+               "config: [engine].microbatches = {} needs [experts].gemm = \"fixed-order\": with \"{}\" a "
+               "row's bits depend on the chunk it is computed in, and micro-batches change the chunks",
+               c.engine.microbatches, c.experts.gemm);
   if (c.workload.topic_size > m.experts)
     MOED_THROW(Usage, "config: [workload].topic_size = {} exceeds [model].experts = {}",
                c.workload.topic_size, m.experts);

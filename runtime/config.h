@@ -48,6 +48,12 @@ struct ExpertsConfig {
   std::int64_t chunk_rows = 0, blas_threads = 1;
 };
 
+struct EngineConfig {
+  bool overlap = true;
+  std::int64_t microbatches = 1;
+  std::int64_t split_rows = 256;
+};
+
 struct MetricsConfig {
   std::int64_t load_window_steps = 0;
   double alert_load_std_over_mean = 0;
@@ -75,6 +81,7 @@ struct Config {
   WorkloadConfig workload;
   IngressConfig ingress;
   ExpertsConfig experts;
+  EngineConfig engine;
   placement::ClusterConfig cluster;
   comm::CommConfig comm;
   placement::PlacementConfig placement;

@@ -243,12 +243,15 @@ Numerics probe_numerics(const Config& c) {
 // gather to rank 0 (the other ranks keep their own record).
 StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, std::uint64_t step) {
   StepRecord out = mine;
-  std::vector<double> times{mine.total, mine.route, mine.plan, mine.dispatch, mine.experts, mine.combine};
-  times.insert(times.end(), mine.dispatch_exchange.begin(), mine.dispatch_exchange.end());
-  times.insert(times.end(), mine.combine_exchange.begin(), mine.combine_exchange.end());
+  std::vector<double> times{mine.total,   mine.route,   mine.plan, mine.dispatch,
+                            mine.experts, mine.combine, mine.other};
+  constexpr std::size_t kPhases = 7;
+  times.insert(times.end(), mine.dispatch_wait.begin(), mine.dispatch_wait.end());
+  times.insert(times.end(), mine.combine_wait.begin(), mine.combine_wait.end());
   std::vector<std::uint64_t> sums(mine.bytes_sent.begin(), mine.bytes_sent.end());
   sums.push_back(mine.saturated);
   sums.push_back(mine.token_layers);
+  sums.push_back(mine.bytes_copied);
   const std::size_t time_bytes = times.size() * sizeof(double), record_bytes = time_bytes + sums.size() * 8;
   std::vector<std::byte> record(record_bytes);
   std::memcpy(record.data(), times.data(), time_bytes);
@@ -265,13 +268,14 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
     for (std::size_t i = 0; i < n.size(); ++i) sums[i] = r == 0 ? n[i] : sums[i] + n[i];
   }
   out.total = times[0], out.route = times[1], out.plan = times[2];
-  out.dispatch = times[3], out.experts = times[4], out.combine = times[5];
-  const std::size_t L = mine.dispatch_exchange.size();
-  out.dispatch_exchange.assign(times.begin() + 6, times.begin() + 6 + std::ptrdiff_t(L));
-  out.combine_exchange.assign(times.begin() + 6 + std::ptrdiff_t(L), times.end());
+  out.dispatch = times[3], out.experts = times[4], out.combine = times[5], out.other = times[6];
+  const std::size_t L = mine.dispatch_wait.size();
+  out.dispatch_wait.assign(times.begin() + kPhases, times.begin() + std::ptrdiff_t(kPhases + L));
+  out.combine_wait.assign(times.begin() + std::ptrdiff_t(kPhases + L), times.end());
   for (int c = 0; c < placement::kLinkClasses; ++c) out.bytes_sent[c] = sums[std::size_t(c)];
   out.saturated = sums[placement::kLinkClasses];
   out.token_layers = sums[placement::kLinkClasses + 1];
+  out.bytes_copied = sums[placement::kLinkClasses + 2];
   return out;
 }
 

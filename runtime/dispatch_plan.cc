@@ -31,6 +31,13 @@ std::vector<std::uint32_t> ExpertCounts::local(const Routing& routing, int exper
   return counts;
 }
 
+std::vector<std::uint32_t> ExpertCounts::local(const Routing& routing, int experts, std::size_t first,
+                                               std::size_t n) {
+  std::vector<std::uint32_t> counts(experts, 0);
+  for (std::uint32_t i = routing.offsets[first]; i < routing.offsets[first + n]; ++i) ++counts.at(routing.experts[i]);
+  return counts;
+}
+
 std::uint64_t ExpertCounts::total(int expert) const {
   std::uint64_t n = 0;
   for (int r = 0; r < ranks_; ++r) n += at(r, expert);
@@ -63,6 +70,25 @@ std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) 
     if (in.topology->island_of(replicas[i]) == island) near.push_back(i);
   if (near.empty()) return replica_of_chunk(chunk, in.step, replicas.size());
   return near[replica_of_chunk(chunk, in.step, near.size())];
+}
+
+std::vector<std::uint64_t> pairs_to_ranks(const PlanInput& in, int home) {
+  std::vector<std::uint64_t> pairs(std::size_t(in.counts->ranks()), 0);
+  for (int e = 0; e < in.counts->experts(); ++e) {
+    const std::uint64_t n = in.counts->at(home, e);
+    if (n == 0) continue;
+    const std::vector<int>& replicas = in.placement->replicas(in.layer, e);
+    if (replicas.size() == 1) {
+      pairs[replicas[0]] += n;
+      continue;
+    }
+    // The home's pairs hold positions [lo, hi) of the expert's rows; each
+    // chunk they overlap goes to its replica.
+    const std::uint64_t lo = in.counts->before(home, e), hi = lo + n, C = in.chunk_rows;
+    for (std::uint64_t j = lo / C; j * C < hi; ++j)
+      pairs[replicas[chunk_replica(in, e, j)]] += std::min(hi, (j + 1) * C) - std::max(lo, j * C);
+  }
+  return pairs;
 }
 
 int gateway(const placement::Topology& topology, int home, int island) {
@@ -98,7 +124,8 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
   // A chunk's replica, remembered: an expert's pairs come in position order.
   std::vector<std::uint64_t> cached_chunk(placement.experts(), UINT64_MAX);
   std::vector<int> cached_dest(placement.experts(), -1);
-  for (std::size_t t = 0; t < routing.tokens(); ++t) {
+  const std::size_t end = std::min(routing.tokens(), in.rows == SIZE_MAX ? SIZE_MAX : in.first_row + in.rows);
+  for (std::size_t t = in.first_row; t < end; ++t) {
     auto experts = routing.experts_of(t);
     auto weights = routing.weights_of(t);
     const float* row = x + t * std::size_t(hidden);
@@ -127,7 +154,7 @@ void plan_forward(const ReceivedRows& hop1, int hidden, DispatchPlan& plan) {
   std::int64_t slot = 0;
   for (const auto& src : hop1.from) {
     for (std::uint32_t r = 0; r < src.rows; ++r, ++slot) {
-      const float* row = src.data + std::size_t(r) * std::size_t(hidden);
+      const float* row = src.row(r, hidden);
       for (std::uint32_t p = src.first_pair[r]; p < src.first_pair[r] + src.pairs_per_row[r]; ++p) {
         const std::uint32_t dest = src.dests[p];
         MOED_CHECK(dest < plan.hop2.size(), "hop-1 row for rank {}", dest);
@@ -142,15 +169,18 @@ std::size_t row_message_bytes(std::size_t rows, std::size_t pairs, int hidden) {
 }
 
 void pack_rows(const std::vector<RowBatch>& batches, int hidden, std::vector<std::byte>& buffer,
-               comm::ExchangeLayout& layout) {
+               comm::ExchangeLayout& layout, int skip) {
   const std::size_t ranks = batches.size();
   layout.send_bytes.resize(ranks);
   for (std::size_t d = 0; d < ranks; ++d)
-    layout.send_bytes[d] = row_message_bytes(batches[d].rows(), batches[d].experts.size(), hidden);
+    layout.send_bytes[d] = batches[d].rows() == 0 || int(d) == skip
+                               ? 0
+                               : row_message_bytes(batches[d].rows(), batches[d].experts.size(), hidden);
   layout.send_offsets = comm::ExchangeLayout::prefix_offsets(layout.send_bytes);
   buffer.resize(layout.send_total());
   const std::size_t row_bytes = std::size_t(hidden) * sizeof(float);
   for (std::size_t d = 0; d < ranks; ++d) {
+    if (layout.send_bytes[d] == 0) continue;
     const RowBatch& b = batches[d];
     std::byte* start = buffer.data() + layout.send_offsets[d];
     std::byte* p = start;
@@ -175,38 +205,61 @@ void pack_rows(const std::vector<RowBatch>& batches, int hidden, std::vector<std
   }
 }
 
+ReceivedRows::Source parse_row_message(const std::byte* start, std::size_t bytes, int hidden, int s) {
+  ReceivedRows::Source src;
+  if (bytes == 0) return src;  // an empty message: no rows
+  MOED_CHECK(bytes >= 2 * sizeof(std::uint32_t), "row message from rank {} has {} bytes", s, bytes);
+  std::uint32_t header[2];
+  std::memcpy(header, start, sizeof header);
+  src.rows = header[0];
+  src.pairs = header[1];
+  MOED_CHECK(bytes == row_message_bytes(src.rows, src.pairs, hidden),
+             "row message from rank {}: {} bytes for {} rows and {} pairs", s, bytes, src.rows, src.pairs);
+  // Fields are naturally aligned: messages start 16-byte aligned, the u64s at offset 8.
+  src.token = reinterpret_cast<const std::uint64_t*>(start + 2 * sizeof(std::uint32_t));
+  src.pairs_per_row = reinterpret_cast<const std::uint32_t*>(src.token + src.rows);
+  src.experts = src.pairs_per_row + src.rows;
+  src.weights = reinterpret_cast<const float*>(src.experts + src.pairs);
+  src.dests = reinterpret_cast<const std::uint32_t*>(src.weights + src.pairs);
+  src.data = reinterpret_cast<const float*>(start + row_header_bytes(src.rows, src.pairs));
+  src.first_pair.resize(src.rows);
+  std::uint32_t next = 0;
+  for (std::uint32_t r = 0; r < src.rows; ++r) {
+    src.first_pair[r] = next;
+    MOED_CHECK(src.pairs_per_row[r] >= 1, "row {} from rank {} has no pair", r, s);
+    next += src.pairs_per_row[r];
+  }
+  MOED_CHECK(next == src.pairs, "row message from rank {}: rows hold {} pairs, header says {}", s, next,
+             src.pairs);
+  return src;
+}
+
 ReceivedRows parse_rows(const std::byte* recv, const comm::ExchangeLayout& layout, int hidden) {
   ReceivedRows out;
   out.from.resize(layout.recv_bytes.size());
   for (std::size_t s = 0; s < layout.recv_bytes.size(); ++s) {
-    const std::byte* start = recv + layout.recv_offsets[s];
-    const std::size_t bytes = layout.recv_bytes[s];
-    auto& src = out.from[s];
-    MOED_CHECK(bytes >= 2 * sizeof(std::uint32_t), "row message from rank {} has {} bytes", s, bytes);
-    std::uint32_t header[2];
-    std::memcpy(header, start, sizeof header);
-    src.rows = header[0];
-    src.pairs = header[1];
-    MOED_CHECK(bytes == row_message_bytes(src.rows, src.pairs, hidden),
-               "row message from rank {}: {} bytes for {} rows and {} pairs", s, bytes, src.rows, src.pairs);
-    // Fields are naturally aligned: messages start 16-byte aligned, the u64s at offset 8.
-    src.token = reinterpret_cast<const std::uint64_t*>(start + 2 * sizeof(std::uint32_t));
-    src.pairs_per_row = reinterpret_cast<const std::uint32_t*>(src.token + src.rows);
-    src.experts = src.pairs_per_row + src.rows;
-    src.weights = reinterpret_cast<const float*>(src.experts + src.pairs);
-    src.dests = reinterpret_cast<const std::uint32_t*>(src.weights + src.pairs);
-    src.data = reinterpret_cast<const float*>(start + row_header_bytes(src.rows, src.pairs));
-    src.first_pair.resize(src.rows);
-    std::uint32_t next = 0;
-    for (std::uint32_t r = 0; r < src.rows; ++r) {
-      src.first_pair[r] = next;
-      MOED_CHECK(src.pairs_per_row[r] >= 1, "row {} from rank {} has no pair", r, s);
-      next += src.pairs_per_row[r];
-    }
-    MOED_CHECK(next == src.pairs, "row message from rank {}: rows hold {} pairs, header says {}", s,
-               next, src.pairs);
+    out.from[s] = parse_row_message(recv + layout.recv_offsets[s], layout.recv_bytes[s], hidden, int(s));
   }
   return out;
+}
+
+ReceivedRows::Source view_rows(const RowBatch& b) {
+  ReceivedRows::Source src;
+  src.rows = std::uint32_t(b.rows());
+  src.pairs = std::uint32_t(b.experts.size());
+  src.token = b.token.data();
+  src.own_pairs.resize(b.rows());
+  src.first_pair.resize(b.rows());
+  for (std::size_t r = 0; r < b.rows(); ++r) {
+    src.own_pairs[r] = b.pairs_of(r);
+    src.first_pair[r] = b.pair_offsets[r];
+  }
+  src.pairs_per_row = src.own_pairs.data();
+  src.experts = b.experts.data();
+  src.weights = b.weights.data();
+  src.dests = b.dests.data();
+  src.row_data = b.data.data();
+  return src;
 }
 
 std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden) {
@@ -222,52 +275,6 @@ std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent
   for (std::size_t d = 0; d < sent.size(); ++d)
     for (std::size_t r = 0; r < sent[d].rows(); ++r) bytes[d] += combine_row_bytes(sent[d].pairs_of(r), hidden);
   return bytes;
-}
-
-std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const PlanInput& in) {
-  const placement::Placement& placement = *in.placement;
-  std::vector<int> local = placement.experts_on(in.layer, in.rank);
-  std::vector<int> slot_of(placement.experts(), -1);
-  std::vector<ExpertBatch> batches(local.size());
-  for (std::size_t i = 0; i < local.size(); ++i) {
-    slot_of[local[i]] = int(i);
-    batches[i].expert = local[i];
-  }
-  for (std::uint32_t s = 0; s < received.from.size(); ++s) {
-    const auto& src = received.from[s];
-    for (std::uint32_t r = 0; r < src.rows; ++r) {
-      for (std::uint32_t p = src.first_pair[r]; p < src.first_pair[r] + src.pairs_per_row[r]; ++p) {
-        std::uint32_t e = src.experts[p];
-        MOED_CHECK(e < slot_of.size() && slot_of[e] >= 0,
-                   "rank {} received a row for expert {} of layer {}, which it does not hold", in.rank, e,
-                   in.layer);
-        batches[slot_of[e]].rows.push_back({s, r, p});
-      }
-    }
-  }
-  // Rule 1 needs global token order; rows from gateways interleave homes.
-  for (auto& b : batches)
-    std::stable_sort(b.rows.begin(), b.rows.end(), [&](const ExpertBatch::Row& x, const ExpertBatch::Row& y) {
-      return received.from[x.source].token[x.row] < received.from[y.source].token[y.row];
-    });
-  // The chunks this rank computes, and a check that exactly their rows arrived.
-  for (auto& b : batches) {
-    const std::vector<int>& replicas = placement.replicas(in.layer, b.expert);
-    std::size_t mine = 0;
-    while (replicas[mine] != in.rank) ++mine;
-    std::uint64_t total = in.counts->total(b.expert);
-    std::uint64_t expected = 0;
-    for (std::uint64_t j = 0; j * in.chunk_rows < total; ++j) {
-      if (chunk_replica(in, b.expert, j) != mine) continue;
-      std::uint64_t size = std::min(in.chunk_rows, total - j * in.chunk_rows);
-      b.chunk_rows.push_back(std::uint32_t(size));
-      expected += size;
-    }
-    MOED_CHECK(expected == b.rows.size(),
-               "layer {} expert {}: rank {} received {} rows, its chunks hold {}", in.layer, b.expert,
-               in.rank, b.rows.size(), expected);
-  }
-  return batches;
 }
 
 GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden) {
@@ -287,42 +294,48 @@ GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden) {
   return g;
 }
 
+std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, std::size_t bytes, int hidden,
+                                    std::int64_t* acc, GatewayAnswers* gateway, int from) {
+  std::size_t saturated = 0;
+  const std::byte* p = block;
+  std::size_t expected = 0;
+  for (std::size_t r = 0; r < b.rows(); ++r) expected += combine_row_bytes(b.pairs_of(r), hidden);
+  MOED_CHECK(expected == bytes, "answers from rank {}: {} bytes, expected {}", from, bytes, expected);
+  for (std::size_t r = 0; r < b.rows(); ++r) {
+    const std::uint32_t pairs = b.pairs_of(r);
+    const float* y = reinterpret_cast<const float*>(p);
+    const auto* partial = reinterpret_cast<const std::int64_t*>(p);
+    const float weight = b.weights[b.pair_offsets[r]];
+    if (b.origin[r] >= 0) {
+      // A local token: weight a single expert's output here, as the expert rank would have.
+      std::int64_t* a = acc + std::size_t(b.origin[r]) * hidden;
+      if (pairs == 1)
+        saturated += kernels::add_weighted_fixed(a, y, weight, hidden);
+      else
+        kernels::add_fixed(a, partial, hidden);
+    } else {
+      MOED_CHECK(gateway, "an answer for a gateway slot on a rank that forwarded nothing");
+      const std::size_t slot = std::size_t(-(b.origin[r] + 1));
+      std::byte* out = gateway->send.data() + gateway->slot_offset.at(slot);
+      if (gateway->slot_pairs[slot] == 1)  // the hop-1 row had this one pair: pass y on
+        std::memcpy(out, y, std::size_t(hidden) * sizeof(float));
+      else if (pairs == 1)
+        saturated += kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y, weight, hidden);
+      else
+        kernels::add_fixed(reinterpret_cast<std::int64_t*>(out), partial, hidden);
+    }
+    p += combine_row_bytes(pairs, hidden);
+  }
+  return saturated;
+}
+
 std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,
                                const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc,
                                GatewayAnswers* gateway) {
   std::size_t saturated = 0;
-  for (std::size_t d = 0; d < sent.size(); ++d) {
-    const RowBatch& b = sent[d];
-    const std::byte* p = recv + layout.recv_offsets[d];
-    for (std::size_t r = 0; r < b.rows(); ++r) {
-      const std::uint32_t pairs = b.pairs_of(r);
-      const float* y = reinterpret_cast<const float*>(p);
-      const auto* partial = reinterpret_cast<const std::int64_t*>(p);
-      const float weight = b.weights[b.pair_offsets[r]];
-      if (b.origin[r] >= 0) {
-        // A local token: weight a single expert's output here, as the expert rank would have.
-        std::int64_t* a = acc + std::size_t(b.origin[r]) * hidden;
-        if (pairs == 1)
-          saturated += kernels::add_weighted_fixed(a, y, weight, hidden);
-        else
-          kernels::add_fixed(a, partial, hidden);
-      } else {
-        MOED_CHECK(gateway, "an answer for a gateway slot on a rank that forwarded nothing");
-        const std::size_t slot = std::size_t(-(b.origin[r] + 1));
-        std::byte* out = gateway->send.data() + gateway->slot_offset.at(slot);
-        if (gateway->slot_pairs[slot] == 1)  // the hop-1 row had this one pair: pass y on
-          std::memcpy(out, y, std::size_t(hidden) * sizeof(float));
-        else if (pairs == 1)
-          saturated += kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y, weight, hidden);
-        else
-          kernels::add_fixed(reinterpret_cast<std::int64_t*>(out), partial, hidden);
-      }
-      p += combine_row_bytes(pairs, hidden);
-    }
-    MOED_CHECK(std::size_t(p - (recv + layout.recv_offsets[d])) == layout.recv_bytes[d],
-               "answers from rank {}: {} bytes, expected {}", d, layout.recv_bytes[d],
-               std::size_t(p - (recv + layout.recv_offsets[d])));
-  }
+  for (std::size_t d = 0; d < sent.size(); ++d)
+    saturated += accumulate_answer_block(sent[d], recv + layout.recv_offsets[d], layout.recv_bytes[d], hidden, acc,
+                                         gateway, int(d));
   return saturated;
 }
 

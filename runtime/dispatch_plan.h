@@ -42,6 +42,8 @@ class ExpertCounts {
   ExpertCounts(int ranks, int experts) : ranks_(ranks), experts_(experts), counts_(std::size_t(ranks) * experts) {}
   // This rank's counts, the row it contributes to the all-gather.
   static std::vector<std::uint32_t> local(const Routing& routing, int experts);
+  // The counts of tokens [first, first + n) of `routing` (one micro-batch).
+  static std::vector<std::uint32_t> local(const Routing& routing, int experts, std::size_t first, std::size_t n);
 
   std::uint32_t* data() { return counts_.data(); }
   int ranks() const { return ranks_; }
@@ -75,11 +77,18 @@ struct PlanInput {
   // tokens are keyed by position, so an expert's rows are ordered alike on
   // every rank, whichever token sits at a position.
   std::uint64_t first_token = 0;
+  // The tokens of `routing` this plan covers (a micro-batch): [first_row,
+  // first_row + rows); token t's key is first_token + t.
+  std::size_t first_row = 0, rows = SIZE_MAX;
 };
 
 // Index, in the expert's replica list, of the replica that computes chunk
 // `chunk` of `expert` (rule 1 above).
 std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk);
+
+// The pairs that `home` sends to each rank (their final destinations), from
+// the all-gathered counts alone: every rank can size what it will receive.
+std::vector<std::uint64_t> pairs_to_ranks(const PlanInput& in, int home);
 
 // The gateway of `island` for tokens whose home is `home`.
 int gateway(const placement::Topology& topology, int home, int island);
@@ -118,9 +127,11 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden);
 //   16 bytes, f32 rows x hidden, zero padding to 16 bytes (every message, and
 //   so every field, stays aligned).
 std::size_t row_message_bytes(std::size_t rows, std::size_t pairs, int hidden);
-// Fills `buffer` and the send half of `layout` from one batch per rank.
+// Fills `buffer` and the send half of `layout` from one batch per rank; an
+// empty batch is an empty message (0 bytes), and so is the batch to rank
+// `skip` (this rank's own rows, which never travel).
 void pack_rows(const std::vector<RowBatch>& batches, int hidden, std::vector<std::byte>& buffer,
-               comm::ExchangeLayout& layout);
+               comm::ExchangeLayout& layout, int skip = -1);
 
 // A view of received row messages, validated against their sizes.
 struct ReceivedRows {
@@ -132,11 +143,22 @@ struct ReceivedRows {
     const float* weights = nullptr;
     const std::uint32_t* dests = nullptr;
     const float* data = nullptr;            // rows x hidden
+    const float* const* row_data = nullptr; // or a pointer per row (rows never packed)
     std::vector<std::uint32_t> first_pair;  // per row, index into experts/weights/dests
+    std::vector<std::uint32_t> own_pairs;   // pairs_per_row's storage, for a view of a RowBatch
+
+    const float* row(std::size_t r, int hidden) const {
+      return row_data ? row_data[r] : data + r * std::size_t(hidden);
+    }
   };
   std::vector<Source> from;  // per rank
 };
 ReceivedRows parse_rows(const std::byte* recv, const comm::ExchangeLayout& layout, int hidden);
+// One message from `source` (0 bytes: no rows).
+ReceivedRows::Source parse_row_message(const std::byte* message, std::size_t bytes, int hidden, int source);
+// A batch this rank would send to itself, seen as received, without packing.
+// The view points into `batch`, which must outlive it.
+ReceivedRows::Source view_rows(const RowBatch& batch);
 
 // Gateway: the hop-2 rows that forward the received hop-1 rows inside this
 // rank's island, appended to `plan.hop2`. Gateway slot k is the k-th received
@@ -155,20 +177,6 @@ inline std::size_t combine_row_bytes(std::uint32_t pairs, int hidden) {
 std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden);
 std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, int hidden);
 
-// One local expert's rows, in global token order, and its chunks.
-struct ExpertBatch {
-  int expert = 0;
-  struct Row {
-    std::uint32_t source, row, pair;
-  };
-  std::vector<Row> rows;
-  std::vector<std::uint32_t> chunk_rows;  // sizes, in order; they sum to rows.size()
-};
-// Groups received hop-2 pairs by local expert, sorted by global token id, and
-// derives each expert's chunks; Internal error when the rows received
-// disagree with the counts.
-std::vector<ExpertBatch> batch_by_expert(const ReceivedRows& received, const PlanInput& in);
-
 // A gateway's answers to its received hop-1 rows: the hop-1 combine message,
 // filled from its island's hop-2 answers.
 struct GatewayAnswers {
@@ -186,5 +194,8 @@ GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden);
 std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,
                                const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc,
                                GatewayAnswers* gateway);
+// The same for the answers from one rank: `block` holds `bytes` of answers to `sent`.
+std::size_t accumulate_answer_block(const RowBatch& sent, const std::byte* block, std::size_t bytes, int hidden,
+                                    std::int64_t* acc, GatewayAnswers* gateway, int from);
 
 }  // namespace moed::runtime

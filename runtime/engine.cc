@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/idle_backoff.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "kernels/cpu/fixed_combine.h"
@@ -29,11 +30,23 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
   // says: a token's routing never depends on its batch.
   for (int l = 0; l < shape_.layers; ++l)
     gate_.emplace_back(store.layer(l).gate.data(), std::size_t(shape_.experts), std::size_t(shape_.hidden));
-  counts_ = ExpertCounts(transport.size(), shape_.experts);
   hierarchical_ = config.comm.hierarchical && topology.islands() > 1;
+  microbatches_ = std::size_t(config.engine.microbatches);
   routing_.resize(shape_.layers);
-  size_send_.resize(R);
-  size_recv_.resize(R);
+  setup_.transport = &transport_;
+  setup_.topology = &topology_;
+  setup_.store = &store_;
+  setup_.executor = &executor_;
+  setup_.hierarchical = hierarchical_;
+  setup_.overlap = config.engine.overlap;
+  setup_.any_rows_per_call = config.experts.gemm == "fixed-order";
+  setup_.split_rows = std::size_t(config.engine.split_rows);
+  setup_.poll = [this] {
+    for (LayerPass& pass : passes_) pass.poll();
+  };
+  counts_.assign(microbatches_, ExpertCounts(transport.size(), shape_.experts));
+  homes_.resize(microbatches_);
+  passes_.resize(microbatches_);
 }
 
 void Engine::record_stats_into(placement::RoutingStats* stats, std::size_t follow_tokens) {
@@ -48,11 +61,13 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   StepRecord rec;
   rec.expert_load.assign(std::size_t(shape_.layers) * shape_.experts, 0);
   const double start = now_seconds();
+  executor_.clear_counts();
   x.resize(count_ * shape_.hidden);
   fetch_tokens(step, x.data());
   for (int l = 0; l < shape_.layers; ++l)
     run_layer(l, step, x.data(), count_, step * tokens_per_step_ + first_, rec);
   if (stats_) record_stats();
+  rec.bytes_copied += executor_.bytes_copied();
   rec.total = now_seconds() - start;
   return rec;
 }
@@ -75,6 +90,7 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
   StepRecord rec;
   rec.expert_load.assign(L * std::size_t(shape_.experts), 0);
   const double start = now_seconds();
+  executor_.clear_counts();
   for (std::size_t l = 0; l < L; ++l) {
     std::uint64_t total = 0, before = 0;
     for (std::size_t r = 0; r < R; ++r) {
@@ -88,6 +104,7 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
       for (std::size_t t = 0; t < in.rows; ++t)
         paths_->observe(in.request_ids[t], in.positions[t], int(l), routing_[l].experts_of(t), *stats_);
   }
+  rec.bytes_copied += executor_.bytes_copied();
   rec.total = now_seconds() - start;
   return rec;
 }
@@ -115,46 +132,22 @@ void Engine::record_stats() {
   }
 }
 
-ReceivedRows Engine::send_rows(const std::vector<RowBatch>& batches, Hop& hop, const std::string& what,
-                               StepRecord& rec, double& exchange_seconds) {
-  const int H = shape_.hidden, R = transport_.size(), me = transport_.rank();
-  pack_rows(batches, H, hop.send, hop.out);
-  for (int d = 0; d < R; ++d) size_send_[d] = hop.out.send_bytes[d];
-  double t0 = now_seconds();
-  transport_.exchange_sizes(size_send_.data(), size_recv_.data(), "sizes of " + what);
-  exchange_seconds += now_seconds() - t0;
-  hop.out.recv_bytes.assign(size_recv_.begin(), size_recv_.end());
-  hop.out.recv_offsets = comm::ExchangeLayout::prefix_offsets(hop.out.recv_bytes);
-  hop.recv.resize(hop.out.recv_total());
-  t0 = now_seconds();
-  transport_.exchange(hop.send.data(), hop.out, hop.recv.data(), what);
-  exchange_seconds += now_seconds() - t0;
-  for (int d = 0; d < R; ++d) rec.bytes_sent[int(topology_.link(me, d))] += hop.out.send_bytes[d];
-  return parse_rows(hop.recv.data(), hop.out, H);
-}
-
-void Engine::answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vector<std::byte>& send,
-                    const std::string& what, StepRecord& rec, double& exchange_seconds) {
-  const int H = shape_.hidden, R = transport_.size(), me = transport_.rank();
-  hop.back.recv_bytes = combine_message_bytes(sent, H);  // the answers to what this rank sent
-  hop.back.recv_offsets = comm::ExchangeLayout::prefix_offsets(hop.back.recv_bytes);
-  hop.back_recv.resize(hop.back.recv_total());
-  const double t0 = now_seconds();
-  transport_.exchange(send.data(), hop.back, hop.back_recv.data(), what);
-  exchange_seconds += now_seconds() - t0;
-  for (int d = 0; d < R; ++d) rec.bytes_sent[int(topology_.link(me, d))] += hop.back.send_bytes[d];
+// The all-gather of a layer: per rank, per pass, the pass's counts per
+// expert, then its token count and first token key (two words).
+namespace {
+constexpr std::size_t kCensusExtra = 3;
 }
 
 void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
                        StepRecord& rec) {
-  const int H = shape_.hidden, E = shape_.experts, me = transport_.rank();
+  const int H = shape_.hidden, E = shape_.experts, R = transport_.size();
+  const std::size_t M = microbatches_, W = std::size_t(E) + kCensusExtra;
   const std::string where = fmt::format("step {} layer {}", step, layer);
-  double t0 = now_seconds();
+  const double t0 = now_seconds();
 
   // route: normalise, then the router (or the trace) picks experts.
   xn_.resize(count * H);
-  kernels::rms_norm(x, store_.layer(layer).norm.data(), count, H,
-                    float(config_.model.norm_eps), xn_.data());
+  kernels::rms_norm(x, store_.layer(layer).norm.data(), count, H, float(config_.model.norm_eps), xn_.data());
   Routing& routing = routing_[layer];
   routing.clear();
   if (workload_ && workload_->replays_routing()) {
@@ -164,62 +157,109 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     kernels::gemm_fixed_order(xn_.data(), count, gate_[layer], logits_.data());
     route(logits_.data(), count, E, router_, routing);
   }
-  double t1 = now_seconds();
+  const double t1 = now_seconds();
 
-  // plan: every rank learns every rank's per-expert counts, then plans its sends.
-  std::vector<std::uint32_t> mine = ExpertCounts::local(routing, E);
-  transport_.all_gather(mine.data(), mine.size() * sizeof(std::uint32_t), counts_.data(),
+  // plan: one all-gather tells every rank every pass's counts, so each rank
+  // plans its sends and sizes its receives.
+  std::vector<std::uint32_t> mine(M * W);
+  const auto pass_rows = [&](std::size_t m) { return std::pair{count * m / M, count * (m + 1) / M - count * m / M}; };
+  for (std::size_t m = 0; m < M; ++m) {
+    const auto [first, n] = pass_rows(m);
+    const std::vector<std::uint32_t> c = ExpertCounts::local(routing, E, first, n);
+    std::copy(c.begin(), c.end(), mine.begin() + std::ptrdiff_t(m * W));
+    const std::uint64_t key = first_position + first;
+    mine[m * W + E] = std::uint32_t(n);
+    mine[m * W + E + 1] = std::uint32_t(key);
+    mine[m * W + E + 2] = std::uint32_t(key >> 32);
+  }
+  census_.resize(std::size_t(R) * M * W);
+  transport_.all_gather(mine.data(), mine.size() * sizeof(std::uint32_t), census_.data(),
                         "expert counts of " + where);
-  PlanInput in{&routing, &placement_, layer, &counts_, me, std::uint64_t(config_.experts.chunk_rows),
-               step, &topology_, hierarchical_, first_position};
-  DispatchPlan plan = plan_dispatch(in, xn_.data(), H);
-  double t2 = now_seconds();
-
-  // dispatch: hop 1 to the gateways of remote islands (hierarchical only),
-  // which add what they received to their hop 2; then hop 2 inside islands.
-  double dispatch_exchange = 0, combine_exchange = 0;
-  ReceivedRows hop1;
-  if (hierarchical_) {
-    hop1 = send_rows(plan.hop1, hop1_, "dispatch hop 1 of " + where, rec, dispatch_exchange);
-    plan_forward(hop1, H, plan);
-  }
-  ReceivedRows hop2 = send_rows(plan.hop2, hop2_, "dispatch of " + where, rec, dispatch_exchange);
-  double t3 = now_seconds();
-
-  // experts: this rank's chunks, answers written straight into the combine messages.
-  std::vector<ExpertBatch> batches = batch_by_expert(hop2, in);
-  rec.saturated += executor_.run(store_, layer, hop2, batches, hop2_.back_send, hop2_.back);
-  double t4 = now_seconds();
-
-  // combine: hop-2 answers return to their senders: into the home rank's
-  // exact sums, or a gateway's; gateways answer across islands (hop 1).
   acc_.assign(count * H, 0);
-  GatewayAnswers gateway;
-  if (hierarchical_) gateway = prepare_gateway_answers(hop1, H);
-  answer(plan.hop2, hop2_, hop2_.back_send, "combine of " + where, rec, combine_exchange);
-  rec.saturated += accumulate_answers(plan.hop2, hop2_.back_recv.data(), hop2_.back, H, acc_.data(),
-                                      hierarchical_ ? &gateway : nullptr);
-  if (hierarchical_) {
-    hop1_.back = gateway.layout;
-    answer(plan.hop1, hop1_, gateway.send, "combine hop 1 of " + where, rec, combine_exchange);
-    rec.saturated += accumulate_answers(plan.hop1, hop1_.back_recv.data(), hop1_.back, H, acc_.data(), nullptr);
+  for (std::size_t m = 0; m < M; ++m) {
+    LayerPass::Homes& homes = homes_[m];
+    homes.first_key.resize(std::size_t(R));
+    homes.tokens.resize(std::size_t(R));
+    for (int r = 0; r < R; ++r) {
+      const std::uint32_t* block = census_.data() + (std::size_t(r) * M + m) * W;
+      std::copy(block, block + E, counts_[m].data() + std::size_t(r) * E);
+      homes.tokens[r] = block[E];
+      homes.first_key[r] = std::uint64_t(block[E + 1]) | (std::uint64_t(block[E + 2]) << 32);
+    }
+    const auto [first, n] = pass_rows(m);
+    PlanInput in{&routing, &placement_, layer, &counts_[m], transport_.rank(),
+                 std::uint64_t(config_.experts.chunk_rows), step, &topology_, hierarchical_, first_position,
+                 first, n};
+    passes_[m].plan(setup_, in, homes, xn_.data(), acc_.data(),
+                    M == 1 ? where : fmt::format("{} micro-batch {}", where, m));
   }
-  kernels::residual_from_fixed(x, acc_.data(), count * H, x);
-  double t6 = now_seconds();
+  const double t2 = now_seconds();
 
+  // Every pass's rows leave at once; then whatever has landed is worked on.
+  for (std::size_t m = 0; m < M; ++m) passes_[m].start();
+  double rows_wait = 0, answers_wait = 0;
+  drive_passes(M, rows_wait, answers_wait);
+  kernels::residual_from_fixed(x, acc_.data(), count * H, x);
+  const double t3 = now_seconds();
+
+  double experts = 0;
+  for (std::size_t m = 0; m < M; ++m) {
+    const PassCounters& c = passes_[m].counters();
+    experts += c.experts_s;
+    for (int k = 0; k < placement::kLinkClasses; ++k) rec.bytes_sent[k] += c.bytes_sent[k];
+    rec.bytes_copied += c.bytes_copied;
+    rec.saturated += c.saturated;
+  }
   rec.route += t1 - t0;
   rec.plan += t2 - t1;
-  rec.dispatch += t3 - t2;
-  rec.experts += t4 - t3;
-  rec.combine += t6 - t4;
-  rec.dispatch_exchange.push_back(dispatch_exchange);
-  rec.combine_exchange.push_back(combine_exchange);
+  rec.experts += experts;
+  rec.dispatch += rows_wait;
+  rec.combine += answers_wait;
+  rec.other += (t3 - t2) - experts - rows_wait - answers_wait;
+  rec.dispatch_wait.push_back(rows_wait);
+  rec.combine_wait.push_back(answers_wait);
   rec.token_layers += count;
   for (int e = 0; e < E; ++e) {
-    std::uint64_t load = counts_.total(e);
+    std::uint64_t load = 0;
+    for (std::size_t m = 0; m < M; ++m) load += counts_[m].total(e);
     rec.expert_load[std::size_t(layer) * E + e] = load;
     rec.pairs += load;
   }
+}
+
+void Engine::drive_passes(std::size_t passes, double& rows_wait, double& answers_wait) {
+  comm::IdleBackoff backoff;
+  double idle_since = -1;
+  bool idle_for_rows = false;
+  for (;;) {
+    bool all_done = true, moved = false, rows_due = false;
+    for (std::size_t m = 0; m < passes; ++m) {
+      LayerPass& pass = passes_[m];
+      if (pass.done()) continue;
+      if (pass.advance()) moved = true;
+      if (!pass.done()) all_done = false;
+      rows_due = rows_due || pass.awaiting_rows();
+    }
+    if (moved || all_done) {
+      if (idle_since >= 0) (idle_for_rows ? rows_wait : answers_wait) += now_seconds() - idle_since;
+      idle_since = -1;
+      backoff.reset();
+      if (all_done) break;
+      continue;
+    }
+    if (idle_since < 0) idle_since = now_seconds(), idle_for_rows = rows_due;
+    // Each exchange keeps its own deadline; this one catches a pass that
+    // waits for nothing any exchange still owes (a bug, never a silent hang).
+    if (now_seconds() - idle_since > double(config_.comm.timeout_ms) / 1e3) {
+      std::string state;
+      for (std::size_t m = 0; m < passes; ++m)
+        if (!passes_[m].done()) state += "\n  " + passes_[m].describe();
+      MOED_THROW(Internal, "rank {}: a layer made no progress for {} ms ([comm].timeout_ms):{}", transport_.rank(),
+                 config_.comm.timeout_ms, state);
+    }
+    backoff.idle();
+  }
+  for (std::size_t m = 0; m < passes; ++m) passes_[m].finish();
 }
 
 }  // namespace moed::runtime

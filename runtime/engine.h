@@ -21,6 +21,7 @@
 #include "placement/topology.h"
 #include "runtime/dispatch_plan.h"
 #include "runtime/expert_executor.h"
+#include "runtime/layer_pass.h"
 #include "runtime/router.h"
 #include "runtime/weights/expert_store.h"
 #include "runtime/workload/token_order.h"
@@ -31,12 +32,17 @@ namespace moed::runtime {
 // What one rank measured in one step.
 struct StepRecord {
   // Seconds: the engine's work on the step (every layer; not the step
-  // boundary, the reductions or the figures around it) and its phases.
-  double total = 0, route = 0, plan = 0, dispatch = 0, experts = 0, combine = 0;
-  // Per layer: the dispatch and combine exchanges alone (the transport's
-  // calls, sizes included, waiting for the slowest rank included; not the
-  // packing, parsing or sums around them).
-  std::vector<double> dispatch_exchange, combine_exchange;
+  // boundary, the reductions or the figures around it) and its phases:
+  // route (norm and router), plan (the counts' all-gather and the plans),
+  // experts (the expert calls), dispatch (idle, waiting for rows), combine
+  // (idle, waiting only for answers) and other (packing, parsing, sums and
+  // the residual). With overlap the experts run while rows and answers
+  // travel, so the waits are what the overlap did not hide.
+  double total = 0, route = 0, plan = 0, dispatch = 0, experts = 0, combine = 0, other = 0;
+  // Per layer: the waits for rows and for answers (the dispatch and combine
+  // phases of that layer).
+  std::vector<double> dispatch_wait, combine_wait;
+  std::uint64_t bytes_copied = 0;  // rows packed into messages, gathered for GEMMs, fp32 answers
   std::array<std::uint64_t, placement::kLinkClasses> bytes_sent{};  // by link class
   std::vector<std::uint64_t> expert_load;  // [layer * experts + e], whole job (all-gathered)
   std::uint64_t pairs = 0;                 // (token, expert) pairs over layers, whole job
@@ -79,26 +85,15 @@ class Engine {
   // (request id, position), at most `follow_tokens` at once.
   void record_stats_into(placement::RoutingStats* stats, std::size_t follow_tokens);
 
-  const std::vector<std::uint32_t>& chunk_rows_of_last_layer() const {
-    return executor_.last_chunk_rows();
-  }
+  // Rows per expert call in the last step, all layers (for the benchmark's bound).
+  const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
 
  private:
-  // One hop's buffers: rows out (and in), answers back.
-  struct Hop {
-    std::vector<std::byte> send, recv, back_send, back_recv;
-    comm::ExchangeLayout out, back;
-  };
   // Serves `count` rows x of `layer`; first_position orders them step-wide.
   void run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
                  StepRecord& rec);
-  // Packs and exchanges one hop's rows; returns what arrived.
-  ReceivedRows send_rows(const std::vector<RowBatch>& batches, Hop& hop, const std::string& what,
-                         StepRecord& rec, double& exchange_seconds);
-  // Exchanges the answers to rows received in `hop` (`send`, laid out by
-  // hop.back's send half) for the answers to the rows this rank sent.
-  void answer(const std::vector<RowBatch>& sent, Hop& hop, const std::vector<std::byte>& send,
-              const std::string& what, StepRecord& rec, double& exchange_seconds);
+  // Runs the passes until all are done, timing the waits.
+  void drive_passes(std::size_t passes, double& rows_wait, double& answers_wait);
   void record_stats();
   // The workload's tokens (and replayed routing) for this rank's positions.
   void fetch_tokens(std::uint64_t step, float* x);
@@ -125,10 +120,13 @@ class Engine {
   std::vector<Routing> routing_;  // per layer, this step's local tokens
   placement::RoutingStats* stats_ = nullptr;
   std::optional<placement::TokenPaths> paths_;  // front-door tokens' layers, for stats_
-  ExpertCounts counts_;
   bool hierarchical_ = false;
-  Hop hop1_, hop2_;
-  std::vector<std::uint64_t> size_send_, size_recv_;
+  std::size_t microbatches_ = 1;
+  LayerPass::Setup setup_;
+  std::vector<std::uint32_t> census_;       // the all-gather: per rank, per pass
+  std::vector<ExpertCounts> counts_;        // per pass
+  std::vector<LayerPass::Homes> homes_;     // per pass
+  std::vector<LayerPass> passes_;
   std::vector<std::int64_t> acc_;
 };
 

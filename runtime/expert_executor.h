@@ -1,33 +1,57 @@
-// The expert side of a layer: the received rows of each local expert run
-// through the SwiGLU FFN chunk by chunk, and the combine messages are written
-// (one answer per received row: see dispatch_plan.h for the format).
+// The expert side of a layer: rows of one local expert run through the
+// SwiGLU FFN in one call, and each output is written where its answer goes
+// (see dispatch_plan.h for the combine format): copied as fp32 when its row
+// carried one pair, added gate-weighted onto the row's fixed-point sum
+// otherwise.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
-#include "comm/transport.h"
-#include "runtime/dispatch_plan.h"
-#include "runtime/weights/expert_store.h"
+#include "kernels/cpu/expert_ffn.h"
 
 namespace moed::runtime {
 
+// One row of expert work: its input, and where its answer goes.
+struct ExpertRow {
+  const float* in = nullptr;   // hidden floats
+  std::byte* out = nullptr;    // the row's answer in a combine message
+  float weight = 0;            // the pair's gate weight (sums only)
+  bool single = false;         // the row carried one pair: out is fp32, unweighted
+};
+
 class ExpertExecutor {
  public:
-  // Runs every chunk and fills `send` and the send half of `layout`.
-  // Returns the count of saturated fixed-point terms.
-  std::size_t run(const ExpertStore& store, int layer, const ReceivedRows& received,
-                  const std::vector<ExpertBatch>& batches, std::vector<std::byte>& send,
-                  comm::ExchangeLayout& layout);
+  // Rows per FFN call: a longer call is cut into blocks of this many, with
+  // `between_blocks` run between them, so that messages keep moving while
+  // the experts compute (a rendezvous transfer advances only when its
+  // sender polls). The cut is fixed, so it changes no bits.
+  explicit ExpertExecutor(std::size_t block_rows = 256) : block_rows_(block_rows) {}
 
-  // Rows per GEMM call issued by the last run (for the benchmark's bound).
-  const std::vector<std::uint32_t>& last_chunk_rows() const { return last_chunks_; }
+  // Runs `rows` through `expert`. Returns the count of saturated fixed-point
+  // terms.
+  std::size_t run(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
+                  const std::function<void()>& between_blocks = {});
+
+  // Rows per GEMM call since the last clear (for the benchmark's bound), and
+  // the bytes copied: rows gathered into the GEMM's input, fp32 answers out.
+  const std::vector<std::uint32_t>& calls() const { return calls_; }
+  std::uint64_t bytes_copied() const { return bytes_copied_; }
+  void clear_counts() {
+    calls_.clear();
+    bytes_copied_ = 0;
+  }
 
  private:
-  std::vector<float> x_, y_, scratch_;  // one chunk's rows, outputs and FFN scratch
-  std::vector<std::vector<std::size_t>> row_offset_;  // [source][row] -> byte offset in send
-  std::vector<std::uint32_t> last_chunks_;
+  std::size_t run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows);
+
+  std::size_t block_rows_;
+  std::vector<float> x_, y_, scratch_;  // one call's rows, outputs and FFN scratch
+  std::vector<std::uint32_t> calls_;
+  std::uint64_t bytes_copied_ = 0;
 };
 
 }  // namespace moed::runtime

@@ -32,13 +32,14 @@ void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   open_.token_layers = rec.token_layers;
   time_ += rec.total;
   route_ += rec.route, plan_ += rec.plan, dispatch_ += rec.dispatch;
-  experts_ += rec.experts, combine_ += rec.combine;
+  experts_ += rec.experts, combine_ += rec.combine, other_ += rec.other;
+  bytes_copied_ += rec.bytes_copied;
   for (int c = 0; c < placement::kLinkClasses; ++c) bytes_[c] += rec.bytes_sent[c];
   pairs_ += rec.pairs;
   token_layers_ += rec.token_layers;
   saturated_ += rec.saturated;
-  for (double d : rec.dispatch_exchange) dispatch_s_.add(d);
-  for (double c : rec.combine_exchange) combine_s_.add(c);
+  for (double d : rec.dispatch_wait) dispatch_s_.add(d);
+  for (double c : rec.combine_wait) combine_s_.add(c);
 
   // The load window: the oldest step leaves the running sum, this one enters.
   if (rec.expert_load.size() != window_load_.size())
@@ -71,11 +72,11 @@ std::string human_bytes(double b) {
 std::string Report::step_line(std::uint64_t step, const StepRecord& rec) const {
   std::uint64_t all = rec.bytes_sent[0] + rec.bytes_sent[1] + rec.bytes_sent[2];
   return fmt::format(
-      "step {}{}: engine {:.1f} ms, {:.0f} tokens/s of engine time | route {:.1f} plan {:.1f} dispatch {:.1f} experts "
-      "{:.1f} combine {:.1f} ms | cross-island {:.0f}% of {}",
+      "step {}{}: engine {:.1f} ms, {:.0f} tokens/s of engine time | route {:.1f} plan {:.1f} experts {:.1f} "
+      "other {:.1f} | waits: rows {:.1f} answers {:.1f} ms | cross-island {:.0f}% of {}",
       step, step < info_.warmup_steps ? " (warm-up)" : "", ms(rec.total),
-      double(rec.token_layers) / info_.shape.layers / rec.total, ms(rec.route), ms(rec.plan), ms(rec.dispatch),
-      ms(rec.experts), ms(rec.combine), all ? 100.0 * double(rec.bytes_sent[2]) / double(all) : 0.0,
+      double(rec.token_layers) / info_.shape.layers / rec.total, ms(rec.route), ms(rec.plan), ms(rec.experts),
+      ms(rec.other), ms(rec.dispatch), ms(rec.combine), all ? 100.0 * double(rec.bytes_sent[2]) / double(all) : 0.0,
       human_bytes(double(all)));
 }
 
@@ -85,7 +86,8 @@ Summary Report::summary() const {
   if (measured_ == 0) return s;
   const double n = double(measured_);
   s.route_ms = ms(route_) / n, s.plan_ms = ms(plan_) / n, s.dispatch_ms = ms(dispatch_) / n;
-  s.experts_ms = ms(experts_) / n, s.combine_ms = ms(combine_) / n;
+  s.experts_ms = ms(experts_) / n, s.combine_ms = ms(combine_) / n, s.other_ms = ms(other_) / n;
+  s.bytes_copied = double(bytes_copied_) / n;
   s.engine_ms = ms(time_) / n;
   s.bytes = bytes_;
   s.saturated = saturated_;
@@ -122,10 +124,10 @@ void Report::print(std::ostream& os) const {
       "  numerics           {}\n"
       "  tokens/s           {:.0f}  (wall time, step boundary to step boundary)\n"
       "  step latency       p50 {:.2f} ms   p99 {:.2f} ms  (wall time)\n"
-      "  dispatch exchange  p50 {:.2f} ms   p99 {:.2f} ms  (per layer, the all-to-all-v calls alone)\n"
-      "  combine exchange   p50 {:.2f} ms   p99 {:.2f} ms  (per layer, the all-to-all-v calls alone)\n"
-      "  engine             {:.2f} ms per step: route {:.2f} | plan {:.2f} | dispatch {:.2f} | experts {:.2f} | "
-      "combine {:.2f} ms\n"
+      "  wait for rows      p50 {:.2f} ms   p99 {:.2f} ms  (per layer, idle while rows travel)\n"
+      "  wait for answers   p50 {:.2f} ms   p99 {:.2f} ms  (per layer, idle while only answers travel)\n"
+      "  engine             {:.2f} ms per step: route {:.2f} | plan {:.2f} | experts {:.2f} | other {:.2f} | "
+      "waits: rows {:.2f}, answers {:.2f} ms\n"
       "  activation rate    {:.1f}% ({:.2f} of {} experts per token per layer)\n"
       "  expert load        std/mean {:.2f}, hottest {:.2f}x mean (last {} steps)\n"
       "  bytes sent         same rank {} ({:.0f}%) | same island {} ({:.0f}%) | cross island {} "
@@ -134,8 +136,8 @@ void Report::print(std::ostream& os) const {
       info_.tokens_per_step ? fmt::format("{} tokens", info_.tokens_per_step) : std::string("front-door rows"),
       info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas, info_.numerics,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.dispatch_p50_ms, s.dispatch_p99_ms,
-      s.combine_p50_ms, s.combine_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,
-      s.combine_ms, 100 * s.activation_rate, s.experts_per_token, info_.shape.experts,
+      s.combine_p50_ms, s.combine_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.experts_ms, s.other_ms,
+      s.dispatch_ms, s.combine_ms, 100 * s.activation_rate, s.experts_per_token, info_.shape.experts,
       s.load_std_over_mean, s.load_max_over_mean, std::min<std::uint64_t>(window_, s.measured_steps),
       human_bytes(double(s.bytes[0])), share(0), human_bytes(double(s.bytes[1])), share(1),
       human_bytes(double(s.bytes[2])), share(2));
@@ -169,15 +171,17 @@ nlohmann::json Report::to_json() const {
       {"numerics", info_.numerics},
       {"tokens_per_s", s.tokens_per_s},
       {"step_latency_ms", {{"p50", s.step_p50_ms}, {"p99", s.step_p99_ms}}},
-      {"dispatch_exchange_ms", {{"p50", s.dispatch_p50_ms}, {"p99", s.dispatch_p99_ms}}},
-      {"combine_exchange_ms", {{"p50", s.combine_p50_ms}, {"p99", s.combine_p99_ms}}},
+      {"rows_wait_ms", {{"p50", s.dispatch_p50_ms}, {"p99", s.dispatch_p99_ms}}},
+      {"answers_wait_ms", {{"p50", s.combine_p50_ms}, {"p99", s.combine_p99_ms}}},
       {"phase_ms",
        {{"engine", s.engine_ms},
         {"route", s.route_ms},
         {"plan", s.plan_ms},
-        {"dispatch", s.dispatch_ms},
         {"experts", s.experts_ms},
-        {"combine", s.combine_ms}}},
+        {"other", s.other_ms},
+        {"rows_wait", s.dispatch_ms},
+        {"answers_wait", s.combine_ms}}},
+      {"bytes_copied_per_step", s.bytes_copied},
       {"activation_rate", s.activation_rate},
       {"experts_per_token", s.experts_per_token},
       {"rows_per_step", s.rows_per_step},
@@ -201,11 +205,11 @@ std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::ve
   gauge("moed_tokens_per_second", "tokens served per second of wall time", s.tokens_per_s);
   gauge("moed_step_latency_ms", "step latency, wall time from step boundary to step boundary", s.step_p50_ms, "{quantile=\"0.5\"}");
   more("moed_step_latency_ms", s.step_p99_ms, "{quantile=\"0.99\"}");
-  gauge("moed_alltoall_latency_ms", "dispatch and combine exchanges alone (the all-to-all-v calls), per layer", s.dispatch_p50_ms,
+  gauge("moed_alltoall_wait_ms", "per layer, time idle waiting for rows (dispatch) and then only for answers (combine)", s.dispatch_p50_ms,
         "{phase=\"dispatch\",quantile=\"0.5\"}");
-  more("moed_alltoall_latency_ms", s.dispatch_p99_ms, "{phase=\"dispatch\",quantile=\"0.99\"}");
-  more("moed_alltoall_latency_ms", s.combine_p50_ms, "{phase=\"combine\",quantile=\"0.5\"}");
-  more("moed_alltoall_latency_ms", s.combine_p99_ms, "{phase=\"combine\",quantile=\"0.99\"}");
+  more("moed_alltoall_wait_ms", s.dispatch_p99_ms, "{phase=\"dispatch\",quantile=\"0.99\"}");
+  more("moed_alltoall_wait_ms", s.combine_p50_ms, "{phase=\"combine\",quantile=\"0.5\"}");
+  more("moed_alltoall_wait_ms", s.combine_p99_ms, "{phase=\"combine\",quantile=\"0.99\"}");
   gauge("moed_activation_rate", "expert parameters run per token over all expert parameters", s.activation_rate);
   gauge("moed_expert_load_std_over_mean", "spread of tokens over experts", s.load_std_over_mean);
   out += "# HELP moed_bytes_sent_total dispatch and combine bytes by link class\n# TYPE moed_bytes_sent_total counter\n";

@@ -41,10 +41,13 @@ struct Summary {
   std::uint64_t measured_steps = 0;
   double tokens_per_s = 0;
   double step_p50_ms = 0, step_p99_ms = 0;
-  double dispatch_p50_ms = 0, dispatch_p99_ms = 0;  // the dispatch exchanges alone, per layer
-  double combine_p50_ms = 0, combine_p99_ms = 0;    // the combine exchanges alone, per layer
-  double engine_ms = 0;                             // mean per step
-  double route_ms = 0, plan_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0;  // mean per step
+  // Per layer, each rank's time idle waiting for rows (dispatch) and then
+  // only for answers (combine): the communication the overlap did not hide.
+  double dispatch_p50_ms = 0, dispatch_p99_ms = 0;
+  double combine_p50_ms = 0, combine_p99_ms = 0;
+  double engine_ms = 0;  // mean per step; its phases (see StepRecord):
+  double route_ms = 0, plan_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0, other_ms = 0;
+  double bytes_copied = 0;  // per step, all ranks: rows packed, gathered for GEMMs, fp32 answers
   double activation_rate = 0;          // experts run per token over all experts
   double experts_per_token = 0;        // per layer
   double rows_per_step = 0;            // rows served per step over all layers and ranks (mean)
@@ -84,7 +87,8 @@ class Report {
   // Measured steps only (after the warm-up).
   std::uint64_t measured_ = 0;
   double time_ = 0;                                   // seconds, summed
-  double route_ = 0, plan_ = 0, dispatch_ = 0, experts_ = 0, combine_ = 0;  // seconds, summed
+  double route_ = 0, plan_ = 0, dispatch_ = 0, experts_ = 0, combine_ = 0, other_ = 0;  // seconds, summed
+  std::uint64_t bytes_copied_ = 0;
   std::array<std::uint64_t, placement::kLinkClasses> bytes_{};
   std::uint64_t pairs_ = 0, saturated_ = 0, token_layers_ = 0;
   QuantileHistogram step_s_, dispatch_s_, combine_s_;  // seconds

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <optional>
 #include <span>
@@ -220,12 +221,14 @@ UcxCore::~UcxCore() {
 }
 
 // The tagged messages of one exchange. Completion callbacks count finished
-// operations. Whatever is still pending when the set is destroyed (after an
-// error) has its receive cancelled and its handle released, so that UCX
-// stops writing into a buffer the caller is about to reuse.
+// operations and queue completed receives as arrivals. Whatever is still
+// pending when the set is destroyed (after an error) has its receive
+// cancelled and its handle released, so that UCX stops writing into a buffer
+// the caller is about to reuse.
 class MessageSet {
  public:
-  MessageSet(ucp_worker_h worker, std::size_t capacity) : worker_(worker) {
+  // at_most: a receive's size is its capacity, filled from 1 byte up.
+  MessageSet(ucp_worker_h worker, std::size_t capacity, bool at_most) : worker_(worker), at_most_(at_most) {
     ops_.reserve(capacity);
   }
   ~MessageSet() {
@@ -266,6 +269,23 @@ class MessageSet {
   }
 
   bool all_done() const { return completed_ == ops_.size(); }
+  bool has_arrival() const { return !arrivals_.empty(); }
+
+  // The peer of the oldest completed receive not taken before, checked as
+  // check() does. Only when has_arrival().
+  int take_arrival(int rank, const std::string& what) {
+    const Op& op = ops_[arrivals_.front()];
+    arrivals_.pop_front();
+    check(op, rank, what, at_most_);
+    return op.peer;
+  }
+
+  // The bytes received from `peer` (a completed receive).
+  std::size_t received_length(int peer) const {
+    for (const Op& op : ops_)
+      if (op.is_recv && op.peer == peer) return op.length;
+    return 0;
+  }
 
   // Ranks whose receive (or send) has not completed.
   std::vector<int> pending(bool receives) const {
@@ -278,20 +298,7 @@ class MessageSet {
   // After all_done(): every operation succeeded and every message had the
   // length the layout expects.
   void check(int rank, const std::string& what) const {
-    for (const Op& op : ops_) {
-      if (op.status == UCS_ERR_MESSAGE_TRUNCATED)
-        MOED_THROW(Runtime, "rank {}: {}: rank {} sent more than the {} bytes expected", rank, what,
-                   op.peer, op.expected);
-      if (op.status != UCS_OK)
-        ucx::throw_ucs(op.is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx", op.status,
-                       fmt::format("rank {}: {}: {} rank {}", rank, what,
-                                   op.is_recv ? "from" : "to", op.peer));
-      if (op.is_recv && op.length != op.expected)
-        MOED_THROW(Runtime,
-                   "rank {}: {}: rank {} sent {} bytes, {} expected (the ranks disagree "
-                   "on the exchange layout)",
-                   rank, what, op.peer, op.length, op.expected);
-    }
+    for (const Op& op : ops_) check(op, rank, what, at_most_);
   }
 
  private:
@@ -305,6 +312,21 @@ class MessageSet {
     ucs_status_t status = UCS_OK;
     std::size_t length = 0;
   };
+
+  static void check(const Op& op, int rank, const std::string& what, bool at_most) {
+    if (op.status == UCS_ERR_MESSAGE_TRUNCATED)
+      MOED_THROW(Runtime, "rank {}: {}: rank {} sent more than the {} bytes expected", rank, what,
+                 op.peer, op.expected);
+    if (op.status != UCS_OK)
+      ucx::throw_ucs(op.is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx", op.status,
+                     fmt::format("rank {}: {}: {} rank {}", rank, what,
+                                 op.is_recv ? "from" : "to", op.peer));
+    if (op.is_recv && op.length != op.expected && !(at_most && op.length > 0 && op.length < op.expected))
+      MOED_THROW(Runtime,
+                 "rank {}: {}: rank {} sent {} bytes, {} expected (the ranks disagree "
+                 "on the exchange layout)",
+                 rank, what, op.peer, op.length, op.expected);
+  }
 
   Op& add(int peer, bool is_recv, std::size_t bytes) {
     // The callbacks hold pointers into ops_: it must never reallocate.
@@ -320,12 +342,14 @@ class MessageSet {
     return p ? p : reinterpret_cast<T*>(&dummy);
   }
 
-  static void complete(Op& op, ucs_status_t status, std::size_t length) {
-    if (op.done) return;
+  // False when the operation had completed before.
+  static bool complete(Op& op, ucs_status_t status, std::size_t length) {
+    if (op.done) return false;
     op.done = true;
     op.status = status;
     op.length = length;
     ++op.set->completed_;
+    return true;
   }
   static void on_send(void*, ucs_status_t status, void* user_data) {
     Op& op = *static_cast<Op*>(user_data);
@@ -333,12 +357,159 @@ class MessageSet {
   }
   static void on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info,
                       void* user_data) {
-    complete(*static_cast<Op*>(user_data), status, info ? info->length : 0);
+    Op& op = *static_cast<Op*>(user_data);
+    if (complete(op, status, info ? info->length : 0))
+      op.set->arrivals_.push_back(std::size_t(&op - op.set->ops_.data()));
   }
 
   ucp_worker_h worker_;
+  bool at_most_;
   std::vector<Op> ops_;
   std::size_t completed_ = 0;
+  std::deque<std::size_t> arrivals_;  // completed receives (indices into ops_) not yet taken
+};
+
+// One all-to-all-v over tagged messages: message_tag(sequence, sender), so
+// that the blocks of exchanges open at once never match each other's
+// receives. Blocks of 0 bytes are not messages; the block to self is a copy.
+// Any error marks the core failed (the teardown then stays local).
+class UcxExchange final : public Exchange {
+ public:
+  UcxExchange(std::shared_ptr<UcxCore> core, std::uint64_t sequence, std::byte* recv,
+              const std::vector<std::size_t>& recv_bytes, const std::vector<std::size_t>& recv_offsets,
+              const std::string& what, ReceiveSizes sizes)
+      : core_(std::move(core)),
+        sequence_(sequence),
+        deadline_(core_->deadline()),
+        what_(what),
+        recv_(recv),
+        recv_bytes_(recv_bytes),
+        recv_offsets_(recv_offsets),
+        messages_(core_->worker(), 2 * std::size_t(core_->size() - 1), sizes == ReceiveSizes::at_most),
+        at_most_(sizes == ReceiveSizes::at_most),
+        sent_(std::size_t(core_->size()), false) {
+    guarded([&] {
+      const int n = core_->size(), me = core_->rank();
+      MOED_CHECK(int(recv_bytes_.size()) == n && int(recv_offsets_.size()) == n,
+                 "{}: receive layout for {} ranks, {} in the job", what_, recv_bytes_.size(), n);
+      for (int src = 0; src < n; ++src) {
+        if (recv_bytes_[src] == 0)
+          local_arrivals_.push_back(src);  // both sides know the block is empty
+        else if (src != me)
+          messages_.post_recv(src, recv_ + recv_offsets_[src], recv_bytes_[src],
+                              message_tag(sequence_, src));
+      }
+    });
+  }
+  ~UcxExchange() override {
+    // Unfinished: an error unwinds. The messages' destructor cancels the
+    // pending receives; peers may be left waiting, so teardown stays local.
+    if (!finished_) core_->mark_failed();
+  }
+
+  void send(int dest, const std::byte* data, std::size_t bytes) override {
+    guarded([&] {
+      const int n = core_->size(), me = core_->rank();
+      MOED_CHECK(dest >= 0 && dest < n, "{}: send to rank {} of {}", what_, dest, n);
+      MOED_CHECK(!sent_[dest], "{}: a second send to rank {}", what_, dest);
+      sent_[dest] = true;
+      if (dest == me) return send_to_self(data, bytes);
+      if (bytes == 0) return;
+      messages_.post_send(core_->endpoint(dest), dest, data, bytes, message_tag(sequence_, me));
+    });
+  }
+
+  int next_arrival(bool block) override {
+    return guarded([&] {
+      if (reported_ == core_->size()) return kAllArrived;
+      if (block) {
+        core_->progress_until([&] { return has_arrival(); }, deadline_, [&] { throw_deadline(); });
+      } else {
+        core_->progress();  // once: the caller polls between its own work
+        if (!has_arrival() && Clock::now() > deadline_) throw_deadline();
+      }
+      if (!has_arrival()) return kNoneYet;
+      ++reported_;
+      if (!local_arrivals_.empty()) {
+        const int src = local_arrivals_.front();
+        local_arrivals_.pop_front();
+        return src;
+      }
+      return messages_.take_arrival(core_->rank(), what_);
+    });
+  }
+
+  std::size_t received_bytes(int source) const override {
+    if (source == core_->rank()) return self_bytes_;
+    if (recv_bytes_.at(std::size_t(source)) == 0) return 0;
+    return messages_.received_length(source);
+  }
+
+  void finish() override {
+    guarded([&] {
+      const int me = core_->rank();
+      MOED_CHECK(sent_[me] || recv_bytes_[me] == 0, "{}: finish before the block to self was sent",
+                 what_);
+      core_->progress_until([&] { return messages_.all_done(); }, deadline_,
+                            [&] { throw_deadline(); });
+      messages_.check(me, what_);
+      finished_ = true;
+    });
+  }
+
+ private:
+  // Runs f; an error marks the core failed on its way out.
+  template <class F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (...) {
+      core_->mark_failed();
+      throw;
+    }
+  }
+
+  bool has_arrival() const { return !local_arrivals_.empty() || messages_.has_arrival(); }
+
+  void send_to_self(const std::byte* data, std::size_t bytes) {
+    const int me = core_->rank();
+    MOED_CHECK(bytes == recv_bytes_[me] || (at_most_ && bytes > 0 && bytes < recv_bytes_[me]),
+               "{}: {} bytes sent to self, {} expected", what_, bytes, recv_bytes_[me]);
+    self_bytes_ = bytes;
+    if (bytes == 0) return;  // reported at open
+    std::memcpy(recv_ + recv_offsets_[me], data, bytes);
+    local_arrivals_.push_back(me);
+  }
+
+  [[noreturn]] void throw_deadline() const {
+    std::vector<int> from = messages_.pending(true);
+    const int me = core_->rank();
+    if (!sent_[me] && recv_bytes_[me] != 0) {
+      from.push_back(me);
+      std::sort(from.begin(), from.end());
+    }
+    const std::vector<int> to = messages_.pending(false);
+    std::string sends =
+        to.empty() ? "" : fmt::format(", and for sends to ranks [{}]", fmt::join(to, ", "));
+    MOED_THROW(Runtime,
+               "rank {}: {}: deadline of {} ms expired; still waiting for data from ranks [{}]{} "
+               "([comm].timeout_ms)",
+               me, what_, core_->timeout().count(), fmt::join(from, ", "), sends);
+  }
+
+  std::shared_ptr<UcxCore> core_;  // declared first: the worker outlives the messages
+  std::uint64_t sequence_;
+  Clock::time_point deadline_;
+  std::string what_;
+  std::byte* recv_;
+  std::vector<std::size_t> recv_bytes_, recv_offsets_;
+  MessageSet messages_;
+  bool at_most_;
+  std::size_t self_bytes_ = 0;       // the block to self, once sent
+  std::vector<bool> sent_;           // by destination
+  std::deque<int> local_arrivals_;   // self and 0-byte sources, not yet reported
+  int reported_ = 0;
+  bool finished_ = false;
 };
 
 // A window in memory allocated and registered by ucp_mem_map. Puts to self
@@ -447,56 +618,13 @@ class UcxTransport final : public Transport {
   int size() const override { return core_->size(); }
   void progress() override { core_->progress(); }
 
-  void exchange_sizes(const std::uint64_t* send, std::uint64_t* recv,
-                      const std::string& what) override {
-    ExchangeLayout layout;
-    layout.send_bytes.assign(size(), sizeof(std::uint64_t));
-    layout.recv_bytes = layout.send_bytes;
-    layout.send_offsets = layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.send_bytes);
-    exchange(reinterpret_cast<const std::byte*>(send), layout, reinterpret_cast<std::byte*>(recv),
-             what);
-  }
-
-  void all_gather(const void* send, std::size_t bytes, void* recv,
-                  const std::string& what) override {
-    ExchangeLayout layout;
-    layout.send_bytes.assign(size(), bytes);
-    layout.recv_bytes = layout.send_bytes;
-    layout.send_offsets.assign(size(), 0);  // the same block goes to everyone
-    layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.recv_bytes);
-    exchange(static_cast<const std::byte*>(send), layout, static_cast<std::byte*>(recv), what);
-  }
-
-  void exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv,
-                const std::string& what) override {
-    const int n = size(), me = rank();
-    MOED_CHECK(int(layout.send_bytes.size()) == n && int(layout.recv_bytes.size()) == n &&
-                   int(layout.send_offsets.size()) == n && int(layout.recv_offsets.size()) == n,
-               "{}: layout for {} ranks", what, layout.send_bytes.size());
-    MOED_CHECK(layout.send_bytes[me] == layout.recv_bytes[me], "{}: self block {} vs {}", what,
-               layout.send_bytes[me], layout.recv_bytes[me]);
-    const std::uint64_t sequence = next_sequence_++;
-    try {
-      MessageSet messages(core_->worker(), 2 * std::size_t(n - 1));
-      // Receives first, so that most messages land straight in their buffer.
-      for (int src = 0; src < n; ++src)
-        if (src != me)
-          messages.post_recv(src, recv + layout.recv_offsets[src], layout.recv_bytes[src],
-                             message_tag(sequence, src));
-      for (int dst = 0; dst < n; ++dst)
-        if (dst != me)
-          messages.post_send(core_->endpoint(dst), dst, send + layout.send_offsets[dst],
-                             layout.send_bytes[dst], message_tag(sequence, me));
-      if (layout.send_bytes[me])
-        std::memcpy(recv + layout.recv_offsets[me], send + layout.send_offsets[me],
-                    layout.send_bytes[me]);
-      core_->progress_until([&] { return messages.all_done(); }, core_->deadline(),
-                            [&] { throw_deadline(messages, what); });
-      messages.check(me, what);
-    } catch (...) {
-      core_->mark_failed();
-      throw;
-    }
+  std::unique_ptr<Exchange> open_exchange(std::byte* recv, const std::vector<std::size_t>& recv_bytes,
+                                          const std::vector<std::size_t>& recv_offsets,
+                                          const std::string& what, ReceiveSizes sizes) override {
+    // All ranks open their exchanges in the same order: the sequence number
+    // names the same exchange everywhere.
+    return std::make_unique<UcxExchange>(core_, next_sequence_++, recv, recv_bytes, recv_offsets, what,
+                                         sizes);
   }
 
   std::unique_ptr<RmaWindow> create_window(std::size_t bytes, const std::string& what) override {
@@ -537,16 +665,6 @@ class UcxTransport final : public Transport {
   }
 
  private:
-  [[noreturn]] void throw_deadline(const MessageSet& messages, const std::string& what) const {
-    const std::vector<int> from = messages.pending(true), to = messages.pending(false);
-    std::string sends =
-        to.empty() ? "" : fmt::format(", and for sends to ranks [{}]", fmt::join(to, ", "));
-    MOED_THROW(Runtime,
-               "rank {}: {}: deadline of {} ms expired; still waiting for data from ranks [{}]{} "
-               "([comm].timeout_ms)",
-               rank(), what, core_->timeout().count(), fmt::join(from, ", "), sends);
-  }
-
   std::shared_ptr<UcxCore> core_;  // shared with the windows, which may outlive the transport
   std::uint64_t next_sequence_ = 0;
 };

@@ -43,16 +43,40 @@ struct RowMajorExperts {
   }
 };
 
-// Seconds this rank spends on its experts' GEMMs for one layer's loads:
-// the bound (OpenBLAS, one sgemm each for W1, W3 and W2 over all the
-// expert's rows) or, as_served, the calls moed issues (W1|W3 fused, then W2,
-// chunk by chunk, with moed's kernel: fixed-order or OpenBLAS).
+// Seconds this rank spends on its experts' GEMMs for one step's loads: the
+// bound (OpenBLAS, one sgemm each for W1, W3 and W2 over all of an expert's
+// rows), or the calls moed issued in that step (`calls`: rows per call; W1|W3
+// fused, then W2, with moed's kernel, fixed-order or OpenBLAS).
 double gemm_seconds(const ExpertStore& store, const placement::Placement& placement, int rank,
-                    const StepRecord& rec, std::uint64_t chunk_rows, bool as_served, RowMajorExperts& row_major,
+                    const StepRecord& rec, const std::vector<std::uint32_t>* calls, RowMajorExperts& row_major,
                     std::vector<float>& a, std::vector<float>& b) {
   const ModelShape& s = store.shape();
   const std::size_t H = s.hidden, F = s.ffn;
   double total = 0;
+  if (calls) {  // every expert has the same shape: replay with the first one held here
+    for (int l = 0; l < s.layers; ++l) {
+      const std::vector<int> held = placement.experts_on(l, rank);
+      if (held.empty()) continue;
+      const kernels::ExpertView served = store.expert(l, held[0]);
+      const float* w13 = row_major.of(store, l, held[0]).data();
+      const float* w2 = w13 + 2 * F * H;
+      for (std::uint32_t m : *calls) {
+        a.resize(std::max(a.size(), m * 2 * F));
+        b.resize(std::max(b.size(), m * 2 * F));
+        const double t0 = now_seconds();
+        if (served.w13_packed) {
+          kernels::gemm_fixed_order(a.data(), m, *served.w13_packed, b.data());
+          kernels::gemm_fixed_order(b.data(), m, *served.w2_packed, a.data(), 2 * F);
+        } else {
+          kernels::gemm_xwt(a.data(), m, H, w13, 2 * F, b.data());
+          kernels::gemm_xwt(b.data(), m, F, w2, H, a.data(), 2 * F);
+        }
+        total += now_seconds() - t0;
+      }
+      return total;  // the calls cover every layer
+    }
+    return total;
+  }
   for (int l = 0; l < s.layers; ++l) {
     for (int e : placement.experts_on(l, rank)) {
       std::size_t rows = rec.expert_load[std::size_t(l) * s.experts + e];
@@ -60,26 +84,12 @@ double gemm_seconds(const ExpertStore& store, const placement::Placement& placem
       if (rows == 0) continue;
       const float* w13 = row_major.of(store, l, e).data();
       const float* w2 = w13 + 2 * F * H;
-      const kernels::ExpertView served = store.expert(l, e);
       a.resize(std::max(a.size(), rows * 2 * F));
       b.resize(std::max(b.size(), rows * 2 * F));
-      double t0 = now_seconds();
-      if (as_served) {
-        for (std::size_t r = 0; r < rows; r += chunk_rows) {
-          std::size_t m = std::min<std::size_t>(chunk_rows, rows - r);
-          if (served.w13_packed) {
-            kernels::gemm_fixed_order(a.data(), m, *served.w13_packed, b.data());
-            kernels::gemm_fixed_order(b.data(), m, *served.w2_packed, a.data(), 2 * F);
-          } else {
-            kernels::gemm_xwt(a.data(), m, H, w13, 2 * F, b.data());
-            kernels::gemm_xwt(b.data(), m, F, w2, H, a.data(), 2 * F);
-          }
-        }
-      } else {
-        kernels::gemm_xwt(a.data(), rows, H, w13, F, b.data());          // W1
-        kernels::gemm_xwt(a.data(), rows, H, w13 + F * H, F, b.data());  // W3
-        kernels::gemm_xwt(b.data(), rows, F, w2, H, a.data());           // W2
-      }
+      const double t0 = now_seconds();
+      kernels::gemm_xwt(a.data(), rows, H, w13, F, b.data());          // W1
+      kernels::gemm_xwt(a.data(), rows, H, w13 + F * H, F, b.data());  // W3
+      kernels::gemm_xwt(b.data(), rows, F, w2, H, a.data());           // W2
       total += now_seconds() - t0;
     }
   }
@@ -109,8 +119,7 @@ int main(int argc, char** argv) {
     // once as when serving, so that drift in the machine's speed hits both.
     std::vector<float> a, b;
     RowMajorExperts row_major;
-    std::vector<double> ratio, ratio_served, moed_ms, engine_ms, bound_ms, served_ms;
-    const std::uint64_t chunk = std::uint64_t(config.experts.chunk_rows);
+    std::vector<double> ratio, ratio_served, moed_ms, engine_ms, bound_ms, served_ms, overhead_ms;
     StepRecord rec;
     for (std::uint64_t step = 0;; ++step) {
       // A step's wall time: the whole serve_step (boundary, engine,
@@ -121,13 +130,15 @@ int main(int argc, char** argv) {
       double wall = now_seconds() - started;
       daemon->control().reduce_max(&wall, 1, "step wall time");
       if (step < std::uint64_t(config.workload.warmup_steps)) continue;
+      const std::vector<std::uint32_t> calls = daemon->engine().calls_of_last_step();
       double t[2] = {0, 0};
       for (int pass = 0; pass < 2; ++pass) {
         daemon->control().all_max(0, "bound barrier");
-        t[pass] = gemm_seconds(daemon->store(), daemon->placement(), mpi.rank(), rec, chunk,
-                               pass == 1, row_major, a, b);
+        t[pass] = gemm_seconds(daemon->store(), daemon->placement(), mpi.rank(), rec, pass == 1 ? &calls : nullptr,
+                               row_major, a, b);
       }
       daemon->control().reduce_max(t, 2, "bound figures");
+      overhead_ms.push_back((wall - t[1]) * 1e3);
       moed_ms.push_back(wall * 1e3);
       engine_ms.push_back(rec.total * 1e3);
       bound_ms.push_back(t[0] * 1e3);
@@ -144,17 +155,18 @@ int main(int argc, char** argv) {
           "  moed            {:9.0f} tokens/s   step p50 {:8.2f} ms  (wall time of a whole step; the engine alone {:.2f} ms)\n"
           "  compute bound   {:9.0f} tokens/s   step p50 {:8.2f} ms  (OpenBLAS sgemm, W1/W3/W2 per expert)\n"
           "  ratio           {:9.3f}            (bound / moed step wall time, median over steps)\n"
-          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the chunked, fused calls moed issues, {}; ratio {:.3f})\n"
-          "  phases per step route {:.2f} | plan {:.2f} | dispatch {:.2f} | experts {:.2f} | combine {:.2f} ms  (mean; each phase maxed over ranks)\n"
-          "  exchanges alone dispatch p50 {:.2f} p99 {:.2f} ms | combine p50 {:.2f} p99 {:.2f} ms  (per layer, the all-to-all-v calls)\n",
+          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the calls moed issued in each step, replayed alone, {}; ratio {:.3f})\n"
+          "  overhead        {:9.2f} ms per step  (step wall time minus its served GEMMs, median over steps)\n"
+          "  phases per step route {:.2f} | plan {:.2f} | experts {:.2f} | other {:.2f} | idle for rows {:.2f} | idle for answers {:.2f} ms  (mean; each maxed over ranks)\n"
+          "  copies          {:.1f} MB per step  (all ranks: rows packed into messages, gathered for GEMMs, fp32 answers)\n",
           label, mpi.size(), config.workload.tokens_per_step,
           config.workload.tokens_per_step / mpi.size(), moed_ms.size(), moed_tokens_per_s,
           percentile(moed_ms, 0.5), percentile(engine_ms, 0.5), tokens / (percentile(bound_ms, 0.5) / 1e3),
           percentile(bound_ms, 0.5), percentile(ratio, 0.5),
           tokens / (percentile(served_ms, 0.5) / 1e3), percentile(served_ms, 0.5),
           config.experts.gemm == "openblas" ? "OpenBLAS" : "fixed-order " + kernels::to_string(kernels::gemm_isa()),
-          percentile(ratio_served, 0.5), s.route_ms, s.plan_ms, s.dispatch_ms, s.experts_ms,
-          s.combine_ms, s.dispatch_p50_ms, s.dispatch_p99_ms, s.combine_p50_ms, s.combine_p99_ms);
+          percentile(ratio_served, 0.5), percentile(overhead_ms, 0.5), s.route_ms, s.plan_ms, s.experts_ms,
+          s.other_ms, s.dispatch_ms, s.combine_ms, s.bytes_copied / 1e6);
     }
     return 0;
   } catch (const moed::Error& e) {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Benchmark 6(b): moed on an emulated 2-host cluster (launch/emulated-cluster:
 # 2 network namespaces x 2 ranks, the link between the hosts limited to RATE
-# each way per host) serving a co-activation-heavy synthetic workload, in four
-# cases: contiguous or optimised placement, flat or hierarchical dispatch. The
+# each way per host) serving a co-activation-heavy synthetic workload, in
+# these cases: contiguous or optimised placement, flat or hierarchical
+# dispatch, each phase waiting for the whole previous one ("serial",
+# [engine].overlap = false) or overlapped (the default). The
 # optimised placement is moe-place's METIS placement, fitted on the routing
 # statistics of a first run of the same workload. Prints figures, asserts
 # nothing (the machines are shared and noisy).
@@ -98,29 +100,31 @@ echo "workload: $(grep -E '^(layers|experts|top_k|hidden|ffn|tokens_per_step|ste
 copies() { grep 'cross-island copies per token' "$1" | awk '{ print $NF }'; }
 echo "moe-place cost model: cross-island copies per token per layer: contiguous $(copies "$work/contiguous.txt"), optimised $(copies "$work/optimised.txt")"
 
-# 2. The four cases.
-cases=("contiguous flat" "contiguous hierarchical" "optimised flat" "optimised hierarchical")
+# 2. The cases.
+cases=("contiguous flat serial" "contiguous flat overlap" "optimised flat overlap"
+  "optimised hierarchical serial" "optimised hierarchical overlap")
 [ "$have_hier" = 1 ] || {
   echo "note: this moed has no [comm].hierarchical key yet: only the flat cases run"
-  cases=("contiguous flat" "optimised flat")
+  cases=("contiguous flat serial" "optimised flat serial")
 }
-run_case() { # PLACEMENT DISPATCH REPEAT
-  local name="$1-$2-$3" args=(--config "$cfg")
+run_case() { # PLACEMENT DISPATCH ENGINE REPEAT
+  local name="$1-$2-$3-$4" args=(--config "$cfg")
   [ "$1" = contiguous ] || args+=(--placement "$work/optimised.toml")
   [ "$have_hier" = 0 ] || args+=(--set "comm.hierarchical=$([ "$2" = hierarchical ] && echo true || echo false)")
+  [ "$have_hier" = 0 ] || args+=(--set "engine.overlap=$([ "$3" = overlap ] && echo true || echo false)")
   if ! "$emu" --hosts 2 --ranks-per-host 2 --rate "$rate" -- "$moed" "${args[@]}" \
     --report-json "$work/$name.json" >"$work/$name.log" 2>&1; then
-    echo "  $1 + $2: failed; the end of its log:" >&2
+    echo "  $1 + $2 + $3: failed; the end of its log:" >&2
     tail -5 "$work/$name.log" >&2
     rm -f "$work/$name.json"
   fi
 }
 for ((r = 1; r <= repeats; r++)); do
   for c in "${cases[@]}"; do
-    read -r p d <<<"$c"
+    read -r p d e <<<"$c"
     start=$SECONDS
-    run_case "$p" "$d" "$r"
-    echo "  ran $p + $d ($r of $repeats) in $((SECONDS - start)) s" >&2
+    run_case "$p" "$d" "$e" "$r"
+    echo "  ran $p + $d + $e ($r of $repeats) in $((SECONDS - start)) s" >&2
   done
 done
 
@@ -130,10 +134,10 @@ import json, os, statistics, sys
 work, repeats, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows = {}
 for c in cases:
-    p, d = c.split()
+    p, d, e = c.split()
     reports = []
     for r in range(1, repeats + 1):
-        f = os.path.join(work, f"{p}-{d}-{r}.json")
+        f = os.path.join(work, f"{p}-{d}-{e}-{r}.json")
         if os.path.exists(f):
             reports.append(json.load(open(f)))
     if not reports:
@@ -144,32 +148,32 @@ for c in cases:
     rows[c] = {
         "p50": med(lambda r: r["step_latency_ms"]["p50"]),
         "p99": med(lambda r: r["step_latency_ms"]["p99"]),
-        "dispatch": med(lambda r: r["phase_ms"]["dispatch"]),
-        "combine": med(lambda r: r["phase_ms"]["combine"]),
+        "rows_wait": med(lambda r: r["phase_ms"]["rows_wait"]),
+        "answers_wait": med(lambda r: r["phase_ms"]["answers_wait"]),
         "cross": med(lambda r: r["bytes_sent"]["cross_island"] / steps(r) / 1e6),
         "island": med(lambda r: r["bytes_sent"]["same_island"] / steps(r) / 1e6),
         "islands": reports[0]["islands"],
     }
 print()
-print(f"{'case':<26} {'step p50':>10} {'step p99':>10} {'dispatch':>9} {'combine':>9} {'cross-island':>13} {'same-island':>12}  speedup")
-print(f"{'':<26} {'ms':>10} {'ms':>10} {'ms/step':>9} {'ms/step':>9} {'MB/step':>13} {'MB/step':>12}")
-base = rows.get("contiguous flat")
+print(f"{'case':<36} {'step p50':>9} {'step p99':>9} {'idle for':>9} {'idle for':>9} {'cross-island':>13} {'same-island':>12}  speedup")
+print(f"{'':<36} {'ms':>9} {'ms':>9} {'rows ms':>9} {'answers':>9} {'MB/step':>13} {'MB/step':>12}")
+base = rows.get("contiguous flat serial")
 for c in cases:
     if c not in rows:
-        print(f"{c.replace(' ', ' + '):<26} (failed)")
+        print(f"{c.replace(' ', ' + '):<36} (failed)")
         continue
     x = rows[c]
     sp = f"{base['p50'] / x['p50']:.2f}x" if base else "-"
-    print(f"{c.replace(' ', ' + '):<26} {x['p50']:10.1f} {x['p99']:10.1f} {x['dispatch']:9.1f} {x['combine']:9.1f} "
+    print(f"{c.replace(' ', ' + '):<36} {x['p50']:9.1f} {x['p99']:9.1f} {x['rows_wait']:9.1f} {x['answers_wait']:9.1f} "
           f"{x['cross']:13.1f} {x['island']:12.1f}  {sp}")
 bad = [c for c in rows if rows[c]["islands"] != 2]
 if bad:
     print(f"warning: not 2 islands in {', '.join(bad)} (islands come from the host names)")
-best = "optimised hierarchical" if "optimised hierarchical" in rows else "optimised flat"
+best = "optimised hierarchical overlap" if "optimised hierarchical overlap" in rows else "optimised flat serial"
 if base and best in rows:
     s = base["p50"] / rows[best]["p50"]
     cut = 1 - rows[best]["cross"] / base["cross"] if base["cross"] else 0
-    print(f"\n{best.replace(' ', ' + ')} over contiguous + flat: {s:.2f}x per step (p50), "
+    print(f"\n{best.replace(' ', ' + ')} over contiguous + flat + serial: {s:.2f}x per step (p50), "
           f"{cut:.0%} fewer cross-island bytes (aim: at least 1.3x)")
 EOF
 [ -z "$keep" ] || echo "files: $work"

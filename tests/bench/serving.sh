@@ -5,10 +5,14 @@
 # (a) one MoE layer, H=1024 F=2816, 16 experts, top-2, 2048 tokens per rank,
 #     at 2 and 4 ranks: tokens/s against the OpenBLAS compute bound;
 # (b) the same layer at 128 tokens per rank on 4 ranks (decode-like): where
-#     the step time goes.
-# Each case runs twice, A/B: the experts on OpenBLAS sgemm (canonical chunks,
-# not batch-invariant) and on the fixed-order GEMM (the default). Compare
-# their ratios to the bound, which each run measures for itself.
+#     the step time goes, and its overhead (step wall time minus the GEMM
+#     calls moed issued, replayed alone).
+# The prefill cases run twice, A/B: the experts on OpenBLAS sgemm (canonical
+# chunks, not batch-invariant) and on the fixed-order GEMM (the default).
+# The decode case runs three times, A/B/C: every phase waiting for the whole
+# previous one ([engine].overlap = false), with overlap (the default), and
+# with overlap and two micro-batches. Compare ratios and overheads within a
+# run: each case measures its own bound.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -26,7 +30,7 @@ for ranks in 2 4; do
       --label "prefill, 2048 tokens/rank, experts on $gemm"
   done
 done
-for gemm in openblas fixed-order; do
-  mpirun "${flags[@]}" -np 4 "$bench" --config "$root/configs/bench-decode.toml" --set experts.gemm=$gemm \
-    --label "decode, 128 tokens/rank, experts on $gemm"
+for engine in "overlap=false" "overlap=true" "microbatches=2"; do
+  mpirun "${flags[@]}" -np 4 "$bench" --config "$root/configs/bench-decode.toml" --set "engine.$engine" \
+    --label "decode, 128 tokens/rank, [engine].$engine"
 done

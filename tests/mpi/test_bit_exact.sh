@@ -2,7 +2,7 @@
 # Bit-exactness of moed's outputs across rank counts, placements, routing
 # modes, workloads and weight sources; and agreement with the independent
 # plain-loop reference (moe_reference) within its fp32 tolerance.
-# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights
+# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights|engine
 source "$(dirname "$0")/lib.sh"
 mode=${1:?mode}
 base=(--config "$SMALL")
@@ -60,6 +60,26 @@ weights)
     --dump "$SCRATCH/file-bf16.bin"
   cmp -s "$SCRATCH/mem-f32.bin" "$SCRATCH/mem-bf16.bin" && fail "bf16 weights gave the f32 outputs"
   echo "ok: bf16 weights change the outputs"
+  ;;
+engine)
+  # The step loop's scheduling: every phase waiting for the previous one,
+  # overlap with early partial expert calls, micro-batches, over both
+  # transports and both routes, with replicas on 2 islands: the same bits.
+  moed_on 0 "${base[@]}" --dump-output "$SCRATCH/ref.bin"
+  "$MOE_PLACE" make --policy shuffled --ranks 4 --layers 3 --experts 8 --seed 4 --replicas 3 \
+    --out "$SCRATCH/p4.toml" >/dev/null
+  islands=(--placement "$SCRATCH/p4.toml" --set cluster.ranks_per_island=2)
+  for engine in "overlap=false" "split_rows=1" "microbatches=2" "microbatches=3"; do
+    for comm in "backend=ucx" "backend=mpi" "hierarchical=false"; do
+      moed_on 4 "${base[@]}" "${islands[@]}" --set "engine.$engine" --set "comm.$comm" \
+        --dump-output "$SCRATCH/n4.bin"
+      same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[engine].$engine, [comm].$comm, 4 ranks in 2 islands vs 1"
+    done
+  done
+  moed_on 3 "${base[@]}" --set engine.microbatches=4 --set workload.tokens_per_step=7 \
+    --dump-output "$SCRATCH/few.bin"
+  moed_on 0 "${base[@]}" --set workload.tokens_per_step=7 --dump-output "$SCRATCH/few-ref.bin"
+  same_bits "$SCRATCH/few-ref.bin" "$SCRATCH/few.bin" "4 micro-batches of 7 tokens on 3 ranks (some empty) vs 1"
   ;;
 *) fail "unknown mode $mode" ;;
 esac

@@ -21,7 +21,7 @@ done
 echo "ok: every config in configs/ loads"
 
 moed_on 4 --config "$SMALL" --set cluster.ranks_per_island=2 --report-json "$SCRATCH/r.json" >"$SCRATCH/out.txt"
-for key in tokens_per_s step_latency_ms dispatch_exchange_ms combine_exchange_ms activation_rate \
+for key in tokens_per_s step_latency_ms rows_wait_ms answers_wait_ms activation_rate \
   expert_load_std_over_mean bytes_sent same_rank same_island cross_island p50 p99; do
   grep -q "\"$key\"" "$SCRATCH/r.json" || fail "report JSON lacks $key"
 done

@@ -4,6 +4,15 @@
 //     the eager/rendezvous thresholds) delivers the exact bytes from every
 //     peer, at the layout's offsets, without touching the gaps between blocks;
 //   - exchange_sizes and all_gather, many times in a row;
+//   - open exchanges (the non-blocking API): several open at once, their
+//     blocks sent in a different order on each rank (reversed, shuffled
+//     across exchanges) with a blocking exchange_sizes in between; each
+//     source is reported exactly once, by next_arrival(false) while sending
+//     or next_arrival(true) after, and only once its bytes are exact; one of
+//     them receives into capacities larger than the blocks (ReceiveSizes::
+//     at_most) and must report each block's true length;
+//   - 0-byte blocks: their sources are reported right after the open, before
+//     anything is sent;
 //   - a window: every rank puts a pattern into every rank's window at its own
 //     offset, flushes, and after a barrier each rank checks its window.
 // Exit 0 when all pass; 1 with "FAIL [backend] rank R: check: ..." lines.
@@ -15,7 +24,10 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <numeric>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/control_channel.h"
@@ -138,6 +150,65 @@ class Checker {
     }
   }
 
+  // kOpen exchanges open at once; this rank sends its blocks in its own
+  // order, polling for arrivals between sends, then waits for the rest.
+  void open_exchanges(int rounds) {
+    constexpr int kOpen = 3;
+    const int n = t_.size();
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<Open> open;
+      // The second of the three receives into capacities.
+      for (int k = 0; k < kOpen; ++k) open.push_back(open_one(100 + round * kOpen + k, k == 1));
+
+      const auto order = send_order(kOpen, round);
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        const auto [k, dest] = order[i];
+        Open& x = open[k];
+        x.exchange->send(dest, x.send.data() + x.layout.send_offsets[dest], x.layout.send_bytes[dest]);
+        // Collective in the same order on every rank, whatever each has sent.
+        if (i == order.size() / 2) sizes_and_gathers(1);
+        for (Open& y : open) drain(y, false);
+      }
+      // Wait on the last opened first: exchanges complete independently.
+      for (int k = kOpen - 1; k >= 0; --k) drain(open[k], true);
+      for (Open& x : open) {
+        x.exchange->finish();
+        if (x.exchange->next_arrival(false) != comm::Exchange::kAllArrived)
+          fail(fmt::format("open exchange {}: next_arrival after finish is not kAllArrived", x.round));
+        for (int src = 0; src < n; ++src) {
+          if (x.reported[src] != 1)
+            fail(fmt::format("open exchange {}: rank {} reported {} times", x.round, src, x.reported[src]));
+          check_gap(x, src);
+        }
+      }
+    }
+  }
+
+  // Blocks of 0 bytes (from every odd rank, and from everyone in the second
+  // round) are reported at the open, before anyone sends.
+  void empty_blocks() {
+    const int n = t_.size(), me = t_.rank();
+    for (int round = 0; round < 2; ++round) {
+      const auto bytes = [&](int src, int dst) -> std::size_t {
+        return round == 1 || src % 2 == 1 ? 0 : 100 + std::size_t(src) * 7 + std::size_t(dst);
+      };
+      Open x = open_one(200 + round, bytes);
+      drain(x, false);
+      for (int src = 0; src < n; ++src)
+        if (x.layout.recv_bytes[src] == 0 && x.reported[src] != 1)
+          fail(fmt::format("empty blocks {}: rank {}'s 0-byte block not reported at the open", round, src));
+      for (int i = n; i >= 1; --i) {  // from the farthest peer to self
+        const int dest = (me + i) % n;
+        x.exchange->send(dest, x.send.data() + x.layout.send_offsets[dest], x.layout.send_bytes[dest]);
+      }
+      drain(x, true);
+      x.exchange->finish();
+      for (int src = 0; src < n; ++src)
+        if (x.reported[src] != 1)
+          fail(fmt::format("empty blocks {}: rank {} reported {} times", round, src, x.reported[src]));
+    }
+  }
+
   // Rank s writes its region [s * kRegion, s * kRegion + length(s)) of every
   // rank's window; windows differ in size (the tail past the regions).
   void window() {
@@ -174,6 +245,98 @@ class Checker {
   }
 
  private:
+  // An open exchange with its buffers and what it has reported.
+  struct Open {
+    int round;
+    ExchangeLayout layout;       // recv_bytes: what comes (the capacities are in `capacity`)
+    std::vector<std::size_t> capacity;
+    std::vector<std::byte> send, recv;
+    std::unique_ptr<comm::Exchange> exchange;
+    std::vector<int> reported;  // by source
+  };
+
+  // Opens the exchange of `round`, with gaps between its receive blocks.
+  // at_most: receives are posted with room to spare (a capacity of 0 only
+  // for an empty block), and each must report its true length.
+  template <class Bytes>
+  Open open_one(int round, Bytes bytes, bool at_most = false) {
+    const int n = t_.size(), me = t_.rank();
+    Open x{round, {}, {}, {}, {}, nullptr, std::vector<int>(n, 0)};
+    for (int peer = 0; peer < n; ++peer) {
+      x.layout.send_bytes.push_back(bytes(me, peer));
+      x.layout.recv_bytes.push_back(bytes(peer, me));
+    }
+    x.capacity = x.layout.recv_bytes;
+    if (at_most)
+      for (int peer = 0; peer < n; ++peer)
+        if (x.capacity[peer]) x.capacity[peer] += key(round, peer, me) % 3000;
+    x.layout.send_offsets = ExchangeLayout::prefix_offsets(x.layout.send_bytes);
+    x.layout.recv_offsets = ExchangeLayout::prefix_offsets(x.capacity);
+    for (int peer = 0; peer < n; ++peer) x.layout.recv_offsets[peer] += kGap * std::size_t(peer + 1);
+    x.send.resize(x.layout.send_total());
+    for (int dst = 0; dst < n; ++dst)
+      fill(x.send.data() + x.layout.send_offsets[dst], x.layout.send_bytes[dst], key(round, me, dst));
+    const std::size_t room = std::accumulate(x.capacity.begin(), x.capacity.end(), std::size_t{0});
+    x.recv.assign(room + kGap * std::size_t(n + 1), kPoison);
+    x.exchange = t_.open_exchange(x.recv.data(), x.capacity, x.layout.recv_offsets,
+                                  fmt::format("check open exchange {}", round),
+                                  at_most ? comm::ReceiveSizes::at_most : comm::ReceiveSizes::exact);
+    return x;
+  }
+  Open open_one(int round, bool at_most = false) {
+    const int n = t_.size();
+    return open_one(round, [&](int src, int dst) { return message_bytes(round, src, dst, n); }, at_most);
+  }
+
+  // (exchange, destination) pairs in this rank's order: even ranks send
+  // everything in reverse, odd ranks shuffle across the exchanges.
+  std::vector<std::pair<int, int>> send_order(int exchanges, int round) const {
+    const int n = t_.size(), me = t_.rank();
+    std::vector<std::pair<int, int>> order;
+    for (int k = exchanges - 1; k >= 0; --k)
+      for (int dest = n - 1; dest >= 0; --dest) order.emplace_back(k, dest);
+    if (me % 2 == 1)
+      for (std::size_t i = order.size() - 1; i > 0; --i)
+        std::swap(order[i], order[mix(key(round, me, int(i))) % (i + 1)]);
+    return order;
+  }
+
+  // Takes what has arrived (everything, with `block`), checking each
+  // source's bytes as it is reported.
+  void drain(Open& x, bool block) {
+    const int n = t_.size(), me = t_.rank();
+    for (;;) {
+      const int src = x.exchange->next_arrival(block);
+      if (src == comm::Exchange::kAllArrived || src == comm::Exchange::kNoneYet) {
+        if (block && src == comm::Exchange::kNoneYet)
+          fail(fmt::format("open exchange {}: next_arrival(true) returned kNoneYet", x.round));
+        return;
+      }
+      if (src < 0 || src >= n) {
+        fail(fmt::format("open exchange {}: next_arrival returned {}", x.round, src));
+        return;
+      }
+      if (++x.reported[src] > 1) fail(fmt::format("open exchange {}: rank {} reported again", x.round, src));
+      if (x.exchange->received_bytes(src) != x.layout.recv_bytes[src])
+        fail(fmt::format("open exchange {}: rank {}'s block reported as {} bytes, {} were sent", x.round, src,
+                         x.exchange->received_bytes(src), x.layout.recv_bytes[src]));
+      std::vector<std::byte> expected(x.layout.recv_bytes[src]);
+      fill(expected.data(), expected.size(), key(x.round, src, me));
+      compare(x.recv.data() + x.layout.recv_offsets[src], expected.data(), expected.size(),
+              fmt::format("open exchange {}: {} bytes from rank {} when reported", x.round,
+                          expected.size(), src));
+    }
+  }
+
+  void check_gap(const Open& x, int src) {
+    const std::byte* block = x.recv.data() + x.layout.recv_offsets[src];
+    for (std::size_t g = 1; g <= kGap; ++g)
+      if (block[-std::ptrdiff_t(g)] != kPoison) {
+        fail(fmt::format("open exchange {}: the gap before rank {}'s block was written", x.round, src));
+        return;
+      }
+  }
+
   void barrier(const std::string& what) {
     std::vector<std::uint64_t> all(t_.size());
     std::uint64_t one = 1;
@@ -239,6 +402,8 @@ int main(int argc, char** argv) {
       Checker check(*transport, backend);
       check.exchange_rounds(8);
       check.sizes_and_gathers(20);
+      check.open_exchanges(6);
+      check.empty_blocks();
       check.window();
       failures += check.failures();
       ++checked;
@@ -247,7 +412,7 @@ int main(int argc, char** argv) {
       MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_SUM, mpi.world());
       if (mpi.rank() == 0)
         std::cout << fmt::format(
-            "{} [{}] on {} ranks: exchange, exchange_sizes, all_gather, window\n",
+            "{} [{}] on {} ranks: exchange, exchange_sizes, all_gather, open exchanges, window\n",
             all == 0 ? "ok" : "FAILED", backend, mpi.size());
     }
   } catch (const Error& e) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -56,6 +58,37 @@ TEST(SiluMul, MatchesTheDoubleFormula) {
     double want = g_ / (1.0 + std::exp(-g_)) * double(up[i]);
     EXPECT_NEAR(out[i], want, 1e-6 * std::abs(want) + 1e-30) << "gate " << gate[i] << " up " << up[i];
   }
+}
+
+// Each instruction set's loop (chosen with the fixed-order GEMM's) gives the
+// portable loop's bits, at every length (vector bodies and scalar tails).
+TEST(SiluMul, EveryInstructionSetGivesThePortableBits) {
+  CounterRng g(23);
+  std::vector<float> gate, up;
+  for (int i = 0; i < 5003; ++i) {
+    gate.push_back(g.symmetric(2 * i) * (i % 7 == 0 ? 120.0f : 12.0f));
+    up.push_back(g.symmetric(2 * i + 1) * 3.0f);
+  }
+  for (float x : {0.0f, -0.0f, 87.0f, -87.0f, 88.9f, -88.9f, 1e30f, -1e30f}) gate.push_back(x), up.push_back(1.5f);
+  const GemmIsa before = gemm_isa();
+  set_gemm_isa(GemmIsa::portable);
+  std::vector<float> want(gate.size());
+  silu_mul(gate.data(), up.data(), gate.size(), want.data());
+  int tried = 0;
+  for (GemmIsa isa : {GemmIsa::avx2, GemmIsa::avx512}) {
+    if (best_gemm_isa() < isa) continue;  // this CPU cannot run it
+    set_gemm_isa(isa);
+    ++tried;
+    for (std::size_t n : {gate.size(), std::size_t(1), std::size_t(15), std::size_t(17), std::size_t(33)}) {
+      std::vector<float> out(n);
+      silu_mul(gate.data(), up.data(), n, out.data());
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(out[i]), std::bit_cast<std::uint32_t>(want[i]))
+            << to_string(isa) << " n " << n << " gate " << gate[i];
+    }
+  }
+  set_gemm_isa(before);
+  if (tried == 0) GTEST_SKIP() << "no vector instruction set here";
 }
 
 TEST(SiluMul, VeryNegativeGateGivesAboutZero) {

@@ -96,6 +96,15 @@ TEST(ConfigLoad, CrossKeyChecksSeeTheOverriddenValues) {
             2.0);
 }
 
+TEST(ConfigLoad, MicrobatchesNeedTheFixedOrderGemm) {
+  // With OpenBLAS a row's bits depend on its chunk, and micro-batches change the chunks.
+  expect_error([] { load("[engine]\nmicrobatches = 2\n", {"experts.gemm=openblas"}); }, ErrorKind::Usage,
+               {"[engine].microbatches", "[experts].gemm"});
+  EXPECT_EQ(load("[engine]\nmicrobatches = 2\n", {}).engine.microbatches, 2);
+  EXPECT_EQ(load("", {"experts.gemm=openblas"}).engine.microbatches, 1);
+  expect_error([] { load("[engine]\nmicrobatches = 0\n", {}); }, ErrorKind::Usage, {"[engine].microbatches"});
+}
+
 TEST(ConfigLoad, BadOverridesNameTheKey) {
   expect_error([] { load("", {"model.layerz=3"}); }, ErrorKind::Usage, {"[model].layerz"});
   expect_error([] { load("", {"modle.layers=3"}); }, ErrorKind::Usage, {"[modle]"});

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "placement/placement.h"
@@ -50,9 +51,13 @@ class FakeTransport final : public comm::Transport {
   const char* name() const override { return "fake"; }
   int rank() const override { return rank_; }
   int size() const override { return world_.ranks; }
-  void exchange_sizes(const std::uint64_t*, std::uint64_t*, const std::string&) override { FAIL(); }
-  void exchange(const std::byte*, const comm::ExchangeLayout&, std::byte*, const std::string&) override { FAIL(); }
-  void all_gather(const void*, std::size_t, void*, const std::string&) override { FAIL(); }
+  // Migration moves weights through windows only: no exchange may be opened.
+  std::unique_ptr<comm::Exchange> open_exchange(std::byte*, const std::vector<std::size_t>&,
+                                                const std::vector<std::size_t>&, const std::string& what,
+                                                comm::ReceiveSizes) override {
+    ADD_FAILURE() << "unexpected exchange: " << what;
+    throw std::logic_error("FakeTransport has no exchanges");
+  }
   std::unique_ptr<comm::RmaWindow> create_window(std::size_t bytes, const std::string&) override {
     const std::size_t k = created_++;
     if (world_.generations.size() <= k) world_.generations.resize(k + 1, std::vector<std::vector<std::byte>*>(world_.ranks));

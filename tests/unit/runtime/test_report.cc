@@ -37,8 +37,8 @@ StepRecord record(double total, std::vector<double> dispatch, std::vector<double
   r.total = total;
   r.route = total / 10, r.plan = total / 20, r.dispatch = total / 4, r.experts = total / 2;
   r.combine = total / 5;
-  r.dispatch_exchange = std::move(dispatch);
-  r.combine_exchange = std::move(combine);
+  r.dispatch_wait = std::move(dispatch);
+  r.combine_wait = std::move(combine);
   r.bytes_sent = bytes;
   r.expert_load = std::move(load);
   r.pairs = pairs;
@@ -147,10 +147,10 @@ TEST_F(ReportTest, JsonHasTheGoldenSignals) {
   EXPECT_NEAR(j["tokens_per_s"].get<double>(), 300 / 0.7, 1e-9);
   EXPECT_NEAR(j.at("step_latency_ms").at("p50").get<double>(), 200, within(200));
   EXPECT_NEAR(j.at("step_latency_ms").at("p99").get<double>(), 400, 1e-6);
-  EXPECT_NEAR(j.at("dispatch_exchange_ms").at("p50").get<double>(), 3, within(3));
-  EXPECT_DOUBLE_EQ(j.at("dispatch_exchange_ms").at("p99").get<double>(), 10);
-  EXPECT_NEAR(j.at("combine_exchange_ms").at("p50").get<double>(), 2, within(2));
-  EXPECT_DOUBLE_EQ(j.at("combine_exchange_ms").at("p99").get<double>(), 5);
+  EXPECT_NEAR(j.at("rows_wait_ms").at("p50").get<double>(), 3, within(3));
+  EXPECT_DOUBLE_EQ(j.at("rows_wait_ms").at("p99").get<double>(), 10);
+  EXPECT_NEAR(j.at("answers_wait_ms").at("p50").get<double>(), 2, within(2));
+  EXPECT_DOUBLE_EQ(j.at("answers_wait_ms").at("p99").get<double>(), 5);
   EXPECT_NEAR(j.at("activation_rate").get<double>(), 1100.0 / 2400, 1e-12);
   EXPECT_NEAR(j.at("expert_load_std_over_mean").get<double>(), std::sqrt(3.0) / 2, 1e-12);
   EXPECT_EQ(j.at("bytes_sent").at("same_rank").get<std::uint64_t>(), 111u);
@@ -166,7 +166,7 @@ TEST_F(ReportTest, PrintNamesTheFigures) {
   const std::string text = os.str();
   EXPECT_NE(text.find("tokens/s           429"), std::string::npos) << text;
   EXPECT_NE(text.find("p50 199.74 ms   p99 400.00 ms  (wall time)"), std::string::npos) << text;
-  EXPECT_NE(text.find("dispatch exchange  p50 2.99 ms   p99 10.00 ms  (per layer, the all-to-all-v calls alone)"),
+  EXPECT_NE(text.find("wait for rows      p50 2.99 ms   p99 10.00 ms  (per layer, idle while rows travel)"),
             std::string::npos)
       << text;
 }
