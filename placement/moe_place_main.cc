@@ -33,7 +33,9 @@ struct ModelInfo {
 
 ModelInfo load_model_info(const std::string& path) {
   moed::runtime::Config c = moed::runtime::load_config(path, {});
-  std::uint64_t param_bytes = c.model.dtype == "bf16" ? 2 : 4;
+  // What a move costs is what migration sends: the daemon holds and moves
+  // every expert in fp32, whatever [model].dtype the weights file has.
+  const std::uint64_t param_bytes = sizeof(float);
   return {int(c.model.layers), int(c.model.experts), int(c.cluster.ranks_per_island),
           std::uint64_t(3) * std::uint64_t(c.model.hidden) * std::uint64_t(c.model.ffn) * param_bytes,
           c.cluster.cost_same_island, c.cluster.cost_cross_island};

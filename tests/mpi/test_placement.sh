@@ -25,10 +25,12 @@ same_bits "$SCRATCH/contiguous.bin" "$SCRATCH/metis.bin" "served from moe-place'
 "$MOE_PLACE" make --ranks 4 --layers 3 --experts 8 --out "$SCRATCH/current.toml" >/dev/null
 "$MOE_PLACE" optimize --config "$SMALL" --stats "$SCRATCH/four.stats" --ranks-per-island 2 \
   --from "$SCRATCH/current.toml" --max-moves 3 --json --out "$SCRATCH/limited.toml" >"$SCRATCH/limited.json"
-grep -Eq '"moved_slots": [0-3],?$' "$SCRATCH/limited.json" || fail "--max-moves 3 moved more: $(grep moved "$SCRATCH/limited.json")"
+# At least one move, so that serving from it is not contiguous compared with itself.
+grep -Eq '"moved_slots": [1-3],?$' "$SCRATCH/limited.json" ||
+  fail "--max-moves 3 should move 1 to 3 slots: $(grep moved "$SCRATCH/limited.json")"
 grep -q '^epoch = 1$' "$SCRATCH/limited.toml" || fail "a placement made --from epoch 0 is not epoch 1"
 moves=$("$MOE_PLACE" diff "$SCRATCH/current.toml" "$SCRATCH/limited.toml" --json | grep -c '"layer"' || true)
-[ "$moves" -le 3 ] || fail "diff lists $moves moves after --max-moves 3"
+[ "$moves" -ge 1 ] && [ "$moves" -le 3 ] || fail "diff lists $moves moves after --max-moves 3"
 moed_on 4 "${base[@]}" --placement "$SCRATCH/limited.toml" --dump-output "$SCRATCH/limited.bin" >/dev/null
 same_bits "$SCRATCH/contiguous.bin" "$SCRATCH/limited.bin" "served from a move-limited placement vs contiguous"
 
