@@ -243,11 +243,11 @@ Numerics probe_numerics(const Config& c) {
 // gather to rank 0 (the other ranks keep their own record).
 StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, std::uint64_t step) {
   StepRecord out = mine;
-  std::vector<double> times{mine.total,   mine.route,   mine.plan, mine.dispatch,
-                            mine.experts, mine.combine, mine.other};
+  std::vector<double> times{mine.total,   mine.route,   mine.plan, mine.rows_wait,
+                            mine.experts, mine.answers_wait, mine.other};
   constexpr std::size_t kPhases = 7;
-  times.insert(times.end(), mine.dispatch_wait.begin(), mine.dispatch_wait.end());
-  times.insert(times.end(), mine.combine_wait.begin(), mine.combine_wait.end());
+  times.insert(times.end(), mine.rows_wait_per_layer.begin(), mine.rows_wait_per_layer.end());
+  times.insert(times.end(), mine.answers_wait_per_layer.begin(), mine.answers_wait_per_layer.end());
   std::vector<std::uint64_t> sums(mine.bytes_sent.begin(), mine.bytes_sent.end());
   sums.push_back(mine.saturated);
   sums.push_back(mine.token_layers);
@@ -268,10 +268,10 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
     for (std::size_t i = 0; i < n.size(); ++i) sums[i] = r == 0 ? n[i] : sums[i] + n[i];
   }
   out.total = times[0], out.route = times[1], out.plan = times[2];
-  out.dispatch = times[3], out.experts = times[4], out.combine = times[5], out.other = times[6];
-  const std::size_t L = mine.dispatch_wait.size();
-  out.dispatch_wait.assign(times.begin() + kPhases, times.begin() + std::ptrdiff_t(kPhases + L));
-  out.combine_wait.assign(times.begin() + std::ptrdiff_t(kPhases + L), times.end());
+  out.rows_wait = times[3], out.experts = times[4], out.answers_wait = times[5], out.other = times[6];
+  const std::size_t L = mine.rows_wait_per_layer.size();
+  out.rows_wait_per_layer.assign(times.begin() + kPhases, times.begin() + std::ptrdiff_t(kPhases + L));
+  out.answers_wait_per_layer.assign(times.begin() + std::ptrdiff_t(kPhases + L), times.end());
   for (int c = 0; c < placement::kLinkClasses; ++c) out.bytes_sent[c] = sums[std::size_t(c)];
   out.saturated = sums[placement::kLinkClasses];
   out.token_layers = sums[placement::kLinkClasses + 1];

@@ -26,9 +26,7 @@ void put(std::byte*& p, const T* src, std::size_t n) {
 }  // namespace
 
 std::vector<std::uint32_t> ExpertCounts::local(const Routing& routing, int experts) {
-  std::vector<std::uint32_t> counts(experts, 0);
-  for (std::uint32_t e : routing.experts) ++counts.at(e);
-  return counts;
+  return local(routing, experts, 0, routing.tokens());
 }
 
 std::vector<std::uint32_t> ExpertCounts::local(const Routing& routing, int experts, std::size_t first,

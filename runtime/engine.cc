@@ -213,11 +213,11 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   rec.route += t1 - t0;
   rec.plan += t2 - t1;
   rec.experts += experts;
-  rec.dispatch += rows_wait;
-  rec.combine += answers_wait;
+  rec.rows_wait += rows_wait;
+  rec.answers_wait += answers_wait;
   rec.other += (t3 - t2) - experts - rows_wait - answers_wait;
-  rec.dispatch_wait.push_back(rows_wait);
-  rec.combine_wait.push_back(answers_wait);
+  rec.rows_wait_per_layer.push_back(rows_wait);
+  rec.answers_wait_per_layer.push_back(answers_wait);
   rec.token_layers += count;
   for (int e = 0; e < E; ++e) {
     std::uint64_t load = 0;

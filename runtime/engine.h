@@ -34,14 +34,13 @@ struct StepRecord {
   // Seconds: the engine's work on the step (every layer; not the step
   // boundary, the reductions or the figures around it) and its phases:
   // route (norm and router), plan (the counts' all-gather and the plans),
-  // experts (the expert calls), dispatch (idle, waiting for rows), combine
-  // (idle, waiting only for answers) and other (packing, parsing, sums and
-  // the residual). With overlap the experts run while rows and answers
-  // travel, so the waits are what the overlap did not hide.
-  double total = 0, route = 0, plan = 0, dispatch = 0, experts = 0, combine = 0, other = 0;
-  // Per layer: the waits for rows and for answers (the dispatch and combine
-  // phases of that layer).
-  std::vector<double> dispatch_wait, combine_wait;
+  // experts (the expert calls), rows_wait (idle, waiting for rows),
+  // answers_wait (idle, waiting only for answers) and other (packing,
+  // parsing, sums and the residual). With overlap the experts run while rows
+  // and answers travel, so the waits are what the overlap did not hide.
+  double total = 0, route = 0, plan = 0, rows_wait = 0, experts = 0, answers_wait = 0, other = 0;
+  // The same two waits, per layer.
+  std::vector<double> rows_wait_per_layer, answers_wait_per_layer;
   std::uint64_t bytes_copied = 0;  // rows packed into messages, gathered for GEMMs, fp32 answers
   std::array<std::uint64_t, placement::kLinkClasses> bytes_sent{};  // by link class
   std::vector<std::uint64_t> expert_load;  // [layer * experts + e], whole job (all-gathered)

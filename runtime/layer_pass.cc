@@ -362,7 +362,7 @@ void LayerPass::send_gateway_answers() {
   Stream& hop1 = streams_[kHop1];
   for (int h = 0; h < ranks(); ++h) {
     if (h == me()) continue;
-    const std::size_t bytes = h < int(gateway_.layout.send_bytes.size()) ? gateway_.layout.send_bytes[h] : 0;
+    const std::size_t bytes = gateway_.layout.send_bytes[h];  // one per rank: prepared from hop 1's sources
     if (bytes) {
       hop1.answers->send(h, gateway_.send.data() + gateway_.layout.send_offsets[h], bytes);
       counters_.bytes_sent[int(setup_.topology->link(me(), h))] += bytes;

@@ -31,15 +31,15 @@ void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   open_.measured = true;
   open_.token_layers = rec.token_layers;
   time_ += rec.total;
-  route_ += rec.route, plan_ += rec.plan, dispatch_ += rec.dispatch;
-  experts_ += rec.experts, combine_ += rec.combine, other_ += rec.other;
+  route_ += rec.route, plan_ += rec.plan, rows_wait_ += rec.rows_wait;
+  experts_ += rec.experts, answers_wait_ += rec.answers_wait, other_ += rec.other;
   bytes_copied_ += rec.bytes_copied;
   for (int c = 0; c < placement::kLinkClasses; ++c) bytes_[c] += rec.bytes_sent[c];
   pairs_ += rec.pairs;
   token_layers_ += rec.token_layers;
   saturated_ += rec.saturated;
-  for (double d : rec.dispatch_wait) dispatch_s_.add(d);
-  for (double c : rec.combine_wait) combine_s_.add(c);
+  for (double d : rec.rows_wait_per_layer) rows_wait_s_.add(d);
+  for (double c : rec.answers_wait_per_layer) answers_wait_s_.add(c);
 
   // The load window: the oldest step leaves the running sum, this one enters.
   if (rec.expert_load.size() != window_load_.size())
@@ -76,7 +76,7 @@ std::string Report::step_line(std::uint64_t step, const StepRecord& rec) const {
       "other {:.1f} | waits: rows {:.1f} answers {:.1f} ms | cross-island {:.0f}% of {}",
       step, step < info_.warmup_steps ? " (warm-up)" : "", ms(rec.total),
       double(rec.token_layers) / info_.shape.layers / rec.total, ms(rec.route), ms(rec.plan), ms(rec.experts),
-      ms(rec.other), ms(rec.dispatch), ms(rec.combine), all ? 100.0 * double(rec.bytes_sent[2]) / double(all) : 0.0,
+      ms(rec.other), ms(rec.rows_wait), ms(rec.answers_wait), all ? 100.0 * double(rec.bytes_sent[2]) / double(all) : 0.0,
       human_bytes(double(all)));
 }
 
@@ -85,8 +85,8 @@ Summary Report::summary() const {
   s.measured_steps = measured_;
   if (measured_ == 0) return s;
   const double n = double(measured_);
-  s.route_ms = ms(route_) / n, s.plan_ms = ms(plan_) / n, s.dispatch_ms = ms(dispatch_) / n;
-  s.experts_ms = ms(experts_) / n, s.combine_ms = ms(combine_) / n, s.other_ms = ms(other_) / n;
+  s.route_ms = ms(route_) / n, s.plan_ms = ms(plan_) / n, s.rows_wait_ms = ms(rows_wait_) / n;
+  s.experts_ms = ms(experts_) / n, s.answers_wait_ms = ms(answers_wait_) / n, s.other_ms = ms(other_) / n;
   s.bytes_copied = double(bytes_copied_) / n;
   s.engine_ms = ms(time_) / n;
   s.bytes = bytes_;
@@ -95,8 +95,8 @@ Summary Report::summary() const {
   // layers, over the wall time of the steps whose wall time is known.
   s.tokens_per_s = wall_time_ > 0 ? double(wall_token_layers_) / info_.shape.layers / wall_time_ : 0.0;
   s.step_p50_ms = ms(step_s_.quantile(0.50)), s.step_p99_ms = ms(step_s_.quantile(0.99));
-  s.dispatch_p50_ms = ms(dispatch_s_.quantile(0.50)), s.dispatch_p99_ms = ms(dispatch_s_.quantile(0.99));
-  s.combine_p50_ms = ms(combine_s_.quantile(0.50)), s.combine_p99_ms = ms(combine_s_.quantile(0.99));
+  s.rows_wait_p50_ms = ms(rows_wait_s_.quantile(0.50)), s.rows_wait_p99_ms = ms(rows_wait_s_.quantile(0.99));
+  s.answers_wait_p50_ms = ms(answers_wait_s_.quantile(0.50)), s.answers_wait_p99_ms = ms(answers_wait_s_.quantile(0.99));
   s.experts_per_token = token_layers_ ? double(pairs_) / double(token_layers_) : 0.0;
   s.rows_per_step = double(token_layers_) / n;
   s.activation_rate = s.experts_per_token / info_.shape.experts;
@@ -135,9 +135,9 @@ void Report::print(std::ostream& os) const {
       info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), served_,
       info_.tokens_per_step ? fmt::format("{} tokens", info_.tokens_per_step) : std::string("front-door rows"),
       info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas, info_.numerics,
-      s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.dispatch_p50_ms, s.dispatch_p99_ms,
-      s.combine_p50_ms, s.combine_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.experts_ms, s.other_ms,
-      s.dispatch_ms, s.combine_ms, 100 * s.activation_rate, s.experts_per_token, info_.shape.experts,
+      s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.rows_wait_p50_ms, s.rows_wait_p99_ms,
+      s.answers_wait_p50_ms, s.answers_wait_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.experts_ms, s.other_ms,
+      s.rows_wait_ms, s.answers_wait_ms, 100 * s.activation_rate, s.experts_per_token, info_.shape.experts,
       s.load_std_over_mean, s.load_max_over_mean, std::min<std::uint64_t>(window_, s.measured_steps),
       human_bytes(double(s.bytes[0])), share(0), human_bytes(double(s.bytes[1])), share(1),
       human_bytes(double(s.bytes[2])), share(2));
@@ -171,16 +171,16 @@ nlohmann::json Report::to_json() const {
       {"numerics", info_.numerics},
       {"tokens_per_s", s.tokens_per_s},
       {"step_latency_ms", {{"p50", s.step_p50_ms}, {"p99", s.step_p99_ms}}},
-      {"rows_wait_ms", {{"p50", s.dispatch_p50_ms}, {"p99", s.dispatch_p99_ms}}},
-      {"answers_wait_ms", {{"p50", s.combine_p50_ms}, {"p99", s.combine_p99_ms}}},
+      {"rows_wait_ms", {{"p50", s.rows_wait_p50_ms}, {"p99", s.rows_wait_p99_ms}}},
+      {"answers_wait_ms", {{"p50", s.answers_wait_p50_ms}, {"p99", s.answers_wait_p99_ms}}},
       {"phase_ms",
        {{"engine", s.engine_ms},
         {"route", s.route_ms},
         {"plan", s.plan_ms},
         {"experts", s.experts_ms},
         {"other", s.other_ms},
-        {"rows_wait", s.dispatch_ms},
-        {"answers_wait", s.combine_ms}}},
+        {"rows_wait", s.rows_wait_ms},
+        {"answers_wait", s.answers_wait_ms}}},
       {"bytes_copied_per_step", s.bytes_copied},
       {"activation_rate", s.activation_rate},
       {"experts_per_token", s.experts_per_token},
@@ -205,11 +205,11 @@ std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::ve
   gauge("moed_tokens_per_second", "tokens served per second of wall time", s.tokens_per_s);
   gauge("moed_step_latency_ms", "step latency, wall time from step boundary to step boundary", s.step_p50_ms, "{quantile=\"0.5\"}");
   more("moed_step_latency_ms", s.step_p99_ms, "{quantile=\"0.99\"}");
-  gauge("moed_alltoall_wait_ms", "per layer, time idle waiting for rows (dispatch) and then only for answers (combine)", s.dispatch_p50_ms,
+  gauge("moed_alltoall_wait_ms", "per layer, time idle waiting for rows (dispatch) and then only for answers (combine)", s.rows_wait_p50_ms,
         "{phase=\"dispatch\",quantile=\"0.5\"}");
-  more("moed_alltoall_wait_ms", s.dispatch_p99_ms, "{phase=\"dispatch\",quantile=\"0.99\"}");
-  more("moed_alltoall_wait_ms", s.combine_p50_ms, "{phase=\"combine\",quantile=\"0.5\"}");
-  more("moed_alltoall_wait_ms", s.combine_p99_ms, "{phase=\"combine\",quantile=\"0.99\"}");
+  more("moed_alltoall_wait_ms", s.rows_wait_p99_ms, "{phase=\"dispatch\",quantile=\"0.99\"}");
+  more("moed_alltoall_wait_ms", s.answers_wait_p50_ms, "{phase=\"combine\",quantile=\"0.5\"}");
+  more("moed_alltoall_wait_ms", s.answers_wait_p99_ms, "{phase=\"combine\",quantile=\"0.99\"}");
   gauge("moed_activation_rate", "expert parameters run per token over all expert parameters", s.activation_rate);
   gauge("moed_expert_load_std_over_mean", "spread of tokens over experts", s.load_std_over_mean);
   out += "# HELP moed_bytes_sent_total dispatch and combine bytes by link class\n# TYPE moed_bytes_sent_total counter\n";

@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
           tokens / (percentile(served_ms, 0.5) / 1e3), percentile(served_ms, 0.5),
           config.experts.gemm == "openblas" ? "OpenBLAS" : "fixed-order " + kernels::to_string(kernels::gemm_isa()),
           percentile(ratio_served, 0.5), percentile(overhead_ms, 0.5), s.route_ms, s.plan_ms, s.experts_ms,
-          s.other_ms, s.dispatch_ms, s.combine_ms, s.bytes_copied / 1e6);
+          s.other_ms, s.rows_wait_ms, s.answers_wait_ms, s.bytes_copied / 1e6);
     }
     return 0;
   } catch (const moed::Error& e) {

@@ -35,10 +35,10 @@ StepRecord record(double total, std::vector<double> dispatch, std::vector<double
                   std::uint64_t pairs) {
   StepRecord r;
   r.total = total;
-  r.route = total / 10, r.plan = total / 20, r.dispatch = total / 4, r.experts = total / 2;
-  r.combine = total / 5;
-  r.dispatch_wait = std::move(dispatch);
-  r.combine_wait = std::move(combine);
+  r.route = total / 10, r.plan = total / 20, r.rows_wait = total / 4, r.experts = total / 2;
+  r.answers_wait = total / 5;
+  r.rows_wait_per_layer = std::move(dispatch);
+  r.answers_wait_per_layer = std::move(combine);
   r.bytes_sent = bytes;
   r.expert_load = std::move(load);
   r.pairs = pairs;
@@ -104,10 +104,10 @@ TEST_F(ReportTest, AllToAllPercentilesOverPerLayerSamples) {
   // Dispatch samples (ms): 1 2 3 4 10 5 -> sorted 1 2 3 4 5 10: p50 rank 3 -> 3, p99 rank 6 -> 10.
   // Combine samples: 4 2 1 3 2 5 -> sorted 1 2 2 3 4 5: p50 2, p99 5.
   const Summary s = summary();
-  EXPECT_NEAR(s.dispatch_p50_ms, 3, within(3));
-  EXPECT_DOUBLE_EQ(s.dispatch_p99_ms, 10);
-  EXPECT_NEAR(s.combine_p50_ms, 2, within(2));
-  EXPECT_DOUBLE_EQ(s.combine_p99_ms, 5);
+  EXPECT_NEAR(s.rows_wait_p50_ms, 3, within(3));
+  EXPECT_DOUBLE_EQ(s.rows_wait_p99_ms, 10);
+  EXPECT_NEAR(s.answers_wait_p50_ms, 2, within(2));
+  EXPECT_DOUBLE_EQ(s.answers_wait_p99_ms, 5);
 }
 
 TEST_F(ReportTest, PhasesAreMeansPerMeasuredStep) {
