@@ -12,7 +12,7 @@ echo "demo: built moed in ./build"
 
 out=build/demo
 mkdir -p "$out"
-./build/runtime/moed --generate-weights "$out/model.safetensors"
+./build/apps/moed --generate-weights "$out/model.safetensors"
 
 mpirun_flags=(--oversubscribe --bind-to none)
 if [ "$(id -u)" = 0 ]; then mpirun_flags+=(--allow-run-as-root); fi
@@ -23,7 +23,7 @@ export OPENBLAS_NUM_THREADS=1
 # migrate expert weights to it while serving.
 run=$out/run
 rm -rf "$run" && mkdir -p "$run"
-mpirun "${mpirun_flags[@]}" -np 4 ./build/runtime/moed \
+mpirun "${mpirun_flags[@]}" -np 4 ./build/apps/moed \
   --config configs/demo.toml \
   --weights "$out/model.safetensors" \
   --set workload.steps=100000 --set "admin.dir=\"$PWD/$run\"" \
@@ -32,7 +32,7 @@ mpirun "${mpirun_flags[@]}" -np 4 ./build/runtime/moed \
   --dump-output "$out/output.bin" 2>"$out/moed.log" &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true' EXIT
-moectl() { ./build/runtime/moectl --dir "$run" "$@"; }
+moectl() { ./build/apps/moectl --dir "$run" "$@"; }
 step() { moectl --json status 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("step", 0))' 2>/dev/null || echo 0; }
 wait_for_step() {
   while [ "$(step)" -lt "$1" ]; do
@@ -56,7 +56,7 @@ wait $daemon
 
 # The same steps without any migration, in one process: the bits must match.
 steps=$(od -An -tu8 -j24 -N8 "$out/output.bin" | tr -d ' ')
-./build/runtime/moed --config configs/demo.toml --weights "$out/model.safetensors" \
+./build/apps/moed --config configs/demo.toml --weights "$out/model.safetensors" \
   --set workload.steps="$steps" --dump-output "$out/reference.bin" >/dev/null 2>>"$out/moed.log"
 if cmp -s "$out/output.bin" "$out/reference.bin"; then
   echo "outputs: bit-identical to the same $steps steps served by one process without migration"

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/config_table.h"
 
@@ -16,5 +17,7 @@ struct CommConfig {
 };
 
 const config::Section<CommConfig>& comm_config_section();
+// "auto" and the names of the transport backends, as [comm].backend accepts them.
+const std::vector<std::string>& transport_backend_choices();
 
 }  // namespace moed::comm

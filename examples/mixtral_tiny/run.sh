@@ -12,7 +12,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build}
-for bin in runtime/moed runtime/moectl client/libmoed_client.so; do
+for bin in apps/moed apps/moectl client/libmoed_client.so; do
   [ -e "$build/$bin" ] || { echo "build first: $build/$bin is missing (ci/build.sh)" >&2; exit 2; }
 done
 python=/usr/bin/python3  # Debian's, with python3-torch
@@ -28,7 +28,7 @@ trap '[ -n "$daemon" ] && end_daemon $daemon; rm -rf "$work"' EXIT
 
 flags=(--oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
-mpirun "${flags[@]}" -np 4 "$build/runtime/moed" --config "$here/moed.toml" \
+mpirun "${flags[@]}" -np 4 "$build/apps/moed" --config "$here/moed.toml" \
   --weights "$work/tiny-mixtral.safetensors" --set "ingress.dir=\"$work/sock\"" \
   --set "admin.dir=\"$work/admin\"" >"$work/report.txt" 2>"$work/moed.log" &
 daemon=$!
@@ -40,7 +40,7 @@ done
 echo "moed: 4 ranks serving the checkpoint's MoE layers, front door at $work/sock"
 rc=0
 (cd "$here" && "$python" compare.py --checkpoint "$work/tiny-mixtral.safetensors" --sockets "$work/sock" --ranks 4) || rc=$?
-"$build/runtime/moectl" --dir "$work/admin" shutdown >/dev/null
+"$build/apps/moectl" --dir "$work/admin" shutdown >/dev/null
 wait $daemon
 daemon=""
 echo

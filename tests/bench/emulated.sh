@@ -32,8 +32,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "emulated.sh: --repeats must be a positive integer" >&2; exit 2; }
-moed=$build/runtime/moed
-place=$build/placement/moe-place
+moed=$build/apps/moed
+place=$build/apps/moe-place
 for b in "$moed" "$place"; do
   [ -x "$b" ] || { echo "build first: $b is missing (ci/build.sh)" >&2; exit 2; }
 done

@@ -33,7 +33,7 @@ echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xar
 
 start() {  # start RANKS: daemons with the front door, in the background
   rm -rf "$work/sock" "$work/admin"
-  mpirun "${flags[@]}" -np "$1" "$build/runtime/moed" --config "$config" --set "ingress.dir=\"$work/sock\"" \
+  mpirun "${flags[@]}" -np "$1" "$build/apps/moed" --config "$config" --set "ingress.dir=\"$work/sock\"" \
     --set "admin.dir=\"$work/admin\"" --report-json "$work/report.json" >"$work/out.txt" 2>"$work/err.txt" &
   daemon=$!
   for _ in $(seq 600); do
@@ -43,7 +43,7 @@ start() {  # start RANKS: daemons with the front door, in the background
   done
 }
 stop() {
-  "$build/runtime/moectl" --dir "$work/admin" shutdown >/dev/null
+  "$build/apps/moectl" --dir "$work/admin" shutdown >/dev/null
   wait $daemon
   daemon=""
 }
@@ -53,7 +53,7 @@ json() { python3 -c "import json,sys; d=json.load(open('$work/report.json')); pr
 echo "(a) the front door's overhead, 1 rank, 1 client (medians of 3 alternating runs)"
 base=() door=()
 for _ in 1 2 3; do
-  "$build/runtime/moed" --config "$config" --set workload.kind=synthetic --report-json "$work/base.json" >/dev/null
+  "$build/apps/moed" --config "$config" --set workload.kind=synthetic --report-json "$work/base.json" >/dev/null
   base+=("$(python3 -c "import json; d=json.load(open('$work/base.json')); print(d['step_latency_ms']['p50'] / d['layers'])")")
   start 1
   line=$(drive --ranks 1 --clients-per-rank 1 --seconds "$seconds")
@@ -88,7 +88,7 @@ done
 echo "(d) idle ranks"
 start 2
 sleep 1
-pids=$(pgrep -f -- "^$build/runtime/moed .*$work/sock" | tr '\n' ' ')
+pids=$(pgrep -f -- "^$build/apps/moed .*$work/sock" | tr '\n' ' ')
 ticks() { local t=0; for p in $pids; do t=$((t + $(awk '{print $14 + $15}' /proc/$p/stat))); done; echo $t; }
 t0=$(ticks); sleep 5; t1=$(ticks)
 python3 -c "print(f'  CPU while idle: {100 * ($t1 - $t0) / $(getconf CLK_TCK) / 5 / 2:.1f}% of a core per rank')"
@@ -96,7 +96,7 @@ python3 -c "print(f'  CPU while idle: {100 * ($t1 - $t0) / $(getconf CLK_TCK) / 
 # engine serving one row per step from the workload.
 line=$(drive --ranks 1 --clients-per-rank 1 --rows 1 --seconds 3 --mode single --attention-us 20000)
 stop
-"$build/runtime/moed" --config "$config" --set workload.kind=synthetic --set workload.tokens_per_step=1 \
+"$build/apps/moed" --config "$config" --set workload.kind=synthetic --set workload.tokens_per_step=1 \
   --report-json "$work/one.json" >/dev/null
 one_ms=$(python3 -c "import json; d=json.load(open('$work/one.json')); print(d['step_latency_ms']['p50'] / d['layers'])")
 echo "  one row after 40 ms idle: $(echo "$line" | sed -E 's/.*submit to outputs ([0-9.]+) ms.*/\1/') ms per layer from submit to outputs; the engine alone: $(printf %.3f "$one_ms") ms"

@@ -19,7 +19,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build}
-moed=$build/runtime/moed moectl=$build/runtime/moectl
+moed=$build/apps/moed moectl=$build/apps/moectl
 [ -x "$moed" ] && [ -x "$moectl" ] || { echo "build first: $moed or $moectl is missing (ci/build.sh)" >&2; exit 2; }
 repeats=${REPEATS:-4}
 flags=(--bind-to none --oversubscribe)
