@@ -3,7 +3,8 @@
 //
 // Rank 0, the coordinator, queues the admin socket's control requests
 // (reoptimize, migrate, stats, drain, shutdown) and, at each boundary, turns
-// them and the progress of the running migration into a list of actions. The
+// them and the progress of the running migration into a list of actions (the
+// decisions are runtime/migration_coordinator.h's, a pure state machine). The
 // list is broadcast; every rank applies it in order (the collective ones, a
 // statistics gather or an RMA window, together). A migration's ranks then
 // report to rank 0, which decides the next stage at the next boundary. So
@@ -32,7 +33,9 @@
 #include "placement/topology.h"
 #include "runtime/admin/admin_server.h"
 #include "runtime/config.h"
+#include "runtime/control_messages.h"
 #include "runtime/migration.h"
+#include "runtime/migration_coordinator.h"
 #include "runtime/report.h"
 #include "runtime/weights/expert_store.h"
 
@@ -74,30 +77,31 @@ class ControlPlane {
   std::optional<placement::RoutingStats> gather_stats(const std::string& what);
 
  private:
-  struct Migration;  // the coordinator's view of the running migration
   using json = nlohmann::json;
+  // A re-optimisation's result, made on a thread of rank 0's own.
+  struct Plan {
+    std::vector<placement::Move> moves;
+    json predicted;
+    std::string error;  // set when planning failed
+  };
 
-  json decide();                         // rank 0
-  void apply(const json& actions);       // every rank
-  json my_report() const;                // every rank, while a migration runs
-  void absorb_reports(const std::vector<json>& reports);  // rank 0
-  void start_migration(std::vector<placement::Move> moves, json& ops, const std::string& why);
+  BoundaryActions decide();                    // rank 0
+  void apply(const BoundaryActions& actions);  // every rank
+  StageReport my_report() const;               // every rank, while a migration runs
+  void finish_reoptimize();
   void commit_placement();
-  void finish_reoptimize(json& ops);
   json migration_json() const;
-  void reply_all_pending(const std::string& code, const std::string& message);
+  void publish_migration();
+  void reply_all_pending(std::string_view code, const std::string& message);
 
   ControlContext c_;
   // Requests from the socket thread, taken at the next boundary (rank 0).
   std::mutex queue_mu_;
   std::deque<std::pair<admin::Request, admin::Reply>> queue_;
-  // Coordinator state.
-  std::unique_ptr<Migration> migration_;        // the running or last migration
-  std::uint64_t next_migration_id_ = 1;
-  bool draining_ = false, stopping_ = false;
+  // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
+  MigrationCoordinator coordinator_;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
-  std::future<json> optimizing_;                                      // the plan, being made
-  std::deque<double> steady_step_ms_;  // rank 0: wall times of recent steps without a migration
+  std::future<Plan> optimizing_;                                      // the plan, being made
   // This rank's side of the running migration.
   MigrationWindows windows_;
   std::unique_ptr<MigrationTransfer> transfer_;
@@ -105,11 +109,13 @@ class ControlPlane {
   std::vector<std::size_t> bad_checksums_;
   double send_seconds_ = 0;  // this boundary's time in MigrationTransfer::send
   MigrationFaults faults_;
-  // The snapshot the socket thread reads.
+  // The snapshot the socket thread reads. The statistics are shared, not
+  // copied, so that a dump writes its file without holding the mutex the
+  // step thread takes.
   mutable std::mutex snapshot_mu_;
   json status_, placement_json_, migration_snapshot_;
   std::string metrics_;
-  std::optional<placement::RoutingStats> last_stats_;  // rank 0: the last merged statistics
+  std::shared_ptr<const placement::RoutingStats> last_stats_;  // rank 0: the last merged statistics
 };
 
 }  // namespace moed::runtime
