@@ -6,62 +6,13 @@
 #include <chrono>
 
 #include "common/error.h"
-#include "placement/cost_model.h"
-#include "placement/optimizer.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
+#include "runtime/control_views.h"
 
 namespace moed::runtime {
 
 using nlohmann::json;
-
-namespace {
-
-json cost_json(const placement::Cost& now, const placement::Cost& after) {
-  auto pair = [](double a, double b) { return json{{"now", a}, {"after", b}}; };
-  return {{"cross_island_copies_per_token",
-           pair(now.cross_island_copies_per_token, after.cross_island_copies_per_token)},
-          {"same_island_copies_per_token",
-           pair(now.same_island_copies_per_token, after.same_island_copies_per_token)},
-          {"max_mean_rank_load", pair(now.max_mean_rank_load, after.max_mean_rank_load)},
-          {"link_cost_per_token", pair(now.link_cost_per_token, after.link_cost_per_token)}};
-}
-
-json placement_json(const placement::Placement& p) {
-  json layers = json::array();
-  for (int l = 0; l < p.layers(); ++l) {
-    json experts = json::array();
-    for (int e = 0; e < p.experts(); ++e) experts.push_back(p.replicas(l, e));
-    layers.push_back(experts);
-  }
-  return {{"epoch", p.epoch()}, {"ranks", p.ranks()}, {"layers", p.layers()}, {"experts", p.experts()},
-          {"slots", layers}};
-}
-
-json stats_summary(const placement::RoutingStats& s) {
-  json layers = json::array();
-  for (int l = 0; l < s.layers(); ++l) {
-    int hot = 0, pa = 0, pb = s.experts() > 1 ? 1 : 0;
-    double total = 0;
-    for (int e = 0; e < s.experts(); ++e) {
-      total += s.load(l, e);
-      if (s.load(l, e) > s.load(l, hot)) hot = e;
-    }
-    for (int a = 0; a < s.experts(); ++a)
-      for (int b = a + 1; b < s.experts(); ++b)
-        if (s.coactivation(l, a, b) > s.coactivation(l, pa, pb)) pa = a, pb = b;
-    const double mean = total / s.experts();
-    layers.push_back({{"layer", l},
-                      {"tokens", s.tokens(l)},
-                      {"hottest_expert", hot},
-                      {"hottest_over_mean", mean > 0 ? s.load(l, hot) / mean : 0.0},
-                      {"top_pair", {pa, pb}}});
-  }
-  return {{"steps", s.steps()}, {"half_life_steps", s.half_life_steps()},
-          {"sample_tokens", s.sample_size()}, {"per_layer", layers}};
-}
-
-}  // namespace
 
 ControlPlane::ControlPlane(ControlContext context)
     : c_(context),
@@ -151,7 +102,7 @@ BoundaryActions ControlPlane::decide() {
 }
 
 void ControlPlane::finish_reoptimize() {
-  Plan plan = optimizing_.get();
+  ReoptimizePlan plan = optimizing_.get();
   auto [request, reply] = std::move(*reoptimize_);
   reoptimize_.reset();
   if (!plan.error.empty()) {
@@ -160,7 +111,7 @@ void ControlPlane::finish_reoptimize() {
     return;
   }
   json answer = {{"dry_run", request.params.value("dry_run", false)},
-                 {"predicted", plan.predicted},
+                 {"predicted", predicted_json(plan.now, plan.after)},
                  {"moves", json::array()},
                  {"migration", nullptr}};
   for (const auto& m : plan.moves)
@@ -182,24 +133,13 @@ void ControlPlane::apply(const BoundaryActions& actions) {
         std::optional<placement::RoutingStats> merged = gather_stats("routing statistics for reoptimize");
         if (c_.rank == 0 && reoptimize_ && !optimizing_.valid()) {
           // Plan on a thread of rank 0's own: steps go on meanwhile.
-          const json params = reoptimize_->first.params;
+          const json& asked = reoptimize_->first.params;
+          ReoptimizeRequest params;
+          params.policy = asked.value("policy", std::string("metis"));
+          if (asked.contains("max_moves")) params.max_moves = asked["max_moves"].get<int>();
           optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
-                                                        topology = c_.topology, params]() -> Plan {
-            try {
-              placement::OptimizeOptions o;
-              o.policy = params.value("policy", std::string("metis"));
-              placement::Placement next = placement::optimize(stats, topology, o);
-              next = placement::relabel_to_minimise_moves(current, next, topology);
-              placement::RoutingTrace sample = stats.sample_trace();
-              if (params.contains("max_moves"))
-                next = placement::limit_moves(current, next, params["max_moves"], sample, topology);
-              return {placement::moves(current, next),
-                      cost_json(placement::evaluate(sample, current, topology),
-                                placement::evaluate(sample, next, topology)),
-                      ""};
-            } catch (const std::exception& e) {
-              return {{}, nullptr, e.what()};
-            }
+                                                        topology = c_.topology, params] {
+            return plan_reoptimization(stats, current, topology, params);
           });
         }
         break;
@@ -278,26 +218,7 @@ void ControlPlane::commit_placement() {
   placement_json_ = placement_json(c_.placement);
 }
 
-json ControlPlane::migration_json() const {
-  const MigrationRecord* record = coordinator_.migration();
-  if (!record) return nullptr;
-  const MigrationRecord& m = *record;
-  json j = {{"id", m.id},       {"state", state_name(m.state)}, {"why", m.why},   {"bytes", m.bytes},
-            {"done_bytes", m.done}, {"moves", m.moves.size()}};
-  if (!m.moves.empty()) {
-    j["layer"] = m.moves[0].layer;
-    j["expert"] = m.moves[0].expert;
-    j["from"] = m.moves[0].from;
-    j["to"] = m.moves[0].to;
-  }
-  if (!m.error.empty()) j["error"] = m.error;
-  j["transfer_s"] = m.transfer_seconds;
-  if (m.transfer_seconds > 0) j["transfer_gbps"] = double(m.done) / m.transfer_seconds / 1e9;
-  j["steps_during"] = m.step_ms_during.count();
-  if (m.step_ms_during.count()) j["step_ms_p99_during"] = m.step_ms_during.quantile(0.99);
-  if (m.step_ms_before.count()) j["step_ms_p99_before"] = m.step_ms_before.quantile(0.99);
-  return j;
-}
+json ControlPlane::migration_json() const { return runtime::migration_json(coordinator_.migration()); }
 
 // Visible at once: a client that polls right after an answer finds it.
 void ControlPlane::publish_migration() {

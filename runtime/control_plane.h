@@ -36,6 +36,7 @@
 #include "runtime/control_messages.h"
 #include "runtime/migration.h"
 #include "runtime/migration_coordinator.h"
+#include "runtime/reoptimizer.h"
 #include "runtime/report.h"
 #include "runtime/weights/expert_store.h"
 
@@ -78,12 +79,6 @@ class ControlPlane {
 
  private:
   using json = nlohmann::json;
-  // A re-optimisation's result, made on a thread of rank 0's own.
-  struct Plan {
-    std::vector<placement::Move> moves;
-    json predicted;
-    std::string error;  // set when planning failed
-  };
 
   BoundaryActions decide();                    // rank 0
   void apply(const BoundaryActions& actions);  // every rank
@@ -101,7 +96,7 @@ class ControlPlane {
   // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
   MigrationCoordinator coordinator_;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
-  std::future<Plan> optimizing_;                                      // the plan, being made
+  std::future<ReoptimizePlan> optimizing_;  // the plan, made on a thread of rank 0's own
   // This rank's side of the running migration.
   MigrationWindows windows_;
   std::unique_ptr<MigrationTransfer> transfer_;

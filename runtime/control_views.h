@@ -1,0 +1,24 @@
+// What the admin socket shows of the control plane, rendered as JSON: the
+// placement, a summary of the routing statistics, a re-optimisation's
+// predicted cost, and the running or last migration. Pure functions.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "placement/cost_model.h"
+#include "placement/placement.h"
+#include "placement/routing_stats.h"
+#include "runtime/migration_coordinator.h"
+
+namespace moed::runtime {
+
+nlohmann::json placement_json(const placement::Placement& p);
+// Per layer: tokens, the hottest expert and its load over the mean, the most
+// co-activated pair.
+nlohmann::json stats_summary(const placement::RoutingStats& stats);
+// Each cost figure now and after, as {"now": x, "after": y}.
+nlohmann::json predicted_json(const placement::Cost& now, const placement::Cost& after);
+// null when no migration has run.
+nlohmann::json migration_json(const MigrationRecord* migration);
+
+}  // namespace moed::runtime

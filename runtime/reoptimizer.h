@@ -1,0 +1,34 @@
+// Re-optimisation's plan, as a pure function: from the cluster's merged
+// routing statistics and the current placement, the slot moves to a better
+// placement and the cost before and after, predicted on the statistics'
+// sample of tokens. The control plane runs it on a thread of rank 0's own.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "placement/cost_model.h"
+#include "placement/placement.h"
+#include "placement/placement_diff.h"
+#include "placement/routing_stats.h"
+#include "placement/topology.h"
+
+namespace moed::runtime {
+
+struct ReoptimizeRequest {
+  std::string policy = "metis";   // placement::OptimizeOptions::policy
+  std::optional<int> max_moves;  // at most this many slot moves, best gain first
+};
+
+struct ReoptimizePlan {
+  std::vector<placement::Move> moves;
+  placement::Cost now, after;  // predicted on the statistics' sample
+  std::string error;           // set when planning failed (then nothing else is)
+};
+
+// Never throws: a failure comes back as the plan's error.
+ReoptimizePlan plan_reoptimization(const placement::RoutingStats& stats, const placement::Placement& current,
+                                   const placement::Topology& topology, const ReoptimizeRequest& request);
+
+}  // namespace moed::runtime

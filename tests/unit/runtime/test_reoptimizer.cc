@@ -1,0 +1,91 @@
+// Re-optimisation's plan (runtime/reoptimizer.h) and the control plane's JSON
+// views (runtime/control_views.h).
+#include <gtest/gtest.h>
+
+#include "placement/placement.h"
+#include "placement/placement_diff.h"
+#include "placement/routing_stats.h"
+#include "placement/synthetic_routing.h"
+#include "placement/topology.h"
+#include "runtime/control_views.h"
+#include "runtime/reoptimizer.h"
+
+namespace moed::runtime {
+namespace {
+
+const placement::RoutingStats& stats() {
+  static const placement::RoutingStats s = [] {
+    placement::SyntheticRoutingSpec spec;
+    spec.layers = 2;
+    spec.experts = 16;
+    spec.top_k = 2;
+    const placement::RoutingTrace trace = placement::synthetic_routing(spec, 0, 2000);
+    return placement::RoutingStats::from_trace(trace, 0, trace.tokens());
+  }();
+  return s;
+}
+
+TEST(Reoptimizer, PlansMovesThatLowerThePredictedCrossIslandTraffic) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::shuffled(4, 2, 16, 7);
+  const ReoptimizePlan plan = plan_reoptimization(stats(), current, topology, {});
+  ASSERT_TRUE(plan.error.empty()) << plan.error;
+  EXPECT_FALSE(plan.moves.empty());
+  EXPECT_LT(plan.after.cross_island_copies_per_token, plan.now.cross_island_copies_per_token);
+  // Applying the moves gives a valid placement of the same shape.
+  const placement::Placement next = placement::apply_moves(current, plan.moves);
+  EXPECT_NO_THROW(next.validate("the planned placement"));
+}
+
+class MoveLimit : public ::testing::TestWithParam<int> {};
+
+TEST_P(MoveLimit, IsHeld) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::shuffled(4, 2, 16, 7);
+  ReoptimizeRequest request;
+  request.max_moves = GetParam();
+  const ReoptimizePlan plan = plan_reoptimization(stats(), current, topology, request);
+  ASSERT_TRUE(plan.error.empty()) << plan.error;
+  EXPECT_LE(int(plan.moves.size()), GetParam());
+  EXPECT_LE(plan.after.cross_island_copies_per_token, plan.now.cross_island_copies_per_token);
+}
+INSTANTIATE_TEST_SUITE_P(Limits, MoveLimit, ::testing::Values(0, 1, 3, 8));
+
+TEST(Reoptimizer, AFailureComesBackAsTheError) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  ReoptimizeRequest request;
+  request.policy = "no-such-policy";
+  const ReoptimizePlan plan = plan_reoptimization(stats(), placement::contiguous(4, 2, 16), topology, request);
+  EXPECT_NE(plan.error.find("no-such-policy"), std::string::npos) << plan.error;
+  EXPECT_TRUE(plan.moves.empty());
+}
+
+TEST(ControlViews, PlacementAndMigrationJson) {
+  placement::Placement p = placement::contiguous(2, 1, 4);
+  p.set_epoch(3);
+  const auto j = placement_json(p);
+  EXPECT_EQ(j["epoch"], 3);
+  EXPECT_EQ(j["slots"][0][3], nlohmann::json::array({1}));
+  EXPECT_TRUE(migration_json(nullptr).is_null());
+  MigrationRecord m;
+  m.id = 4;
+  m.moves = {{0, 3, 1, 0, 1}};
+  m.state = MigrationState::aborted;
+  m.error = "refused: rank 0";
+  m.bytes = 10;
+  const auto mj = migration_json(&m);
+  EXPECT_EQ(mj["state"], "aborted");
+  EXPECT_EQ(mj["error"], "refused: rank 0");
+  EXPECT_EQ(mj["from"], 1);
+  EXPECT_EQ(mj["steps_during"], 0);
+  EXPECT_FALSE(mj.contains("step_ms_p99_during"));
+}
+
+TEST(ControlViews, StatsSummaryNamesTheHottestExpert) {
+  const auto j = stats_summary(stats());
+  EXPECT_EQ(j["per_layer"].size(), 2u);
+  for (const auto& layer : j["per_layer"]) EXPECT_GE(layer["hottest_over_mean"].get<double>(), 1.0);
+}
+
+}  // namespace
+}  // namespace moed::runtime
