@@ -1,5 +1,6 @@
 #include "runtime/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <ostream>
 #include <sstream>
@@ -272,10 +273,16 @@ Config load_config_text(const std::string& toml_text, const std::string& origin,
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::string text;
   if (!path.empty()) {
+    // A directory opens as a stream that reads nothing: it would load as
+    // the defaults, silently.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      MOED_THROW(Usage, "config: {} is a directory, not a config file", path);
     std::ifstream in(path);
     if (!in) MOED_THROW(Usage, "config: cannot open {}", path);
     std::stringstream ss;
     ss << in.rdbuf();
+    if (in.bad()) MOED_THROW(Usage, "config: cannot read {}", path);
     text = ss.str();
   }
   return load_config_text(text, path.empty() ? "defaults" : path, overrides);

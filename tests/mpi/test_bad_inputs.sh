@@ -29,6 +29,7 @@ config)
   bad "'layers' in .* is not a section" "key outside a section" -- 'layers = 4'
   bad 'bad.toml:2:' "TOML syntax error" -- $'[model]\nlayers = = 3'
   expect_failure 2 'cannot open .*/missing.toml' "missing config file" -- "$MOED" --config "$SCRATCH/missing.toml"
+  expect_failure 2 "config: $SCRATCH is a directory, not a config file" "a directory as config" -- "$MOED" --config "$SCRATCH"
   expect_failure 2 '--set expects section.key=value' "malformed --set" -- "$MOED" --set layers=3 --print-config
   expect_failure 2 'unknown key \[model\]\.depth' "unknown key by --set" -- "$MOED" --set model.depth=3 --print-config
   expect_failure 2 '\[log\]\.level = "loud" is not allowed' "bad --log-level" -- "$MOED" --log-level loud --print-config

@@ -85,6 +85,14 @@ TEST(ConfigLoad, OverridesApplyAfterTheFileInOrder) {
   EXPECT_DOUBLE_EQ(c.workload.hot_ratio, 1.5);
 }
 
+TEST(ConfigLoad, ADirectoryIsRefusedNotReadAsTheDefaults) {
+  test::TempDir dir;
+  expect_error([&] { load_config(dir.path().string(), {}); }, ErrorKind::Usage,
+               {dir.path().string(), "is a directory, not a config file"});
+  expect_error([&] { load_config((dir.path() / "missing.toml").string(), {}); }, ErrorKind::Usage,
+               {"cannot open", "missing.toml"});
+}
+
 TEST(ConfigLoad, CrossKeyChecksSeeTheOverriddenValues) {
   // The file alone is valid; the override makes top_k exceed experts.
   expect_error([] { load("[model]\nexperts = 4\ntop_k = 1\n", {"model.top_k=5"}); },
