@@ -49,7 +49,10 @@ std::optional<placement::RoutingStats> ControlPlane::gather_stats(const std::str
 
 bool ControlPlane::boundary(std::uint64_t step) {
   std::string text;
-  if (c_.rank == 0) text = encode_actions(decide());
+  if (c_.rank == 0) {
+    text = encode_actions(decide());
+    if (!text.empty()) publish_migration();  // an abort shows at once, also at the last boundary
+  }
   c_.control.broadcast_text(text, fmt::format("control actions of step {}", step));
   const BoundaryActions actions = decode_actions(text);
   apply(actions);

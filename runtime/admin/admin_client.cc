@@ -5,6 +5,7 @@
 #include <sys/un.h>
 
 #include <cerrno>
+#include <exception>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -85,7 +86,9 @@ void AdminClient::send_line(std::string_view line, Millis timeout) {
         throw ConnectError("cannot send to " + path_ + ": no progress within " + seconds_text(timeout));
       continue;
     }
-    throw ConnectError("cannot send to " + path_ + ": " + std::strerror(errno));
+    const int err = errno;
+    if (err == EPIPE || err == ECONNRESET) throw ConnectionLost("cannot send to " + path_ + ": " + std::strerror(err));
+    throw ConnectError("cannot send to " + path_ + ": " + std::strerror(err));
   }
 }
 
@@ -108,14 +111,16 @@ std::string AdminClient::read_line(Millis timeout) {
       buffer_.append(chunk, static_cast<std::size_t>(n));
       continue;
     }
-    if (n == 0) throw ConnectError("the daemon at " + path_ + " closed the connection without an answer");
+    if (n == 0) throw ConnectionLost("the daemon at " + path_ + " closed the connection without an answer");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (!wait(POLLIN, deadline))
         throw ConnectError("no answer from " + path_ + " within " + seconds_text(timeout));
       continue;
     }
-    throw ConnectError("cannot read from " + path_ + ": " + std::strerror(errno));
+    const int err = errno;
+    if (err == ECONNRESET) throw ConnectionLost("cannot read from " + path_ + ": " + std::strerror(err));
+    throw ConnectError("cannot read from " + path_ + ": " + std::strerror(err));
   }
 }
 
@@ -123,11 +128,11 @@ json AdminClient::call(const json& request, Millis timeout, std::string* raw) {
   const json id = request.is_object() && request.contains("id") ? request["id"] : json();
   // A refusal at accept time comes before any request; the send may then fail
   // while the refusal waits to be read, so read before giving up.
-  std::string send_failure;
+  std::exception_ptr send_failure;
   try {
     send_line(request.dump(), timeout);
-  } catch (const ConnectError& e) {
-    send_failure = e.what();
+  } catch (const ConnectError&) {
+    send_failure = std::current_exception();
   }
   const auto deadline = Clock::now() + timeout;
   for (;;) {
@@ -136,7 +141,7 @@ json AdminClient::call(const json& request, Millis timeout, std::string* raw) {
     try {
       line = read_line(std::max(left, Millis(0)));
     } catch (const ConnectError&) {
-      if (!send_failure.empty()) throw ConnectError(send_failure);
+      if (send_failure) std::rethrow_exception(send_failure);
       throw;
     }
     json answer = json::parse(line, nullptr, false);
@@ -197,9 +202,16 @@ class Run {
   // Polls `migration` until the migration is committed or aborted.
   int follow(AdminClient& client, std::int64_t id) {
     std::string last;
+    std::string state = "prepare";  // the last state seen
     for (;;) {
       std::string line;
-      const json answer = call(client, json{{"cmd", "migration"}, {"migration_id", id}}, line);
+      json answer;
+      try {
+        answer = call(client, json{{"cmd", "migration"}, {"migration_id", id}}, line);
+      } catch (const ConnectionLost& e) {  // not a timeout: the daemon went away
+        end_bar();
+        return daemon_gone(id, state, e.what());
+      }
       if (!answer_ok_flag(answer)) {
         if (inv_.as_json) out_ << line << "\n" << std::flush;
         end_bar();
@@ -212,6 +224,7 @@ class Run {
         return kExitError;
       }
       show(m, line, last);
+      state = m.value("state", state);
       if (migration_finished(m)) {
         end_bar();
         if (!migration_aborted(m)) return kExitOk;
@@ -222,6 +235,23 @@ class Run {
       }
       std::this_thread::sleep_for(options_.poll_interval);
     }
+  }
+
+  // The daemon closed the connection while the migration ran (a shutdown, a
+  // drain, a failed rank). Ranks switch placement only at commit, and a stopping
+  // daemon aborts a migration before its commit, so the last state seen
+  // says which placement survives.
+  int daemon_gone(std::int64_t id, const std::string& state, const std::string& detail) {
+    if (state == "commit" || state == "release" || state == "committed") {
+      err_ << "moectl: migration " << id << " committed (state " << state
+           << ") before the daemon stopped; the new placement is the committed one (" << detail << ")\n";
+      return kExitOk;
+    }
+    err_ << "moectl: aborted: migration " << id << " was in " << state
+         << " when the daemon stopped (a shutdown, a drain or a failed rank) and ends without its commit; "
+            "the old placement is the committed one ("
+         << detail << ")\n";
+    return kExitError;
   }
 
   // One progress report, when something changed since the last.

@@ -22,6 +22,12 @@ class ConnectError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+// The daemon closed the connection (or reset it): it stopped, unlike a
+// timeout, where it may be busy.
+class ConnectionLost : public ConnectError {
+ public:
+  using ConnectError::ConnectError;
+};
 
 class AdminClient {
  public:

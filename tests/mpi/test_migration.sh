@@ -5,8 +5,9 @@
 #            reoptimize --apply: outputs bit-exact against a run without any
 #            migration, and the committed placement written; metrics, stats
 #            dumps, drain; a migration over the MPI backend's windows
-#   faults   a transfer that fails midway, a checksum mismatch, a destination
-#            without memory: each aborts, and serving goes on on the old epoch
+#   faults   a transfer that fails midway, a checksum mismatch, a shutdown
+#            while moectl follows, a destination without memory: each aborts,
+#            and serving goes on on the old epoch
 #   restart  a rank killed during a migration ends the job with a clear
 #            message; relaunched, the cluster resumes the committed placement
 #            and its statistics
@@ -141,6 +142,23 @@ faults)
   expect_ctl 0 'serving' "serving on after the mismatch" -- status
   stop_daemon
   same_as_reference "outputs across a migration aborted on its checksum vs no migration"
+
+  # A shutdown while moectl follows a migration: the migration aborts before
+  # its commit, and moectl says so (exit 1), not "cannot connect" (exit 3).
+  start_daemon shutdown --set migration.chunk_mb=0.0002
+  rc=0
+  ctl migrate 1 3 0 >"$run/follow.out" 2>&1 &
+  follower=$!
+  for _ in $(seq 100); do grep -q 'transfer' "$run/follow.out" 2>/dev/null && break; sleep 0.1; done
+  ctl shutdown >/dev/null
+  wait "$follower" || rc=$?
+  wait_daemon
+  [ "$rc" = 1 ] || { cat "$run/follow.out" >&2; fail "moectl migrate during a shutdown: exit $rc, expected 1"; }
+  grep -Eq 'aborted.*(shutting down|when the daemon stopped)' "$run/follow.out" ||
+    { cat "$run/follow.out" >&2; fail "moectl migrate during a shutdown does not say the migration aborted"; }
+  grep -q 'cannot connect' "$run/follow.out" && { cat "$run/follow.out" >&2; fail "moectl says cannot connect"; }
+  echo "ok: a shutdown during a followed migration: $(grep -m1 aborted "$run/follow.out" | cut -c1-140)"
+  [ "$daemon_rc" = 0 ] || fail "moed exited with $daemon_rc after a shutdown during a migration"
 
   # 6 slots of 73.7 kB each are 0.44 MB: a seventh does not fit in 0.45 MB.
   start_daemon memory --set migration.memory_mb=0.45

@@ -362,6 +362,39 @@ TEST_F(MoectlRunTest, AbortedMigrationExitsOne) {
             "placement is still served\n");
 }
 
+// The daemon stops (its admin server goes) while moectl follows a migration
+// that has not reached its commit: moectl says the migration ends aborted.
+TEST_F(MoectlRunTest, DaemonStoppingBeforeTheCommitIsAnAbort) {
+  for (const bool past_commit : {false, true}) {
+    polls_ = 0;
+    states_ = past_commit ? std::vector<std::string>{"verify", "commit"} : std::vector<std::string>{"transfer"};
+    server_.reset();
+    SetUp();  // a fresh server
+    int rc = -1;
+    std::thread follower([&] { rc = run({"migrate", "1", "2", "1"}); });
+    for (;;) {  // let it poll a few times, then stop the "daemon"
+      {
+        std::lock_guard lock(mutex_);
+        if (polls_ >= 3) break;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    server_.reset();
+    follower.join();
+    if (past_commit) {
+      EXPECT_EQ(rc, kExitOk) << err_.str();
+      EXPECT_NE(err_.str().find("migration 9 committed (state commit) before the daemon stopped"), std::string::npos)
+          << err_.str();
+    } else {
+      EXPECT_EQ(rc, kExitError) << err_.str();
+      EXPECT_NE(err_.str().find("moectl: aborted: migration 9 was in transfer when the daemon stopped"),
+                std::string::npos)
+          << err_.str();
+    }
+    EXPECT_EQ(err_.str().find("cannot connect"), std::string::npos) << err_.str();
+  }
+}
+
 TEST_F(MoectlRunTest, JsonFollowPrintsEachChangedAnswer) {
   EXPECT_EQ(run({"--json", "migrate", "1", "2", "1"}), kExitOk);
   std::istringstream lines(out_.str());
