@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <optional>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -109,6 +110,7 @@ struct Client {
   bool closing = false;      // read nothing more; close once everything is written
   bool dead = false;         // close now
   Clock::time_point last_activity = Clock::now();
+  std::optional<Clock::time_point> line_started;  // the unfinished line's first byte
 
   std::size_t pending_bytes() const { return out.size() - out_off + held_bytes; }
   bool drained() const { return slots.empty() && out_off == out.size(); }
@@ -145,7 +147,7 @@ struct AdminServer::Impl {
 
   struct AtomicCounters {
     std::atomic<std::uint64_t> accepted{0}, refused_uid{0}, refused_full{0}, requests{0},
-        lines_too_long{0}, dropped_slow{0}, closed_idle{0}, turns{0};
+        lines_too_long{0}, dropped_slow{0}, closed_idle{0}, closed_slow_line{0}, evicted{0}, turns{0};
   } counters;
 
   void run();
@@ -153,6 +155,7 @@ struct AdminServer::Impl {
   int poll_timeout_ms() const;
   void accept_all();
   void admit(UniqueFd fd);
+  bool evict_oldest_partial_line();
   void read_from(Client& c);
   void handle_lines(Client& c);
   void handle_line(Client& c, std::string_view line);
@@ -195,6 +198,11 @@ int AdminServer::Impl::poll_timeout_ms() const {
            std::chrono::milliseconds(1);
   for (const auto& c : clients) {
     if (c->backlog) return 0;
+    if (c->line_started) {
+      const auto deadline = *c->line_started + std::chrono::milliseconds(limits.line_timeout_ms);
+      wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
+                                std::chrono::milliseconds(1));
+    }
     if (c->in_flight > 0) continue;
     const auto deadline = c->last_activity + std::chrono::milliseconds(limits.idle_timeout_ms);
     wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
@@ -278,7 +286,7 @@ void AdminServer::Impl::admit(UniqueFd fd) {
                                                        cred.uid, self)));
     return;
   }
-  if (static_cast<int>(clients.size()) >= limits.max_clients) {
+  if (static_cast<int>(clients.size()) >= limits.max_clients && !evict_oldest_partial_line()) {
     ++counters.refused_full;
     send_final_line(fd.get(), answer_error(nullptr, code::kTooManyClients,
                                            fmt::format("the admin socket serves at most {} "
@@ -293,6 +301,22 @@ void AdminServer::Impl::admit(UniqueFd fd) {
   clients.push_back(std::move(client));
 }
 
+// Frees a slot by closing the client whose unfinished line started first;
+// false when no client is in the middle of a line.
+bool AdminServer::Impl::evict_oldest_partial_line() {
+  Client* oldest = nullptr;
+  for (const auto& c : clients)
+    if (c->line_started && !c->dead && (!oldest || *c->line_started < *oldest->line_started)) oldest = c.get();
+  if (!oldest) return false;
+  ++counters.evicted;
+  send_final_line(oldest->fd.get(),
+                  answer_error(nullptr, code::kEvicted,
+                               "every admin slot was taken: this connection's unfinished line gave its "
+                               "slot to a new client"));
+  std::erase_if(clients, [&](const std::unique_ptr<Client>& c) { return c.get() == oldest; });
+  return true;
+}
+
 void AdminServer::Impl::read_from(Client& c) {
   if (c.read_closed || c.closing || c.dead) return;
   char buffer[kReadChunk];
@@ -300,6 +324,7 @@ void AdminServer::Impl::read_from(Client& c) {
   for (int reads = 0; reads < 4 && c.in.size() <= limits.max_line; ++reads) {
     const ssize_t n = ::recv(c.fd.get(), buffer, sizeof buffer, MSG_DONTWAIT);
     if (n > 0) {
+      if (c.in.empty()) c.line_started = Clock::now();
       c.in.append(buffer, static_cast<std::size_t>(n));
       c.last_activity = Clock::now();
       if (static_cast<std::size_t>(n) < sizeof buffer) return;
@@ -339,10 +364,17 @@ void AdminServer::Impl::handle_lines(Client& c) {
     c.in.clear();
     c.scan = 0;
     c.backlog = false;
+    c.line_started.reset();
     return;
   }
   c.in.erase(0, begin);
   c.scan = c.scan > begin ? c.scan - begin : 0;
+  // What is left is the start of the next line; it arrived in the last read.
+  if (c.in.empty()) {
+    c.line_started.reset();
+  } else if (begin > 0) {
+    c.line_started = Clock::now();
+  }
   if (c.backlog) return;
   // What is left has no newline: the start of a line still coming in.
   if (c.in.size() > limits.max_line) {
@@ -505,11 +537,20 @@ void AdminServer::Impl::write_to(Client& c) {
 void AdminServer::Impl::reap() {
   const auto now = Clock::now();
   const auto idle = std::chrono::milliseconds(limits.idle_timeout_ms);
+  const auto line_limit = std::chrono::milliseconds(limits.line_timeout_ms);
   std::erase_if(clients, [&](const std::unique_ptr<Client>& c) {
     if (c->dead) return true;
     if ((c->closing || c->read_closed) && !c->backlog && c->drained()) return true;
     if (c->in_flight == 0 && now - c->last_activity > idle) {
       ++counters.closed_idle;
+      return true;
+    }
+    if (c->line_started && !c->backlog && now - *c->line_started > line_limit) {
+      ++counters.closed_slow_line;
+      send_final_line(c->fd.get(), answer_error(nullptr, code::kLineTimeout,
+                                                fmt::format("a request line must end (newline) within {} ms of "
+                                                            "its first byte",
+                                                            limits.line_timeout_ms)));
       return true;
     }
     return false;
@@ -559,7 +600,8 @@ AdminCounters AdminServer::counters() const {
   const auto& a = impl_->counters;
   return AdminCounters{a.accepted.load(),       a.refused_uid.load(),   a.refused_full.load(),
                        a.requests.load(),       a.lines_too_long.load(), a.dropped_slow.load(),
-                       a.closed_idle.load(),    a.turns.load()};
+                       a.closed_idle.load(),    a.closed_slow_line.load(), a.evicted.load(),
+                       a.turns.load()};
 }
 
 std::string AdminServer::socket_path(const std::string& dir, int rank) {

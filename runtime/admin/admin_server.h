@@ -25,7 +25,12 @@
 // `too_many_clients` line. A line over max_line gets `line_too_long` and the
 // connection is closed; a client whose unread answers exceed max_pending_bytes
 // is dropped; a client idle for idle_timeout_ms (no bytes either way, no reply
-// pending) is closed. A client that half-closes still gets its answers.
+// pending) is closed, and so is one that has not finished a line within
+// line_timeout_ms of its first byte (`line_timeout`). When every slot is
+// taken, a new client evicts the one whose unfinished line is oldest
+// (`evicted`); only when no client holds one is it refused. So clients that
+// trickle bytes cannot lock an operator out. A client that half-closes still
+// gets its answers.
 #pragma once
 
 #include <sys/types.h>
@@ -45,6 +50,9 @@ struct Limits {
   std::size_t max_pending_bytes = 1024 * 1024;   // answers queued for a client that does not read
   int max_clients = 64;
   int idle_timeout_ms = 60'000;
+  // From a line's first byte to its newline: a client that dribbles bytes is
+  // never idle, so idleness alone would let it hold a slot for ever.
+  int line_timeout_ms = 10'000;
   int max_in_flight = 8;  // control requests awaiting their reply, per connection
 };
 
@@ -64,6 +72,8 @@ struct AdminCounters {
   std::uint64_t lines_too_long = 0;
   std::uint64_t dropped_slow = 0;      // past max_pending_bytes
   std::uint64_t closed_idle = 0;
+  std::uint64_t closed_slow_line = 0;  // a line not finished within line_timeout_ms
+  std::uint64_t evicted = 0;           // partial lines dropped to admit a new client
   std::uint64_t turns = 0;             // poll loop turns: an idle server must not spin
 };
 

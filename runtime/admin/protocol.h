@@ -45,6 +45,8 @@ inline constexpr std::string_view kShuttingDown = "shutting_down";
 // Connection-level refusals, sent as the only line before the server closes.
 inline constexpr std::string_view kForbidden = "forbidden";         // peer uid not allowed
 inline constexpr std::string_view kTooManyClients = "too_many_clients";
+inline constexpr std::string_view kLineTimeout = "line_timeout";  // a line too slow to finish; closed
+inline constexpr std::string_view kEvicted = "evicted";  // an unfinished line's slot, given to a new client
 inline constexpr std::string_view kTooManyRequests = "too_many_requests";  // in flight, per client
 }  // namespace code
 

@@ -520,6 +520,52 @@ TEST_F(AdminServerTest, IdleClientsTimeOut) {
   EXPECT_EQ(server->counters().closed_idle, 1u);
 }
 
+// A client that sends a byte now and then is never idle; the line timeout
+// still closes it.
+TEST_F(AdminServerTest, ALineTooSlowToFinishIsClosed) {
+  Limits limits;
+  limits.line_timeout_ms = 300;
+  auto server = start(0, limits);
+  RawClient slow(server->path());
+  const auto t0 = Clock::now();
+  bool closed = false;
+  for (int i = 0; i < 40 && !closed; ++i) {  // a byte every 50 ms, never a newline
+    closed = !slow.write("{");
+    if (!closed) closed = slow.closed_by_server(50ms);
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_GE(Clock::now() - t0, 250ms);
+  EXPECT_EQ(server->counters().closed_slow_line, 1u);
+  // A line finished in time is served, however it is split.
+  RawClient fine(server->path());
+  EXPECT_TRUE(fine.write(R"({"cmd":)"));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(fine.call(R"("status"})")["ok"], true);
+}
+
+// Every slot held by clients trickling bytes (the lockout a hostile tester
+// found): a new client takes the slot of the oldest unfinished line.
+TEST_F(AdminServerTest, TricklingClientsCannotLockTheOperatorOut) {
+  Limits limits;
+  limits.max_clients = 4;
+  auto server = start(0, limits);
+  std::vector<std::unique_ptr<RawClient>> tricklers;
+  for (int i = 0; i < 4; ++i) {
+    tricklers.push_back(std::make_unique<RawClient>(server->path()));
+    ASSERT_TRUE(tricklers.back()->write("{"));
+    std::this_thread::sleep_for(20ms);  // so that the first is the oldest
+  }
+  RawClient operator_client(server->path());
+  EXPECT_EQ(operator_client.call(R"({"cmd":"status"})")["ok"], true);
+  EXPECT_EQ(server->counters().evicted, 1u);
+  const json evicted = tricklers[0]->read_answer();
+  EXPECT_EQ(evicted["error"]["code"], "evicted");
+  EXPECT_TRUE(tricklers[0]->closed_by_server());
+  // The others keep their slots and can finish their lines.
+  EXPECT_EQ(tricklers[1]->call(R"("cmd":"status"})")["ok"], true);
+  // (Clients without an unfinished line are never evicted: HundredClientsAtOnce...)
+}
+
 TEST_F(AdminServerTest, StaleSocketIsReplacedLiveOneRefused) {
   ASSERT_EQ(::mkdir(dir().c_str(), 0700), 0);
   const std::string path = socket_path(dir(), 0);
