@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/quote.h"
 
 namespace moed::config::detail {
 namespace {
@@ -27,7 +28,7 @@ const char* type_name(ValueType t) {
 }
 
 std::string node_text(const toml::node& node) {
-  if (auto s = node.value_exact<std::string>()) return fmt::format("string \"{}\"", *s);
+  if (auto s = node.value_exact<std::string>()) return "string " + quote_input(*s);
   if (auto i = node.value_exact<std::int64_t>()) return fmt::format("integer {}", *i);
   if (auto d = node.value_exact<double>()) return fmt::format("number {}", *d);
   if (auto b = node.value_exact<bool>()) return fmt::format("boolean {}", *b);
@@ -105,22 +106,24 @@ Value read_value(const toml::node& node, ValueType type, double min, double max,
     MOED_THROW(Usage, "config: {} must be {}, got {}{}", where, type_name(type), node_text(node),
                location(node));
   };
-  auto check_range = [&](double v) {
+  // `shown`: the value as the user wrote it (an int64 near its limits has no
+  // exact double, and 9223372036854775807 must not read 9.223372036854776e+18).
+  auto check_range = [&](double v, const std::string& shown) {
     if (v < min || v > max || std::isnan(v))
-      MOED_THROW(Usage, "config: {} = {} is out of range: allowed {}{}", where, format_number(v),
+      MOED_THROW(Usage, "config: {} = {} is out of range: allowed {}{}", where, shown,
                  describe_allowed(type, min, max, choices), location(node));
   };
   switch (type) {
     case ValueType::Integer: {
       if (!node.is_integer()) wrong_type();
       std::int64_t v = *node.value<std::int64_t>();
-      check_range(double(v));
+      check_range(double(v), std::to_string(v));
       return v;
     }
     case ValueType::Real: {
       if (!node.is_number()) wrong_type();
       double v = *node.value<double>();
-      check_range(v);
+      check_range(v, format_number(v));
       return v;
     }
     case ValueType::Boolean:
@@ -130,7 +133,7 @@ Value read_value(const toml::node& node, ValueType type, double min, double max,
       if (!node.is_string()) wrong_type();
       std::string v = *node.value<std::string>();
       if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end())
-        MOED_THROW(Usage, "config: {} = \"{}\" is not allowed: {}{}", where, v,
+        MOED_THROW(Usage, "config: {} = {} is not allowed: {}{}", where, quote_input(v),
                    describe_allowed(type, min, max, choices), location(node));
       return v;
     }
@@ -176,13 +179,13 @@ std::string describe_allowed(ValueType type, double min, double max,
 
 void unknown_key(const std::string& section, const std::string& key,
                  const std::vector<std::string>& known, const toml::node& where) {
-  MOED_THROW(Usage, "config: unknown key [{}].{}{}{}; keys of [{}]: {}", section, key,
+  MOED_THROW(Usage, "config: unknown key [{}].{}{}{}; keys of [{}]: {}", section, sanitize_input(key),
              suggestion(key, known), location(where), section, join(known, ", "));
 }
 
 void unknown_section(const std::string& name, const std::string& origin,
                      const std::vector<std::string>& known) {
-  MOED_THROW(Usage, "config: unknown section [{}] in {}{}; sections: {}", name, origin,
+  MOED_THROW(Usage, "config: unknown section [{}] in {}{}; sections: {}", sanitize_input(name), origin,
              suggestion(name, known), join(known, ", "));
 }
 
@@ -190,7 +193,7 @@ void not_a_table(const std::string& name, const std::string& origin) {
   MOED_THROW(Usage,
              "config: '{}' in {} is not a section: every key belongs to a section, e.g. "
              "[model] layers = 4",
-             name, origin);
+             sanitize_input(name), origin);
 }
 
 void print_comment(std::ostream& os, const std::string& doc, const std::string& allowed,
@@ -202,7 +205,7 @@ Assignment parse_assignment(const std::string& text) {
   auto eq = text.find('=');
   auto dot = text.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
-    MOED_THROW(Usage, "--set expects section.key=value, got '{}'", text);
+    MOED_THROW(Usage, "--set expects section.key=value, got {}", quote_input(text));
   Assignment a;
   a.section = text.substr(0, dot);
   a.key = text.substr(dot + 1, eq - dot - 1);

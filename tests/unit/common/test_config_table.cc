@@ -138,6 +138,27 @@ TEST(ConfigTable, UnknownSectionNamesIt) {
                {"[modle]", "test.toml", "did you mean 'model'"});
 }
 
+// User input in messages is quoted, escaped and cut (hostile testing found a
+// NUL byte cutting a message, a 50 MB value printed whole, and int64 max
+// shown as 9.223372036854776e+18).
+TEST(ConfigTable, UserInputInMessagesIsEscapedAndCut) {
+  expect_error([] { load_text(std::string("[model]\n\"lay\\u0000ers\" = 2\n")); }, ErrorKind::Usage,
+               {"unknown key [model].lay\\x00ers"});
+  expect_error([] { load_text("[model]\nlayers = 9223372036854775807\n"); }, ErrorKind::Usage,
+               {"[model].layers = 9223372036854775807 is out of range"});
+  const std::string huge(1 << 20, 'q');
+  try {
+    load_text("[model]\ndtype = \"" + huge + "\"\n");
+    ADD_FAILURE() << "a 1 MB dtype was accepted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_LT(message.size(), 600u);
+    EXPECT_NE(message.find("...\" (1048576 bytes) is not allowed"), std::string::npos) << message;
+  }
+  expect_error([] { load_text("[model]\nlayers = \"\\u001b[2J\"\n"); }, ErrorKind::Usage,
+               {"got string \"\\x1B[2J\""});
+}
+
 TEST(ConfigTable, KeyOutsideASectionIsRefused) {
   // A top-level key that shares a section's name.
   expect_error([] { load_text("model = 3\n"); }, ErrorKind::Usage,
@@ -247,10 +268,10 @@ TEST_P(ConfigTableBadSet, IsAUsageError) {
 
 INSTANTIATE_TEST_SUITE_P(
     Malformed, ConfigTableBadSet,
-    ::testing::Values(std::pair{"nokey", "section.key=value, got 'nokey'"},
-                      std::pair{"=3", "got '=3'"}, std::pair{"model.=3", "got 'model.=3'"},
-                      std::pair{".layers=3", "got '.layers=3'"},
-                      std::pair{"model.layers", "got 'model.layers'"},
+    ::testing::Values(std::pair{"nokey", "section.key=value, got \"nokey\""},
+                      std::pair{"=3", "got \"=3\""}, std::pair{"model.=3", "got \"model.=3\""},
+                      std::pair{".layers=3", "got \".layers=3\""},
+                      std::pair{"model.layers", "got \"model.layers\""},
                       // Well formed, but refused by the schema.
                       std::pair{"model.layers=many", "[model].layers"},
                       std::pair{"model.layers=0", "out of range"},
