@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/int_ranges.h"
+#include "launch/rank_gpu.h"
 
 namespace moed::launch {
 
@@ -105,11 +106,6 @@ LaunchInfo detect_launch(const EnvLookup& lookup) {
   return info;
 }
 
-int gpu_for_rank(const LaunchInfo& where, int gpu_count) {
-  if (gpu_count <= 0) return -1;
-  return where.local_rank % gpu_count;
-}
-
 std::string format_cpu_list(std::vector<int> cpus) { return format_ranges(std::move(cpus)); }
 
 std::optional<std::vector<int>> parse_cpu_list(std::string_view text) {
@@ -160,17 +156,14 @@ std::string describe_binding(const LaunchInfo& where, const BindingFacts& facts)
                 (facts.cuda_visible_devices->empty() ? std::string("\"\"") : *facts.cuda_visible_devices) +
                 ")"
           : std::string();
-  const int gpu = gpu_for_rank(where, facts.gpu_count);
-  if (gpu < 0) {
+  const RankGpu gpu = gpu_of_rank(where.local_rank, facts.gpu_count, facts.cuda_visible_devices);
+  if (gpu.device < 0) {
     out << ", no GPU" << cvd_note;
     return out.str();
   }
-  out << ", GPU " << gpu << " of " << facts.gpu_count;
+  out << ", GPU " << gpu.device << " of " << facts.gpu_count;
   if (facts.cuda_visible_devices) {
-    // CUDA numbers the visible devices 0.. in the order the variable lists them.
-    const std::vector<std::string> physical = split(*facts.cuda_visible_devices, ',');
-    if (std::size_t(gpu) < physical.size() && !physical[gpu].empty())
-      out << " = physical GPU " << physical[gpu];
+    if (!gpu.physical.empty()) out << " = physical GPU " << gpu.physical;
     out << cvd_note;
   }
   return out.str();

@@ -33,7 +33,7 @@ LaunchInfo detect_launch(const EnvLookup& env = {});
 struct BindingFacts {
   std::vector<int> cpus;  // the CPUs this process may run on, ascending; empty = unknown
   // CUDA devices this process sees; 0 when none or when the daemon serves on
-  // CPU. moed uses device (local rank mod gpu_count), see gpu_for_rank().
+  // CPU. moed uses device (local rank mod gpu_count), see gpu_of_rank().
   int gpu_count = 0;
   // CUDA_VISIBLE_DEVICES as set by the launcher (Slurm's gres, moed-rank
   // --set-cuda-visible-devices, the operator); its entries name the physical GPUs.
@@ -42,10 +42,6 @@ struct BindingFacts {
   // the host exposes no NUMA information. A node without CPUs has an empty list.
   std::vector<std::vector<int>> numa_cpus;
 };
-
-// The CUDA device index this rank uses: local rank mod gpu_count (ranks are
-// packed per host, one per GPU), or -1 when there is no GPU.
-int gpu_for_rank(const LaunchInfo& where, int gpu_count);
 
 // "0-3,8,10-11" for {0,1,2,3,8,10,11}: the kernel's cpulist format. Empty for
 // an empty list. The input need not be sorted; duplicates are ignored.

@@ -17,7 +17,11 @@
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
 #include "launch/launch_env.h"
-#include "launch/topology_discovery.h"
+#include "launch/hwloc_topology.h"
+#include "launch/numa_binding.h"
+#include "launch/nvlink_islands.h"
+#include "launch/rank_topology_codec.h"
+#include "launch/topology_description.h"
 #include "placement/placement_file.h"
 
 namespace moed::runtime {

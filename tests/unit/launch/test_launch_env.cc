@@ -153,15 +153,6 @@ TEST(NumaNodesOf, TheNodesTheCoresTouch) {
   EXPECT_EQ(numa_nodes_of(range(0, 15), {range(0, 15), {}}), std::vector<int>{0});
 }
 
-TEST(GpuForRank, LocalRankModuloTheDevices) {
-  EXPECT_EQ(gpu_for_rank(rank_on_host(3, 8), 8), 3);
-  EXPECT_EQ(gpu_for_rank(rank_on_host(0, 8), 8), 0);
-  EXPECT_EQ(gpu_for_rank(rank_on_host(5, 8), 4), 1);   // more ranks than GPUs: shared
-  EXPECT_EQ(gpu_for_rank(rank_on_host(3, 8), 1), 0);   // CUDA_VISIBLE_DEVICES=one GPU
-  EXPECT_EQ(gpu_for_rank(rank_on_host(3, 8), 0), -1);  // no GPU
-  EXPECT_EQ(gpu_for_rank(rank_on_host(3, 8), -1), -1);
-}
-
 struct BindingCase {
   const char* name;
   int local_rank, local_size;
