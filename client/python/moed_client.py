@@ -21,7 +21,8 @@ slot, valid until the handle is released.
 
 A thin ctypes layer over libmoed_client's C ABI (client/moed_client.h). The
 library is found through $MOED_CLIENT_LIB, then next to this file's build
-tree (build/client), then the system's library path.
+tree (build/client) or install (PREFIX/lib, for PREFIX/python), then the
+system's library path.
 """
 
 import ctypes
@@ -56,6 +57,7 @@ def _find_library():
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.environ.get("MOED_CLIENT_LIB"),
                   os.path.join(here, "..", "..", "build", "client", "libmoed_client.so"),
+                  os.path.join(here, "..", "lib", "libmoed_client.so.0"),
                   ctypes.util.find_library("moed_client")]
     for c in candidates:
         if c and (os.path.exists(c) or not os.path.isabs(c)):
