@@ -313,14 +313,21 @@ void FrontDoor::Impl::welcome(const std::shared_ptr<Session>& s, const wire::Hel
     return;
   }
   const int memfd = s->map_region(layout);
+  // Counted before the welcome goes: a client that has its welcome is
+  // connected in the counters too.
+  {
+    std::lock_guard lock(mutex);
+    clients.push_back({s, {}});
+    ++counts.clients;
+    ++counts.accepted;
+  }
   s->send(wire::encode(wire::Welcome{std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(layers), layout}),
           memfd);
   s->forget_memfd();
-  if (s->dead()) return;
-  std::lock_guard lock(mutex);
-  clients.push_back({s, {}});
-  ++counts.clients;
-  ++counts.accepted;
+  if (s->dead()) {
+    drop(s, "the welcome could not be sent");
+    return;
+  }
   spdlog::debug("front door: client {} (pid {}) connected: {} slots of {} rows", s->id(), s->peer().pid,
                 layout.slots, layout.max_rows);
 }
