@@ -22,7 +22,7 @@ struct Slot {
   double load;
 };
 
-std::vector<double> layer_loads(const RoutingStats& stats, int layer) {
+std::vector<double> layer_loads(const routing::RoutingStats& stats, int layer) {
   std::vector<double> loads(stats.experts());
   for (int e = 0; e < stats.experts(); ++e) loads[e] = stats.load(layer, e);
   return loads;
@@ -128,7 +128,7 @@ constexpr double kIslandTolerance = 0.02;
 // count shared evenly among their replicas (read once from the statistics).
 struct LayerGraph {
   LayerGraph(const std::vector<Slot>& slots, const std::vector<int>& replicas,
-             const RoutingStats& stats, int layer)
+             const routing::RoutingStats& stats, int layer)
       : slots(slots), replicas(replicas), experts(stats.experts()),
         coactivation(std::size_t(experts) * experts, 0.0) {
     for (int a = 0; a < experts; ++a)
@@ -374,7 +374,7 @@ void balance_islands(IslandState& st, const std::vector<Slot>& slots, double tol
 // Renames layer `layer`'s islands so that they follow layer - 1's by
 // affinity (islands of equal size only).
 void align_islands(std::vector<int>& island, const std::vector<Slot>& slots,
-                   const Placement& p, const RoutingStats& stats, int layer, const Topology& topology) {
+                   const Placement& p, const routing::RoutingStats& stats, int layer, const Topology& topology) {
   const int I = topology.islands();
   for (int i = 1; i < I; ++i)
     if (topology.ranks_in(i).size() != topology.ranks_in(0).size()) return;
@@ -392,7 +392,7 @@ void align_islands(std::vector<int>& island, const std::vector<Slot>& slots,
   for (int& i : island) i = rename[i];
 }
 
-void place_layer(const RoutingStats& stats, const Topology& topology, const OptimizeOptions& o,
+void place_layer(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o,
                  int layer, Placement& p) {
   const int R = topology.ranks();
   std::vector<double> loads = layer_loads(stats, layer);
@@ -457,7 +457,7 @@ std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int
   return r;
 }
 
-Placement optimize(const RoutingStats& stats, const Topology& topology, const OptimizeOptions& o) {
+Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o) {
   const int R = topology.ranks(), L = stats.layers(), E = stats.experts();
   if (o.slots_per_rank > 0) slots_per_rank_for(std::vector<int>(E, 1), R, o.slots_per_rank, E);  // refuses too few
   if (o.policy == "contiguous") return contiguous(R, L, E);
@@ -515,7 +515,7 @@ std::vector<std::vector<Move>> group_moves(const std::vector<Move>& layer_moves)
 }  // namespace
 
 Placement limit_moves(const Placement& current, const Placement& target, int max_moves,
-                      const RoutingTrace& sample, const Topology& topology) {
+                      const routing::RoutingTrace& sample, const Topology& topology) {
   std::vector<Move> all = moves(current, target);
   struct Priced {
     std::vector<Move> group;

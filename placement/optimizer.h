@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "placement/placement.h"
-#include "placement/routing_stats.h"
-#include "placement/routing_trace.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/routing_trace.h"
 
 namespace moed::placement {
 
@@ -47,7 +47,7 @@ struct OptimizeOptions {
 
 const std::vector<std::string>& optimizer_policy_names();
 
-Placement optimize(const RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);
+Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);
 
 // Slots of each expert in one layer: 1, or ceil(load / fair share) for a hot
 // expert, plus `redundant` slots to the experts with the most load per slot,
@@ -61,6 +61,6 @@ std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int
 // link costs), and the groups with the best gain per slot moved are applied,
 // best first, while they fit.
 Placement limit_moves(const Placement& current, const Placement& target, int max_moves,
-                      const RoutingTrace& sample, const Topology& topology);
+                      const routing::RoutingTrace& sample, const Topology& topology);
 
 }  // namespace moed::placement

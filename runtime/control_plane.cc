@@ -66,7 +66,7 @@ json placement_json(const placement::Placement& p) {
           {"slots", layers}};
 }
 
-json stats_summary(const placement::RoutingStats& s) {
+json stats_summary(const routing::RoutingStats& s) {
   json layers = json::array();
   for (int l = 0; l < s.layers(); ++l) {
     int hot = 0, pa = 0, pb = s.experts() > 1 ? 1 : 0;
@@ -104,8 +104,8 @@ void ControlPlane::submit(admin::Request request, admin::Reply reply) {
   queue_.emplace_back(std::move(request), std::move(reply));
 }
 
-std::optional<placement::RoutingStats> ControlPlane::gather_stats(const std::string& what) {
-  placement::RoutingStats merged = *c_.stats;
+std::optional<routing::RoutingStats> ControlPlane::gather_stats(const std::string& what) {
+  routing::RoutingStats merged = *c_.stats;
   merged.normalize();
   c_.control.reduce_sum(merged.raw().data(), merged.raw().size(), what);
   std::vector<std::uint32_t> mine = c_.stats->sample_cells();
@@ -281,7 +281,7 @@ void ControlPlane::apply(const json& actions) {
   for (const json& op : actions.value("ops", json::array())) {
     const std::string kind = op.at("op");
     if (kind == "gather_stats") {
-      std::optional<placement::RoutingStats> merged = gather_stats("routing statistics for reoptimize");
+      std::optional<routing::RoutingStats> merged = gather_stats("routing statistics for reoptimize");
       if (c_.rank == 0 && reoptimize_ && !optimizing_.valid()) {
         // Plan on a thread of rank 0's own: steps go on meanwhile.
         const json params = reoptimize_->first.params;
@@ -292,7 +292,7 @@ void ControlPlane::apply(const json& actions) {
             o.policy = params.value("policy", std::string("metis"));
             placement::Placement next = placement::optimize(stats, topology, o);
             next = placement::relabel_to_minimise_moves(current, next, topology);
-            placement::RoutingTrace sample = stats.sample_trace();
+            routing::RoutingTrace sample = stats.sample_trace();
             if (params.contains("max_moves"))
               next = placement::limit_moves(current, next, params["max_moves"], sample, topology);
             json predicted = cost_json(placement::evaluate(sample, current, topology),
@@ -463,7 +463,7 @@ json ControlPlane::snapshot_answer(const admin::Request& request) {
     if (request.params.contains("dump")) {
       const std::string path = request.params["dump"];
       try {
-        placement::write_stats_file(*last_stats_, path);
+        routing::write_stats_file(*last_stats_, path);
       } catch (const Error& e) {
         return admin::error_body(admin::code::kRefused, e.what());
       }

@@ -17,14 +17,21 @@
 #include "placement/cost_model.h"
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
-#include "placement/routing_stats.h"
-#include "placement/routing_trace.h"
-#include "placement/synthetic_routing.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/routing_trace.h"
+#include "routing/synthetic_routing.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::placement {
 namespace {
+
+using routing::read_trace;
+using routing::RoutingChoice;
+using routing::RoutingStats;
+using routing::RoutingTrace;
+using routing::synthetic_routing;
+using routing::SyntheticRoutingSpec;
 
 // ---------------------------------------------------------------- replica_counts
 

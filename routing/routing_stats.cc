@@ -1,4 +1,4 @@
-#include "placement/routing_stats.h"
+#include "routing/routing_stats.h"
 
 #include <algorithm>
 #include <bit>
@@ -14,7 +14,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 namespace {
 
@@ -495,4 +495,4 @@ RoutingStats read_stats_file(const std::string& path) {
   return stats;
 }
 
-}  // namespace moed::placement
+}  // namespace moed::routing

@@ -2,7 +2,7 @@
 // ranks, the path sample, statistics of the Mixtral trace, stats files (round
 // trip and every refusal), the DeepSeek-V3 memory figure and the serving path's
 // promise not to allocate.
-#include "placement/routing_stats.h"
+#include "routing/routing_stats.h"
 
 #include <gtest/gtest.h>
 
@@ -43,7 +43,7 @@ std::atomic<std::uint64_t> g_allocations{0};
 [[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
 [[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
-namespace moed::placement {
+namespace moed::routing {
 namespace {
 
 using test::expect_error;
@@ -728,4 +728,4 @@ TEST(RoutingStats, ServingPathDoesNotAllocate) {
 }
 
 }  // namespace
-}  // namespace moed::placement
+}  // namespace moed::routing

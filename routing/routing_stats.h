@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 class RoutingStats {
  public:
@@ -139,4 +139,4 @@ class RoutingStats {
 void write_stats_file(const RoutingStats& stats, const std::string& path);
 RoutingStats read_stats_file(const std::string& path);
 
-}  // namespace moed::placement
+}  // namespace moed::routing
