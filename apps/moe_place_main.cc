@@ -16,6 +16,7 @@
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
 #include "routing/routing_trace.h"
+#include "routing/stats_file.h"
 #include "runtime/config.h"
 
 namespace {

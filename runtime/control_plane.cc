@@ -11,6 +11,7 @@
 #include "placement/optimizer.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
+#include "routing/stats_file.h"
 
 namespace moed::runtime {
 

@@ -19,6 +19,7 @@
 #include "launch/launch_env.h"
 #include "launch/topology_discovery.h"
 #include "placement/placement_file.h"
+#include "routing/stats_file.h"
 
 namespace moed::runtime {
 
