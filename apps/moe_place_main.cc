@@ -13,14 +13,16 @@
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
-#include "placement/routing_stats.h"
-#include "placement/routing_trace.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/routing_trace.h"
+#include "routing/stats_file.h"
 #include "runtime/config.h"
 
 namespace {
 
 using namespace moed::placement;
+using namespace moed::routing;
 using nlohmann::json;
 
 // What moe-place takes from a moed config: the model's shape, the islands,

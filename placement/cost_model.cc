@@ -21,12 +21,12 @@ class TokenRouter {
  public:
   TokenRouter(const Topology& t) : topology_(t), island_used_(t.islands(), 0), rank_used_(t.ranks(), 0) {}
 
-  void route(std::span<const RoutingChoice> choices, int layer, int home, const Placement& p,
+  void route(std::span<const routing::RoutingChoice> choices, int layer, int home, const Placement& p,
              std::vector<double>& rank_load, Tally& tally) {
     const int home_island = topology_.island_of(home);
     ++epoch_;
     int remote_islands = 0, remote_ranks = 0, home_island_ranks = 0;
-    for (const RoutingChoice& c : choices) {
+    for (const routing::RoutingChoice& c : choices) {
       int r = pick(p.replicas(layer, int(c.expert)), home, home_island, rank_load);
       rank_load[r] += 1;
       if (rank_used_[r] == epoch_) continue;
@@ -79,7 +79,7 @@ void add_layer_loads(const std::vector<double>& rank_load, const Topology& t, Ta
   tally.mean_island += total / t.ranks();
 }
 
-void tally_layer(const RoutingTrace& routing, std::size_t first, std::size_t count, int layer,
+void tally_layer(const routing::RoutingTrace& routing, std::size_t first, std::size_t count, int layer,
                  const Placement& p, const Topology& t, TokenRouter& router, Tally& tally) {
   std::vector<double> rank_load(t.ranks(), 0.0);
   for (std::size_t i = first; i < first + count; ++i) {
@@ -105,7 +105,7 @@ Cost finish(const Tally& t, const Topology& topology) {
   return c;
 }
 
-void check_shapes(const RoutingTrace& routing, std::size_t first, std::size_t count,
+void check_shapes(const routing::RoutingTrace& routing, std::size_t first, std::size_t count,
                   const Placement& p, const Topology& t, int layers) {
   MOED_CHECK(first + count <= routing.tokens(), "tokens [{}, {}) of a trace of {}", first,
              first + count, routing.tokens());
@@ -117,7 +117,7 @@ void check_shapes(const RoutingTrace& routing, std::size_t first, std::size_t co
 
 }  // namespace
 
-Cost evaluate(const RoutingTrace& routing, std::size_t first, std::size_t count,
+Cost evaluate(const routing::RoutingTrace& routing, std::size_t first, std::size_t count,
               const Placement& placement, const Topology& topology) {
   const int layers = std::min(routing.layers(), placement.layers());
   check_shapes(routing, first, count, placement, topology, layers);
@@ -127,7 +127,7 @@ Cost evaluate(const RoutingTrace& routing, std::size_t first, std::size_t count,
   return finish(tally, topology);
 }
 
-Cost evaluate_layer(const RoutingTrace& routing, std::size_t first, std::size_t count, int layer,
+Cost evaluate_layer(const routing::RoutingTrace& routing, std::size_t first, std::size_t count, int layer,
                     const Placement& placement, const Topology& topology) {
   check_shapes(routing, first, count, placement, topology, layer + 1);
   TokenRouter router(topology);

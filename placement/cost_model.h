@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "placement/placement.h"
-#include "placement/routing_trace.h"
 #include "placement/topology.h"
+#include "routing/routing_trace.h"
 
 namespace moed::placement {
 
@@ -37,15 +37,15 @@ struct Cost {
 // Tokens [first, first + count) of `routing`, over the layers both the
 // routing and the placement have (callers check that the placement covers
 // the routing they mean to judge).
-Cost evaluate(const RoutingTrace& routing, std::size_t first, std::size_t count,
+Cost evaluate(const routing::RoutingTrace& routing, std::size_t first, std::size_t count,
               const Placement& placement, const Topology& topology);
-inline Cost evaluate(const RoutingTrace& routing, const Placement& placement,
+inline Cost evaluate(const routing::RoutingTrace& routing, const Placement& placement,
                      const Topology& topology) {
   return evaluate(routing, 0, routing.tokens(), placement, topology);
 }
 
 // The same, for one layer only (the optimiser's inner loop).
-Cost evaluate_layer(const RoutingTrace& routing, std::size_t first, std::size_t count, int layer,
+Cost evaluate_layer(const routing::RoutingTrace& routing, std::size_t first, std::size_t count, int layer,
                     const Placement& placement, const Topology& topology);
 
 // Slots that moving from `from` to `to` fills (each a copy of one expert's

@@ -21,16 +21,22 @@
 // most load per slot: with exactly E / R slots per rank, a skewed layer
 // cannot balance (OLMoE's hottest expert, 2.7x the mean, plus the three
 // coldest already make a rank 14% over the mean at 4 slots per rank).
+//
+// This header is the placement entry point: the steps live in
+// slot_packing.h (replicas, packing by load), metis_partition.h (islands)
+// and move_limit.h (limit_moves, for a budget of moves); replica_counts and
+// limit_moves come with it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "placement/move_limit.h"
 #include "placement/placement.h"
-#include "placement/routing_stats.h"
-#include "placement/routing_trace.h"
+#include "placement/slot_packing.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
 
 namespace moed::placement {
 
@@ -47,20 +53,6 @@ struct OptimizeOptions {
 
 const std::vector<std::string>& optimizer_policy_names();
 
-Placement optimize(const RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);
-
-// Slots of each expert in one layer: 1, or ceil(load / fair share) for a hot
-// expert, plus `redundant` slots to the experts with the most load per slot,
-// trimmed (least needed first) to fit ranks x slots_per_rank.
-std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int slots_per_rank,
-                                int redundant = 0);
-
-// At most `max_moves` of the moves from `current` to `target`: the moves are
-// grouped so that every rank keeps its slot count (cycles of moves), each
-// group is priced by the cost model on `sample` (copies at the topology's
-// link costs), and the groups with the best gain per slot moved are applied,
-// best first, while they fit.
-Placement limit_moves(const Placement& current, const Placement& target, int max_moves,
-                      const RoutingTrace& sample, const Topology& topology);
+Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);
 
 }  // namespace moed::placement

@@ -4,8 +4,8 @@
 // relabel_to_minimise_moves() renames its islands (an assignment problem over
 // islands) and then, inside each island, its ranks (one over ranks), so that
 // the most slots stay where they are. moves() lists the slots that still
-// differ; limit_moves() keeps the N whose predicted gain per byte is best,
-// applied so that the result is a valid placement.
+// differ; limit_moves() (placement/move_limit.h) keeps the N whose predicted
+// gain per byte is best, applied so that the result is a valid placement.
 #pragma once
 
 #include <cstdint>

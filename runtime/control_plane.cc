@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
+#include "routing/stats_file.h"
 #include "runtime/control_views.h"
 
 namespace moed::runtime {
@@ -30,8 +31,8 @@ void ControlPlane::submit(admin::Request request, admin::Reply reply) {
   queue_.emplace_back(std::move(request), std::move(reply));
 }
 
-std::optional<placement::RoutingStats> ControlPlane::gather_stats(const std::string& what) {
-  placement::RoutingStats merged = *c_.stats;
+std::optional<routing::RoutingStats> ControlPlane::gather_stats(const std::string& what) {
+  routing::RoutingStats merged = *c_.stats;
   merged.normalize();
   c_.control.reduce_sum(merged.raw().data(), merged.raw().size(), what);
   std::vector<std::uint32_t> mine = c_.stats->sample_cells();
@@ -41,7 +42,7 @@ std::optional<placement::RoutingStats> ControlPlane::gather_stats(const std::str
   std::span<const std::uint32_t> cells(reinterpret_cast<const std::uint32_t*>(all.data()),
                                        all.size() / sizeof(std::uint32_t));
   merged.append_sample_cells(cells.subspan(mine.size()));
-  auto shared = std::make_shared<const placement::RoutingStats>(merged);
+  auto shared = std::make_shared<const routing::RoutingStats>(merged);
   std::lock_guard lock(snapshot_mu_);
   last_stats_ = std::move(shared);
   return merged;
@@ -133,7 +134,7 @@ void ControlPlane::apply(const BoundaryActions& actions) {
   for (const ControlAction& op : actions.actions) {
     switch (op.kind) {
       case K::gather_stats: {
-        std::optional<placement::RoutingStats> merged = gather_stats("routing statistics for reoptimize");
+        std::optional<routing::RoutingStats> merged = gather_stats("routing statistics for reoptimize");
         if (c_.rank == 0 && reoptimize_ && !optimizing_.valid()) {
           // Plan on a thread of rank 0's own: steps go on meanwhile.
           const json& asked = reoptimize_->first.params;
@@ -264,7 +265,7 @@ json ControlPlane::snapshot_answer(const admin::Request& request) {
   if (cmd == "stats") {
     // Summarised and dumped outside the mutex: a slow disk never holds up the
     // step thread's publish().
-    std::shared_ptr<const placement::RoutingStats> stats;
+    std::shared_ptr<const routing::RoutingStats> stats;
     {
       std::lock_guard lock(snapshot_mu_);
       stats = last_stats_;
@@ -276,7 +277,7 @@ json ControlPlane::snapshot_answer(const admin::Request& request) {
     if (request.params.contains("dump")) {
       const std::string path = request.params["dump"];
       try {
-        placement::write_stats_file(*stats, path);
+        routing::write_stats_file(*stats, path);
       } catch (const Error& e) {
         return admin::error_body(admin::code::kRefused, e.what());
       }

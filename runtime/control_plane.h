@@ -29,8 +29,8 @@
 #include "comm/control_channel.h"
 #include "comm/transport.h"
 #include "placement/placement.h"
-#include "placement/routing_stats.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
 #include "runtime/admin/admin_server.h"
 #include "runtime/config.h"
 #include "runtime/control_messages.h"
@@ -51,7 +51,7 @@ struct ControlContext {
   ExpertStore& store;
   placement::Placement& placement;
   const placement::Topology& topology;
-  placement::RoutingStats* stats;  // null when none is kept
+  routing::RoutingStats* stats;  // null when none is kept
 };
 
 class ControlPlane {
@@ -75,7 +75,7 @@ class ControlPlane {
 
   // Gathers every rank's statistics on rank 0 (collective); rank 0 gets the
   // merged copy, the others an empty optional.
-  std::optional<placement::RoutingStats> gather_stats(const std::string& what);
+  std::optional<routing::RoutingStats> gather_stats(const std::string& what);
 
  private:
   using json = nlohmann::json;
@@ -110,7 +110,7 @@ class ControlPlane {
   mutable std::mutex snapshot_mu_;
   json status_, placement_json_, migration_snapshot_;
   std::string metrics_;
-  std::shared_ptr<const placement::RoutingStats> last_stats_;  // rank 0: the last merged statistics
+  std::shared_ptr<const routing::RoutingStats> last_stats_;  // rank 0: the last merged statistics
 };
 
 }  // namespace moed::runtime

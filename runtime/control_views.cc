@@ -25,7 +25,7 @@ json placement_json(const placement::Placement& p) {
           {"slots", layers}};
 }
 
-json stats_summary(const placement::RoutingStats& s) {
+json stats_summary(const routing::RoutingStats& s) {
   json layers = json::array();
   for (int l = 0; l < s.layers(); ++l) {
     int hot = 0, pa = 0, pb = s.experts() > 1 ? 1 : 0;

@@ -7,7 +7,7 @@
 
 #include "placement/cost_model.h"
 #include "placement/placement.h"
-#include "placement/routing_stats.h"
+#include "routing/routing_stats.h"
 #include "runtime/migration_coordinator.h"
 
 namespace moed::runtime {
@@ -15,7 +15,7 @@ namespace moed::runtime {
 nlohmann::json placement_json(const placement::Placement& p);
 // Per layer: tokens, the hottest expert and its load over the mean, the most
 // co-activated pair.
-nlohmann::json stats_summary(const placement::RoutingStats& stats);
+nlohmann::json stats_summary(const routing::RoutingStats& stats);
 // Each cost figure now and after, as {"now": x, "after": y}.
 nlohmann::json predicted_json(const placement::Cost& now, const placement::Cost& after);
 // null when no migration has run.

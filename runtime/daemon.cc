@@ -23,6 +23,7 @@
 #include "launch/rank_topology_codec.h"
 #include "launch/topology_description.h"
 #include "placement/placement_file.h"
+#include "routing/stats_file.h"
 
 namespace moed::runtime {
 
@@ -138,19 +139,19 @@ placement::Placement initial_placement(const Config& c, int ranks) {
 // Statistics are kept for the stats file and for online re-optimisation.
 // Rank 0 resumes them from an existing stats file (the others start empty:
 // the sum over ranks is then the file plus what this run sees).
-std::optional<placement::RoutingStats> initial_stats(const Config& c, int rank, int ranks) {
+std::optional<routing::RoutingStats> initial_stats(const Config& c, int rank, int ranks) {
   if (c.stats.file.empty() && c.admin.dir.empty()) return std::nullopt;
   const std::size_t per_rank = std::size_t((c.stats.sample_tokens + ranks - 1) / ranks);
   const int max_k = int(std::max(c.model.top_k, c.router.max_k));
   if (rank == 0 && !c.stats.file.empty() && std::filesystem::exists(c.stats.file)) {
-    placement::RoutingStats resumed = placement::read_stats_file(c.stats.file);
+    routing::RoutingStats resumed = routing::read_stats_file(c.stats.file);
     if (resumed.layers() != c.model.layers || resumed.experts() != c.model.experts)
       MOED_THROW(Input, "{}: statistics of {} layers x {} experts; [model] has {} x {}", c.stats.file,
                  resumed.layers(), resumed.experts(), c.model.layers, c.model.experts);
     spdlog::info("resuming the statistics of {} ({} steps)", c.stats.file, resumed.steps());
     return resumed;
   }
-  return placement::RoutingStats(int(c.model.layers), int(c.model.experts), c.stats.half_life_steps,
+  return routing::RoutingStats(int(c.model.layers), int(c.model.experts), c.stats.half_life_steps,
                                  per_rank, max_k);
 }
 
@@ -491,10 +492,10 @@ void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::s
 
 void Daemon::write_stats() {
   const std::string what = fmt::format("routing statistics after {} steps", stats_->steps());
-  std::optional<placement::RoutingStats> merged = control_plane_->gather_stats(what);
+  std::optional<routing::RoutingStats> merged = control_plane_->gather_stats(what);
   stats_written_at_ = stats_->steps();
   if (rank_ != 0) return;
-  placement::write_stats_file(*merged, config_.stats.file);
+  routing::write_stats_file(*merged, config_.stats.file);
   spdlog::info("wrote {} ({} steps, {} sampled tokens)", config_.stats.file, merged->steps(),
                merged->sample_size());
 }

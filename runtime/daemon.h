@@ -14,8 +14,8 @@
 #include "comm/mpi/mpi_session.h"
 #include "comm/transport.h"
 #include "placement/placement.h"
-#include "placement/routing_stats.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
 #include "runtime/admin/admin_server.h"
 #include "runtime/config.h"
 #include "runtime/control_plane.h"
@@ -82,7 +82,7 @@ class Daemon {
   std::unique_ptr<OutputDump> dump_;  // rank 0, with --dump-output
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Report> report_;
-  std::optional<placement::RoutingStats> stats_;  // with [stats].file or [admin].dir
+  std::optional<routing::RoutingStats> stats_;  // with [stats].file or [admin].dir
   std::uint64_t stats_written_at_ = 0;            // steps seen at the last write
   std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<admin::AdminServer> admin_;     // with [admin].dir

@@ -49,7 +49,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
   passes_.resize(microbatches_);
 }
 
-void Engine::record_stats_into(placement::RoutingStats* stats, std::size_t follow_tokens) {
+void Engine::record_stats_into(routing::RoutingStats* stats, std::size_t follow_tokens) {
   stats_ = stats;
   paths_.reset();
   if (stats && !workload_)

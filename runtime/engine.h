@@ -16,9 +16,9 @@
 #include "comm/transport.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "placement/placement.h"
-#include "placement/routing_stats.h"
-#include "placement/token_paths.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/token_paths.h"
 #include "runtime/dispatch_plan.h"
 #include "runtime/expert_executor.h"
 #include "runtime/layer_pass.h"
@@ -82,7 +82,7 @@ class Engine {
   // Routing statistics to feed with this rank's tokens after every step
   // (none: nullptr). Front-door tokens are followed across layers by
   // (request id, position), at most `follow_tokens` at once.
-  void record_stats_into(placement::RoutingStats* stats, std::size_t follow_tokens);
+  void record_stats_into(routing::RoutingStats* stats, std::size_t follow_tokens);
 
   // Rows per expert call in the last step, all layers (for the benchmark's bound).
   const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
@@ -117,8 +117,8 @@ class Engine {
   // Buffers reused from layer to layer.
   std::vector<float> xn_, logits_;
   std::vector<Routing> routing_;  // per layer, this step's local tokens
-  placement::RoutingStats* stats_ = nullptr;
-  std::optional<placement::TokenPaths> paths_;  // front-door tokens' layers, for stats_
+  routing::RoutingStats* stats_ = nullptr;
+  std::optional<routing::TokenPaths> paths_;  // front-door tokens' layers, for stats_
   bool hierarchical_ = false;
   std::size_t microbatches_ = 1;
   LayerPass::Setup setup_;

@@ -6,14 +6,14 @@
 
 namespace moed::runtime {
 
-ReoptimizePlan plan_reoptimization(const placement::RoutingStats& stats, const placement::Placement& current,
+ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const placement::Placement& current,
                                    const placement::Topology& topology, const ReoptimizeRequest& request) {
   try {
     placement::OptimizeOptions options;
     options.policy = request.policy;
     placement::Placement next = placement::optimize(stats, topology, options);
     next = placement::relabel_to_minimise_moves(current, next, topology);
-    const placement::RoutingTrace sample = stats.sample_trace();
+    const routing::RoutingTrace sample = stats.sample_trace();
     if (request.max_moves) next = placement::limit_moves(current, next, *request.max_moves, sample, topology);
     ReoptimizePlan plan;
     plan.moves = placement::moves(current, next);

@@ -11,8 +11,8 @@
 #include "placement/cost_model.h"
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
-#include "placement/routing_stats.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
 
 namespace moed::runtime {
 
@@ -28,7 +28,7 @@ struct ReoptimizePlan {
 };
 
 // Never throws: a failure comes back as the plan's error.
-ReoptimizePlan plan_reoptimization(const placement::RoutingStats& stats, const placement::Placement& current,
+ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const placement::Placement& current,
                                    const placement::Topology& topology, const ReoptimizeRequest& request);
 
 }  // namespace moed::runtime

@@ -19,7 +19,7 @@ SyntheticWorkload::SyntheticWorkload(const Config& c, const float* gate0)
     : hidden_(int(c.model.hidden)),
       experts_(int(c.model.experts)),
       seed_(std::uint64_t(c.workload.seed)),
-      mixture_(placement::TopicMixture::calibrate(int(c.model.experts), int(c.model.top_k),
+      mixture_(routing::TopicMixture::calibrate(int(c.model.experts), int(c.model.top_k),
                                        int(c.workload.topic_size), c.workload.cross_topic,
                                        c.workload.hot_ratio, std::uint64_t(c.workload.seed))),
       directions_(gate0, gate0 + std::size_t(c.model.experts) * c.model.hidden) {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "placement/topic_mixture.h"
+#include "routing/topic_mixture.h"
 #include "runtime/workload/workload.h"
 
 namespace moed::runtime {
@@ -21,12 +21,12 @@ class SyntheticWorkload final : public Workload {
   SyntheticWorkload(const Config& config, const float* gate0);
   void tokens(std::uint64_t first, std::size_t count, float* hidden) const override;
   std::string describe() const override;
-  const placement::TopicMixture& mixture() const { return mixture_; }
+  const routing::TopicMixture& mixture() const { return mixture_; }
 
  private:
   int hidden_, experts_;
   std::uint64_t seed_;
-  placement::TopicMixture mixture_;
+  routing::TopicMixture mixture_;
   std::vector<float> directions_;  // normalised gate rows of layer 0, [experts, hidden]
 };
 

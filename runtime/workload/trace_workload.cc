@@ -9,7 +9,7 @@ TraceWorkload::TraceWorkload(const Config& c)
     : hidden_(int(c.model.hidden)),
       seed_(std::uint64_t(c.workload.seed)),
       path_(c.workload.trace),
-      trace_(placement::read_trace(c.workload.trace)) {
+      trace_(routing::read_trace(c.workload.trace)) {
   if (trace_.tokens() == 0) MOED_THROW(Input, "{}: the trace holds no tokens", path_);
   if (trace_.layers() < c.model.layers)
     MOED_THROW(Input, "{}: the trace has {} layers, [model].layers = {} needs at least as many",

@@ -4,7 +4,7 @@
 // can be served and measured without its weights or activations.
 #pragma once
 
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 #include "runtime/workload/workload.h"
 
 namespace moed::runtime {
@@ -22,7 +22,7 @@ class TraceWorkload final : public Workload {
   int hidden_;
   std::uint64_t seed_;
   std::string path_;
-  placement::RoutingTrace trace_;
+  routing::RoutingTrace trace_;
 };
 
 }  // namespace moed::runtime

@@ -18,13 +18,14 @@
 #include "common/summary_stats.h"
 #include "placement/cost_model.h"
 #include "placement/optimizer.h"
-#include "placement/routing_stats.h"
-#include "placement/synthetic_routing.h"
+#include "routing/routing_stats.h"
+#include "routing/synthetic_routing.h"
 
 namespace {
 
 using namespace moed;
 using namespace moed::placement;
+using namespace moed::routing;
 
 struct Row {
   std::string policy;

@@ -14,7 +14,7 @@
 #include <numeric>
 
 #include "common/error.h"
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 #include "runtime/config.h"
 #include "runtime/model.h"
 #include "runtime/output_dump.h"

@@ -13,13 +13,15 @@
 #include "common/error.h"
 #include "common/rng.h"
 #include "placement/placement.h"
-#include "placement/routing_trace.h"
 #include "placement/topology.h"
+#include "routing/routing_trace.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::placement {
 namespace {
 
+using routing::RoutingChoice;
+using routing::RoutingTrace;
 using Experts = std::vector<std::uint32_t>;
 
 // One token's choices per layer, gate weights 1/k each ({} : no routing).

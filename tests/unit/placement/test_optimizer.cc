@@ -1,8 +1,8 @@
-// Placement policies: replica counts on hand cases, the properties every
-// optimised placement must have (valid, within capacity, replicas spread,
-// deterministic) on the real Mixtral trace and on a synthetic workload, the
-// quality that holds by construction on the data it was fitted to, usage
-// errors, and limit_moves (at most N new slots, never worse, valid).
+// Placement policies: the properties every optimised placement must have
+// (valid, within capacity, replicas spread, deterministic) on the real
+// Mixtral trace and on a synthetic workload, the quality that holds by
+// construction on the data it was fitted to, and usage errors. Replica counts
+// are in test_slot_packing.cc, limit_moves in test_move_limit.cc.
 #include "placement/optimizer.h"
 
 #include <gtest/gtest.h>
@@ -16,84 +16,20 @@
 #include "common/error.h"
 #include "placement/cost_model.h"
 #include "placement/placement.h"
-#include "placement/placement_diff.h"
-#include "placement/routing_stats.h"
-#include "placement/routing_trace.h"
-#include "placement/synthetic_routing.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/routing_trace.h"
+#include "routing/synthetic_routing.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::placement {
 namespace {
 
-// ---------------------------------------------------------------- replica_counts
-
-TEST(ReplicaCounts, NoHotExpertMeansOneSlotEach) {
-  // Fair share 8 / 2 = 4; no expert above it.
-  EXPECT_EQ(replica_counts({1, 1, 3, 3}, 2, 0), (std::vector<int>{1, 1, 1, 1}));
-  // Exactly the fair share is not hot: 2 of 4 on 2 ranks.
-  EXPECT_EQ(replica_counts({2, 1, 1}, 2, 0), (std::vector<int>{1, 1, 1}));
-  // No load at all: one slot each, redundant slots or not.
-  EXPECT_EQ(replica_counts({0, 0, 0}, 2, 0, 3), (std::vector<int>{1, 1, 1}));
-}
-
-TEST(ReplicaCounts, HotExpertGetsCeilOfLoadOverFairShare) {
-  // Total 8 on 4 ranks: fair share 2; expert 0 carries 5 = 2.5 shares -> 3 slots.
-  EXPECT_EQ(replica_counts({5, 1, 1, 1}, 4, 0), (std::vector<int>{3, 1, 1, 1}));
-  // 4 = exactly 2 shares of 2 -> 2 slots (no rounding up past an exact multiple).
-  EXPECT_EQ(replica_counts({4, 2, 1, 1}, 4, 0), (std::vector<int>{2, 1, 1, 1}));
-  // All the load on one expert: 4 shares on 4 ranks -> a slot on every rank.
-  EXPECT_EQ(replica_counts({9, 0, 0, 0}, 4, 0), (std::vector<int>{4, 1, 1, 1}));
-}
-
-struct RedundantCase {
-  int redundant;
-  std::vector<int> expected;
-};
-class ReplicaCountsRedundant : public testing::TestWithParam<RedundantCase> {};
-
-// Loads {8, 3, 2, 1} on 4 ranks: fair share 14 / 4 = 3.5, expert 0 is 2.29
-// shares -> 3 slots. Load per slot then 2.67, 3, 2, 1; each redundant slot
-// goes to the largest:
-//   +1: expert 1 (3)    -> {3,2,1,1}; per slot 2.67, 1.5, 2, 1
-//   +2: expert 0 (2.67) -> {4,2,1,1}; per slot 2, 1.5, 2, 1 (expert 0 now on every rank)
-//   +3: expert 2 (2)    -> {4,2,2,1}; per slot -, 1.5, 1, 1
-//   +4: expert 1 (1.5)  -> {4,3,2,1}
-TEST_P(ReplicaCountsRedundant, GoToMostLoadPerSlotOneByOne) {
-  EXPECT_EQ(replica_counts({8, 3, 2, 1}, 4, 0, GetParam().redundant), GetParam().expected);
-}
-INSTANTIATE_TEST_SUITE_P(Steps, ReplicaCountsRedundant,
-                         testing::Values(RedundantCase{0, {3, 1, 1, 1}}, RedundantCase{1, {3, 2, 1, 1}},
-                                         RedundantCase{2, {4, 2, 1, 1}}, RedundantCase{3, {4, 2, 2, 1}},
-                                         RedundantCase{4, {4, 3, 2, 1}}));
-
-TEST(ReplicaCounts, NeverMoreReplicasThanRanks) {
-  // Fair share 6 on 2 ranks: expert 0 (10) -> 2 = ranks. The redundant slots
-  // can only go to experts below 2 slots: {2,2,2}, then none is left.
-  EXPECT_EQ(replica_counts({10, 1, 1}, 2, 0, 5), (std::vector<int>{2, 2, 2}));
-  for (int redundant : {0, 1, 7, 50}) {
-    std::vector<int> r = replica_counts({40, 30, 1, 1, 1, 1, 1, 1}, 3, 0, redundant);
-    for (int n : r) {
-      EXPECT_GE(n, 1);
-      EXPECT_LE(n, 3);
-    }
-  }
-}
-
-TEST(ReplicaCounts, TrimmingDropsLeastNeededReplicaFirst) {
-  // {8,3,2,1} with 4 redundant: {4,3,2,1} = 10 slots. Into 4 ranks x 2 = 8:
-  // dropping one slot of e leaves load/(r-1) per slot: e0 8/3 = 2.67,
-  // e1 3/2 = 1.5, e2 2/1 = 2 -> drop e1's: {4,2,2,1} = 9; then e0 2.67,
-  // e1 3, e2 2 -> drop e2's: {4,2,1,1} = 8.
-  EXPECT_EQ(replica_counts({8, 3, 2, 1}, 4, 2, 4), (std::vector<int>{4, 2, 1, 1}));
-  // Into 4 x 1 = 4: on to e0 (2.67) {3,2,1,1}, e1 (3 vs e0 4) {3,1,1,1},
-  // then e0 alone {2,1,1,1}, {1,1,1,1}.
-  EXPECT_EQ(replica_counts({8, 3, 2, 1}, 4, 1, 4), (std::vector<int>{1, 1, 1, 1}));
-  // Room enough: nothing trimmed.
-  EXPECT_EQ(replica_counts({8, 3, 2, 1}, 4, 3, 4), (std::vector<int>{4, 3, 2, 1}));
-  // Hot replicas are trimmed too: {3,1,1,1} = 6 slots into 4 x 1 = 4.
-  EXPECT_EQ(replica_counts({5, 1, 1, 1}, 4, 1), (std::vector<int>{1, 1, 1, 1}));
-}
+using routing::read_trace;
+using routing::RoutingStats;
+using routing::RoutingTrace;
+using routing::synthetic_routing;
+using routing::SyntheticRoutingSpec;
 
 // ---------------------------------------------------------------- shared data
 
@@ -321,97 +257,6 @@ TEST(OptimizeQuality, BalancingPoliciesKeepRankLoadWithinTenPercentOnSynthetic) 
     EXPECT_LE(c.max_mean_rank_load, 1.10) << policy;
   }
 }
-
-// ---------------------------------------------------------------- limit_moves
-
-double weighted(const Cost& c) { return 8.0 * c.cross_island_copies_per_token + c.same_island_copies_per_token; }
-
-int max_slots_in_layer(const Placement& p, int layer) {
-  int most = 0;
-  for (int r = 0; r < p.ranks(); ++r) most = std::max(most, int(p.experts_on(layer, r).size()));
-  return most;
-}
-
-class LimitMoves : public testing::TestWithParam<std::pair<int, int>> {
- protected:
-  void SetUp() override {
-    topo_ = Topology::blocks(GetParam().first * GetParam().second, GetParam().second);
-    const RoutingStats& s = mixtral_stats();
-    current_ = contiguous(topo_.ranks(), s.layers(), s.experts());
-    OptimizeOptions o;
-    target_ = relabel_to_minimise_moves(current_, optimize(s, topo_, o), topo_);
-    total_moves_ = int(move_cost(current_, target_, 1).slots);
-    ASSERT_GT(total_moves_, 0);
-  }
-  Topology topo_{std::vector<int>{0}};
-  Placement current_, target_;
-  int total_moves_ = 0;
-};
-
-TEST_P(LimitMoves, ZeroKeepsCurrent) {
-  EXPECT_TRUE(limit_moves(current_, target_, 0, mixtral_trace(), topo_) == current_);
-}
-
-TEST_P(LimitMoves, UnlimitedIsNoWorseThanCurrent) {
-  Placement p = limit_moves(current_, target_, total_moves_ + 100, mixtral_trace(), topo_);
-  EXPECT_NO_THROW(p.validate("limited"));
-  double before = weighted(evaluate(mixtral_trace(), current_, topo_));
-  double after = weighted(evaluate(mixtral_trace(), p, topo_));
-  EXPECT_LE(after, before);
-  EXPECT_GT(move_cost(current_, p, 1).slots, 0u) << "no move applied although the target is better";
-}
-
-TEST_P(LimitMoves, EveryLimitGivesAValidPlacementWithinBudget) {
-  for (int k = 0; k <= total_moves_ + 1; k += std::max(1, k / 3)) {
-    SCOPED_TRACE(testing::Message() << "max_moves " << k << " of " << total_moves_);
-    Placement p = limit_moves(current_, target_, k, mixtral_trace(), topo_);
-    EXPECT_NO_THROW(p.validate("limited"));
-    EXPECT_LE(move_cost(current_, p, 1).slots, std::uint64_t(k));
-    for (int l = 0; l < p.layers(); ++l)
-      EXPECT_LE(max_slots_in_layer(p, l),
-                std::max(max_slots_in_layer(current_, l), max_slots_in_layer(target_, l)))
-          << "layer " << l;
-  }
-}
-
-TEST(LimitMovesHand, NeverFillsARankBeyondCurrentAndTarget) {
-  // 3 ranks, each its own island. Current: expert e on rank e (1 slot each).
-  // Target: e0 moves 0 -> 1, e1 and e2 get replicas on rank 0; ranks hold
-  // 2, 2, 1 slots. The moves (sorted by expert):
-  //   a: e0 to 1, drops 0    b: e1 new on 0    c: e2 new on 0
-  // Sample, homes i mod 3: token 0 (home 0) {0,1}, token 3 (home 0) {0,2},
-  // the others at home. Before: 2 cross copies. a alone: token 3 crosses to
-  // both ranks 1 and 2 (3 copies: worse, not applied); b alone and c alone
-  // each save one. So b and c are applied and a is not: with a kept apart
-  // from b and c, rank 0 ends with e0, e1, e2 = 3 slots, more than either
-  // placement has (1 and 2). A move that fills a rank belongs with the move
-  // that frees a slot there (b with a: together worse, so neither applies;
-  // c alone leaves rank 0 at 2).
-  const Topology topo({0, 1, 2});
-  Placement current = contiguous(3, 1, 3);
-  Placement target = current;
-  target.set_replicas(0, 0, {1});
-  target.set_replicas(0, 1, {1, 0});
-  target.set_replicas(0, 2, {2, 0});
-  RoutingTrace sample(1, 3);
-  for (std::vector<std::uint32_t> experts : {std::vector<std::uint32_t>{0, 1}, {1}, {2}, {0, 2}, {1}, {2}}) {
-    std::vector<RoutingChoice> cell;
-    for (std::uint32_t e : experts) cell.push_back({e, 1.0f / float(experts.size())});
-    sample.add_token({cell});
-  }
-  for (int k : {1, 2, 3, 10}) {
-    Placement p = limit_moves(current, target, k, sample, topo);
-    EXPECT_NO_THROW(p.validate("limited"));
-    EXPECT_LE(move_cost(current, p, 1).slots, std::uint64_t(k));
-    EXPECT_LE(max_slots_in_layer(p, 0), 2) << "max_moves " << k << ": rank 0 holds "
-                                            << p.experts_on(0, 0).size() << " slots";
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Mixtral, LimitMoves, testing::Values(std::pair{2, 2}, std::pair{4, 2}),
-                         [](const testing::TestParamInfo<std::pair<int, int>>& info) {
-                           return std::to_string(info.param.first) + "x" + std::to_string(info.param.second);
-                         });
 
 }  // namespace
 }  // namespace moed::placement

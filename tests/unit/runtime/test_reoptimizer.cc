@@ -4,23 +4,23 @@
 
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
-#include "placement/routing_stats.h"
-#include "placement/synthetic_routing.h"
 #include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/synthetic_routing.h"
 #include "runtime/control_views.h"
 #include "runtime/reoptimizer.h"
 
 namespace moed::runtime {
 namespace {
 
-const placement::RoutingStats& stats() {
-  static const placement::RoutingStats s = [] {
-    placement::SyntheticRoutingSpec spec;
+const routing::RoutingStats& stats() {
+  static const routing::RoutingStats s = [] {
+    routing::SyntheticRoutingSpec spec;
     spec.layers = 2;
     spec.experts = 16;
     spec.top_k = 2;
-    const placement::RoutingTrace trace = placement::synthetic_routing(spec, 0, 2000);
-    return placement::RoutingStats::from_trace(trace, 0, trace.tokens());
+    const routing::RoutingTrace trace = routing::synthetic_routing(spec, 0, 2000);
+    return routing::RoutingStats::from_trace(trace, 0, trace.tokens());
   }();
   return s;
 }

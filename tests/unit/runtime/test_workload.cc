@@ -34,7 +34,7 @@ namespace {
 const std::string kTrace = std::string(MOED_TEST_DATA_DIR) + "/mixtral-humaneval.trace";
 
 using test::expect_error;
-using placement::TopicMixture;
+using routing::TopicMixture;
 
 // ---------------------------------------------------------------- TopicMixture
 

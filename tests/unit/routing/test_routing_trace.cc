@@ -1,6 +1,6 @@
 // Routing traces: the text format (round trip, every refusal with its line),
 // the Mixtral JSON lines import and the committed converted trace.
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 
 #include <gtest/gtest.h>
 
@@ -23,7 +23,7 @@
 #include "common/error.h"
 #include "tests/unit/test_support.h"
 
-namespace moed::placement {
+namespace moed::routing {
 namespace {
 
 const std::string kDataDir = MOED_TEST_DATA_DIR;
@@ -480,4 +480,4 @@ TEST(MixtralTrace, FrequentExpertPairsCarryAThirdOfRoutings) {
 }
 
 }  // namespace
-}  // namespace moed::placement
+}  // namespace moed::routing

@@ -17,9 +17,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "placement/routing_stats.h"
+#include "routing/routing_stats.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 class TokenPaths {
  public:
@@ -55,4 +55,4 @@ class TokenPaths {
   std::unordered_map<Key, std::size_t, KeyHash> index_;
 };
 
-}  // namespace moed::placement
+}  // namespace moed::routing

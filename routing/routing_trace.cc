@@ -1,4 +1,4 @@
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 
 #include <unistd.h>
 
@@ -19,7 +19,7 @@
 #include "common/error.h"
 #include "common/mapped_file.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 // ---------------------------------------------------------------- RoutingTrace
 
@@ -494,4 +494,4 @@ void write_trace_file(const RoutingTrace& trace, const std::string& path) {
   }
 }
 
-}  // namespace moed::placement
+}  // namespace moed::routing

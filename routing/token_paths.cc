@@ -1,11 +1,11 @@
-#include "placement/token_paths.h"
+#include "routing/token_paths.h"
 
 #include <algorithm>
 
 #include "common/error.h"
 #include "common/rng.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 std::size_t TokenPaths::KeyHash::operator()(const Key& k) const {
   return std::size_t(hash_combine(k.request, k.position));
@@ -64,4 +64,4 @@ void TokenPaths::observe(std::uint64_t request, std::uint32_t position, int laye
   }
 }
 
-}  // namespace moed::placement
+}  // namespace moed::routing

@@ -1,7 +1,7 @@
 // Synthetic routing traces of any shape, for placement experiments at sizes
 // no test machine can serve (DeepSeek-V3: 58 layers x 256 experts, top-8).
 //
-// Every layer routes with the same topic mixture (placement/topic_mixture.h),
+// Every layer routes with the same topic mixture (routing/topic_mixture.h),
 // relabelled by a per-layer permutation of experts, so each layer has its own
 // co-routed groups and the same load skew. A token draws a topic and keeps it
 // from layer to layer with probability `topic_persistence` (this gives
@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 struct SyntheticRoutingSpec {
   int layers = 1, experts = 8, top_k = 2;
@@ -30,4 +30,4 @@ struct SyntheticRoutingSpec {
 // independent samples (fit on one, evaluate on another).
 RoutingTrace synthetic_routing(const SyntheticRoutingSpec& spec, std::size_t first, std::size_t count);
 
-}  // namespace moed::placement
+}  // namespace moed::routing

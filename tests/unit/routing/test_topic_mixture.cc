@@ -1,7 +1,7 @@
 // The topic mixture behind synthetic routing: sample() is draw_topic() then
 // sample_from() on one stream, and sample_from() keeps to its topic except
 // for cross-topic picks.
-#include "placement/topic_mixture.h"
+#include "routing/topic_mixture.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 
 #include "common/rng.h"
 
-namespace moed::placement {
+namespace moed::routing {
 namespace {
 
 struct MixtureCase {
@@ -99,4 +99,4 @@ INSTANTIATE_TEST_SUITE_P(Mixtures, TopicMixtureTest,
                                          MixtureCase{16, 2, 0.3, 2.0}, MixtureCase{8, 2, 0.1, 1.5}));
 
 }  // namespace
-}  // namespace moed::placement
+}  // namespace moed::routing

@@ -11,7 +11,7 @@
 
 #include "common/rng.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 class TopicMixture {
  public:
@@ -42,4 +42,4 @@ class TopicMixture {
   std::vector<double> topic_cdf_;              // cumulative topic probability
 };
 
-}  // namespace moed::placement
+}  // namespace moed::routing

@@ -1,13 +1,13 @@
 // Statistics from tokens whose layers arrive in separate steps: choices at
 // once, transitions when the previous layer was seen, whole paths into the
 // sample, in bounded memory.
-#include "placement/token_paths.h"
+#include "routing/token_paths.h"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
-namespace moed::placement {
+namespace moed::routing {
 namespace {
 
 std::vector<std::uint32_t> e(std::initializer_list<std::uint32_t> x) { return x; }
@@ -55,4 +55,4 @@ TEST(TokenPaths, TheOldestTokenIsForgottenFirst) {
 }
 
 }  // namespace
-}  // namespace moed::placement
+}  // namespace moed::routing

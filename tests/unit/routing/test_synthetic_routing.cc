@@ -1,7 +1,7 @@
 // Synthetic routing traces: a pure function of (spec, token index), the
 // shape of every cell, the calibrated load skew, topic persistence across
 // layers (next-layer affinity) and seeds.
-#include "placement/synthetic_routing.h"
+#include "routing/synthetic_routing.h"
 
 #include <gtest/gtest.h>
 
@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "common/error.h"
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 #include "tests/unit/test_support.h"
 
-namespace moed::placement {
+namespace moed::routing {
 namespace {
 
 SyntheticRoutingSpec spec_of(int layers, int experts, int top_k) {
@@ -161,4 +161,4 @@ TEST(SyntheticRouting, UnreachableHotRatioIsUsageError) {
 }
 
 }  // namespace
-}  // namespace moed::placement
+}  // namespace moed::routing

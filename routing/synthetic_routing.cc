@@ -1,11 +1,11 @@
-#include "placement/synthetic_routing.h"
+#include "routing/synthetic_routing.h"
 
 #include <numeric>
 
 #include "common/rng.h"
-#include "placement/topic_mixture.h"
+#include "routing/topic_mixture.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 RoutingTrace synthetic_routing(const SyntheticRoutingSpec& spec, std::size_t first, std::size_t count) {
   const TopicMixture mixture = TopicMixture::calibrate(spec.experts, spec.top_k, spec.topic_size,
@@ -42,4 +42,4 @@ RoutingTrace synthetic_routing(const SyntheticRoutingSpec& spec, std::size_t fir
   return trace;
 }
 
-}  // namespace moed::placement
+}  // namespace moed::routing

@@ -1,4 +1,4 @@
-#include "placement/topic_mixture.h"
+#include "routing/topic_mixture.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "common/error.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 namespace {
 
@@ -124,4 +124,4 @@ double TopicMixture::measured_hot_ratio(int samples, std::uint64_t seed) const {
   return *std::max_element(load.begin(), load.end()) / mean;
 }
 
-}  // namespace moed::placement
+}  // namespace moed::routing

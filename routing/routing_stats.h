@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "placement/routing_trace.h"
+#include "routing/routing_trace.h"
 
-namespace moed::placement {
+namespace moed::routing {
 
 class RoutingStats {
  public:
@@ -75,6 +75,9 @@ class RoutingStats {
   void normalize();
   std::vector<double>& raw() { return values_; }
   const std::vector<double>& raw() const { return values_; }
+  // The length of raw() for a shape, and which statistic raw()[i] is (for messages).
+  static std::size_t value_count(std::size_t layers, std::size_t experts);
+  std::string describe_value(std::size_t i) const;
   // Appends another rank's sample paths (for rank 0 after a gather).
   void append_sample(const RoutingStats& other);
   // The sample's storage, for gathering: sample_size() paths, oldest first;
@@ -93,6 +96,7 @@ class RoutingStats {
   static RoutingStats from_trace(const RoutingTrace& trace, std::size_t first, std::size_t count);
 
  private:
+  // The stats file (routing/stats_file.h) saves and restores the raw state.
   friend RoutingStats read_stats_file(const std::string& path);
   friend void write_stats_file(const RoutingStats& stats, const std::string& path);
 
@@ -124,19 +128,4 @@ class RoutingStats {
   std::size_t sample_count_ = 0;
 };
 
-// Stats files: versioned binary ("MOEDSTAT", version 1), little endian, with
-// a checksum; written atomically (temp file, fsync, rename) so moe-place never
-// reads half a file. Errors are Input errors naming the file.
-//
-//   "MOEDSTAT"  u32 version  u32 layers  u32 experts  u32 max_k  f64 half_life
-//   u64 steps  u64 sample_count
-//   f64 x values   (normalized: what the accessors return; layout of raw())
-//   u32 x sample_count x layers x (max_k + 1)   (sample cells, oldest first)
-//   u64 FNV-1a 64 of every byte before it
-//
-// A file read back has weight 1, the written steps and half-life, and a sample
-// capacity of exactly the paths it holds.
-void write_stats_file(const RoutingStats& stats, const std::string& path);
-RoutingStats read_stats_file(const std::string& path);
-
-}  // namespace moed::placement
+}  // namespace moed::routing

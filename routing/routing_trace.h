@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-namespace moed::placement {
+namespace moed::routing {
 
 struct RoutingChoice {
   std::uint32_t expert;
@@ -92,4 +92,4 @@ void write_trace_file(const RoutingTrace& trace, const std::string& path);
 // empty cells.
 RoutingTrace import_routing_jsonl(std::string_view text, const std::string& origin);
 
-}  // namespace moed::placement
+}  // namespace moed::routing
