@@ -232,6 +232,9 @@ void Engine::drive_passes(std::size_t passes, double& rows_wait, double& answers
   double idle_since = -1;
   bool idle_for_rows = false;
   for (;;) {
+    // An idle spell ends where the poll that found work began: the work it
+    // then did (an expert call, say) is not waiting.
+    const double polled_at = idle_since >= 0 ? now_seconds() : 0;
     bool all_done = true, moved = false, rows_due = false;
     for (std::size_t m = 0; m < passes; ++m) {
       LayerPass& pass = passes_[m];
@@ -241,7 +244,7 @@ void Engine::drive_passes(std::size_t passes, double& rows_wait, double& answers
       rows_due = rows_due || pass.awaiting_rows();
     }
     if (moved || all_done) {
-      if (idle_since >= 0) (idle_for_rows ? rows_wait : answers_wait) += now_seconds() - idle_since;
+      if (idle_since >= 0) (idle_for_rows ? rows_wait : answers_wait) += polled_at - idle_since;
       idle_since = -1;
       backoff.reset();
       if (all_done) break;

@@ -89,12 +89,6 @@ MigrationTransfer::~MigrationTransfer() {
   }
 }
 
-std::size_t MigrationTransfer::total_bytes() const {
-  std::size_t n = 0;
-  for (const auto& m : moves_) n += m.to >= 0 ? slot_bytes_ : 0;
-  return n;
-}
-
 std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_bytes) {
   std::vector<std::size_t> incoming;
   offsets_ = window_offsets(moves_, slot_bytes_, transport_.size(), &incoming);

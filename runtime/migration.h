@@ -73,7 +73,6 @@ class MigrationTransfer {
 
   std::uint64_t id() const { return id_; }
   const std::vector<placement::Move>& moves() const { return moves_; }
-  std::size_t total_bytes() const;  // over all moves
 
   // Collective. Returns why this rank refuses, if it does.
   std::optional<std::string> prepare(std::size_t memory_budget_bytes);

@@ -1,15 +1,14 @@
 #include "runtime/weights/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string_view>
 #include <utility>
 
 #include "common/error.h"
@@ -24,17 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kMetadataKey = "__metadata__";
 constexpr const char* kSupported = "F32, BF16";
-
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 // A JSON value for an error message, cut short so a hostile header cannot flood the log.
 std::string brief(const json& value) {
@@ -50,18 +39,8 @@ std::optional<std::uint64_t> dtype_size(std::string_view dtype) {
       {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
   for (const auto& [name, size] : kSizes)
     if (name == dtype) return size;
-  if (auto d = parse_dtype(dtype)) return *d == DType::F32 ? 4 : 2;  // lower-case spellings
+  if (auto d = parse_dtype(dtype)) return element_size(*d);  // lower-case spellings
   return std::nullopt;
-}
-
-std::uint64_t element_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
-
-// Product of the dims, or nullopt when it does not fit in 64 bits.
-std::optional<std::uint64_t> checked_numel(const std::vector<std::int64_t>& shape) {
-  std::uint64_t n = 1;
-  for (std::int64_t d : shape)
-    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return std::nullopt;
-  return n;
 }
 
 // One element of "shape" or "data_offsets": a JSON integer in [0, max].
@@ -224,91 +203,7 @@ std::string resolve_directory(const std::string& dir) {
              "say which tensor is where, expected one file or an index", dir, list(files));
 }
 
-// An output file being written; removed on destruction unless committed.
-class TempFile {
- public:
-  TempFile(std::string final_path, std::string tmp_path)
-      : final_(std::move(final_path)), tmp_(std::move(tmp_path)) {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      MOED_THROW(Input, "{}: cannot create {}: {}", final_, tmp_, std::strerror(errno));
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  void write(const void* data, std::size_t size) {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      ssize_t n = ::write(fd_, p, size);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) MOED_THROW(Runtime, "{}: writing {} failed: {}", final_, tmp_, std::strerror(errno));
-      p += n;
-      size -= static_cast<std::size_t>(n);
-    }
-  }
-
-  // fsync, close and rename over the final path.
-  void commit() {
-    if (::fsync(fd_) != 0)
-      MOED_THROW(Runtime, "{}: fsync of {} failed: {}", final_, tmp_, std::strerror(errno));
-    int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0)
-      MOED_THROW(Runtime, "{}: closing {} failed: {}", final_, tmp_, std::strerror(errno));
-    if (::rename(tmp_.c_str(), final_.c_str()) != 0)
-      MOED_THROW(Runtime, "{}: renaming {} into place failed: {}", final_, tmp_,
-                 std::strerror(errno));
-    committed_ = true;
-    // Make the rename itself durable; a failure here leaves a complete file, so it is ignored.
-    fs::path dir = fs::path(final_).parent_path();
-    int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-  }
-
- private:
-  std::string final_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
 }  // namespace
-
-// ---- dtypes -------------------------------------------------------------------------------
-
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-  }
-  return "?";
-}
-
-std::optional<DType> parse_dtype(std::string_view name) {
-  if (name == "F32" || name == "f32") return DType::F32;
-  if (name == "BF16" || name == "bf16") return DType::BF16;
-  return std::nullopt;
-}
-
-float bf16_to_f32(std::uint16_t bits) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
-}
-
-std::uint16_t f32_to_bf16(float value) {
-  auto bits = std::bit_cast<std::uint32_t>(value);
-  // Rounding could carry a NaN's payload into the exponent and make it inf: keep the
-  // top half and set the quiet bit instead.
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
-  // Adding 0x7FFF rounds halves down, the extra 1 when the kept lsb is odd makes ties go to
-  // even; a carry into the exponent is correct (up to inf for the largest finite values).
-  std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<std::uint16_t>((bits + rounding) >> 16);
-}
 
 // ---- SafetensorsFile ----------------------------------------------------------------------
 
@@ -456,70 +351,6 @@ void Checkpoint::read_f32(const std::string& name, DType expected,
     MOED_THROW(Input, "{}: no tensor named '{}' (the index {} says it is in this shard)",
                it->second, name, source_);
   file.read_f32(name, expected, expected_shape, out);
-}
-
-// ---- SafetensorsWriter --------------------------------------------------------------------
-
-void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
-  metadata_[key] = value;
-}
-
-void SafetensorsWriter::add(const std::string& name, DType dtype,
-                            const std::vector<std::int64_t>& shape, const float* data) {
-  MOED_CHECK(!name.empty() && name != kMetadataKey, "bad tensor name '{}'", name);
-  MOED_CHECK(names_.insert(name).second, "tensor '{}' added twice", name);
-  MOED_CHECK(std::all_of(shape.begin(), shape.end(), [](std::int64_t d) { return d >= 0; }),
-             "tensor '{}' has negative dims {}", name, shape_str(shape));
-  auto numel = checked_numel(shape);
-  MOED_CHECK(numel && *numel <= std::numeric_limits<std::size_t>::max() / 4,
-             "tensor '{}' shape {} too large", name, shape_str(shape));
-  MOED_CHECK(data || *numel == 0, "tensor '{}' has no data", name);
-
-  Entry entry{name, dtype, shape, std::vector<std::byte>(*numel * element_size(dtype))};
-  if (dtype == DType::F32) {
-    if (*numel) std::memcpy(entry.bytes.data(), data, entry.bytes.size());
-  } else {
-    for (std::uint64_t i = 0; i < *numel; ++i) {
-      std::uint16_t bits = f32_to_bf16(data[i]);
-      std::memcpy(entry.bytes.data() + 2 * i, &bits, 2);
-    }
-  }
-  entries_.push_back(std::move(entry));
-}
-
-std::string SafetensorsWriter::header() const {
-  // ordered_json keeps the header in add() order, which is also the data order.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) {
-    auto& meta = header[kMetadataKey] = nlohmann::ordered_json::object();
-    for (const auto& [key, value] : metadata_) meta[key] = value;
-  }
-  std::uint64_t offset = 0;
-  for (const Entry& e : entries_) {
-    header[e.name] = {{"dtype", dtype_name(e.dtype)},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, offset + e.bytes.size()}}};
-    offset += e.bytes.size();
-  }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not UTF-8
-    MOED_THROW(Internal, "cannot encode the safetensors header: {}", e.what());
-  }
-  // The data region starts at 8 + N; trailing spaces are valid JSON padding.
-  text.append((8 - text.size() % 8) % 8, ' ');
-  return text;
-}
-
-void SafetensorsWriter::write(const std::string& path) const {
-  const std::string text = header();
-  TempFile out(path, fmt::format("{}.tmp.{}", path, ::getpid()));
-  const std::uint64_t header_len = text.size();
-  out.write(&header_len, 8);  // little-endian host
-  out.write(text.data(), text.size());
-  for (const Entry& e : entries_) out.write(e.bytes.data(), e.bytes.size());
-  out.commit();
 }
 
 }  // namespace moed::weights

@@ -1,8 +1,5 @@
-// Safetensors checkpoints: reading (memory-mapped, validated up front) and writing.
-//
-// File layout: an 8-byte little-endian u64 N, N bytes of UTF-8 JSON header, then the
-// data region. The header maps each tensor name to {"dtype", "shape", "data_offsets"}
-// (offsets relative to the data region) and may hold a "__metadata__" string map.
+// Reading safetensors checkpoints (layout: safetensors_format.h), memory-mapped and
+// validated up front; writing them is safetensors_writer.h.
 // Every defect of a file is reported as an Input error naming the file and tensor.
 #pragma once
 
@@ -11,26 +8,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <set>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "common/mapped_file.h"
+#include "runtime/weights/safetensors_format.h"
 
 namespace moed::weights {
-
-// The dtypes moed loads.
-enum class DType { F32, BF16 };
-
-const char* dtype_name(DType dtype);  // "F32", "BF16"
-// "F32"/"BF16" (also "f32"/"bf16"); nullopt for anything else.
-std::optional<DType> parse_dtype(std::string_view name);
-
-float bf16_to_f32(std::uint16_t bits);
-// Round to nearest, ties to even; NaN stays a (quiet) NaN, overflow becomes inf.
-std::uint16_t f32_to_bf16(float value);
 
 struct TensorInfo {
   std::string name;
@@ -86,29 +70,6 @@ class Checkpoint {
   // map, the files themselves are immutable once opened.
   std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
-};
-
-// Builds a safetensors file from fp32 data, stored in the dtype asked for, and writes it
-// atomically (to "<path>.tmp.<pid>", fsync, rename). Tensors are laid out in add() order.
-class SafetensorsWriter {
- public:
-  void set_metadata(const std::string& key, const std::string& value);
-  void add(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape,
-           const float* data);
-  void write(const std::string& path) const;
-
- private:
-  struct Entry {
-    std::string name;
-    DType dtype;
-    std::vector<std::int64_t> shape;
-    std::vector<std::byte> bytes;  // already converted to dtype
-  };
-  std::string header() const;  // JSON, space-padded so the data region is 8-byte aligned
-
-  std::map<std::string, std::string> metadata_;
-  std::vector<Entry> entries_;
-  std::set<std::string> names_;
 };
 
 }  // namespace moed::weights

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/rng.h"
+#include "runtime/weights/safetensors_writer.h"
 
 namespace moed::runtime {
 

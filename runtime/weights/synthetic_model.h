@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "runtime/model.h"
-#include "runtime/weights/safetensors.h"
+#include "runtime/weights/safetensors_format.h"
 
 namespace moed::runtime {
 

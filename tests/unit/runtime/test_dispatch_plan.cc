@@ -2,8 +2,8 @@
 // routes (flat, and hierarchical through gateways), the chunk rule, the row
 // and combine wire formats, forwarding at a gateway, the chunk schedule, the
 // answers at gateways and homes, and a whole layer simulated in memory over
-// 1 to 6 ranks in 1 to 3 islands, which must give the same output bits for
-// every placement and either route.
+// 1 to 6 ranks in 1 to 3 islands (its experts run by the ExpertExecutor), which
+// must give the same output bits for every placement and either route.
 #include "runtime/dispatch_plan.h"
 #include "runtime/chunk_schedule.h"
 
@@ -24,10 +24,14 @@
 
 #include "common/error.h"
 #include "common/rng.h"
+#include "kernels/cpu/expert_ffn.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "placement/placement.h"
 #include "placement/topology.h"
+#include "runtime/config.h"
+#include "runtime/expert_executor.h"
 #include "runtime/router.h"
+#include "runtime/weights/expert_store.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::runtime {
@@ -1186,14 +1190,28 @@ LayerRun dispatch_layer(const Tokens& tokens, const Placement& placement, const 
   return run;
 }
 
-// The fake expert: y = x * (expert + 1), elementwise.
-void fake_expert(int expert, const float* x, int hidden, float* y) {
-  for (int i = 0; i < hidden; ++i) y[i] = x[i] * float(expert + 1);
+// Every expert of a model shape in one store, shared by the simulated ranks: an expert's
+// weights are the synthetic model's whichever rank holds it.
+const ExpertStore& all_experts(int layers, int experts, int hidden) {
+  static std::map<std::tuple<int, int, int>, ExpertStore> stores;
+  const std::tuple key{layers, experts, hidden};
+  auto it = stores.find(key);
+  if (it == stores.end()) {
+    Config c = default_config();
+    c.model.layers = layers;
+    c.model.experts = experts;
+    c.model.top_k = 1;
+    c.model.hidden = hidden;
+    c.model.ffn = 5;
+    it = stores.emplace(key, ExpertStore::load(c, placement::contiguous(1, layers, experts), 0)).first;
+  }
+  return it->second;
 }
 
-// Writes the hop-2 answers as ExpertExecutor does: one answer per received row, task by
-// task, fp32 unweighted for a single pair, int64 fixed-point weighted sums otherwise.
-void run_fake_experts(RankSide& s, int H) {
+// The hop-2 answers, written by the ExpertExecutor: one answer per received row, task by
+// task (fp32 unweighted for a single pair, int64 fixed-point weighted sums otherwise).
+void run_experts(RankSide& s, const LayerRun& run) {
+  const int H = run.hidden;
   const ReceivedRows& received = s.hop2.received;
   comm::ExchangeLayout& layout = s.hop2.back;
   layout.send_bytes = combine_message_bytes(received, H);
@@ -1207,32 +1225,30 @@ void run_fake_experts(RankSide& s, int H) {
       at += combine_row_bytes(received.from[src].pairs_per_row[row], H);
     }
   }
-  std::vector<float> y(H);
+  const ExpertStore& store = all_experts(run.placement->layers(), run.counts.experts(), H);
+  ExpertExecutor executor;
+  std::vector<ExpertRow> rows;
   for (const ExpertTask& t : s.schedule.tasks) {
-    const int expert = s.schedule.experts[t.slot];
+    rows.clear();
     for (const TaskSegment& seg : t.segments)
       for (std::uint32_t k = seg.first; k < seg.first + seg.rows; ++k) {
         const ExpertRowRef& row = s.rows[t.slot][seg.home][k];
         const auto& src = received.from[row.source];
-        fake_expert(expert, src.data + std::size_t(row.row) * H, H, y.data());
-        std::byte* out = s.hop2.back_send.data() + row_at[row.source][row.row];
-        if (src.pairs_per_row[row.row] == 1)
-          std::memcpy(out, y.data(), H * sizeof(float));
-        else
-          kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y.data(), src.weights[row.pair],
-                                      H);
+        rows.push_back({src.data + std::size_t(row.row) * H, s.hop2.back_send.data() + row_at[row.source][row.row],
+                        src.weights[row.pair], src.pairs_per_row[row.row] == 1});
       }
+    EXPECT_EQ(executor.run(store.expert(run.layer, s.schedule.experts[t.slot]), rows), 0u) << "saturated";
   }
 }
 
-// The whole layer: dispatch, fake experts, hop-2 answers into homes and gateways,
+// The whole layer: dispatch, experts, hop-2 answers into homes and gateways,
 // [hop-1 answers into homes], residual. Returns the global outputs; `traffic` gets the counts.
 std::vector<float> run_layer(const Tokens& tokens, const Placement& placement, const Topology& topology,
                              bool hierarchical, int layer, std::uint64_t chunk_rows, std::uint64_t step,
                              Traffic* traffic = nullptr) {
   LayerRun run = dispatch_layer(tokens, placement, topology, hierarchical, layer, chunk_rows, step);
   const int H = tokens.hidden;
-  for (RankSide& s : run.side) run_fake_experts(s, H);
+  for (RankSide& s : run.side) run_experts(s, run);
   all_to_all(run, &RankSide::hop2, true);
   for (RankSide& s : run.side) {
     // What a sender expects back agrees with what the experts sent.
@@ -1537,14 +1553,18 @@ TEST_P(LayerInMemory, CountsThatDisagreeWithTheRowsChangeTheSchedule) {
 TEST_P(LayerInMemory, OutputMatchesAPlainSum) {
   const std::vector<float> out = run_layer(tokens, p, topology, hierarchical(), kLayer, kChunk, kStep);
   const int H = tokens.hidden;
-  for (std::size_t t = 0; t < tokens.count; ++t)
-    for (int i = 0; i < H; ++i) {
-      const double x = tokens.x[t * H + i];
-      double want = x;
-      for (std::size_t k = 0; k < tokens.routing.experts_of(t).size(); ++k)
-        want += double(tokens.routing.weights_of(t)[k]) * x * double(tokens.routing.experts_of(t)[k] + 1);
-      EXPECT_NEAR(out[t * H + i], want, 1e-5 * (1 + std::abs(want))) << "token " << t << " element " << i;
+  const ExpertStore& store = all_experts(kLayers, kExperts, H);
+  std::vector<float> y(H), scratch(kernels::expert_ffn_scratch(store.expert(kLayer, 0), 1));
+  for (std::size_t t = 0; t < tokens.count; ++t) {
+    std::vector<double> want(tokens.x.begin() + std::ptrdiff_t(t * H), tokens.x.begin() + std::ptrdiff_t((t + 1) * H));
+    for (std::size_t k = 0; k < tokens.routing.experts_of(t).size(); ++k) {
+      kernels::expert_ffn(store.expert(kLayer, int(tokens.routing.experts_of(t)[k])), tokens.x.data() + t * H, 1,
+                          y.data(), scratch.data());
+      for (int i = 0; i < H; ++i) want[i] += double(tokens.routing.weights_of(t)[k]) * y[i];
     }
+    for (int i = 0; i < H; ++i)
+      EXPECT_NEAR(out[t * H + i], want[i], 1e-5 * (1 + std::abs(want[i]))) << "token " << t << " element " << i;
+  }
 }
 
 TEST_P(LayerInMemory, OutputBitsEqualTheOneRankRun) {

@@ -9,8 +9,6 @@
 
 #include <bit>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -26,111 +24,10 @@
 #include "runtime/layer_pass.h"
 #include "runtime/router.h"
 #include "runtime/weights/expert_store.h"
+#include "tests/unit/runtime/fake_fabric.h"
 
 namespace moed::runtime {
 namespace {
-
-// Messages in flight between the ranks: (exchange sequence, source, destination) -> bytes.
-struct Fabric {
-  explicit Fabric(std::uint64_t seed) : rng(seed) {}
-  std::map<std::tuple<std::uint64_t, int, int>, std::vector<std::byte>> in_flight;
-  CounterRng rng;
-  std::uint64_t draws = 0, delivered = 0;
-  std::uint64_t draw() { return rng.bits(draws++); }
-};
-
-class FakeExchange final : public comm::Exchange {
- public:
-  FakeExchange(Fabric& fabric, int rank, int ranks, std::uint64_t sequence, std::byte* recv,
-               std::vector<std::size_t> capacity, std::vector<std::size_t> offsets, comm::ReceiveSizes sizes)
-      : fabric_(fabric),
-        rank_(rank),
-        sequence_(sequence),
-        recv_(recv),
-        capacity_(std::move(capacity)),
-        offsets_(std::move(offsets)),
-        exact_(sizes == comm::ReceiveSizes::exact),
-        landed_(std::size_t(ranks), 0),
-        bytes_(std::size_t(ranks), 0) {
-    for (int s = 0; s < ranks; ++s)
-      if (capacity_[s] == 0) land(s, 0);
-  }
-  void send(int dest, const std::byte* data, std::size_t bytes) override {
-    if (bytes == 0) return;
-    EXPECT_NE(dest, rank_) << "a block to self went through the transport";
-    fabric_.in_flight[{sequence_, rank_, dest}] = std::vector<std::byte>(data, data + bytes);
-  }
-  int next_arrival(bool block) override {
-    EXPECT_FALSE(block) << "LayerPass only polls";
-    if (reported_ == int(landed_.size())) return kAllArrived;
-    // Deliver one pending message for this rank, sometimes: arrivals come late and out of order.
-    if (fabric_.draw() % 3 == 0) {
-      std::vector<int> pending;
-      for (const auto& [key, bytes] : fabric_.in_flight)
-        if (std::get<0>(key) == sequence_ && std::get<2>(key) == rank_) pending.push_back(std::get<1>(key));
-      if (!pending.empty()) {
-        const int s = pending[fabric_.draw() % pending.size()];
-        auto node = fabric_.in_flight.extract({sequence_, s, rank_});
-        const std::vector<std::byte>& bytes = node.mapped();
-        EXPECT_LE(bytes.size(), capacity_[s]) << "block from rank " << s;
-        if (exact_) {
-          EXPECT_EQ(bytes.size(), capacity_[s]) << "block from rank " << s;
-        }
-        std::memcpy(recv_ + offsets_[s], bytes.data(), std::min(bytes.size(), capacity_[s]));
-        land(s, bytes.size());
-        ++fabric_.delivered;
-      }
-    }
-    if (arrivals_.empty()) return kNoneYet;
-    const int s = arrivals_.front();
-    arrivals_.pop_front();
-    ++reported_;
-    return s;
-  }
-  void finish() override {
-    EXPECT_EQ(reported_, int(landed_.size())) << "finish before every block was reported";
-  }
-  std::size_t received_bytes(int source) const override { return bytes_[source]; }
-
- private:
-  void land(int s, std::size_t bytes) {
-    EXPECT_FALSE(landed_[s]) << "rank " << s << " twice";
-    landed_[s] = 1;
-    bytes_[s] = bytes;
-    arrivals_.push_back(s);
-  }
-  Fabric& fabric_;
-  int rank_;
-  std::uint64_t sequence_;
-  std::byte* recv_;
-  std::vector<std::size_t> capacity_, offsets_;
-  bool exact_;
-  std::vector<char> landed_;
-  std::vector<std::size_t> bytes_;
-  std::deque<int> arrivals_;
-  int reported_ = 0;
-};
-
-class FakeTransport final : public comm::Transport {
- public:
-  FakeTransport(Fabric& fabric, int rank, int ranks) : fabric_(fabric), rank_(rank), ranks_(ranks) {}
-  const char* name() const override { return "fake"; }
-  int rank() const override { return rank_; }
-  int size() const override { return ranks_; }
-  std::unique_ptr<comm::Exchange> open_exchange(std::byte* recv, const std::vector<std::size_t>& bytes,
-                                                const std::vector<std::size_t>& offsets, const std::string&,
-                                                comm::ReceiveSizes sizes) override {
-    return std::make_unique<FakeExchange>(fabric_, rank_, ranks_, sequence_++, recv, bytes, offsets, sizes);
-  }
-  std::unique_ptr<comm::RmaWindow> create_window(std::size_t, const std::string&) override {
-    throw std::logic_error("no windows here");
-  }
-
- private:
-  Fabric& fabric_;
-  int rank_, ranks_;
-  std::uint64_t sequence_ = 0;
-};
 
 constexpr int kLayers = 2, kLayer = 1, kExperts = 6, kTopK = 3, kHidden = 8, kFfn = 16;
 constexpr std::size_t kTokens = 41;
@@ -252,15 +149,15 @@ TEST_P(LayerPassJob, EveryOrderGivesTheReferenceBits) {
     }
   }
 
-  Fabric fabric(std::uint64_t(seed) * 7919 + which);
-  std::vector<std::unique_ptr<FakeTransport>> transports;
+  fake::Fabric fabric(std::uint64_t(seed) * 7919 + which, {.layer_pass_only = true});
+  std::vector<std::unique_ptr<comm::Transport>> transports;
   std::vector<ExpertStore> stores;
   // Calls cut into blocks of 4 rows, every pass of the rank polled between them.
   std::vector<ExpertExecutor> executors(static_cast<std::size_t>(R), ExpertExecutor(4));
   std::vector<std::vector<std::int64_t>> acc(static_cast<std::size_t>(R));
   std::vector<std::vector<LayerPass>> passes(static_cast<std::size_t>(R));
   for (int r = 0; r < R; ++r) {
-    transports.push_back(std::make_unique<FakeTransport>(fabric, r, R));
+    transports.push_back(fabric.transport(r, R));
     stores.push_back(ExpertStore::load(c, placement, r));
   }
   // Twice with the same passes and transports: a pass is reused layer after layer.
@@ -316,11 +213,11 @@ TEST_P(LayerPassJob, EveryOrderGivesTheReferenceBits) {
         ++still;
       else
         still = 0;
-      ASSERT_LT(still, 10000) << "no progress: a deadlock (in flight: " << fabric.in_flight.size() << ")";
+      ASSERT_LT(still, 10000) << "no progress: a deadlock (in flight: " << fabric.in_flight() << ")";
     }
-    EXPECT_TRUE(fabric.in_flight.empty());
+    EXPECT_EQ(fabric.in_flight(), 0u);
     if (R > 1) {
-      EXPECT_GT(fabric.delivered, std::uint64_t(R));
+      EXPECT_GT(fabric.delivered(), std::uint64_t(R));
     }
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) passes[r][m].finish();

@@ -1,21 +1,22 @@
-// Safetensors reader/writer: round trips, bf16 conversion, and every malformed-file case
-// giving a clear Input error. Files are written byte by byte into a fresh temp dir.
+// Safetensors reader: round trips through the writer, sharded checkpoints, and every
+// malformed-file case giving a clear Input error. Files are written byte by byte into a
+// fresh temp dir. The writer's own tests are in test_safetensors_writer.cc, the dtypes'
+// in test_safetensors_format.cc.
 #include "runtime/weights/safetensors.h"
 
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <source_location>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "runtime/weights/safetensors_writer.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::weights {
@@ -73,67 +74,6 @@ json entry(const std::string& dtype, std::vector<std::int64_t> shape, std::uint6
   return {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, end}}};
 }
 
-// ---- bf16 ---------------------------------------------------------------------------------
-
-std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }
-float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
-
-TEST(Bf16, ExactForRepresentableValues) {
-  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, -3.0f, 0.15625f, 65536.0f, 1.0e-38f * 0.0f,
-                  from_bits(0x3F810000u), from_bits(0x00010000u) /* subnormal */,
-                  from_bits(0x7F7F0000u) /* largest finite bf16 */}) {
-    std::uint16_t b = f32_to_bf16(v);
-    EXPECT_EQ(b, bits_of(v) >> 16) << v;
-    EXPECT_EQ(bits_of(bf16_to_f32(b)), bits_of(v)) << v;
-  }
-  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
-  EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
-  EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
-}
-
-TEST(Bf16, RoundsToNearestEven) {
-  // Exactly halfway: ties go to the even neighbour.
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3F808000u)), 0x3F80);  // lsb 0 stays
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3F818000u)), 0x3F82);  // lsb 1 rounds up
-  EXPECT_EQ(f32_to_bf16(from_bits(0xBF818000u)), 0xBF82);  // same for negatives
-  // Not a tie: nearest.
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3F808001u)), 0x3F81);
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3F807FFFu)), 0x3F80);
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3F80FFFFu)), 0x3F81);
-  // Carry into the exponent: just below 2.0 rounds to 2.0.
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3FFFFFFFu)), 0x4000);
-  // The largest float is past the last bf16 halfway point: it rounds to inf.
-  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);
-}
-
-TEST(Bf16, InfAndNaN) {
-  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
-  EXPECT_EQ(f32_to_bf16(-std::numeric_limits<float>::infinity()), 0xFF80);
-  EXPECT_TRUE(std::isinf(bf16_to_f32(0x7F80)));
-  EXPECT_LT(bf16_to_f32(0xFF80), 0.0f);
-
-  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
-  // A NaN whose payload sits only in the dropped low bits must not round to inf.
-  std::uint16_t snan = f32_to_bf16(from_bits(0x7F800001u));
-  EXPECT_TRUE(std::isnan(bf16_to_f32(snan)));
-  EXPECT_TRUE(snan & 0x0040) << "quiet bit set";
-  std::uint16_t neg_nan = f32_to_bf16(from_bits(0xFFFFFFFFu));
-  EXPECT_TRUE(std::isnan(bf16_to_f32(neg_nan)));
-  EXPECT_TRUE(neg_nan & 0x8000) << "sign kept";
-}
-
-TEST(Bf16, DtypeNames) {
-  EXPECT_STREQ(dtype_name(DType::F32), "F32");
-  EXPECT_STREQ(dtype_name(DType::BF16), "BF16");
-  EXPECT_EQ(parse_dtype("F32"), DType::F32);
-  EXPECT_EQ(parse_dtype("f32"), DType::F32);
-  EXPECT_EQ(parse_dtype("BF16"), DType::BF16);
-  EXPECT_EQ(parse_dtype("bf16"), DType::BF16);
-  EXPECT_EQ(parse_dtype("F16"), std::nullopt);
-  EXPECT_EQ(parse_dtype("Bf16"), std::nullopt);
-  EXPECT_EQ(parse_dtype(""), std::nullopt);
-}
-
 // ---- round trips --------------------------------------------------------------------------
 
 TEST_F(SafetensorsTest, RoundTripF32AndBf16) {
@@ -185,47 +125,6 @@ TEST_F(SafetensorsTest, RoundTripF32AndBf16) {
     ckpt.read_f32("layer.w1", DType::F32, {2, 3}, out.data());
     for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], w1[i]);
   }
-}
-
-TEST_F(SafetensorsTest, WriterLayoutIsStandard) {
-  const auto a = iota(5, 1.0f, 1.0f);
-  SafetensorsWriter writer;
-  writer.add("z.first", DType::BF16, {5}, a.data());
-  writer.add("a.second", DType::F32, {5}, a.data());
-  const std::string path = file("layout.safetensors");
-  writer.write(path);
-  writer.write(path);  // overwriting an existing file works
-
-  const std::string bytes = read_bytes(path);
-  std::uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  EXPECT_EQ((8 + n) % 8, 0u) << "data region 8-byte aligned";
-  EXPECT_EQ(bytes.size(), 8 + n + 10 + 20);
-  json header = json::parse(bytes.substr(8, n));
-  EXPECT_FALSE(header.contains("__metadata__"));
-  // Data in add() order, contiguous from 0.
-  EXPECT_EQ(header["z.first"]["data_offsets"], json({0, 10}));
-  EXPECT_EQ(header["a.second"]["data_offsets"], json({10, 30}));
-  EXPECT_EQ(header["a.second"]["dtype"], "F32");
-  EXPECT_EQ(header["z.first"]["shape"], json({5}));
-  float x = 0;
-  std::memcpy(&x, bytes.data() + 8 + n + 10 + 4, 4);
-  EXPECT_EQ(x, 2.0f);
-
-  // No temp file left behind.
-  for (const auto& e : fs::directory_iterator(tmp_.path()))
-    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
-}
-
-TEST_F(SafetensorsTest, WriterErrors) {
-  SafetensorsWriter writer;
-  float x = 1.0f;
-  writer.add("t", DType::F32, {1}, &x);
-  EXPECT_THROW(writer.add("t", DType::F32, {1}, &x), moed::Error);  // duplicate
-  EXPECT_THROW(writer.add("n", DType::F32, {-1}, &x), moed::Error);
-  EXPECT_THROW(writer.add("__metadata__", DType::F32, {1}, &x), moed::Error);
-  expect_error([&] { writer.write(file("no/such/dir/x.safetensors")); }, ErrorKind::Input,
-               {"no/such/dir/x.safetensors"});
 }
 
 TEST_F(SafetensorsTest, ReadsHandWrittenFileWithGapsAndOtherDtypes) {

@@ -1,0 +1,54 @@
+#include "runtime/weights/safetensors_format.h"
+
+#include <bit>
+
+namespace moed::weights {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  if (name == "F32" || name == "f32") return DType::F32;
+  if (name == "BF16" || name == "bf16") return DType::BF16;
+  return std::nullopt;
+}
+
+std::uint64_t element_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+float bf16_to_f32(std::uint16_t bits) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
+
+std::uint16_t f32_to_bf16(float value) {
+  auto bits = std::bit_cast<std::uint32_t>(value);
+  // Rounding could carry a NaN's payload into the exponent and make it inf: keep the
+  // top half and set the quiet bit instead.
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
+  // Adding 0x7FFF rounds halves down, the extra 1 when the kept lsb is odd makes ties go to
+  // even; a carry into the exponent is correct (up to inf for the largest finite values).
+  std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>((bits + rounding) >> 16);
+}
+
+std::optional<std::uint64_t> checked_numel(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape)
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return std::nullopt;
+  return n;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace moed::weights

@@ -1,0 +1,120 @@
+// SafetensorsWriter (runtime/weights/safetensors_writer.h): the exact bytes it writes,
+// the standard layout (aligned data region, tensors in add() order), atomic
+// replacement with no temp file left, and its errors.
+#include "runtime/weights/safetensors_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "tests/unit/test_support.h"
+
+namespace moed::weights {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::expect_error;
+
+class SafetensorsWriterTest : public ::testing::Test {
+ protected:
+  std::string file(const std::string& name) const { return tmp_.file(name); }
+  static std::string read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  // The raw little-endian bytes of `n` values.
+  template <class T>
+  static std::string raw(const T* values, std::size_t n) {
+    return std::string(reinterpret_cast<const char*>(values), n * sizeof(T));
+  }
+
+  test::TempDir tmp_{"moed_stw"};
+};
+
+std::vector<float> iota(std::size_t n, float start, float step) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
+  return v;
+}
+
+TEST_F(SafetensorsWriterTest, WritesExactlyTheseBytes) {
+  // Pinned byte for byte (taken from the writer before it moved to its own file): the
+  // length, the compact header with metadata first and sorted, tensors in add() order,
+  // two spaces of padding, then the data.
+  SafetensorsWriter writer;
+  writer.set_metadata("moed.seed", "42");
+  writer.set_metadata("format", "pt");
+  const float z[5] = {1.0f, 2.5f, -3.75f, 0.1f, 1e30f};
+  const float a[4] = {0.5f, -0.0f, 3.0f, 1e-3f};
+  writer.add("z.first", DType::BF16, {5}, z);
+  writer.add("a.second", DType::F32, {2, 2}, a);
+  writer.add("empty", DType::F32, {0, 3}, nullptr);
+  writer.add("scalar", DType::F32, {}, a + 2);
+  const std::string path = file("exact.safetensors");
+  writer.write(path);
+
+  const std::string header =
+      R"({"__metadata__":{"format":"pt","moed.seed":"42"},)"
+      R"("z.first":{"dtype":"BF16","shape":[5],"data_offsets":[0,10]},)"
+      R"("a.second":{"dtype":"F32","shape":[2,2],"data_offsets":[10,26]},)"
+      R"("empty":{"dtype":"F32","shape":[0,3],"data_offsets":[26,26]},)"
+      R"("scalar":{"dtype":"F32","shape":[],"data_offsets":[26,30]}})"
+      "  ";
+  const std::uint64_t header_len = header.size();
+  ASSERT_EQ(header_len, 0x128u);
+  const std::uint16_t z_bf16[5] = {0x3F80, 0x4020, 0xC070, 0x3DCD, 0x714A};
+  const std::string want = raw(&header_len, 1) + header + raw(z_bf16, 5) + raw(a, 4) + raw(a + 2, 1);
+  EXPECT_EQ(read_bytes(path), want);
+}
+
+TEST_F(SafetensorsWriterTest, LayoutIsStandard) {
+  const auto a = iota(5, 1.0f, 1.0f);
+  SafetensorsWriter writer;
+  writer.add("z.first", DType::BF16, {5}, a.data());
+  writer.add("a.second", DType::F32, {5}, a.data());
+  const std::string path = file("layout.safetensors");
+  writer.write(path);
+  writer.write(path);  // overwriting an existing file works
+
+  const std::string bytes = read_bytes(path);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ((8 + n) % 8, 0u) << "data region 8-byte aligned";
+  EXPECT_EQ(bytes.size(), 8 + n + 10 + 20);
+  json header = json::parse(bytes.substr(8, n));
+  EXPECT_FALSE(header.contains("__metadata__"));
+  // Data in add() order, contiguous from 0.
+  EXPECT_EQ(header["z.first"]["data_offsets"], json({0, 10}));
+  EXPECT_EQ(header["a.second"]["data_offsets"], json({10, 30}));
+  EXPECT_EQ(header["a.second"]["dtype"], "F32");
+  EXPECT_EQ(header["z.first"]["shape"], json({5}));
+  float x = 0;
+  std::memcpy(&x, bytes.data() + 8 + n + 10 + 4, 4);
+  EXPECT_EQ(x, 2.0f);
+
+  // No temp file left behind.
+  for (const auto& e : fs::directory_iterator(tmp_.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST_F(SafetensorsWriterTest, Errors) {
+  SafetensorsWriter writer;
+  float x = 1.0f;
+  writer.add("t", DType::F32, {1}, &x);
+  EXPECT_THROW(writer.add("t", DType::F32, {1}, &x), moed::Error);  // duplicate
+  EXPECT_THROW(writer.add("n", DType::F32, {-1}, &x), moed::Error);
+  EXPECT_THROW(writer.add("__metadata__", DType::F32, {1}, &x), moed::Error);
+  expect_error([&] { writer.write(file("no/such/dir/x.safetensors")); }, ErrorKind::Input,
+               {"no/such/dir/x.safetensors"});
+}
+
+}  // namespace
+}  // namespace moed::weights
