@@ -10,6 +10,7 @@
 #include "placement/placement_file.h"
 #include "routing/stats_file.h"
 #include "runtime/control_views.h"
+#include "runtime/stop_signal.h"
 
 namespace moed::runtime {
 
@@ -67,6 +68,13 @@ BoundaryActions ControlPlane::decide() {
     requests.swap(queue_);
   }
   coordinator_.begin_boundary();
+  if (const int signal = stop_signal(); signal != 0 && !coordinator_.stopping()) {
+    spdlog::warn("rank 0: {}: draining: the step in flight finishes, a migration before its switch aborts, "
+                 "then the report and statistics are written (the same signal again ends it at once)",
+                 signal_name(signal));
+    coordinator_.shutdown();
+    stopped_by_ = signal;
+  }
   for (auto& [request, reply] : requests) {
     const json& p = request.params;
     const std::string& cmd = request.cmd;

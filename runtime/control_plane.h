@@ -72,6 +72,8 @@ class ControlPlane {
   void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
   // At exit: answers whatever is still waiting.
   void finish();
+  // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.
+  int stopped_by() const { return stopped_by_; }
 
   // Gathers every rank's statistics on rank 0 (collective); rank 0 gets the
   // merged copy, the others an empty optional.
@@ -95,6 +97,7 @@ class ControlPlane {
   std::deque<std::pair<admin::Request, admin::Reply>> queue_;
   // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
   MigrationCoordinator coordinator_;
+  int stopped_by_ = 0;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
   std::future<ReoptimizePlan> optimizing_;  // the plan, made on a thread of rank 0's own
   // This rank's side of the running migration.

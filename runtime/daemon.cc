@@ -24,6 +24,7 @@
 #include "launch/topology_description.h"
 #include "placement/placement_file.h"
 #include "routing/stats_file.h"
+#include "runtime/stop_signal.h"
 
 namespace moed::runtime {
 
@@ -514,6 +515,9 @@ void Daemon::finish() {
   report_->print(std::cout);
   std::cout.flush();
   if (!options_.report_json.empty()) report_->write_json(options_.report_json);
+  if (const int signal = control_plane_->stopped_by())
+    spdlog::warn("moed: stopped by {} after {} steps: drained, report{} written, sockets removed",
+                 signal_name(signal), report_->steps_served(), config_.stats.file.empty() ? "" : " and statistics");
 }
 
 int print_topology(const Config& c, comm::MpiSession& mpi) {
@@ -537,6 +541,7 @@ int print_topology(const Config& c, comm::MpiSession& mpi) {
 
 int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi) {
   int exit_code = 0;
+  install_stop_signals();  // from here on, SIGTERM and SIGINT drain (runtime/stop_signal.h)
   std::unique_ptr<Daemon> daemon = Daemon::start(config, options, mpi, exit_code);
   if (!daemon) return exit_code;
   for (std::uint64_t step = 0; daemon->serve_step(step); ++step) {

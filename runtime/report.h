@@ -73,6 +73,7 @@ class Report {
   void add_step(std::uint64_t step, const StepRecord& rec);
   std::string step_line(std::uint64_t step, const StepRecord& rec) const;
   Summary summary() const;
+  std::uint64_t steps_served() const { return served_; }  // the warm-up included
   void print(std::ostream& os) const;
   nlohmann::json to_json() const;
   void write_json(const std::string& path) const;

@@ -286,6 +286,34 @@ run_too_small() {
   echo "ok: sbatch of $RANKS tasks with MOED_RANKS=8 -> exit 2: $(grep -m1 "fewer than" "$SCRATCH/small.log" | cut -c1-120)"
 }
 
+# scancel sends SIGTERM to every task: the job drains (the step in flight
+# ends, the report and statistics are written, the sockets go) and every
+# rank exits 0, with a line saying so.
+run_scancel() {
+  local admin=$SCRATCH/scancel-admin jobid
+  jobid=$(env MOED="$MOED" MOED_RANKS=$RANKS sbatch --parsable --chdir="$SCRATCH" \
+    --nodes=1 --ntasks-per-node=$RANKS --gpus-per-node=$RANKS --time=5 \
+    --output="$SCRATCH/scancel.log" "$LAUNCH/moed.sbatch" "${job[@]}" --set workload.steps=1000000 \
+    --set "admin.dir=\"$admin\"" --set "stats.file=\"$SCRATCH/scancel-stats.bin\"" --set stats.every_steps=1000000 \
+    --report-json "$SCRATCH/scancel.json") || fail "sbatch of the job to cancel failed"
+  local serving=0
+  for _ in $(seq 300); do
+    "$MOECTL" --dir "$admin" status 2>/dev/null | grep -q 'state *serving' && { serving=1; break; }
+    sleep 0.1
+  done
+  [ "$serving" = 1 ] || { cat "$SCRATCH/scancel.log" >&2; fail "the job to cancel did not serve"; }
+  sleep 0.5
+  scancel "$jobid"
+  for _ in $(seq 300); do squeue -h -j "$jobid" 2>/dev/null | grep -q . || break; sleep 0.1; done
+  squeue -h -j "$jobid" 2>/dev/null | grep -q . && fail "job $jobid still queued 30 s after scancel"
+  grep -q "moed: stopped by SIGTERM after" "$SCRATCH/scancel.log" ||
+    { cat "$SCRATCH/scancel.log" >&2; fail "scancel: no line saying the job drained"; }
+  [ -s "$SCRATCH/scancel.json" ] || fail "scancel: no report written"
+  [ -s "$SCRATCH/scancel-stats.bin" ] || fail "scancel: no statistics written"
+  [ -z "$(ls -A "$admin" 2>/dev/null)" ] || fail "scancel: admin sockets left: $(ls "$admin")"
+  echo "ok: scancel drains: $(grep -m1 'stopped by SIGTERM' "$SCRATCH/scancel.log" | cut -c1-120)"
+}
+
 timed() { # WHAT COMMAND...: runs it and says how long it took
   local start=$SECONDS
   "${@:2}"
@@ -300,3 +328,4 @@ timed "mpirun" run_mpirun
 timed "srun" run_srun
 timed "sbatch --wait" run_sbatch
 timed "refusals" run_too_small
+timed "scancel" run_scancel
