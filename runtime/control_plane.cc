@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
@@ -19,13 +20,43 @@ using nlohmann::json;
 ControlPlane::ControlPlane(ControlContext context)
     : c_(context),
       coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr),
+      stats_writes_("the statistics file " + context.config.stats.file),
       windows_(context.transport),
       faults_(MigrationFaults::from_env()) {
+  // The committed placement is written before the switch: a file that cannot
+  // be written aborts the migration while every rank is on the old epoch.
+  coordinator_.set_before_commit([this](const MigrationRecord& m, std::uint64_t epoch) -> std::optional<std::string> {
+    const std::string& path = c_.config.placement.committed;
+    if (path.empty()) return std::nullopt;
+    placement::Placement next = placement::apply_moves(c_.placement, m.moves);
+    next.set_epoch(epoch);
+    try {
+      placement::write_placement_file(next, path);
+    } catch (const std::exception& e) {
+      ++committed_write_failures_;
+      return fmt::format("[placement].committed {} cannot be written: {}", path, e.what());
+    }
+    return std::nullopt;
+  });
   std::lock_guard lock(snapshot_mu_);
   placement_json_ = placement_json(c_.placement);
 }
 
 ControlPlane::~ControlPlane() = default;
+
+void ControlPlane::save_stats(const routing::RoutingStats& merged, bool last) {
+  const double now = now_seconds();
+  if (!last && !stats_writes_.due(now)) return;  // backing off; the next gather tries again
+  try {
+    routing::write_stats_file(merged, c_.config.stats.file);
+  } catch (const std::exception& e) {
+    const std::string line = stats_writes_.failed(now, e.what());
+    if (last) spdlog::error("{}", line); else spdlog::warn("{}", line);
+    return;
+  }
+  if (const std::string line = stats_writes_.succeeded(); !line.empty()) spdlog::info("{}", line);
+  spdlog::info("wrote {} ({} steps, {} sampled tokens)", c_.config.stats.file, merged.steps(), merged.sample_size());
+}
 
 void ControlPlane::submit(admin::Request request, admin::Reply reply) {
   std::lock_guard lock(queue_mu_);
@@ -220,9 +251,7 @@ StageReport ControlPlane::my_report() const {
 }
 
 void ControlPlane::commit_placement() {
-  if (c_.rank == 0) {
-    if (!c_.config.placement.committed.empty())
-      placement::write_placement_file(c_.placement, c_.config.placement.committed);
+  if (c_.rank == 0) {  // the file was written before the switch (set_before_commit)
     spdlog::info("placement epoch {} committed{}", c_.placement.epoch(),
                  c_.config.placement.committed.empty() ? "" : " to " + c_.config.placement.committed);
   }
@@ -257,8 +286,15 @@ void ControlPlane::publish(std::uint64_t step, const Summary* summary, double st
     if (m.alert_step_p99_ms > 0 && summary->step_p99_ms > m.alert_step_p99_ms)
       alerts.push_back(fmt::format("step p99 {:.1f} ms over {:.1f} ms", summary->step_p99_ms, m.alert_step_p99_ms));
     const MigrationRecord* migration = coordinator_.migration();
+    if (stats_writes_.failing()) alerts.push_back(stats_writes_.alert(now_seconds()));
     metrics = prometheus_text(*summary, c_.placement.epoch(), alerts, migration ? migration->done : 0,
                               migration ? migration->bytes : 0);
+    metrics += fmt::format(
+        "# HELP moed_file_write_failures_total failed writes of a file the daemon keeps (the last good one stays)\n"
+        "# TYPE moed_file_write_failures_total counter\n"
+        "moed_file_write_failures_total{{file=\"stats\"}} {}\n"
+        "moed_file_write_failures_total{{file=\"committed_placement\"}} {}\n",
+        stats_writes_.failures(), committed_write_failures_);
   }
   status["alerts"] = alerts;
   json migration = c_.rank == 0 ? migration_json() : json(nullptr);

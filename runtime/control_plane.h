@@ -37,6 +37,7 @@
 #include "runtime/migration.h"
 #include "runtime/migration_coordinator.h"
 #include "runtime/reoptimizer.h"
+#include "runtime/write_retry.h"
 #include "runtime/report.h"
 #include "runtime/weights/expert_store.h"
 
@@ -78,6 +79,11 @@ class ControlPlane {
   // Gathers every rank's statistics on rank 0 (collective); rank 0 gets the
   // merged copy, the others an empty optional.
   std::optional<routing::RoutingStats> gather_stats(const std::string& what);
+  // Rank 0: writes the merged statistics to [stats].file. A failure is
+  // logged, shown in status alerts and metrics, and retried with backoff;
+  // it never stops serving. `last`: the write at exit (tried even while
+  // backing off).
+  void save_stats(const routing::RoutingStats& merged, bool last);
 
  private:
   using json = nlohmann::json;
@@ -98,6 +104,8 @@ class ControlPlane {
   // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
   MigrationCoordinator coordinator_;
   int stopped_by_ = 0;
+  WriteRetry stats_writes_;
+  std::uint64_t committed_write_failures_ = 0;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
   std::future<ReoptimizePlan> optimizing_;  // the plan, made on a thread of rank 0's own
   // This rank's side of the running migration.

@@ -182,12 +182,18 @@ void check_output_paths(const ServeOptions& options, int rank, const Config& c,
         options.dump_output, OutputHeader{std::uint64_t(c.model.hidden),
                                           std::uint64_t(c.workload.tokens_per_step),
                                           std::uint64_t(c.workload.steps)});
-  if (!options.report_json.empty()) {
-    std::string dir = std::filesystem::path(options.report_json).parent_path().string();
+  // Files written atomically (a temp file beside them, then a rename) need
+  // their folder writable.
+  const auto check_dir_of = [](const std::string& path, const std::string& what) {
+    if (path.empty()) return;
+    const std::string dir = std::filesystem::path(path).parent_path().string();
     if (::access(dir.empty() ? "." : dir.c_str(), W_OK) != 0)
-      MOED_THROW(Usage, "--report-json {}: cannot write into {}: {}", options.report_json,
-                 dir.empty() ? "." : dir, std::strerror(errno));
-  }
+      MOED_THROW(Usage, "{} {}: cannot write into {}: {}", what, path, dir.empty() ? "." : dir,
+                 std::strerror(errno));
+  };
+  check_dir_of(options.report_json, "--report-json");
+  check_dir_of(c.stats.file, "[stats].file");
+  check_dir_of(c.placement.committed, "[placement].committed");
 }
 
 ingress::Limits ingress_limits(const Config& c) {
@@ -486,26 +492,23 @@ void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::s
   if (stats_) {
     stats_->end_step();
     if (!config_.stats.file.empty() && stats_->steps() % std::uint64_t(config_.stats.every_steps) == 0)
-      write_stats();
+      write_stats(false);
   }
   if (reduced) *reduced = std::move(rec);
 }
 
-void Daemon::write_stats() {
+void Daemon::write_stats(bool last) {
   const std::string what = fmt::format("routing statistics after {} steps", stats_->steps());
   std::optional<routing::RoutingStats> merged = control_plane_->gather_stats(what);
   stats_written_at_ = stats_->steps();
-  if (rank_ != 0) return;
-  routing::write_stats_file(*merged, config_.stats.file);
-  spdlog::info("wrote {} ({} steps, {} sampled tokens)", config_.stats.file, merged->steps(),
-               merged->sample_size());
+  if (rank_ == 0) control_plane_->save_stats(*merged, last);
 }
 
 void Daemon::finish() {
   front_door_.reset();  // answers what is still queued with shutting_down
   control_plane_->finish();
   admin_.reset();  // stop answering before the report
-  if (stats_ && !config_.stats.file.empty() && stats_->steps() != stats_written_at_) write_stats();
+  if (stats_ && !config_.stats.file.empty() && stats_->steps() != stats_written_at_) write_stats(true);
   if (rank_ != 0) return;
   report_->boundary(now_seconds());  // the last step's wall time
   if (dump_) dump_->finish();

@@ -50,7 +50,7 @@ class Daemon {
   // (and, with [stats].file, the statistics once more).
   void finish();
   // Gathers every rank's routing statistics on rank 0 and writes [stats].file.
-  void write_stats();
+  void write_stats(bool last);  // last: the write at exit
 
   const Config& config() const { return config_; }
   comm::ControlChannel& control() { return control_; }

@@ -145,6 +145,7 @@ void MigrationCoordinator::advance(std::uint64_t epoch) {
   using S = MigrationState;
   using K = ControlAction::Kind;
   MigrationRecord& m = *migration_;
+  std::optional<std::string> failure;
   if (stopping_ && m.state != S::commit && m.state != S::release) {
     abort("the daemon is shutting down");
   } else if (m.state == S::prepare && !m.refusals.empty()) {
@@ -160,6 +161,8 @@ void MigrationCoordinator::advance(std::uint64_t epoch) {
     actions_.back().expected = m.expected;
   } else if (m.state == S::verify && !m.mismatches.empty()) {
     abort("checksum mismatch: " + m.mismatches.front());
+  } else if (m.state == S::verify && before_commit_ && (failure = before_commit_(m, epoch + 1))) {
+    abort("before the switch: " + *failure);
   } else if (m.state == S::verify) {
     m.state = S::commit;
     actions_.push_back(action(K::commit, m.id));

@@ -7,13 +7,14 @@
 // A migration moves through
 //   prepare -> transfer (one or more boundaries) -> verify -> commit -> release -> committed
 // and ends `aborted` from prepare (a rank refused), transfer (a send failed),
-// verify (a checksum differs) or any stage before commit when the daemon shuts
-// down. Commit and release always finish: once ranks switch placement, the
+// verify (a checksum differs, or what must survive the switch cannot be
+// written) or any stage before commit when the daemon shuts down. Commit and release always finish: once ranks switch placement, the
 // switch is never undone halfway.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -80,6 +81,12 @@ class MigrationCoordinator {
   // reoptimize has statistics to plan from.
   MigrationCoordinator(std::size_t slot_bytes, bool stats_kept);
 
+  // Runs on rank 0 before a commit is decided, with the migration and the
+  // epoch it would commit: writes what must survive the switch (the committed
+  // placement file). An error aborts the migration before any rank switches.
+  using BeforeCommit = std::function<std::optional<std::string>(const MigrationRecord&, std::uint64_t epoch)>;
+  void set_before_commit(BeforeCommit hook) { before_commit_ = std::move(hook); }
+
   // One boundary: begin(), the queued requests in arrival order, then end().
   void begin_boundary();
   Verdict shutdown();
@@ -119,6 +126,7 @@ class MigrationCoordinator {
 
   std::size_t slot_bytes_;
   bool stats_kept_;
+  BeforeCommit before_commit_;
   bool stopping_ = false, draining_ = false, planning_ = false;
   bool busy_at_begin_ = false;
   std::uint64_t running_at_begin_ = 0;  // the migration that may advance at this boundary

@@ -142,6 +142,36 @@ TEST(MigrationCoordinator, VerifyCarriesTheSourceChecksumsAndCommitTheNextEpoch)
   EXPECT_EQ(commit[0].migration, c.migration()->id);
 }
 
+// What must survive the switch (the committed placement file) is written
+// before the commit is decided; when it cannot be, no rank switches.
+TEST(MigrationCoordinator, ACommittedFileThatCannotBeWrittenAbortsBeforeTheSwitch) {
+  for (const bool writable : {true, false}) {
+    MigrationCoordinator c(kSlotBytes, true);
+    std::vector<std::uint64_t> epochs;
+    c.set_before_commit([&](const MigrationRecord& m, std::uint64_t epoch) -> std::optional<std::string> {
+      EXPECT_EQ(m.state, S::verify);
+      epochs.push_back(epoch);
+      if (writable) return std::nullopt;
+      return std::string("[placement].committed /ro/p.toml cannot be written: Read-only file system");
+    });
+    FakeRanks ranks({});
+    const auto p = four_ranks();
+    boundary(c, ranks, 4, [&] { c.migrate(p, 1, 3, 0, {}); });
+    std::vector<K> seen;
+    for (int i = 0; i < 10 && c.migration()->active(); ++i)
+      for (K k : kinds(boundary(c, ranks, 4))) seen.push_back(k);
+    EXPECT_EQ(epochs, std::vector<std::uint64_t>{5});  // asked once, for the epoch it would commit
+    if (writable) {
+      EXPECT_EQ(c.migration()->state, S::committed);
+    } else {
+      EXPECT_EQ(c.migration()->state, S::aborted);
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), K::commit), 0);
+      EXPECT_EQ(c.migration()->error,
+                "before the switch: [placement].committed /ro/p.toml cannot be written: Read-only file system");
+    }
+  }
+}
+
 struct AbortCase {
   std::string name;
   Faults faults;
