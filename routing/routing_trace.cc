@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/quote.h"
 #include "common/mapped_file.h"
 
 namespace moed::routing {
@@ -72,10 +73,9 @@ std::string_view trim(std::string_view s) {
 }
 
 // A line quoted in a message, cut when long.
-std::string quote(std::string_view s) {
-  constexpr std::size_t kMax = 60;
-  return s.size() <= kMax ? std::string(s) : std::string(s.substr(0, kMax)) + "...";
-}
+// A piece of the file in a message: control and invalid bytes escaped (raw
+// binary never reaches the log), cut after 60 bytes.
+std::string quote(std::string_view s) { return sanitize_input(s, 60); }
 
 // The lines of a text numbered from 1, without '\n' and a trailing '\r'.
 class Lines {
@@ -280,7 +280,7 @@ class JsonlImporter {
     if (auto bracket = what.find("] "); bracket != std::string_view::npos) what.remove_prefix(bracket + 2);
     constexpr std::string_view kLine1 = "parse error at line 1, ";
     if (what.substr(0, kLine1.size()) == kLine1) what.remove_prefix(kLine1.size());
-    return std::string(what);
+    return sanitize_input(what, 200);  // it quotes the bytes last read, which may be binary
   }
 
   // An integer in [0, limit).

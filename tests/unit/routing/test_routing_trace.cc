@@ -223,6 +223,24 @@ TEST(TraceText, RefusesBadTextWithOriginAndLine) {
   }
 }
 
+// Raw binary from a file (a hostile tester fed one) never reaches a message
+// as it is: escaped and cut.
+TEST(TraceText, BinaryInAMessageIsEscapedAndCut) {
+  std::string garbage = "moed-trace v1\x00\x1b[2J\xff";
+  garbage += std::string(1000, '\x01');
+  for (auto parse : {+[](std::string_view t) { parse_trace(t, "bin.trace"); },
+                     +[](std::string_view t) { import_routing_jsonl(t, "bin.jsonl"); }}) {
+    try {
+      parse(garbage);
+      ADD_FAILURE() << "binary accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_LT(message.size(), 600u) << message;
+      for (char c : message) EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == '\x7f') << message;
+    }
+  }
+}
+
 TEST(TraceText, AllEmptyTraceStillWritesValidHeader) {
   RoutingTrace trace(2, 3);
   trace.add_token({{}, {}});
