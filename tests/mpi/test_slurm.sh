@@ -314,6 +314,29 @@ run_scancel() {
   echo "ok: scancel drains: $(grep -m1 'stopped by SIGTERM' "$SCRATCH/scancel.log" | cut -c1-120)"
 }
 
+# MOED_RESTARTS=1: a rank killed (SIGKILL) ends the step; the batch script
+# relaunches it in the allocation, which then serves again (and drains on scancel).
+run_restart() {
+  local admin=$SCRATCH/restart-admin jobid victim serving=0
+  jobid=$(env MOED="$MOED" MOED_RANKS=$RANKS MOED_RESTARTS=1 sbatch --parsable --chdir="$SCRATCH" \
+    --nodes=1 --ntasks-per-node=$RANKS --gpus-per-node=$RANKS --time=5 \
+    --output="$SCRATCH/restart.log" "$LAUNCH/moed.sbatch" "${job[@]}" --set workload.steps=1000000 \
+    --set "admin.dir=\"$admin\"") || fail "sbatch of the job to restart failed"
+  for _ in $(seq 300); do "$MOECTL" --dir "$admin" status 2>/dev/null | grep -q 'state *serving' && break; sleep 0.1; done
+  victim=$(pgrep -f -- "moed .*$admin" | sed -n 3p)
+  [ -n "$victim" ] || { cat "$SCRATCH/restart.log" >&2; fail "no rank to kill"; }
+  kill -9 "$victim"
+  for _ in $(seq 600); do
+    grep -q "relaunching (restart 1 of 1)" "$SCRATCH/restart.log" &&
+      "$MOECTL" --dir "$admin" status 2>/dev/null | grep -q 'state *serving' && { serving=1; break; }
+    sleep 0.1
+  done
+  [ "$serving" = 1 ] || { cat "$SCRATCH/restart.log" >&2; fail "MOED_RESTARTS=1: not serving again after a lost rank"; }
+  scancel "$jobid"
+  for _ in $(seq 300); do squeue -h -j "$jobid" 2>/dev/null | grep -q . || break; sleep 0.1; done
+  echo "ok: sbatch with MOED_RESTARTS=1 serves again after a lost rank: $(grep -m1 relaunching "$SCRATCH/restart.log" | cut -c1-110)"
+}
+
 timed() { # WHAT COMMAND...: runs it and says how long it took
   local start=$SECONDS
   "${@:2}"
@@ -329,3 +352,4 @@ timed "srun" run_srun
 timed "sbatch --wait" run_sbatch
 timed "refusals" run_too_small
 timed "scancel" run_scancel
+timed "restart" run_restart
