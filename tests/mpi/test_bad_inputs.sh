@@ -74,6 +74,18 @@ open(p, 'wb').write(data)
 PY
   expect_failure 2 "\[rank 1\].*e7.safetensors.*experts\.7\.w2" "tensor missing on one rank only" -- \
     moed_on 2 "${base[@]}" --weights "$SCRATCH/e7.safetensors"
+  # A tensor named twice in the header (JSON would keep the last entry).
+  cp "$SCRATCH/good.safetensors" "$SCRATCH/dup.safetensors"
+  python3 - "$SCRATCH/dup.safetensors" <<'PY'
+import sys
+p = sys.argv[1]
+data = bytearray(open(p, 'rb').read())
+i = data.find(b'layers.0.block_sparse_moe.experts.7.w2')
+data[i:i + 38] = b'layers.0.block_sparse_moe.experts.6.w2'
+open(p, 'wb').write(data)
+PY
+  expect_failure 2 "dup.safetensors: tensor 'model\.layers\.0\.block_sparse_moe\.experts\.6\.w2\.weight' appears twice" \
+    "duplicate tensor name" -- moed_on 2 "${base[@]}" --weights "$SCRATCH/dup.safetensors"
   ;;
 trace)
   tr=(--set workload.kind=trace)
