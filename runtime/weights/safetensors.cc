@@ -359,6 +359,11 @@ void Checkpoint::load_index(const std::string& index_path) {
 
 bool Checkpoint::contains(const std::string& name) const { return weight_map_.count(name) > 0; }
 
+const std::string& Checkpoint::file_of(const std::string& name) const {
+  auto it = weight_map_.find(name);
+  return it == weight_map_.end() ? source_ : it->second;
+}
+
 const SafetensorsFile& Checkpoint::shard(const std::string& shard_path) const {
   std::lock_guard lock(*mutex_);
   auto& slot = shards_[shard_path];

@@ -86,6 +86,27 @@ open(p, 'wb').write(data)
 PY
   expect_failure 2 "dup.safetensors: tensor 'model\.layers\.0\.block_sparse_moe\.experts\.6\.w2\.weight' appears twice" \
     "duplicate tensor name" -- moed_on 2 "${base[@]}" --weights "$SCRATCH/dup.safetensors"
+  # Weights holding NaN or inf ([model].check_finite, on by default).
+  spoil() {  # spoil IN OUT TENSOR ELEMENT VALUE: OUT is IN with one F32 element replaced
+    python3 - "$@" <<'PY'
+import json, struct, sys
+src, dst, name, element, value = sys.argv[1:]
+data = bytearray(open(src, 'rb').read())
+n = struct.unpack('<Q', data[:8])[0]
+begin = json.loads(data[8:8 + n])[name]['data_offsets'][0]
+at = 8 + n + begin + 4 * int(element)
+data[at:at + 4] = struct.pack('<f', float(value))
+open(dst, 'wb').write(data)
+PY
+  }
+  gate=model.layers.1.block_sparse_moe.gate.weight
+  w2=model.layers.2.block_sparse_moe.experts.5.w2.weight
+  spoil "$SCRATCH/good.safetensors" "$SCRATCH/nan-gate.safetensors" "$gate" 70 nan
+  spoil "$SCRATCH/good.safetensors" "$SCRATCH/inf-expert.safetensors" "$w2" 100 inf
+  expect_failure 2 "nan-gate.safetensors: tensor '${gate//./\\.}' holds nan at element 70 \(index \[1, 6\]" \
+    "NaN in a gate" -- moed_on 2 "${base[@]}" --weights "$SCRATCH/nan-gate.safetensors"
+  expect_failure 2 "inf-expert.safetensors: tensor '${w2//./\\.}' holds inf at element 100 \(index \[1, 4\]" \
+    "inf in an expert" -- moed_on 2 "${base[@]}" --weights "$SCRATCH/inf-expert.safetensors"
   ;;
 trace)
   tr=(--set workload.kind=trace)
