@@ -24,6 +24,7 @@
 #include "launch/topology_description.h"
 #include "placement/placement_file.h"
 #include "routing/stats_file.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/stop_signal.h"
 
 namespace moed::runtime {
@@ -349,6 +350,9 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     d->topology_.emplace(found.islands.island_of_rank);
     d->islands_source_ = found.islands.source;
     d->placement_ = initial_placement(c, mpi.size());
+    // Before the weights: sizes the host cannot hold are refused naming their keys.
+    refuse_if_too_large(estimate_rank_memory(c, std::uint64_t(d->placement_.slots_on(d->rank_)), mpi.size()),
+                        std::max(1, where.local_size), fmt::format("rank {}", d->rank_));
     d->store_.emplace(ExpertStore::load(c, d->placement_, d->rank_));
     d->workload_ = make_workload(c, d->store_->layer(0).gate.data());
     d->stats_ = initial_stats(c, d->rank_, mpi.size());

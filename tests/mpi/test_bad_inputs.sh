@@ -41,6 +41,12 @@ config)
     moed_on 2 "${base[@]}" --set "admin.dir=\"$SCRATCH/not-a-dir\""
   expect_failure 2 'budget|memory_mb' "a negative migration memory budget" -- \
     "$MOED" --set migration.memory_mb=-1 --print-config
+  # Sizes the config allows but no host holds: refused before allocating, naming the keys.
+  huge=(--set model.hidden=1048576 --set model.ffn=4194304)
+  expect_failure 2 'memory: rank [01] needs about [0-9]+ bytes .*more than the [0-9]+ bytes .* available .*\[model\]\.hidden 1048576 x \[model\]\.ffn 4194304' \
+    "a model larger than memory" -- moed_on 2 "${base[@]}" "${huge[@]}"
+  expect_failure 2 'memory: --generate-weights needs about [0-9]+ bytes .*\[model\]\.hidden 1048576 x \[model\]\.ffn 4194304' \
+    "generating a model larger than memory" -- "$MOED" "${base[@]}" "${huge[@]}" --generate-weights "$SCRATCH/huge.safetensors"
   ;;
 weights)
   "$MOED" "${base[@]}" --generate-weights "$SCRATCH/good.safetensors" >/dev/null
