@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "runtime/config.h"
 #include "runtime/daemon.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/weights/synthetic_model.h"
 
 namespace {
@@ -23,6 +24,7 @@ struct Cli {
 };
 
 int generate_weights(const moed::runtime::Config& c, const std::string& path) {
+  moed::runtime::refuse_if_too_large(moed::runtime::estimate_generate_memory(c), 1, "--generate-weights");
   moed::runtime::SyntheticModel model{moed::runtime::ModelShape::from(c.model),
                                       std::uint64_t(c.model.seed),
                                       *moed::weights::parse_dtype(c.model.dtype)};

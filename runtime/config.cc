@@ -33,6 +33,8 @@ const config::Section<ModelConfig>& model_section() {
           text<C>("weights", &C::weights, "",
                   "safetensors file, index.json or folder; empty = synthetic weights made in "
                   "memory from seed (the values --generate-weights writes)"),
+          flag<C>("check_finite", &C::check_finite, true,
+                  "refuse weights holding NaN or inf at load (one pass over each tensor)"),
           integer<C>("seed", &C::seed, 42, 0, INT64_MAX, "seed of the synthetic weights"),
           real<C>("norm_eps", &C::norm_eps, 1e-5, 0, 1, "epsilon of the RMSNorm before each MoE block"),
       });

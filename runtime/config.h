@@ -17,6 +17,7 @@ struct ModelConfig {
   std::int64_t layers = 0, experts = 0, top_k = 0, hidden = 0, ffn = 0;
   std::string dtype;
   std::string weights;
+  bool check_finite = true;
   std::int64_t seed = 0;
   double norm_eps = 0;
 };

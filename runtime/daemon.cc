@@ -24,6 +24,7 @@
 #include "launch/topology_description.h"
 #include "placement/placement_file.h"
 #include "routing/stats_file.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/stop_signal.h"
 
 namespace moed::runtime {
@@ -252,7 +253,9 @@ Numerics probe_numerics(const Config& c) {
 }
 
 // Per-step reduction: times are maxed over ranks, counts summed, in one
-// gather to rank 0 (the other ranks keep their own record).
+// gather to rank 0 (the other ranks keep their own record). Each rank's
+// block is its fixed part, then its non-finite counts (two words each; none
+// on a healthy step), whose number is in the fixed part.
 StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, std::uint64_t step) {
   StepRecord out = mine;
   std::vector<double> times{mine.total,   mine.route,   mine.plan, mine.rows_wait,
@@ -264,21 +267,33 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
   sums.push_back(mine.saturated);
   sums.push_back(mine.token_layers);
   sums.push_back(mine.bytes_copied);
-  const std::size_t time_bytes = times.size() * sizeof(double), record_bytes = time_bytes + sums.size() * 8;
-  std::vector<std::byte> record(record_bytes);
+  sums.push_back(mine.nonfinite.size());  // not summed: how many pairs follow
+  const std::size_t time_bytes = times.size() * sizeof(double), fixed_bytes = time_bytes + sums.size() * 8;
+  std::vector<std::uint64_t> tail;
+  for (const auto& [key, terms] : mine.nonfinite) tail.insert(tail.end(), {key, terms});
+  std::vector<std::byte> record(fixed_bytes + tail.size() * 8);
   std::memcpy(record.data(), times.data(), time_bytes);
   std::memcpy(record.data() + time_bytes, sums.data(), sums.size() * 8);
-  const std::vector<std::byte> all = control.gather_equal(record.data(), record_bytes, fmt::format("figures of step {}", step));
+  if (!tail.empty()) std::memcpy(record.data() + fixed_bytes, tail.data(), tail.size() * 8);
+  const std::vector<std::byte> all = control.gather(record.data(), record.size(), fmt::format("figures of step {}", step));
   if (control.rank() != 0) return out;
   std::vector<double> t(times.size());
   std::vector<std::uint64_t> n(sums.size());
+  out.nonfinite.clear();
+  const std::byte* at = all.data();
   for (int r = 0; r < control.size(); ++r) {
-    const std::byte* at = all.data() + std::size_t(r) * record_bytes;
     std::memcpy(t.data(), at, time_bytes);
     std::memcpy(n.data(), at + time_bytes, n.size() * 8);
+    at += fixed_bytes;
     for (std::size_t i = 0; i < t.size(); ++i) times[i] = r == 0 ? t[i] : std::max(times[i], t[i]);
     for (std::size_t i = 0; i < n.size(); ++i) sums[i] = r == 0 ? n[i] : sums[i] + n[i];
+    for (std::uint64_t k = 0, pair[2]; k < n.back(); ++k, at += sizeof pair) {
+      std::memcpy(pair, at, sizeof pair);
+      out.add_nonfinite(std::uint32_t(pair[0]), pair[1]);
+    }
   }
+  MOED_CHECK(at == all.data() + all.size(), "figures of step {}: {} bytes gathered, {} parsed", step, all.size(),
+             at - all.data());
   out.total = times[0], out.route = times[1], out.plan = times[2];
   out.rows_wait = times[3], out.experts = times[4], out.answers_wait = times[5], out.other = times[6];
   const std::size_t L = mine.rows_wait_per_layer.size();
@@ -341,6 +356,9 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     d->topology_.emplace(found.islands.island_of_rank);
     d->islands_source_ = found.islands.source;
     d->placement_ = initial_placement(c, mpi.size());
+    // Before the weights: sizes the host cannot hold are refused naming their keys.
+    refuse_if_too_large(estimate_rank_memory(c, std::uint64_t(d->placement_.slots_on(d->rank_)), mpi.size()),
+                        std::max(1, where.local_size), fmt::format("rank {}", d->rank_));
     d->store_.emplace(ExpertStore::load(c, d->placement_, d->rank_));
     d->workload_ = make_workload(c, d->store_->layer(0).gate.data());
     d->stats_ = initial_stats(c, d->rank_, mpi.size());

@@ -1,10 +1,12 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "comm/idle_backoff.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "kernels/cpu/rms_norm.h"
 
@@ -209,6 +211,7 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     for (int k = 0; k < placement::kLinkClasses; ++k) rec.bytes_sent[k] += c.bytes_sent[k];
     rec.bytes_copied += c.bytes_copied;
     rec.saturated += c.saturated;
+    for (const auto& [expert, terms] : c.nonfinite) note_nonfinite(layer, expert, terms, step, rec);
   }
   rec.route += t1 - t0;
   rec.plan += t2 - t1;
@@ -225,6 +228,19 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     rec.expert_load[std::size_t(layer) * E + e] = load;
     rec.pairs += load;
   }
+}
+
+// Counted for the report; logged the first time per expert, on the rank
+// that computed it (a bad expert would otherwise log every step).
+void Engine::note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec) {
+  const std::size_t key = std::size_t(layer) * std::size_t(shape_.experts) + std::size_t(expert);
+  rec.add_nonfinite(std::uint32_t(key), terms);
+  if (warned_nonfinite_.empty()) warned_nonfinite_.assign(std::size_t(shape_.layers) * shape_.experts, 0);
+  if (std::exchange(warned_nonfinite_[key], 1)) return;
+  spdlog::warn("step {} layer {} expert {}: {} output terms are NaN or inf (in the weights, or in the tokens' "
+               "rows); those elements of the tokens' outputs are NaN. Counted per expert in the report "
+               "(moed_nonfinite_terms_total); logged once per expert",
+               step, layer, expert, terms);
 }
 
 void Engine::drive_passes(std::size_t passes, double& rows_wait, double& answers_wait) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "comm/transport.h"
@@ -47,6 +48,19 @@ struct StepRecord {
   std::uint64_t pairs = 0;                 // (token, expert) pairs over layers, whole job
   std::uint64_t token_layers = 0;          // rows served, summed over layers (this rank; reduced: all)
   std::uint64_t saturated = 0;             // fixed-point terms clamped on this rank
+  // Expert output terms that were NaN or inf (their tokens' outputs carry
+  // NaN), only for the experts with any: (layer * experts + expert, terms),
+  // counted on the rank that computed them (reduced: summed over the job).
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> nonfinite;
+
+  void add_nonfinite(std::uint32_t layer_expert, std::uint64_t terms) {
+    for (auto& [key, n] : nonfinite)
+      if (key == layer_expert) {
+        n += terms;
+        return;
+      }
+    nonfinite.emplace_back(layer_expert, terms);
+  }
 };
 
 class Engine {
@@ -91,6 +105,8 @@ class Engine {
   // Serves `count` rows x of `layer`; first_position orders them step-wide.
   void run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
                  StepRecord& rec);
+  // An expert call of `layer` gave `terms` NaN or inf terms.
+  void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
   // Runs the passes until all are done, timing the waits.
   void drive_passes(std::size_t passes, double& rows_wait, double& answers_wait);
   void record_stats();
@@ -127,6 +143,7 @@ class Engine {
   std::vector<LayerPass::Homes> homes_;     // per pass
   std::vector<LayerPass> passes_;
   std::vector<std::int64_t> acc_;
+  std::vector<char> warned_nonfinite_;  // [layer * experts + e]: its first NaN/inf was logged
 };
 
 }  // namespace moed::runtime

@@ -15,6 +15,20 @@
 
 namespace moed::runtime {
 
+// What an expert call counted.
+struct ExpertCallCounts {
+  std::size_t saturated = 0;  // fixed-point terms clamped (kernels/cpu/fixed_combine.h)
+  // Terms (output element x gate weight) that are NaN or inf, wherever the
+  // weighting happens: those elements of their tokens' outputs become NaN.
+  std::size_t nonfinite = 0;
+
+  ExpertCallCounts& operator+=(const ExpertCallCounts& o) {
+    saturated += o.saturated;
+    nonfinite += o.nonfinite;
+    return *this;
+  }
+};
+
 // One row of expert work: its input, and where its answer goes.
 struct ExpertRow {
   const float* in = nullptr;   // hidden floats
@@ -31,10 +45,9 @@ class ExpertExecutor {
   // sender polls). The cut is fixed, so it changes no bits.
   explicit ExpertExecutor(std::size_t block_rows = 256) : block_rows_(block_rows) {}
 
-  // Runs `rows` through `expert`. Returns the count of saturated fixed-point
-  // terms.
-  std::size_t run(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
-                  const std::function<void()>& between_blocks = {});
+  // Runs `rows` through `expert`; counts the saturated and the non-finite terms.
+  ExpertCallCounts run(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
+                       const std::function<void()>& between_blocks = {});
 
   // Rows per GEMM call since the last clear (for the benchmark's bound), and
   // the bytes copied: rows gathered into the GEMM's input, fp32 answers out.
@@ -46,7 +59,7 @@ class ExpertExecutor {
   }
 
  private:
-  std::size_t run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows);
+  ExpertCallCounts run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows);
 
   std::size_t block_rows_;
   std::vector<float> x_, y_, scratch_;  // one call's rows, outputs and FFN scratch

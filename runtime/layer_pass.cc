@@ -314,8 +314,10 @@ bool LayerPass::run_ready_tasks() {
     for (auto [id, source] : task_sources_[i]) --streams_[id].tasks_left[source];
   }
   const double t0 = now_seconds();
-  counters_.saturated +=
-      setup_.executor->run(setup_.store->expert(in_.layer, schedule_.experts[slot]), call_, setup_.poll);
+  const int expert = schedule_.experts[slot];
+  const ExpertCallCounts counts = setup_.executor->run(setup_.store->expert(in_.layer, expert), call_, setup_.poll);
+  counters_.saturated += counts.saturated;
+  if (counts.nonfinite) counters_.nonfinite.emplace_back(expert, counts.nonfinite);
   counters_.experts_s += now_seconds() - t0;
   return true;
 }

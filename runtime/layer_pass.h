@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/transport.h"
@@ -41,6 +42,8 @@ struct PassCounters {
   std::array<std::uint64_t, placement::kLinkClasses> bytes_sent{};
   std::uint64_t bytes_copied = 0;  // rows packed into messages, gateway pass-throughs
   std::uint64_t saturated = 0;
+  // Expert calls whose output held NaN or inf terms: (expert, terms).
+  std::vector<std::pair<int, std::uint64_t>> nonfinite;
 };
 
 class LayerPass {

@@ -1,5 +1,7 @@
 #include "runtime/report.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -26,6 +28,14 @@ void Report::boundary(double now) {
 
 void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   ++served_;
+  const std::size_t experts = std::size_t(info_.shape.layers) * std::size_t(info_.shape.experts);
+  for (const auto& [key, terms] : rec.nonfinite) {
+    if (key >= experts)
+      MOED_THROW(Internal, "step {}: non-finite terms of expert key {}, the model has {} (layers x experts)", step,
+                 key, experts);
+    if (nonfinite_.empty()) nonfinite_.assign(experts, 0);
+    nonfinite_[key] += terms;
+  }
   if (step < info_.warmup_steps) return;
   ++measured_;
   open_.measured = true;
@@ -83,6 +93,12 @@ std::string Report::step_line(std::uint64_t step, const StepRecord& rec) const {
 Summary Report::summary() const {
   Summary s;
   s.measured_steps = measured_;
+  for (std::size_t key = 0; key < nonfinite_.size(); ++key) {
+    if (!nonfinite_[key]) continue;
+    const int E = info_.shape.experts;
+    s.nonfinite += nonfinite_[key];
+    s.nonfinite_by_expert.push_back({int(key / std::size_t(E)), int(key % std::size_t(E)), nonfinite_[key]});
+  }
   if (measured_ == 0) return s;
   const double n = double(measured_);
   s.route_ms = ms(route_) / n, s.plan_ms = ms(plan_) / n, s.rows_wait_ms = ms(rows_wait_) / n;
@@ -144,7 +160,31 @@ void Report::print(std::ostream& os) const {
   if (s.saturated)
     os << fmt::format("  WARNING            {} combine terms saturated the fixed-point range\n",
                       s.saturated);
+  if (s.nonfinite) {
+    constexpr std::size_t kListed = 8;
+    std::string where;
+    for (std::size_t i = 0; i < std::min(kListed, s.nonfinite_by_expert.size()); ++i) {
+      const Summary::ExpertTerms& x = s.nonfinite_by_expert[i];
+      where += fmt::format("{}layer {} expert {}: {}", i ? "; " : "", x.layer, x.expert, x.terms);
+    }
+    if (s.nonfinite_by_expert.size() > kListed)
+      where += fmt::format("; {} more experts", s.nonfinite_by_expert.size() - kListed);
+    os << fmt::format("  WARNING            {} expert output terms were NaN or inf, so those tokens' outputs "
+                      "carry NaN ({})\n",
+                      s.nonfinite, where);
+  }
 }
+
+namespace {
+
+nlohmann::json nonfinite_json(const Summary& s) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const Summary::ExpertTerms& x : s.nonfinite_by_expert)
+    list.push_back({{"layer", x.layer}, {"expert", x.expert}, {"terms", x.terms}});
+  return list;
+}
+
+}  // namespace
 
 nlohmann::json Report::to_json() const {
   Summary s = summary();
@@ -190,6 +230,8 @@ nlohmann::json Report::to_json() const {
       {"load_window_steps", window_},
       {"bytes_sent", bytes},
       {"fixed_point_saturated", s.saturated},
+      {"nonfinite_terms", s.nonfinite},
+      {"nonfinite_by_expert", nonfinite_json(s)},
   };
 }
 
@@ -220,6 +262,12 @@ std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::ve
   gauge("moed_migration_bytes", "bytes of the current migration", double(migration_bytes));
   more("moed_migration_bytes", double(migration_done_bytes), "{done=\"true\"}");
   gauge("moed_alerts", "alerts raised by the [metrics] thresholds", double(alerts.size()));
+  if (!s.nonfinite_by_expert.empty())
+    out += "# HELP moed_nonfinite_terms_total expert output terms that were NaN or inf (their tokens' outputs "
+           "carry NaN), per expert with any\n# TYPE moed_nonfinite_terms_total counter\n";
+  for (const Summary::ExpertTerms& x : s.nonfinite_by_expert)
+    more("moed_nonfinite_terms_total", double(x.terms),
+         fmt::format("{{layer=\"{}\",expert=\"{}\"}}", x.layer, x.expert));
   return out;
 }
 

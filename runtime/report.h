@@ -55,10 +55,20 @@ struct Summary {
   double load_max_over_mean = 0;       // hottest expert, mean over layers
   std::array<std::uint64_t, placement::kLinkClasses> bytes{};
   std::uint64_t saturated = 0;
+  // Expert output terms that were NaN or inf since start (the warm-up
+  // included: a wrong answer is one whenever it is served), in all and per
+  // expert with any, in (layer, expert) order.
+  struct ExpertTerms {
+    int layer = 0, expert = 0;
+    std::uint64_t terms = 0;
+  };
+  std::uint64_t nonfinite = 0;
+  std::vector<ExpertTerms> nonfinite_by_expert;
 };
 
 // The figures in Prometheus' text exposition format (the admin socket's
-// `metrics` and a scrape target's body).
+// `metrics` and a scrape target's body). moed_nonfinite_terms_total has a
+// series only per expert with a nonzero count, to keep its cardinality low.
 std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::vector<std::string>& alerts,
                             std::uint64_t migration_done_bytes, std::uint64_t migration_bytes);
 
@@ -106,6 +116,8 @@ class Report {
   std::vector<std::vector<std::uint64_t>> ring_;
   std::size_t ring_next_ = 0;
   std::vector<std::uint64_t> window_load_;
+  // NaN or inf terms per [layer * experts + e], since start; empty until the first.
+  std::vector<std::uint64_t> nonfinite_;
 };
 
 }  // namespace moed::runtime

@@ -15,26 +15,34 @@ std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, 
   for (std::size_t i = 0; i < h; ++i) {
     double t = w * double(y[i]);  // exact: 24-bit by 24-bit significands
     if (!(std::fabs(t) < kFixedLimit)) {  // also catches NaN
+      if (!std::isfinite(t)) {
+        acc[i] = kFixedNaN;
+        continue;
+      }
       ++saturated;
-      t = std::isnan(t) ? 0.0 : std::copysign(kFixedLimit, t);
+      t = std::copysign(kFixedLimit, t);
     }
     // llrint rounds half to even (the default mode); with -fno-math-errno it
     // is one cvtsd2si instead of a libm call.
-    acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
-                                       static_cast<std::uint64_t>(std::llrint(t)));
+    if (acc[i] != kFixedNaN)
+      acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
+                                         static_cast<std::uint64_t>(std::llrint(t)));
   }
   return saturated;
 }
 
 void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h) {
-  for (std::size_t i = 0; i < h; ++i)
-    acc[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
-                                       static_cast<std::uint64_t>(partial[i]));
+  for (std::size_t i = 0; i < h; ++i) {
+    const std::int64_t sum = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
+                                                       static_cast<std::uint64_t>(partial[i]));
+    acc[i] = acc[i] == kFixedNaN || partial[i] == kFixedNaN ? kFixedNaN : sum;
+  }
 }
 
 void residual_from_fixed(const float* x, const std::int64_t* acc, std::size_t h, float* out) {
   for (std::size_t i = 0; i < h; ++i)
-    out[i] = static_cast<float>(double(x[i]) + double(acc[i]) * (1.0 / kFixedOne));
+    out[i] = acc[i] == kFixedNaN ? std::numeric_limits<float>::quiet_NaN()
+                                 : static_cast<float>(double(x[i]) + double(acc[i]) * (1.0 / kFixedOne));
 }
 
 }  // namespace moed::kernels

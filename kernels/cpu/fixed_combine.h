@@ -9,22 +9,34 @@
 // and integers add associatively: any grouping, any order, the same bits.
 // Terms beyond the range saturate and are counted; a run with saturation is no
 // longer guaranteed order-independent and says so in its report.
+//
+// A non-finite term (a NaN or inf expert output or gate weight) has no place
+// on the grid: it makes that element of the sum kFixedNaN, which stays so
+// whatever is added to it and becomes NaN in the residual, so the token's
+// output says it was poisoned instead of quietly dropping the term. (A sum of
+// finite terms lands exactly on kFixedNaN only by wrapping past -2^63, which
+// saturated terms alone come near.)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace moed::kernels {
 
 inline constexpr double kFixedOne = 0x1p32;
+inline constexpr std::int64_t kFixedNaN = std::numeric_limits<std::int64_t>::min();
 
-// acc[i] += round(weight * y[i] * 2^32); returns the number of saturated terms.
+// acc[i] += round(weight * y[i] * 2^32); returns the number of saturated terms
+// (a non-finite term is not one: it makes acc[i] kFixedNaN).
 std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, std::size_t h);
 
-// acc[i] += partial[i] (wrapping, which keeps the sum exact when it ends in range).
+// acc[i] += partial[i] (wrapping, which keeps the sum exact when it ends in
+// range); kFixedNaN on either side gives kFixedNaN.
 void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h);
 
-// out[i] = fp32(x[i] + acc[i] * 2^-32), the residual add, rounded once.
+// out[i] = fp32(x[i] + acc[i] * 2^-32), the residual add, rounded once; NaN
+// where acc[i] is kFixedNaN.
 void residual_from_fixed(const float* x, const std::int64_t* acc, std::size_t h, float* out);
 
 }  // namespace moed::kernels

@@ -1,10 +1,13 @@
 #include "runtime/weights/expert_store.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <memory>
 #include <optional>
 
 #include "common/error.h"
+#include "runtime/weights/finite_check.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/synthetic_model.h"
 
@@ -12,42 +15,51 @@ namespace moed::runtime {
 
 namespace {
 
-// Where tensors come from: a checkpoint on disk or the synthetic model.
+// Where tensors come from: a checkpoint on disk or the synthetic model; each
+// checked for NaN and inf as it arrives when [model].check_finite says so.
 class TensorSource {
  public:
   TensorSource(const Config& c, const ModelShape& shape)
-      : shape_(shape), dtype_(*weights::parse_dtype(c.model.dtype)) {
-    if (c.model.weights.empty())
+      : shape_(shape), dtype_(*weights::parse_dtype(c.model.dtype)), check_finite_(c.model.check_finite) {
+    if (c.model.weights.empty()) {
       synthetic_.emplace(shape, std::uint64_t(c.model.seed), dtype_);
-    else
+      synthetic_where_ = fmt::format("synthetic weights (seed {})", c.model.seed);
+    } else {
       checkpoint_ = std::make_unique<weights::Checkpoint>(c.model.weights);
+    }
   }
 
   void gate(int l, float* out) const {
-    if (checkpoint_) return read(gate_tensor(l), gate_shape(shape_), out);
-    synthetic_->gate(l, out);
+    fetch(gate_tensor(l), gate_shape(shape_), out, [&] { synthetic_->gate(l, out); });
   }
   void norm(int l, float* out) const {
-    if (checkpoint_) return read(norm_tensor(l), norm_shape(shape_), out);
-    synthetic_->norm(l, out);
+    fetch(norm_tensor(l), norm_shape(shape_), out, [&] { synthetic_->norm(l, out); });
   }
   void up(int l, int e, int which, float* out) const {
-    if (checkpoint_) return read(expert_tensor(l, e, which == 1 ? "w1" : "w3"), up_shape(shape_), out);
-    synthetic_->up(l, e, which, out);
+    fetch(expert_tensor(l, e, which == 1 ? "w1" : "w3"), up_shape(shape_), out,
+          [&] { synthetic_->up(l, e, which, out); });
   }
   void down(int l, int e, float* out) const {
-    if (checkpoint_) return read(expert_tensor(l, e, "w2"), down_shape(shape_), out);
-    synthetic_->down(l, e, out);
+    fetch(expert_tensor(l, e, "w2"), down_shape(shape_), out, [&] { synthetic_->down(l, e, out); });
   }
 
  private:
-  void read(const std::string& name, const std::vector<std::int64_t>& dims, float* out) const {
-    checkpoint_->read_f32(name, dtype_, dims, out);
+  template <class MakeSynthetic>
+  void fetch(const std::string& name, const std::vector<std::int64_t>& dims, float* out,
+             MakeSynthetic&& make) const {
+    if (checkpoint_)
+      checkpoint_->read_f32(name, dtype_, dims, out);
+    else
+      make();
+    if (check_finite_)
+      weights::check_finite(checkpoint_ ? checkpoint_->file_of(name) : synthetic_where_, name, dims, out);
   }
 
   ModelShape shape_;
   weights::DType dtype_;
+  bool check_finite_;
   std::optional<SyntheticModel> synthetic_;
+  std::string synthetic_where_;
   std::unique_ptr<weights::Checkpoint> checkpoint_;
 };
 

@@ -156,11 +156,42 @@ void check_no_overlap(const std::string& path, const std::map<std::string, Tenso
   }
 }
 
-json parse_json(const std::string& path, const char* what, const std::byte* data,
+// JSON text, with every key of an object required to be unique: nlohmann::json keeps
+// the last of two equal keys, so a header naming a tensor twice would load whichever
+// entry came last without a word. `top_key` names what the top object's keys are.
+json parse_json(const std::string& path, const char* what, const char* top_key, const std::byte* data,
                 std::size_t size) {
   const char* text = reinterpret_cast<const char*>(data);
+  struct Open {
+    std::string key;  // the key this object is the value of ("" at the top)
+    std::set<std::string> seen;
+  };
+  std::vector<Open> open;
+  std::string last_key;
+  auto unique_keys = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open.push_back({std::exchange(last_key, {}), {}});
+        break;
+      case json::parse_event_t::object_end:
+        open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        last_key = parsed.get<std::string>();
+        if (open.back().seen.insert(last_key).second) break;
+        if (open.size() == 1)
+          MOED_THROW(Input, "{}: {} '{}' appears twice in {}, expected each once (the second entry "
+                     "would silently replace the first)", path, top_key, last_key, what);
+        MOED_THROW(Input, "{}: {} has the key '{}' twice in '{}', expected each key once", path, what,
+                   last_key, open.back().key);
+      }
+      default:
+        break;
+    }
+    return true;
+  };
   try {
-    return json::parse(text, text + size);
+    return json::parse(text, text + size, unique_keys);
   } catch (const json::exception& e) {
     MOED_THROW(Input, "{}: {} is not valid JSON: {}", path, what, e.what());
   }
@@ -221,7 +252,7 @@ void SafetensorsFile::parse_header() {
     MOED_THROW(Input, "{}: header length {} exceeds the {} bytes after the length field (file "
                "truncated or not a safetensors file)", p, header_len, size - 8);
 
-  json header = parse_json(p, "the header", file_.data() + 8, static_cast<std::size_t>(header_len));
+  json header = parse_json(p, "the header", "tensor", file_.data() + 8, static_cast<std::size_t>(header_len));
   if (!header.is_object())
     MOED_THROW(Input, "{}: header is a JSON {}, expected an object mapping tensor names to entries",
                p, header.type_name());
@@ -299,7 +330,7 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
 
 void Checkpoint::load_index(const std::string& index_path) {
   MappedFile file(index_path);
-  json index = parse_json(index_path, "the index", file.data(), file.size());
+  json index = parse_json(index_path, "the index", "key", file.data(), file.size());
   if (!index.is_object())
     MOED_THROW(Input, "{}: index is a JSON {}, expected an object with a \"weight_map\"",
                index_path, index.type_name());
@@ -327,6 +358,11 @@ void Checkpoint::load_index(const std::string& index_path) {
 }
 
 bool Checkpoint::contains(const std::string& name) const { return weight_map_.count(name) > 0; }
+
+const std::string& Checkpoint::file_of(const std::string& name) const {
+  auto it = weight_map_.find(name);
+  return it == weight_map_.end() ? source_ : it->second;
+}
 
 const SafetensorsFile& Checkpoint::shard(const std::string& shard_path) const {
   std::lock_guard lock(*mutex_);

@@ -55,6 +55,8 @@ class Checkpoint {
   explicit Checkpoint(const std::string& path);
 
   bool contains(const std::string& name) const;
+  // The file holding tensor `name` (the shard, with an index); the checkpoint's path if unknown.
+  const std::string& file_of(const std::string& name) const;
   void read_f32(const std::string& name, DType expected,
                 const std::vector<std::int64_t>& expected_shape, float* out) const;
   const std::string& path() const { return path_; }

@@ -41,6 +41,12 @@ config)
     moed_on 2 "${base[@]}" --set "admin.dir=\"$SCRATCH/not-a-dir\""
   expect_failure 2 'budget|memory_mb' "a negative migration memory budget" -- \
     "$MOED" --set migration.memory_mb=-1 --print-config
+  # Sizes the config allows but no host holds: refused before allocating, naming the keys.
+  huge=(--set model.hidden=1048576 --set model.ffn=4194304)
+  expect_failure 2 'memory: rank [01] needs about [0-9]+ bytes .*more than the [0-9]+ bytes .* available .*\[model\]\.hidden 1048576 x \[model\]\.ffn 4194304' \
+    "a model larger than memory" -- moed_on 2 "${base[@]}" "${huge[@]}"
+  expect_failure 2 'memory: --generate-weights needs about [0-9]+ bytes .*\[model\]\.hidden 1048576 x \[model\]\.ffn 4194304' \
+    "generating a model larger than memory" -- "$MOED" "${base[@]}" "${huge[@]}" --generate-weights "$SCRATCH/huge.safetensors"
   ;;
 weights)
   "$MOED" "${base[@]}" --generate-weights "$SCRATCH/good.safetensors" >/dev/null
@@ -74,6 +80,39 @@ open(p, 'wb').write(data)
 PY
   expect_failure 2 "\[rank 1\].*e7.safetensors.*experts\.7\.w2" "tensor missing on one rank only" -- \
     moed_on 2 "${base[@]}" --weights "$SCRATCH/e7.safetensors"
+  # A tensor named twice in the header (JSON would keep the last entry).
+  cp "$SCRATCH/good.safetensors" "$SCRATCH/dup.safetensors"
+  python3 - "$SCRATCH/dup.safetensors" <<'PY'
+import sys
+p = sys.argv[1]
+data = bytearray(open(p, 'rb').read())
+i = data.find(b'layers.0.block_sparse_moe.experts.7.w2')
+data[i:i + 38] = b'layers.0.block_sparse_moe.experts.6.w2'
+open(p, 'wb').write(data)
+PY
+  expect_failure 2 "dup.safetensors: tensor 'model\.layers\.0\.block_sparse_moe\.experts\.6\.w2\.weight' appears twice" \
+    "duplicate tensor name" -- moed_on 2 "${base[@]}" --weights "$SCRATCH/dup.safetensors"
+  # Weights holding NaN or inf ([model].check_finite, on by default).
+  spoil() {  # spoil IN OUT TENSOR ELEMENT VALUE: OUT is IN with one F32 element replaced
+    python3 - "$@" <<'PY'
+import json, struct, sys
+src, dst, name, element, value = sys.argv[1:]
+data = bytearray(open(src, 'rb').read())
+n = struct.unpack('<Q', data[:8])[0]
+begin = json.loads(data[8:8 + n])[name]['data_offsets'][0]
+at = 8 + n + begin + 4 * int(element)
+data[at:at + 4] = struct.pack('<f', float(value))
+open(dst, 'wb').write(data)
+PY
+  }
+  gate=model.layers.1.block_sparse_moe.gate.weight
+  w2=model.layers.2.block_sparse_moe.experts.5.w2.weight
+  spoil "$SCRATCH/good.safetensors" "$SCRATCH/nan-gate.safetensors" "$gate" 70 nan
+  spoil "$SCRATCH/good.safetensors" "$SCRATCH/inf-expert.safetensors" "$w2" 100 inf
+  expect_failure 2 "nan-gate.safetensors: tensor '${gate//./\\.}' holds nan at element 70 \(index \[1, 6\]" \
+    "NaN in a gate" -- moed_on 2 "${base[@]}" --weights "$SCRATCH/nan-gate.safetensors"
+  expect_failure 2 "inf-expert.safetensors: tensor '${w2//./\\.}' holds inf at element 100 \(index \[1, 4\]" \
+    "inf in an expert" -- moed_on 2 "${base[@]}" --weights "$SCRATCH/inf-expert.safetensors"
   ;;
 trace)
   tr=(--set workload.kind=trace)

@@ -1237,7 +1237,7 @@ void run_experts(RankSide& s, const LayerRun& run) {
         rows.push_back({src.data + std::size_t(row.row) * H, s.hop2.back_send.data() + row_at[row.source][row.row],
                         src.weights[row.pair], src.pairs_per_row[row.row] == 1});
       }
-    EXPECT_EQ(executor.run(store.expert(run.layer, s.schedule.experts[t.slot]), rows), 0u) << "saturated";
+    EXPECT_EQ(executor.run(store.expert(run.layer, s.schedule.experts[t.slot]), rows).saturated, 0u) << "saturated";
   }
 }
 

@@ -12,9 +12,12 @@
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -24,6 +27,7 @@
 
 #include "common/rng.h"
 #include "kernels/cpu/expert_ffn.h"
+#include "kernels/cpu/finite_scan.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/rms_norm.h"
@@ -114,11 +118,12 @@ const Workload& shared_workload() {
 
 // One rank's whole model, and the figures of the job the records must show.
 struct Plain {
-  explicit Plain(const Config& config)
+  explicit Plain(const Config& config, const std::function<void(ExpertStore&)>& spoil = {})
       : c(config),
         store(ExpertStore::load(c, placement::contiguous(1, kLayers, kExperts), 0)),
         router(RouterParams::from(c)),
         load(std::size_t(kLayers) * kExperts, 0) {
+    if (spoil) spoil(store);
     for (int l = 0; l < kLayers; ++l) gates.emplace_back(store.layer(l).gate.data(), kExperts, kHidden);
   }
 
@@ -135,7 +140,9 @@ struct Plain {
     for (std::size_t k = 0; k < experts.size(); ++k) {
       kernels::expert_ffn(store.expert(l, int(experts[k])), xn.data(), 1, y.data(), scratch.data());
       kernels::add_weighted_fixed(acc.data(), y.data(), routing.weights_of(0)[k], kHidden);
-      ++load[std::size_t(l) * kExperts + experts[k]];
+      const std::size_t key = std::size_t(l) * kExperts + experts[k];
+      ++load[key];
+      if (const std::size_t bad = kernels::count_nonfinite(y.data(), kHidden)) nonfinite[std::uint32_t(key)] += bad;
     }
     pairs += experts.size();
     singles += experts.size() == 1;
@@ -146,6 +153,7 @@ struct Plain {
   std::vector<float> step(std::uint64_t s) {
     load.assign(std::size_t(kLayers) * kExperts, 0);
     pairs = singles = 0;
+    nonfinite.clear();
     std::vector<std::uint64_t> ids;
     TokenOrder(kTokens, c.workload.order == "shuffled", std::uint64_t(c.workload.seed)).ids(s, 0, kTokens, ids);
     std::vector<float> x(kTokens * kHidden);
@@ -162,6 +170,7 @@ struct Plain {
   std::vector<kernels::PackedWeights> gates;
   std::vector<std::uint64_t> load;
   std::uint64_t pairs = 0, singles = 0;
+  std::map<std::uint32_t, std::uint64_t> nonfinite;  // NaN/inf output terms per layer * experts + e
 };
 
 // ---- the job ------------------------------------------------------------------------------
@@ -184,7 +193,8 @@ struct RankRun {
 // engine; a rank that throws fails the test.
 std::vector<RankRun> run_job(const Config& c, const placement::Placement& placement,
                              const placement::Topology& topology, const Workload* workload, std::uint64_t seed,
-                             const std::function<void(Engine&, RankRun&)>& body) {
+                             const std::function<void(Engine&, RankRun&)>& body,
+                             const std::function<void(ExpertStore&)>& spoil = {}) {
   const int R = placement.ranks();
   fake::Fabric fabric(seed);
   std::vector<RankRun> runs(static_cast<std::size_t>(R));
@@ -194,7 +204,8 @@ std::vector<RankRun> run_job(const Config& c, const placement::Placement& placem
     threads.emplace_back([&, r] {
       try {
         const std::unique_ptr<comm::Transport> transport = fabric.transport(r, R);
-        const ExpertStore store = ExpertStore::load(c, placement, r);
+        ExpertStore store = ExpertStore::load(c, placement, r);
+        if (spoil) spoil(store);
         Engine engine(c, *transport, topology, placement, store, workload);
         runs[r].rank = r;
         runs[r].first = engine.first_token();
@@ -219,16 +230,20 @@ std::vector<RankRun> run_job(const Config& c, const placement::Placement& placem
 
 // The workload's steps on every rank.
 std::vector<RankRun> run_steps(const Config& c, const placement::Placement& placement,
-                               const placement::Topology& topology, std::uint64_t seed) {
-  return run_job(c, placement, topology, &shared_workload(), seed, [](Engine& engine, RankRun& run) {
-    for (std::uint64_t s : kSteps) {
-      RankStep step;
-      step.rec = engine.run_step(s, step.hidden);
-      const auto& calls = engine.calls_of_last_step();
-      step.rows_in_calls = std::accumulate(calls.begin(), calls.end(), std::uint32_t{0});
-      run.steps.push_back(std::move(step));
-    }
-  });
+                               const placement::Topology& topology, std::uint64_t seed,
+                               const std::function<void(ExpertStore&)>& spoil = {}) {
+  return run_job(
+      c, placement, topology, &shared_workload(), seed,
+      [](Engine& engine, RankRun& run) {
+        for (std::uint64_t s : kSteps) {
+          RankStep step;
+          step.rec = engine.run_step(s, step.hidden);
+          const auto& calls = engine.calls_of_last_step();
+          step.rows_in_calls = std::accumulate(calls.begin(), calls.end(), std::uint32_t{0});
+          run.steps.push_back(std::move(step));
+        }
+      },
+      spoil);
 }
 
 // The ranks' outputs of step i, by position.
@@ -332,6 +347,59 @@ INSTANTIATE_TEST_SUITE_P(Jobs, EngineJob,
                          ::testing::Combine(::testing::Range<std::size_t>(0, cases().size()), ::testing::Bool(),
                                             ::testing::Values(1, 2)),
                          name);
+
+// An expert whose weights hold a NaN or an inf (loaded with
+// [model].check_finite off): every token it serves gets NaN outputs, as in
+// the plain computation, the others keep their bits; the rank computing it
+// counts the bad terms per (layer, expert), and over the ranks they add up
+// to the plain count (the NaN tokens then poison the experts of layer 2 too).
+class EngineNonFinite : public ::testing::TestWithParam<std::tuple<std::size_t, float>> {};
+
+TEST_P(EngineNonFinite, BadExpertGivesNanOutputsAndCounts) {
+  const auto [which, bad_value] = GetParam();
+  const Case& k = cases()[which];
+  const Config c = engine_config(k, true, 2);
+  constexpr int kBadLayer = 1, kBadExpert = 2;
+  const auto spoil = [bad = bad_value](ExpertStore& store) {
+    if (!store.holds(kBadLayer, kBadExpert)) return;
+    std::vector<float> w(store.slot_floats());
+    store.copy_slot(kBadLayer, kBadExpert, w.data());
+    w[3] = bad;  // w1 row 0: the hidden unit 0 of every row, then every output through w2
+    store.drop_slot(kBadLayer, kBadExpert);
+    store.add_slot(kBadLayer, kBadExpert, w.data());
+  };
+  Plain plain(c, spoil);
+  const std::vector<RankRun> runs = run_steps(c, k.make(), placement::Topology(k.island_of_rank), 17, spoil);
+  const std::uint32_t bad_key = kBadLayer * kExperts + kBadExpert;
+  for (std::size_t i = 0; i < std::size(kSteps); ++i) {
+    SCOPED_TRACE("step " + std::to_string(kSteps[i]));
+    const std::vector<float> want = plain.step(kSteps[i]);
+    const std::vector<float> got = gather(runs, i);
+    expect_same_bits(want, got, "outputs");
+    std::size_t nan_tokens = 0;
+    for (std::size_t t = 0; t < kTokens; ++t) nan_tokens += std::isnan(got[t * kHidden]);
+    ASSERT_GT(plain.load[bad_key], 0u) << "no token routed to the bad expert";
+    EXPECT_EQ(nan_tokens, plain.load[bad_key]) << "a token of the bad expert came out finite, or another did not";
+    EXPECT_EQ(plain.nonfinite[bad_key], plain.load[bad_key] * kHidden);
+    std::map<std::uint32_t, std::uint64_t> counted;
+    for (const RankRun& run : runs)
+      for (const auto& [key, terms] : run.steps[i].rec.nonfinite) {
+        EXPECT_GT(terms, 0u);
+        counted[key] += terms;
+      }
+    EXPECT_EQ(counted, plain.nonfinite);
+    for (const RankRun& run : runs) EXPECT_EQ(run.steps[i].rec.saturated, 0u) << "NaN is no saturation";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Jobs, EngineNonFinite,
+                         ::testing::Combine(::testing::Values(0, 1, 3, 5, 6),
+                                            ::testing::Values(std::numeric_limits<float>::quiet_NaN(),
+                                                              std::numeric_limits<float>::infinity())),
+                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, float>>& info) {
+                           return std::string(cases()[std::get<0>(info.param)].name) +
+                                  (std::isnan(std::get<1>(info.param)) ? "Nan" : "Inf");
+                         });
 
 // OpenBLAS: a row's bits depend on the rows of its call, but the calls are
 // whole canonical chunks, so every job gives the bits of the one-rank run.

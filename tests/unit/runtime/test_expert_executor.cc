@@ -67,7 +67,7 @@ TEST(ExpertExecutor, AnswersAreEachRowsOutputWhateverTheBlockCut) {
     }
     ExpertExecutor executor(block);
     int polls = 0;
-    EXPECT_EQ(executor.run(expert, rows, [&] { ++polls; }), 0u);
+    EXPECT_EQ(executor.run(expert, rows, [&] { ++polls; }).saturated, 0u);
     EXPECT_EQ(polls, int((n + block - 1) / block) - 1);  // between blocks, not after the last
     EXPECT_EQ(executor.calls().size(), (n + block - 1) / block);
     EXPECT_EQ(executor.bytes_copied(), (n + (n + 1) / 2) * kHidden * sizeof(float));  // gathered, then fp32 out
@@ -92,7 +92,7 @@ TEST(ExpertExecutor, NoRowsNoCall) {
       ExpertStore::load(small_config("fixed-order"), placement::contiguous(1, 2, kExperts), 0);
   ExpertExecutor executor;
   int polls = 0;
-  EXPECT_EQ(executor.run(store.expert(0, 0), {}, [&] { ++polls; }), 0u);
+  EXPECT_EQ(executor.run(store.expert(0, 0), {}, [&] { ++polls; }).nonfinite, 0u);
   EXPECT_EQ(polls, 0);
   EXPECT_TRUE(executor.calls().empty());
 }

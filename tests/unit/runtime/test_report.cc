@@ -171,6 +171,60 @@ TEST_F(ReportTest, PrintNamesTheFigures) {
       << text;
 }
 
+TEST_F(ReportTest, HealthyRunHasNoNonFiniteTerms) {
+  const Summary s = summary();
+  EXPECT_EQ(s.nonfinite, 0u);
+  EXPECT_TRUE(s.nonfinite_by_expert.empty());
+  EXPECT_EQ(report.to_json().at("nonfinite_terms").get<std::uint64_t>(), 0u);
+  EXPECT_EQ(prometheus_text(s, 1, {}, 0, 0).find("moed_nonfinite"), std::string::npos);
+  std::ostringstream os;
+  report.print(os);
+  EXPECT_EQ(os.str().find("NaN"), std::string::npos);
+}
+
+// NaN/inf terms count from the warm-up on, summed per (layer, expert) over steps.
+TEST(Report, NonFiniteTermsPerExpertInTextJsonAndPrometheus) {
+  Report report(run_info(), 2);
+  StepRecord warm = record(1, {0, 0}, {0, 0}, {0, 0, 0}, std::vector<std::uint64_t>(8, 1), 8);
+  warm.nonfinite = {{1 * 4 + 3, 16}};  // layer 1 expert 3
+  StepRecord later = warm;
+  later.nonfinite = {{1 * 4 + 3, 32}, {0 * 4 + 2, 5}};
+  double clock = 0;
+  feed(report, clock, 0, warm, 1);
+  feed(report, clock, 1, later, 1);
+  report.boundary(clock);
+  const Summary s = report.summary();
+  EXPECT_EQ(s.nonfinite, 53u);
+  ASSERT_EQ(s.nonfinite_by_expert.size(), 2u);
+  EXPECT_EQ(s.nonfinite_by_expert[0].layer, 0);
+  EXPECT_EQ(s.nonfinite_by_expert[0].expert, 2);
+  EXPECT_EQ(s.nonfinite_by_expert[0].terms, 5u);
+  EXPECT_EQ(s.nonfinite_by_expert[1].layer, 1);
+  EXPECT_EQ(s.nonfinite_by_expert[1].expert, 3);
+  EXPECT_EQ(s.nonfinite_by_expert[1].terms, 48u);
+
+  std::ostringstream os;
+  report.print(os);
+  EXPECT_NE(os.str().find("WARNING            53 expert output terms were NaN or inf, so those tokens' outputs carry "
+                          "NaN (layer 0 expert 2: 5; layer 1 expert 3: 48)"),
+            std::string::npos)
+      << os.str();
+  const nlohmann::json j = report.to_json();
+  EXPECT_EQ(j.at("nonfinite_terms").get<std::uint64_t>(), 53u);
+  EXPECT_EQ(j.at("nonfinite_by_expert"),
+            nlohmann::json::parse(R"([{"layer":0,"expert":2,"terms":5},{"layer":1,"expert":3,"terms":48}])"));
+  const std::string metrics = prometheus_text(s, 1, {}, 0, 0);
+  EXPECT_NE(metrics.find("# TYPE moed_nonfinite_terms_total counter\n"
+                         "moed_nonfinite_terms_total{layer=\"0\",expert=\"2\"} 5\n"
+                         "moed_nonfinite_terms_total{layer=\"1\",expert=\"3\"} 48\n"),
+            std::string::npos)
+      << metrics;
+
+  StepRecord wrong = later;
+  wrong.nonfinite = {{8, 1}};  // beyond 2 layers x 4 experts
+  test::expect_error([&] { report.add_step(2, wrong); }, ErrorKind::Internal, {"expert key 8"});
+}
+
 TEST_F(ReportTest, WallTimeNotEngineTimeMakesTokensPerSecond) {
   // Step 4 spends 0.1 s in its engine but 0.9 s from boundary to boundary.
   add(4, 0.9, record(0.1, {0.001, 0.001}, {0.001, 0.001}, {0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1}, 8));

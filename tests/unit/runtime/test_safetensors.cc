@@ -307,6 +307,23 @@ TEST_F(SafetensorsTest, BadMetadata) {
                     {"m2.safetensors", "__metadata__", "'k'", "expected a string"});
 }
 
+// JSON keeps the last of two equal keys: a tensor named twice must not load quietly.
+TEST_F(SafetensorsTest, BadDuplicateTensorName) {
+  const std::string a = entry("F32", {1}, 0, 4).dump(), b = entry("F32", {1}, 4, 8).dump();
+  expect_open_error(write_raw("dup.safetensors", "{\"w\":" + a + ",\"v\":" + a + ",\"w\":" + b + "}",
+                              std::string(8, '\0')),
+                    {"dup.safetensors", "tensor 'w' appears twice in the header"});
+  // A repeated field inside one entry is refused the same way.
+  expect_open_error(write_raw("dupfield.safetensors",
+                              R"({"w":{"dtype":"F32","dtype":"BF16","shape":[1],"data_offsets":[0,4]}})",
+                              std::string(4, '\0')),
+                    {"dupfield.safetensors", "'dtype' twice in 'w'"});
+  // Equal names in different objects are fine.
+  SafetensorsFile ok(write_raw("ok.safetensors", "{\"w\":" + a + ",\"__metadata__\":{\"w\":\"x\"}}",
+                               std::string(4, '\0')));
+  EXPECT_NE(ok.find("w"), nullptr);
+}
+
 // ---- read_f32 checks ----------------------------------------------------------------------
 
 class SafetensorsReadTest : public SafetensorsTest {
@@ -465,6 +482,12 @@ TEST_F(CheckpointTest, BadIndexNoWeightMap) {
   tmp_.write("x.safetensors.index.json", R"({"weight_map": {"t": 3}})");
   expect_error([&] { Checkpoint c(file("x.safetensors.index.json")); }, ErrorKind::Input,
                {"x.safetensors.index.json", "'t'"});
+}
+
+TEST_F(CheckpointTest, BadIndexDuplicateTensor) {
+  tmp_.write("d.safetensors.index.json", R"({"weight_map": {"t": "a.safetensors", "t": "b.safetensors"}})");
+  expect_error([&] { Checkpoint c(file("d.safetensors.index.json")); }, ErrorKind::Input,
+               {"d.safetensors.index.json", "'t' twice in 'weight_map'"});
 }
 
 TEST_F(CheckpointTest, BadIndexMissingShard) {
