@@ -98,6 +98,12 @@ int moed_client_release(moed_client* c, int slot) {
   return guarded(c, [&] { return c->client->release(slot), 0; });
 }
 
+int moed_client_set_reconnect(moed_client* c, int32_t reconnect_ms) {
+  return guarded(c, [&] { return c->client->set_reconnect_ms(reconnect_ms), 0; });
+}
+
+uint64_t moed_client_reconnects(const moed_client* c) { return c->client->reconnects(); }
+
 const char* moed_client_error(const moed_client* c) { return c->error.c_str(); }
 
 int moed_client_status(const moed_client* c) { return c->status; }

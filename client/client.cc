@@ -1,107 +1,66 @@
 #include "client/client.h"
 
-#include <poll.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <vector>
+
+#include "client/connection.h"
 
 namespace moed::client {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string errno_text(int err) { return std::strerror(err); }
-
 enum class SlotState { free, held, in_flight, done, failed };
+
+// Copies a slot's first `rows` request ids, positions and rows (fp32 wide,
+// so bf16 rows too) from one shared-memory layout to another.
+void copy_slot(const std::byte* from, const wire::Layout& a, std::byte* to, const wire::Layout& b,
+               std::uint32_t rows) {
+  std::memcpy(to + b.ids_offset, from + a.ids_offset, std::size_t(rows) * sizeof(std::uint64_t));
+  std::memcpy(to + b.positions_offset, from + a.positions_offset, std::size_t(rows) * sizeof(std::uint32_t));
+  std::memcpy(to + b.rows_offset, from + a.rows_offset, std::size_t(rows) * a.hidden * sizeof(float));
+}
+
+std::string grant_text(const wire::Layout& l) {
+  return std::to_string(l.slots) + " slots of " + std::to_string(l.max_rows) + " rows of " + std::to_string(l.hidden);
+}
 
 }  // namespace
 
 struct Client::Impl {
   std::string path;
   Options options;
-  int fd = -1;
-  wire::Welcome welcome;
-  std::byte* region = nullptr;
+  std::unique_ptr<Connection> conn;
   std::uint64_t next_tag = 1;
-  wire::FrameReader reader;
+  std::uint64_t reconnects = 0;
+  bool stopping = false;  // the daemon answered shutting_down: the connection is about to end
+  // When the connection was first lost, until an answer comes: a daemon that
+  // keeps coming back and going again does not stretch reconnect_ms.
+  std::optional<Clock::time_point> lost_since;
   struct Slot {
     SlotState state = SlotState::free;
     std::uint64_t tag = 0;
-    wire::ErrorReply failure;
+    // The last submit, to make it again on a new connection.
+    std::uint32_t layer = 0, rows = 0;
+    wire::DType dtype = wire::DType::f32;
+    std::vector<std::byte> inputs;  // its rows as submitted (the outputs overwrite them in place)
+    std::string failure;
+    std::optional<wire::Status> failure_status;
   };
   std::vector<Slot> slots;
 
-  ~Impl() {
-    if (region) ::munmap(region, welcome.layout.region_bytes());
-    if (fd >= 0) ::close(fd);
+  bool reconnecting() const { return options.reconnect_ms > 0; }
+  wire::Hello hello() const { return {options.slots, options.max_rows}; }
+  std::byte* rows_of(std::size_t slot) const {
+    return conn->slot(std::uint32_t(slot)) + conn->layout().rows_offset;
   }
 
-  void send_all(const std::vector<std::byte>& frame) {
-    std::size_t off = 0;
-    while (off < frame.size()) {
-      const ssize_t n = ::send(fd, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw Error("moed client: lost the connection to " + path + ": " + errno_text(errno));
-      off += std::size_t(n);
-    }
-  }
-
-  // Reads once (up to the deadline); passes any shared-memory fd that came
-  // with the bytes to `fd_out`.
-  void read_some(Clock::time_point deadline, bool has_deadline, int* fd_out = nullptr) {
-    pollfd p{fd, POLLIN, 0};
-    for (;;) {
-      int wait_ms = -1;
-      if (has_deadline) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        wait_ms = int(std::clamp<long long>(left, 0, 1 << 30));  // past the deadline: one last look
-      }
-      const int r = ::poll(&p, 1, wait_ms);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw Error("moed client: poll(): " + errno_text(errno));
-      if (r > 0) break;
-      if (has_deadline && Clock::now() >= deadline)
-        throw Error("moed client: timed out waiting for the daemon at " + path);
-    }
-    std::byte buffer[8192];
-    iovec iov{buffer, sizeof buffer};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n;
-    do n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    if (n < 0) throw Error("moed client: lost the connection to " + path + ": " + errno_text(errno));
-    if (n == 0) throw Error("moed client: the daemon at " + path + " closed the connection");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        int received;
-        std::memcpy(&received, CMSG_DATA(c), sizeof received);
-        if (fd_out && *fd_out < 0)
-          *fd_out = received;
-        else
-          ::close(received);
-      }
-    reader.feed({buffer, std::size_t(n)});
-  }
-
-  wire::Frame next_frame(Clock::time_point deadline, bool has_deadline, int* fd_out = nullptr) {
-    for (;;) {
-      std::string error;
-      if (auto f = reader.next(error)) return *f;
-      if (!error.empty()) throw Error("moed client: " + path + ": " + error);
-      read_some(deadline, has_deadline, fd_out);
-    }
+  void fail(Slot& s, std::string message, std::optional<wire::Status> status) {
+    s.state = SlotState::failed;
+    s.failure = std::move(message);
+    s.failure_status = status;
   }
 
   // Files one answer under its slot.
@@ -111,6 +70,7 @@ struct Client::Impl {
       auto d = wire::decode_done(f.payload, error);
       if (!d) throw Error("moed client: " + error);
       if (d->slot < slots.size() && slots[d->slot].tag == d->tag) slots[d->slot].state = SlotState::done;
+      lost_since.reset();
       return;
     }
     if (f.type == wire::Type::error) {
@@ -119,111 +79,222 @@ struct Client::Impl {
       if (e->slot == wire::kNoSlot)
         throw Error("moed client: the daemon at " + path + " refused: " + e->message, e->status);
       if (e->slot < slots.size() && slots[e->slot].tag == e->tag) {
-        slots[e->slot].state = SlotState::failed;
-        slots[e->slot].failure = *e;
+        // A daemon that stops is restarted (or reconnect_ms runs out): the
+        // submit stays in flight and is made again on the next connection.
+        if (e->status == wire::Status::shutting_down && reconnecting()) {
+          stopping = true;
+          return;
+        }
+        fail(slots[e->slot], "moed client: layer request refused: " + e->message, e->status);
+        lost_since.reset();
       }
       return;
     }
     throw Error("moed client: unexpected frame from the daemon");
   }
 
+  // The next answer, mending the connection first when it is lost.
+  void take_next(Deadline& deadline, int timeout_ms) {
+    try {
+      if (stopping)
+        throw Lost("moed client: the daemon at " + path + " is shutting down", 0, wire::Status::shutting_down);
+      take(conn->next_frame(deadline));
+    } catch (const Lost& lost) {
+      recover(lost);
+      deadline = Deadline::after(timeout_ms);
+    }
+  }
+
+  void send_submit(std::size_t slot) {
+    const Slot& s = slots[slot];
+    try {
+      conn->send(wire::encode(wire::Submit{s.tag, std::uint32_t(slot), s.layer, s.rows, s.dtype}));
+    } catch (const Lost& lost) {
+      recover(lost);
+    }
+  }
+
+  void recover(const Lost& cause);
+  void drain();
+  void carry_over(std::unique_ptr<Connection> fresh);
+  void give_up(const std::string& message, std::optional<wire::Status> status);
+
   void check_slot(int slot) const {
     if (slot < 0 || std::size_t(slot) >= slots.size())
-      throw Error("moed client: slot " + std::to_string(slot) + " does not exist (" + std::to_string(slots.size()) +
-                  " slots)");
+      throw Error("moed client: slot " + std::to_string(slot) + " does not exist (" +
+                  std::to_string(conn->layout().slots) + " slots)");
   }
-  std::byte* slot_base(int slot) { return region + std::uint64_t(slot) * welcome.layout.slot_bytes; }
+  // A slot of the memory mapped now (a reconnect may grant fewer).
+  void check_mapped(int slot) const {
+    check_slot(slot);
+    if (std::uint32_t(slot) >= conn->layout().slots)
+      throw Error("moed client: slot " + std::to_string(slot) + " is gone: the restarted daemon granted " +
+                  grant_text(conn->layout()));
+  }
 };
+
+// The answers the old daemon sent before the connection ended (done slots
+// keep their outputs); a daemon that is stopping closes soon after its last.
+void Client::Impl::drain() {
+  const Deadline grace = Deadline::after(1000);
+  try {
+    for (;;) take(conn->next_frame(grace));
+  } catch (const Error&) {
+  }
+}
+
+void Client::Impl::recover(const Lost& cause) {
+  if (!reconnecting()) throw Error(cause.what(), cause.status());
+  drain();
+  stopping = false;
+  if (!lost_since) lost_since = Clock::now();
+  const auto started = *lost_since;
+  const auto until = started + std::chrono::milliseconds(options.reconnect_ms);
+  auto backoff = std::chrono::milliseconds(10);
+  std::string last = cause.what();
+  int last_errno = cause.err(), tries = 0;
+  for (;;) {
+    ++tries;
+    try {
+      carry_over(std::make_unique<Connection>(path, hello(), Deadline{until, true}));
+      return;
+    } catch (const Lost& e) {
+      last = e.what(), last_errno = e.err();
+    } catch (const Error& e) {
+      last = e.what(), last_errno = 0;
+      if (e.status() == wire::Status::forbidden) break;  // a restart does not change who may connect
+    }
+    const auto now = Clock::now();
+    if (now >= until) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, until - now));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+  const auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
+  give_up("moed client: lost the connection to " + path + " (" + cause.what() + ") and could not connect again: tried " +
+              std::to_string(tries) + " times over " + std::to_string(tried) + " ms (reconnect_ms " +
+              std::to_string(options.reconnect_ms) + "); last: " + last +
+              (last_errno ? " (errno " + std::to_string(last_errno) + ")" : ""),
+          cause.status());
+}
+
+// Every submit in flight fails; its rows go back into its slot, so that it
+// can be submitted again as it is. The next call that needs the daemon tries
+// again for reconnect_ms.
+void Client::Impl::give_up(const std::string& message, std::optional<wire::Status> status) {
+  lost_since.reset();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    Slot& s = slots[i];
+    if (s.state != SlotState::in_flight) continue;
+    if (i < conn->layout().slots) std::memcpy(rows_of(i), s.inputs.data(), s.inputs.size());
+    fail(s, message, status);
+  }
+}
+
+// Moves every slot's contents into the new connection's memory and submits
+// again what had no answer. Nothing of the client changes until every
+// submit went out: a connection lost meanwhile is simply tried again.
+void Client::Impl::carry_over(std::unique_ptr<Connection> fresh) {
+  const wire::Layout &a = conn->layout(), &b = fresh->layout();
+  const bool same_model = a.hidden == b.hidden && conn->welcome().layers == fresh->welcome().layers;
+  const std::uint32_t common_rows = std::min(a.max_rows, b.max_rows);
+  std::vector<std::string> dropped(slots.size());
+  std::vector<std::uint64_t> tags(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const Slot& s = slots[i];
+    const bool kept = same_model && i < a.slots && i < b.slots;
+    if (kept) copy_slot(conn->slot(std::uint32_t(i)), a, fresh->slot(std::uint32_t(i)), b, common_rows);
+    if (s.state != SlotState::in_flight && s.state != SlotState::done) continue;
+    if (!kept || s.rows > b.max_rows) {
+      dropped[i] = "moed client: the daemon at " + path + " came back granting " + grant_text(b) + " (was " +
+                   grant_text(a) + "): slot " + std::to_string(i) + "'s " + std::to_string(s.rows) +
+                   " rows were dropped";
+      continue;
+    }
+    if (s.state == SlotState::in_flight) {
+      std::memcpy(fresh->slot(std::uint32_t(i)) + b.rows_offset, s.inputs.data(), s.inputs.size());
+      tags[i] = next_tag++;
+      fresh->send(wire::encode(wire::Submit{tags[i], std::uint32_t(i), s.layer, s.rows, s.dtype}));
+    }
+  }
+  fresh->take_address_of(*conn);
+  conn = std::move(fresh);
+  if (std::all_of(tags.begin(), tags.end(), [](std::uint64_t t) { return t == 0; })) lost_since.reset();  // none awaited
+  slots.resize(std::max<std::size_t>(slots.size(), b.slots));
+  for (std::size_t i = 0; i < dropped.size(); ++i) {
+    if (!dropped[i].empty())
+      fail(slots[i], dropped[i], std::nullopt);
+    else if (slots[i].state == SlotState::in_flight)
+      slots[i].tag = tags[i];
+  }
+  ++reconnects;
+}
 
 Client::Client(const std::string& socket_path, Options options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = socket_path;
   m.options = options;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path) throw Error("moed client: socket path too long: " + socket_path);
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  m.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (m.fd < 0) throw Error("moed client: socket(): " + errno_text(errno));
-  if (::connect(m.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    const int err = errno;
-    throw Error("moed client: cannot connect to " + socket_path + ": " + errno_text(err) +
-                (err == ENOENT || err == ECONNREFUSED ? " (is moed running with [workload].kind = \"ingress\"?)"
-                 : err == EACCES                      ? " (the socket is private to the daemon's user)"
-                                                      : ""));
-  }
-  const bool has_deadline = options.timeout_ms >= 0;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(options.timeout_ms, 0));
-  int memfd = -1;
   try {
-    m.send_all(wire::encode(wire::Hello{options.slots, options.max_rows}));
-  } catch (const Error&) {
-    // A daemon that refuses us (uid, too many clients) answers and hangs up at
-    // once, maybe before our hello went out: its answer says why.
-    m.take(m.next_frame(Clock::now() + std::chrono::milliseconds(200), true, &memfd));
-    throw;
+    m.conn = std::make_unique<Connection>(socket_path, m.hello(), Deadline::after(options.timeout_ms));
+  } catch (const Lost& e) {
+    throw Error(e.what(), e.status());  // the first connection is not retried
   }
-  const wire::Frame f = m.next_frame(deadline, has_deadline, &memfd);
-  struct CloseFd {
-    int& fd;
-    ~CloseFd() {
-      if (fd >= 0) ::close(fd);
-    }
-  } close_memfd{memfd};
-  if (f.type == wire::Type::error) m.take(f);  // throws the refusal
-  std::string error;
-  auto welcome = f.type == wire::Type::welcome ? wire::decode_welcome(f.payload, error) : std::nullopt;
-  if (!welcome) throw Error("moed client: bad welcome from " + socket_path + ": " + error);
-  if (memfd < 0) throw Error("moed client: the daemon at " + socket_path + " sent no shared memory");
-  m.welcome = *welcome;
-  void* p = ::mmap(nullptr, m.welcome.layout.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  if (p == MAP_FAILED) throw Error("moed client: cannot map the shared memory: " + errno_text(errno));
-  m.region = static_cast<std::byte*>(p);
-  m.slots.resize(m.welcome.layout.slots);
+  m.slots.resize(m.conn->layout().slots);
 }
 
 Client::~Client() = default;
 
-int Client::rank() const { return int(impl_->welcome.rank); }
-int Client::ranks() const { return int(impl_->welcome.ranks); }
-int Client::hidden() const { return int(impl_->welcome.layout.hidden); }
-int Client::layers() const { return int(impl_->welcome.layers); }
-int Client::slots() const { return int(impl_->welcome.layout.slots); }
-int Client::max_rows() const { return int(impl_->welcome.layout.max_rows); }
+int Client::rank() const { return int(impl_->conn->welcome().rank); }
+int Client::ranks() const { return int(impl_->conn->welcome().ranks); }
+int Client::hidden() const { return int(impl_->conn->layout().hidden); }
+int Client::layers() const { return int(impl_->conn->welcome().layers); }
+int Client::slots() const { return int(impl_->conn->layout().slots); }
+int Client::max_rows() const { return int(impl_->conn->layout().max_rows); }
+std::uint64_t Client::reconnects() const { return impl_->reconnects; }
+void Client::set_reconnect_ms(int ms) { impl_->options.reconnect_ms = std::max(ms, 0); }
 
 int Client::acquire() {
-  for (std::size_t s = 0; s < impl_->slots.size(); ++s)
+  const std::size_t mapped = impl_->conn->layout().slots;
+  for (std::size_t s = 0; s < mapped; ++s)
     if (impl_->slots[s].state == SlotState::free) {
       impl_->slots[s].state = SlotState::held;
       return int(s);
     }
-  throw Error("moed client: all " + std::to_string(impl_->slots.size()) + " slots are taken (wait or release one)");
+  throw Error("moed client: all " + std::to_string(mapped) + " slots are taken (wait or release one)");
 }
 
 void* Client::rows(int slot) {
-  impl_->check_slot(slot);
-  return impl_->slot_base(slot) + impl_->welcome.layout.rows_offset;
+  impl_->check_mapped(slot);
+  return impl_->rows_of(std::size_t(slot));
 }
 
 std::uint64_t* Client::request_ids(int slot) {
-  impl_->check_slot(slot);
-  return reinterpret_cast<std::uint64_t*>(impl_->slot_base(slot) + impl_->welcome.layout.ids_offset);
+  impl_->check_mapped(slot);
+  return reinterpret_cast<std::uint64_t*>(impl_->conn->slot(std::uint32_t(slot)) + impl_->conn->layout().ids_offset);
 }
 
 std::uint32_t* Client::positions(int slot) {
-  impl_->check_slot(slot);
-  return reinterpret_cast<std::uint32_t*>(impl_->slot_base(slot) + impl_->welcome.layout.positions_offset);
+  impl_->check_mapped(slot);
+  return reinterpret_cast<std::uint32_t*>(impl_->conn->slot(std::uint32_t(slot)) +
+                                          impl_->conn->layout().positions_offset);
 }
 
 void Client::submit(int slot, int layer, std::uint32_t rows, wire::DType dtype) {
   Impl& m = *impl_;
-  m.check_slot(slot);
+  m.check_mapped(slot);
   Impl::Slot& s = m.slots[std::size_t(slot)];
   if (s.state == SlotState::in_flight)
     throw Error("moed client: slot " + std::to_string(slot) + " is already in flight");
+  s.layer = std::uint32_t(layer), s.rows = rows, s.dtype = dtype;
+  if (m.reconnecting()) {
+    const wire::Layout& l = m.conn->layout();
+    const std::size_t bytes = std::size_t(std::min(rows, l.max_rows)) * l.hidden *
+                              (dtype == wire::DType::bf16 ? sizeof(std::uint16_t) : sizeof(float));
+    const std::byte* from = m.rows_of(std::size_t(slot));
+    s.inputs.assign(from, from + bytes);
+  }
   s.tag = m.next_tag++;
   s.state = SlotState::in_flight;
-  m.send_all(wire::encode(wire::Submit{s.tag, std::uint32_t(slot), std::uint32_t(layer), rows, dtype}));
+  m.send_submit(std::size_t(slot));
 }
 
 void Client::wait(int slot, int timeout_ms) {
@@ -233,11 +304,11 @@ void Client::wait(int slot, int timeout_ms) {
   if (s.state != SlotState::in_flight && s.state != SlotState::done && s.state != SlotState::failed)
     throw Error("moed client: slot " + std::to_string(slot) + " was not submitted");
   const int ms = timeout_ms >= 0 ? timeout_ms : m.options.timeout_ms;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(ms, 0));
-  while (s.state == SlotState::in_flight) m.take(m.next_frame(deadline, ms >= 0));
+  Deadline deadline = Deadline::after(ms);
+  while (s.state == SlotState::in_flight) m.take_next(deadline, ms);
   if (s.state == SlotState::failed) {
     s.state = SlotState::held;
-    throw Error("moed client: layer request refused: " + s.failure.message, s.failure.status);
+    throw Error(s.failure, s.failure_status);
   }
   s.state = SlotState::held;
 }

@@ -16,6 +16,16 @@
 // the slot. Several slots in flight at once let attention on one micro-batch
 // overlap the experts on another. forward() does it all with copies.
 //
+// A lost connection (the daemon died or is stopping, and a supervisor such
+// as `moed-mpirun --restart` brings it back on the same socket) is mended
+// here: the client connects again, within Options::reconnect_ms, copies
+// every slot's contents into the new shared memory and submits again what
+// had no answer yet. A row's output does not depend on its batch, so a
+// resubmitted micro-batch gets the same bits: wait() returns late, not
+// with an error, and no token is lost or served twice. While a submit is
+// in flight the client keeps a copy of its rows (the daemon writes the
+// outputs over them in place, possibly just before it died).
+//
 // Not thread-safe: one Client per thread.
 #pragma once
 
@@ -48,6 +58,11 @@ struct Options {
   std::uint32_t slots = 4;        // submits in flight at once (the daemon may grant fewer)
   std::uint32_t max_rows = 256;   // rows per submit (the daemon may grant fewer)
   int timeout_ms = 60'000;        // for connecting and for each wait; < 0: none
+  // How long to keep trying to connect again after the connection is lost
+  // (backing off from 10 ms to 500 ms between tries); 0: do not, and throw
+  // at once as a lost connection always did. A wait that reconnects can
+  // take up to reconnect_ms + timeout_ms.
+  int reconnect_ms = 60'000;
 };
 
 class MOED_CLIENT_CXX_API Client {
@@ -69,7 +84,10 @@ class MOED_CLIENT_CXX_API Client {
   // when all are taken.
   int acquire();
   // The slot's buffers: max_rows rows of hidden() values (fp32; or bf16, read
-  // as uint16_t, in the first half), request ids and positions.
+  // as uint16_t, in the first half), request ids and positions. Valid until
+  // the next submit(), wait() or forward() call: a reconnect may move the
+  // shared memory (it stays put when the daemon grants the same slots and
+  // rows again), so fetch them again rather than keep them across calls.
   void* rows(int slot);
   std::uint64_t* request_ids(int slot);
   std::uint32_t* positions(int slot);
@@ -77,7 +95,10 @@ class MOED_CLIENT_CXX_API Client {
   void submit(int slot, int layer, std::uint32_t rows, wire::DType dtype = wire::DType::f32);
   // Waits until the slot's outputs are in place (timeout_ms < 0: the
   // options' timeout). Throws Error with the daemon's status and message when
-  // the submit failed; the slot can then be submitted again or released.
+  // the submit failed; the slot can then be submitted again or released. A
+  // lost connection is mended first (see above); when that fails, the error
+  // says for how long it tried and the last errno, and every submit then in
+  // flight fails with it (its rows put back in its slot).
   void wait(int slot, int timeout_ms = -1);
   // The slot may be acquired again.
   void release(int slot);
@@ -85,6 +106,11 @@ class MOED_CLIENT_CXX_API Client {
   // All of the above with copies: out[n, hidden] = the layer applied to hidden[n, hidden].
   void forward(int layer, const float* hidden, std::size_t n, const std::uint64_t* request_ids,
                const std::uint32_t* positions, float* out);
+
+  // Connections mended since this client connected.
+  std::uint64_t reconnects() const;
+  // Options::reconnect_ms from now on (< 0 counts as 0).
+  void set_reconnect_ms(int ms);
 
  private:
   struct Impl;

@@ -49,6 +49,15 @@ MOED_CLIENT_API int moed_client_submit(moed_client* c, int slot, int layer, uint
 MOED_CLIENT_API int moed_client_wait(moed_client* c, int slot, int32_t timeout_ms); /* timeout_ms < 0: the connect timeout */
 MOED_CLIENT_API int moed_client_release(moed_client* c, int slot);
 
+/* A lost connection (the daemon restarted on the same socket) is mended
+ * within reconnect_ms: the client connects again and submits again what
+ * was in flight, so moed_client_wait returns late but right. 60000 from
+ * connect; 0: a lost connection fails at once. Pointers from _rows,
+ * _request_ids and _positions are valid until the next _submit or _wait:
+ * fetch them again. */
+MOED_CLIENT_API int moed_client_set_reconnect(moed_client* c, int32_t reconnect_ms);
+MOED_CLIENT_API uint64_t moed_client_reconnects(const moed_client* c); /* connections mended so far */
+
 MOED_CLIENT_API const char* moed_client_error(const moed_client* c);
 MOED_CLIENT_API int moed_client_status(const moed_client* c);
 

@@ -19,6 +19,14 @@ memory: submit copies them into a slot once (stage() gives views of a slot to
 write into without that copy), and wait(..., copy=False) returns a view of the
 slot, valid until the handle is released.
 
+A lost connection (the daemon restarted on the same socket, e.g. by
+`moed-mpirun --restart`) is mended within reconnect_ms: the client connects
+again and submits again what was in flight, so wait() returns late but with
+the same bits; `reconnects` counts the times. reconnect_ms=0 fails at once.
+A reconnect may move the shared memory (it stays put when the daemon grants
+the same slots and rows again): fill a Staged before the next submit or
+wait, and use a copy=False view before the next submit or wait.
+
 A thin ctypes layer over libmoed_client's C ABI (client/moed_client.h). The
 library is found through $MOED_CLIENT_LIB, then next to this file's build
 tree (build/client) or install (PREFIX/lib, for PREFIX/python), then the
@@ -88,6 +96,9 @@ def _library():
         lib.moed_client_submit.argtypes = [p, i, i, u32, i]
         lib.moed_client_wait.argtypes = [p, i, i32]
         lib.moed_client_release.argtypes = [p, i]
+        lib.moed_client_set_reconnect.argtypes = [p, i32]
+        lib.moed_client_reconnects.restype = ctypes.c_uint64
+        lib.moed_client_reconnects.argtypes = [p]
         lib.moed_client_error.restype = ctypes.c_char_p
         lib.moed_client_error.argtypes = [p]
         lib.moed_client_status.argtypes = [p]
@@ -126,17 +137,23 @@ class Handle:
 class Client:
     """One connection to a moed rank's front door. Not thread-safe."""
 
-    def __init__(self, path, slots=4, max_rows=256, timeout_ms=60000):
+    def __init__(self, path, slots=4, max_rows=256, timeout_ms=60000, reconnect_ms=60000):
         self._handle = None
         self._lib = _library()
         error = ctypes.create_string_buffer(1024)
         self._handle = self._lib.moed_client_connect(os.fsencode(path), slots, max_rows, timeout_ms, error, 1024)
         if not self._handle:
             raise MoedError(error.value.decode(errors="replace"))
+        self._check(self._lib.moed_client_set_reconnect(self._handle, reconnect_ms))
         info = _Info()
         self._lib.moed_client_get_info(self._handle, ctypes.byref(info))
         self.rank, self.ranks, self.hidden = info.rank, info.ranks, info.hidden
         self.layers, self.slots, self.max_rows = info.layers, info.slots, info.max_rows
+
+    @property
+    def reconnects(self):
+        """Connections mended since this client connected."""
+        return self._lib.moed_client_reconnects(self._handle)
 
     def close(self):
         if self._handle:
@@ -172,7 +189,8 @@ class Client:
     # -- staging, submit, wait -----------------------------------------------
 
     def stage(self, n, bf16=False):
-        """A free slot's views for n rows, to write into without a copy; submit it with submit_staged()."""
+        """A free slot's views for n rows, to write into without a copy; submit it with submit_staged().
+        Fill them before the next submit or wait (a reconnect may move them)."""
         if not 0 < n <= self.max_rows:
             raise MoedError(f"{n} rows: a submit holds 1 to {self.max_rows} rows")
         return Staged(self, self._check(self._lib.moed_client_acquire(self._handle)), n, BF16 if bf16 else F32)
@@ -214,7 +232,7 @@ class Client:
 
     def wait(self, handle, timeout_ms=-1, copy=True):
         """The layer's outputs for a submit: a copy, or (copy=False) a view of its slot, valid until
-        handle.release()."""
+        handle.release() or the next submit or wait (a reconnect may move it)."""
         try:
             self._check(self._lib.moed_client_wait(self._handle, handle.slot, timeout_ms))
         except MoedError:

@@ -52,7 +52,6 @@ std::vector<Request> make_requests(int count, std::uint64_t seed, int layers, in
 
 // One client serving its share, keeping up to its slots in flight.
 void serve(Client& c, std::vector<Request>& requests, const std::vector<int>& mine) {
-  const std::size_t H = std::size_t(c.hidden());
   std::vector<int> in_slot(std::size_t(c.slots()), -1);
   std::size_t next = 0, done = 0;
   while (done < mine.size()) {

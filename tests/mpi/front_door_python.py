@@ -66,6 +66,8 @@ if sys.argv[1] == "batching":
     if not np.array_equal(view, whole[:3]):
         fail("a staged (zero-copy) submit differs")
     ok("zero-copy staging")
+    if c.reconnects != 0:
+        fail(f"{c.reconnects} reconnects with the daemon up all along")
     if torch is not None:
         t = c.forward(1, torch.from_numpy(x), ids, pos)
         if not (isinstance(t, torch.Tensor) and np.array_equal(t.numpy(), whole)):

@@ -59,6 +59,19 @@ class FrontDoorTest : public ::testing::Test {
     if (stepper_.joinable()) stepper_.join();
   }
 
+  static client::Options reconnecting_within(int ms) {
+    client::Options o;
+    o.reconnect_ms = ms;
+    return o;
+  }
+  // Acquires a slot, writes one row of ones and submits it at layer 0.
+  static int submit_one(client::Client& c) {
+    const int s = c.acquire();
+    std::fill_n(static_cast<float*>(c.rows(s)), kHidden, 1.0f);
+    c.submit(s, 0, 1);
+    return s;
+  }
+
   static std::vector<float> rows(std::size_t n, float first) {
     std::vector<float> x(n * kHidden);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = first + float(i);
@@ -301,12 +314,11 @@ TEST_F(FrontDoorTest, AFloodingClientDoesNotStarveAnother) {
   calm.wait(s, 0);
 }
 
+// reconnect_ms = 0: a client fails at once when its daemon goes, as it always did.
 TEST_F(FrontDoorTest, ShuttingDownAnswersWhatIsQueued) {
   start();
-  client::Client c(path());
-  const int s = c.acquire();
-  std::fill_n(static_cast<float*>(c.rows(s)), kHidden, 1.0f);
-  c.submit(s, 0, 1);
+  client::Client c(path(), reconnecting_within(0));
+  const int s = submit_one(c);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   door_.reset();
   try {
@@ -315,6 +327,187 @@ TEST_F(FrontDoorTest, ShuttingDownAnswersWhatIsQueued) {
   } catch (const client::Error& e) {
     EXPECT_EQ(e.status(), wire::Status::shutting_down) << e.what();
   }
+  EXPECT_EQ(c.reconnects(), 0u);
+}
+
+TEST_F(FrontDoorTest, WithoutReconnectALostConnectionFailsAtOnce) {
+  start();
+  client::Client c(path(), reconnecting_within(0));
+  door_.reset();
+  start();  // a new daemon on the same path is not looked for
+  keep_stepping();
+  try {
+    c.wait(submit_one(c), 5000);
+    ADD_FAILURE() << "served over a lost connection";
+  } catch (const client::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("connection"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c.reconnects(), 0u);
+}
+
+// The daemon goes away with a client's micro-batches in every state and
+// comes back on the same socket (what `moed-mpirun --restart` does): the
+// client's waits return the right outputs, late, with nothing lost.
+TEST_F(FrontDoorTest, AClientReconnectsAndSubmitsAgainWhatWasInFlight) {
+  start();
+  client::Client c(path(), reconnecting_within(10'000));
+  auto fill = [&](int slot, const std::vector<float>& x, std::uint64_t id) {
+    std::memcpy(c.rows(slot), x.data(), x.size() * sizeof(float));
+    for (std::size_t r = 0; r < x.size() / kHidden; ++r) c.request_ids(slot)[r] = id, c.positions(slot)[r] = std::uint32_t(r);
+  };
+  // Answered before the loss; the client has not read the answer yet.
+  const std::vector<float> xa = rows(2, 1.0f);
+  const int a = c.acquire();
+  fill(a, xa, 1);
+  c.submit(a, 0, 2);
+  for (int i = 0; i < 200 && step()[0] == 0; ++i) {
+  }
+  // Taken into a step whose outputs were half written over the rows when the
+  // daemon died, unanswered.
+  const std::vector<float> xb = rows(3, 100.0f);
+  const int b = c.acquire();
+  fill(b, xb, 2);
+  c.submit(b, 1, 3);
+  for (int i = 0; i < 200 && batches_.size() < 2; ++i) {
+    door_->wait_for_work(std::chrono::microseconds(2000));
+    door_->take(batches_);
+    if (batches_[1].rows() == 0) batches_.clear();
+  }
+  ASSERT_EQ(batches_.size(), std::size_t(kLayers)) << "the step never took slot b";
+  std::fill_n(static_cast<float*>(c.rows(b)), kHidden + 3, -7.0f);
+  batches_.clear();
+  // Queued, in bf16: the stopping daemon answers it shutting_down.
+  const int d = c.acquire();
+  auto* bf = static_cast<std::uint16_t*>(c.rows(d));
+  for (int i = 0; i < kHidden; ++i) bf[i] = wire::float_to_bf16(0.25f * float(i));
+  c.request_ids(d)[0] = 3, c.positions(d)[0] = 0;
+  c.submit(d, 2, 1, wire::DType::bf16);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Acquired and half filled.
+  const std::vector<float> xe = rows(2, -3.0f);
+  const int e = c.acquire();
+  fill(e, xe, 4);
+  const void* rows_before = c.rows(e);
+
+  door_.reset();
+  std::thread restart([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    start();
+    keep_stepping();
+  });
+  c.wait(b);
+  c.wait(d);
+  c.wait(a);
+  restart.join();
+
+  EXPECT_EQ(c.reconnects(), 1u);
+  const auto* ya = static_cast<const float*>(c.rows(a));
+  const auto* yb = static_cast<const float*>(c.rows(b));
+  for (std::size_t i = 0; i < xa.size(); ++i) ASSERT_EQ(ya[i], 2 * xa[i]) << i;
+  for (std::size_t i = 0; i < xb.size(); ++i) ASSERT_EQ(yb[i], 2 * xb[i]) << i;
+  bf = static_cast<std::uint16_t*>(c.rows(d));
+  for (int i = 0; i < kHidden; ++i) ASSERT_EQ(wire::bf16_to_float(bf[i]), 0.5f * float(i)) << i;
+  // The slot being filled kept its rows, ids and positions, at the same
+  // address (the daemon granted the same slots again).
+  EXPECT_EQ(c.rows(e), rows_before);
+  EXPECT_EQ(std::memcmp(c.rows(e), xe.data(), xe.size() * sizeof(float)), 0);
+  EXPECT_EQ(c.request_ids(e)[1], 4u);
+  EXPECT_EQ(c.positions(e)[1], 1u);
+  c.submit(e, 0, 2);
+  c.wait(e);
+  EXPECT_EQ(static_cast<const float*>(c.rows(e))[kHidden + 1], 2 * xe[kHidden + 1]);
+  EXPECT_EQ(door_->counters().submits_served, 3u);  // b, d and e: a was not served twice
+}
+
+TEST_F(FrontDoorTest, AClientGivesUpAfterReconnectMs) {
+  start();
+  client::Client c(path(), reconnecting_within(300));
+  const int s = c.acquire();
+  const std::vector<float> x = rows(1, 2.0f);
+  std::memcpy(c.rows(s), x.data(), x.size() * sizeof(float));
+  c.submit(s, 0, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  door_.reset();  // and nobody brings it back
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c.wait(s, 5000);
+    ADD_FAILURE() << "served with no daemon";
+  } catch (const client::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.status(), wire::Status::shutting_down) << what;
+    for (const char* words : {"could not connect again", "reconnect_ms 300", "No such file or directory", "errno 2"})
+      EXPECT_NE(what.find(words), std::string::npos) << what;
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, std::chrono::milliseconds(300));
+  EXPECT_LT(took, std::chrono::milliseconds(3000));
+  EXPECT_EQ(c.reconnects(), 0u);
+  // The slot holds its rows again, ready to be submitted or released.
+  EXPECT_EQ(std::memcmp(c.rows(s), x.data(), x.size() * sizeof(float)), 0);
+  c.release(s);
+}
+
+// A daemon that comes back and goes again before answering does not
+// stretch the client's reconnect_ms: it counts from the first loss.
+TEST_F(FrontDoorTest, ADaemonThatKeepsFallingDoesNotStretchReconnectMs) {
+  start();
+  client::Client c(path(), reconnecting_within(400));
+  const int s = submit_one(c);
+  std::atomic<bool> cycling{true};
+  std::thread flapping([&] {
+    while (cycling) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+      door_.reset();  // answers the resubmit shutting_down
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (cycling) start();
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(c.wait(s, 5000), client::Error);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  cycling = false;
+  flapping.join();
+  EXPECT_LT(took, std::chrono::milliseconds(2000));
+  EXPECT_GE(c.reconnects(), 1u);
+}
+
+// A daemon that comes back granting less fails only the submits that no
+// longer fit, with a message that says so.
+TEST_F(FrontDoorTest, AReconnectGrantingLessFailsWhatNoLongerFits) {
+  Limits before;
+  before.max_slots = 4, before.max_rows = 8;
+  start(before);
+  client::Options options;
+  options.slots = 4, options.max_rows = 8, options.reconnect_ms = 10'000;
+  client::Client c(path(), options);
+  const std::vector<float> x = rows(8, 1.0f);
+  for (int s = 0; s < 4; ++s) ASSERT_EQ(c.acquire(), s);
+  for (int s : {0, 1, 3}) std::memcpy(c.rows(s), x.data(), x.size() * sizeof(float));
+  c.submit(0, 0, 2);
+  c.submit(1, 0, 6);  // more rows than the new grant
+  c.submit(3, 0, 1);  // a slot the new grant lacks
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  door_.reset();
+  Limits after;
+  after.max_slots = 2, after.max_rows = 4;
+  start(after);
+  keep_stepping();
+  c.wait(0);
+  EXPECT_EQ(static_cast<const float*>(c.rows(0))[kHidden + 5], 2 * x[kHidden + 5]);
+  for (int s : {1, 3}) {
+    try {
+      c.wait(s);
+      ADD_FAILURE() << "slot " << s << " was served";
+    } catch (const client::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("came back granting 2 slots of 4 rows"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(c.slots(), 2);
+  EXPECT_EQ(c.max_rows(), 4);
+  EXPECT_THROW(c.rows(3), client::Error);
+  c.release(1), c.release(3);
+  EXPECT_EQ(c.acquire(), 1);
+  EXPECT_THROW(c.acquire(), client::Error);  // slot 3 is gone
 }
 
 TEST_F(FrontDoorTest, AClientOfAnotherUidIsForbidden) {
