@@ -287,14 +287,14 @@ void ControlPlane::publish(std::uint64_t step, const Summary* summary, double st
       alerts.push_back(fmt::format("step p99 {:.1f} ms over {:.1f} ms", summary->step_p99_ms, m.alert_step_p99_ms));
     const MigrationRecord* migration = coordinator_.migration();
     if (stats_writes_.failing()) alerts.push_back(stats_writes_.alert(now_seconds()));
-    metrics = prometheus_text(*summary, c_.placement.epoch(), alerts, migration ? migration->done : 0,
-                              migration ? migration->bytes : 0);
-    metrics += fmt::format(
-        "# HELP moed_file_write_failures_total failed writes of a file the daemon keeps (the last good one stays)\n"
-        "# TYPE moed_file_write_failures_total counter\n"
-        "moed_file_write_failures_total{{file=\"stats\"}} {}\n"
-        "moed_file_write_failures_total{{file=\"committed_placement\"}} {}\n",
-        stats_writes_.failures(), committed_write_failures_);
+    ControlFigures figures;
+    figures.epoch = c_.placement.epoch();
+    figures.alerts = alerts.size();
+    figures.migration_done_bytes = migration ? migration->done : 0;
+    figures.migration_bytes = migration ? migration->bytes : 0;
+    figures.stats_write_failures = stats_writes_.failures();
+    figures.committed_write_failures = committed_write_failures_;
+    metrics = prometheus_text(*summary, figures);
   }
   status["alerts"] = alerts;
   json migration = c_.rank == 0 ? migration_json() : json(nullptr);

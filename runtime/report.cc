@@ -235,8 +235,7 @@ nlohmann::json Report::to_json() const {
   };
 }
 
-std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::vector<std::string>& alerts,
-                            std::uint64_t migration_done_bytes, std::uint64_t migration_bytes) {
+std::string prometheus_text(const Summary& s, const ControlFigures& c) {
   std::string out;
   auto gauge = [&](const char* name, const char* help, double value, const std::string& labels = "") {
     out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{}{} {}\n", name, help, name, name, labels, value);
@@ -258,10 +257,14 @@ std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::ve
   for (int c = 0; c < placement::kLinkClasses; ++c)
     more("moed_bytes_sent_total", double(s.bytes[c]),
          fmt::format("{{link=\"{}\"}}", placement::to_string(placement::LinkClass(c))));
-  gauge("moed_placement_epoch", "epoch of the placement being served", double(epoch));
-  gauge("moed_migration_bytes", "bytes of the current migration", double(migration_bytes));
-  more("moed_migration_bytes", double(migration_done_bytes), "{done=\"true\"}");
-  gauge("moed_alerts", "alerts raised by the [metrics] thresholds", double(alerts.size()));
+  gauge("moed_placement_epoch", "epoch of the placement being served", double(c.epoch));
+  gauge("moed_migration_bytes", "bytes of the current migration", double(c.migration_bytes));
+  more("moed_migration_bytes", double(c.migration_done_bytes), "{done=\"true\"}");
+  gauge("moed_alerts", "alerts raised by the [metrics] thresholds", double(c.alerts));
+  out += "# HELP moed_file_write_failures_total failed writes of a file the daemon keeps (the last good one stays)\n"
+         "# TYPE moed_file_write_failures_total counter\n";
+  more("moed_file_write_failures_total", double(c.stats_write_failures), "{file=\"stats\"}");
+  more("moed_file_write_failures_total", double(c.committed_write_failures), "{file=\"committed_placement\"}");
   if (!s.nonfinite_by_expert.empty())
     out += "# HELP moed_nonfinite_terms_total expert output terms that were NaN or inf (their tokens' outputs "
            "carry NaN), per expert with any\n# TYPE moed_nonfinite_terms_total counter\n";

@@ -69,8 +69,14 @@ struct Summary {
 // The figures in Prometheus' text exposition format (the admin socket's
 // `metrics` and a scrape target's body). moed_nonfinite_terms_total has a
 // series only per expert with a nonzero count, to keep its cardinality low.
-std::string prometheus_text(const Summary& s, std::uint64_t epoch, const std::vector<std::string>& alerts,
-                            std::uint64_t migration_done_bytes, std::uint64_t migration_bytes);
+// What the control plane adds to the run's figures.
+struct ControlFigures {
+  std::uint64_t epoch = 0;
+  std::size_t alerts = 0;
+  std::uint64_t migration_done_bytes = 0, migration_bytes = 0;
+  std::uint64_t stats_write_failures = 0, committed_write_failures = 0;  // since start
+};
+std::string prometheus_text(const Summary& s, const ControlFigures& c);
 
 class Report {
  public:

@@ -176,7 +176,7 @@ TEST_F(ReportTest, HealthyRunHasNoNonFiniteTerms) {
   EXPECT_EQ(s.nonfinite, 0u);
   EXPECT_TRUE(s.nonfinite_by_expert.empty());
   EXPECT_EQ(report.to_json().at("nonfinite_terms").get<std::uint64_t>(), 0u);
-  EXPECT_EQ(prometheus_text(s, 1, {}, 0, 0).find("moed_nonfinite"), std::string::npos);
+  EXPECT_EQ(prometheus_text(s, ControlFigures{.epoch = 1}).find("moed_nonfinite"), std::string::npos);
   std::ostringstream os;
   report.print(os);
   EXPECT_EQ(os.str().find("NaN"), std::string::npos);
@@ -213,7 +213,7 @@ TEST(Report, NonFiniteTermsPerExpertInTextJsonAndPrometheus) {
   EXPECT_EQ(j.at("nonfinite_terms").get<std::uint64_t>(), 53u);
   EXPECT_EQ(j.at("nonfinite_by_expert"),
             nlohmann::json::parse(R"([{"layer":0,"expert":2,"terms":5},{"layer":1,"expert":3,"terms":48}])"));
-  const std::string metrics = prometheus_text(s, 1, {}, 0, 0);
+  const std::string metrics = prometheus_text(s, ControlFigures{.epoch = 1});
   EXPECT_NE(metrics.find("# TYPE moed_nonfinite_terms_total counter\n"
                          "moed_nonfinite_terms_total{layer=\"0\",expert=\"2\"} 5\n"
                          "moed_nonfinite_terms_total{layer=\"1\",expert=\"3\"} 48\n"),
