@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/listen_address.h"
 #include "common/log.h"
 
 namespace moed::runtime {
@@ -156,14 +157,31 @@ const config::Section<EngineConfig>& engine_section() {
 const config::Section<MetricsConfig>& metrics_section() {
   using C = MetricsConfig;
   static const config::Section<C> s(
-      "metrics", "figures of the report",
+      "metrics", "figures of the report, the Prometheus endpoint and the alerts (docs/metrics.md)",
       {
           integer<C>("load_window_steps", &C::load_window_steps, 8, 1, 1 << 20,
-                     "steps in the window of the expert load spread (std/mean)"),
-          real<C>("alert_load_std_over_mean", &C::alert_load_std_over_mean, 1.0, 0, 1e6,
+                     "steps in the window of the expert load spread (std/mean) and the activation rate per layer"),
+          integer<C>("recent_steps", &C::recent_steps, 32, 1, 4096,
+                     "steps in the recent window of tokens/s, step latency and all-to-all latency (beside "
+                     "the figures since start); the latency alerts look at it"),
+          integer<C>("hot_experts", &C::hot_experts, 3, 0, 64,
+                     "hottest experts per layer in /metrics (their ids and load over the mean)"),
+          text<C>("listen", &C::listen, "",
+                  "HTTP endpoint of rank 0 serving /metrics (Prometheus text): \"127.0.0.1:9464\", a bare "
+                  "port (loopback only), or \"0.0.0.0:9464\" to listen beyond this host; port 0 = any free "
+                  "port (logged); empty = off"),
+          real<C>("alert_load_std_over_mean", &C::alert_load_std_over_mean, 0.15, 0, 1e6,
                   "alert when the expert load spread (std/mean) exceeds this; 0 = never"),
+          real<C>("alert_activation_band", &C::alert_activation_band, 0.25, 0, 1e6,
+                  "alert when a layer's activation rate is further than this fraction of k/E from k/E "
+                  "(routing collapse or drift); 0 = never"),
+          real<C>("alert_alltoall_p99_ms", &C::alert_alltoall_p99_ms, 0, 0, 1e9,
+                  "alert when the recent p99 of an all-to-all wait (dispatch or combine) exceeds this many ms; "
+                  "0 = never"),
           real<C>("alert_step_p99_ms", &C::alert_step_p99_ms, 0, 0, 1e9,
-                  "alert when the step latency p99 exceeds this many ms; 0 = never"),
+                  "alert when the recent step latency p99 exceeds this many ms; 0 = never"),
+          real<C>("alert_for_s", &C::alert_for_s, 30, 0, 1e6,
+                  "seconds a condition must hold without a break before its alert fires"),
       });
   return s;
 }
@@ -258,6 +276,7 @@ void validate_config(const Config& c) {
                "config: [engine].microbatches = {} needs [experts].gemm = \"fixed-order\": with \"{}\" a "
                "row's bits depend on the chunk it is computed in, and micro-batches change the chunks",
                c.engine.microbatches, c.experts.gemm);
+  if (!c.metrics.listen.empty()) parse_listen_address(c.metrics.listen, "config: [metrics].listen");
   if (c.workload.topic_size > m.experts)
     MOED_THROW(Usage, "config: [workload].topic_size = {} exceeds [model].experts = {}",
                c.workload.topic_size, m.experts);

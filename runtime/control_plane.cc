@@ -11,15 +11,43 @@
 #include "placement/placement_file.h"
 #include "routing/stats_file.h"
 #include "runtime/control_views.h"
+#include "runtime/prometheus_text.h"
 #include "runtime/stop_signal.h"
 
 namespace moed::runtime {
 
 using nlohmann::json;
 
+namespace {
+
+AlertThresholds alert_thresholds(const Config& c) {
+  const MetricsConfig& m = c.metrics;
+  return {.load_std_over_mean = m.alert_load_std_over_mean,
+          .activation_band = m.alert_activation_band,
+          .expected_activation = double(c.model.top_k) / double(c.model.experts),
+          .alltoall_p99_ms = m.alert_alltoall_p99_ms,
+          .step_p99_ms = m.alert_step_p99_ms,
+          .for_s = m.alert_for_s};
+}
+
+// The alerts look at the recent window: a figure since start would keep an
+// alert firing long after the cause has gone.
+AlertSignals alert_signals(const Summary& s) {
+  AlertSignals a;
+  a.load_std_over_mean = s.load_std_over_mean;
+  for (const Summary::Layer& layer : s.layers) a.layer_activation.push_back(layer.activation_rate);
+  a.rows_wait_p99_ms = s.recent_rows_wait_p99_ms;
+  a.answers_wait_p99_ms = s.recent_answers_wait_p99_ms;
+  a.step_p99_ms = s.recent_step_p99_ms;
+  return a;
+}
+
+}  // namespace
+
 ControlPlane::ControlPlane(ControlContext context)
     : c_(context),
       coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr),
+      alert_book_(alert_thresholds(context.config)),
       stats_writes_("the statistics file " + context.config.stats.file),
       windows_(context.transport),
       faults_(MigrationFaults::from_env()) {
@@ -279,21 +307,22 @@ void ControlPlane::publish(std::uint64_t step, const Summary* summary, double st
   std::string metrics;
   if (summary) {
     status["tokens_per_s"] = summary->tokens_per_s;
-    const auto& m = c_.config.metrics;
-    if (m.alert_load_std_over_mean > 0 && summary->load_std_over_mean > m.alert_load_std_over_mean)
-      alerts.push_back(fmt::format("expert load std/mean {:.2f} over {:.2f}", summary->load_std_over_mean,
-                                   m.alert_load_std_over_mean));
-    if (m.alert_step_p99_ms > 0 && summary->step_p99_ms > m.alert_step_p99_ms)
-      alerts.push_back(fmt::format("step p99 {:.1f} ms over {:.1f} ms", summary->step_p99_ms, m.alert_step_p99_ms));
+    status["recent_tokens_per_s"] = summary->recent_tokens_per_s;
+    const double now = now_seconds();
+    for (std::string& text : alert_book_.update(alert_signals(*summary), now)) alerts.push_back(std::move(text));
     const MigrationRecord* migration = coordinator_.migration();
-    if (stats_writes_.failing()) alerts.push_back(stats_writes_.alert(now_seconds()));
+    if (stats_writes_.failing()) alerts.push_back(stats_writes_.alert(now));
     ControlFigures figures;
     figures.epoch = c_.placement.epoch();
     figures.alerts = alerts.size();
     figures.migration_done_bytes = migration ? migration->done : 0;
     figures.migration_bytes = migration ? migration->bytes : 0;
+    if (migration) figures.migration_state = std::string(state_name(migration->state));
     figures.stats_write_failures = stats_writes_.failures();
     figures.committed_write_failures = committed_write_failures_;
+    for (int k = 0; k < kAlertKinds; ++k) figures.firing[std::size_t(k)] = alert_book_.firing(AlertKind(k));
+    figures.stats_file_alert = stats_writes_.failing();
+    figures.thresholds = alert_book_.limits();
     metrics = prometheus_text(*summary, figures);
   }
   status["alerts"] = alerts;
@@ -302,6 +331,12 @@ void ControlPlane::publish(std::uint64_t step, const Summary* summary, double st
   status_ = std::move(status);
   if (summary) metrics_ = std::move(metrics);
   migration_snapshot_ = std::move(migration);
+}
+
+std::optional<std::string> ControlPlane::metrics_text() const {
+  std::lock_guard lock(snapshot_mu_);
+  if (metrics_.empty()) return std::nullopt;
+  return metrics_;
 }
 
 json ControlPlane::snapshot_answer(const admin::Request& request) {

@@ -32,6 +32,7 @@
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
 #include "runtime/admin/admin_server.h"
+#include "runtime/alerts.h"
 #include "runtime/config.h"
 #include "runtime/control_messages.h"
 #include "runtime/migration.h"
@@ -63,6 +64,9 @@ class ControlPlane {
   // The admin socket's handlers (any thread).
   void submit(admin::Request request, admin::Reply reply);  // control requests, rank 0
   nlohmann::json snapshot_answer(const admin::Request& request);
+  // Rank 0's figures in Prometheus text (runtime/prometheus_text.h), as last
+  // published; none before the first measured step and on other ranks. Any thread.
+  std::optional<std::string> metrics_text() const;
 
   // At the boundary before step `step`, on every rank (collective). Returns
   // false when the daemon must stop (shutdown, or a drain that has finished).
@@ -103,6 +107,7 @@ class ControlPlane {
   std::deque<std::pair<admin::Request, admin::Reply>> queue_;
   // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
   MigrationCoordinator coordinator_;
+  AlertBook alert_book_;  // rank 0: the [metrics] alerts
   int stopped_by_ = 0;
   WriteRetry stats_writes_;
   std::uint64_t committed_write_failures_ = 0;

@@ -13,6 +13,7 @@
 #include "comm/idle_backoff.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/listen_address.h"
 #include "common/log.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
@@ -267,6 +268,8 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
   sums.push_back(mine.saturated);
   sums.push_back(mine.token_layers);
   sums.push_back(mine.bytes_copied);
+  constexpr std::size_t kFirstLayerTokens = placement::kLinkClasses + 3;
+  sums.insert(sums.end(), mine.tokens_per_layer.begin(), mine.tokens_per_layer.end());
   sums.push_back(mine.nonfinite.size());  // not summed: how many pairs follow
   const std::size_t time_bytes = times.size() * sizeof(double), fixed_bytes = time_bytes + sums.size() * 8;
   std::vector<std::uint64_t> tail;
@@ -303,7 +306,19 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
   out.saturated = sums[placement::kLinkClasses];
   out.token_layers = sums[placement::kLinkClasses + 1];
   out.bytes_copied = sums[placement::kLinkClasses + 2];
+  out.tokens_per_layer.assign(sums.begin() + std::ptrdiff_t(kFirstLayerTokens), sums.end() - 1);
   return out;
+}
+
+// The HTTP endpoint's pages (runtime/http/http_server.h: more rows, more pages).
+std::vector<http::Route> metrics_routes(const ControlPlane& control_plane) {
+  return {{"/metrics", "the figures in Prometheus text (docs/metrics.md)", [&control_plane] {
+             std::optional<std::string> text = control_plane.metrics_text();
+             if (!text)
+               return http::Answer{503, "text/plain; charset=utf-8",
+                                   "no figures yet: they come after the first measured step (the warm-up is left out)\n"};
+             return http::Answer{200, "text/plain; version=0.0.4; charset=utf-8", std::move(*text)};
+           }}};
 }
 
 }  // namespace
@@ -392,6 +407,17 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
           admin::Handlers{[cp](const admin::Request& r) { return cp->snapshot_answer(r); },
                           [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
       spdlog::info("admin socket {}", d->admin_->path());
+    });
+    if (exit_code != 0) return nullptr;
+  }
+  if (!c.metrics.listen.empty()) {
+    // Rank 0 alone listens (it holds the job's figures); a port it cannot
+    // bind stops every rank alike.
+    exit_code = attempt("metrics endpoint status", [&] {
+      if (d->rank_ != 0) return;
+      d->http_ = std::make_unique<http::Server>(parse_listen_address(c.metrics.listen, "[metrics].listen"),
+                                                "[metrics].listen", metrics_routes(*d->control_plane_));
+      spdlog::info("metrics endpoint {}", d->http_->url("/metrics"));
     });
     if (exit_code != 0) return nullptr;
   }
@@ -526,6 +552,7 @@ void Daemon::finish() {
   front_door_.reset();  // answers what is still queued with shutting_down
   control_plane_->finish();
   admin_.reset();  // stop answering before the report
+  http_.reset();
   if (stats_ && !config_.stats.file.empty() && stats_->steps() != stats_written_at_) write_stats(true);
   if (rank_ != 0) return;
   report_->boundary(now_seconds());  // the last step's wall time

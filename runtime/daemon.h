@@ -21,6 +21,7 @@
 #include "runtime/control_plane.h"
 #include "runtime/engine.h"
 #include "runtime/fault_injection.h"
+#include "runtime/http/http_server.h"
 #include "runtime/ingress/front_door.h"
 #include "runtime/output_dump.h"
 #include "runtime/report.h"
@@ -86,6 +87,7 @@ class Daemon {
   std::uint64_t stats_written_at_ = 0;            // steps seen at the last write
   std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<admin::AdminServer> admin_;     // with [admin].dir
+  std::unique_ptr<http::Server> http_;            // rank 0, with [metrics].listen
   std::string islands_source_;
   std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
   std::vector<std::byte> reordered_;  // rank 0: a shuffled step's rows in token order

@@ -62,6 +62,7 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   MOED_CHECK(workload_, "run_step without a workload");
   StepRecord rec;
   rec.expert_load.assign(std::size_t(shape_.layers) * shape_.experts, 0);
+  rec.tokens_per_layer.assign(std::size_t(shape_.layers), 0);
   const double start = now_seconds();
   executor_.clear_counts();
   x.resize(count_ * shape_.hidden);
@@ -91,6 +92,7 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
              counts.size());
   StepRecord rec;
   rec.expert_load.assign(L * std::size_t(shape_.experts), 0);
+  rec.tokens_per_layer.assign(L, 0);
   const double start = now_seconds();
   executor_.clear_counts();
   for (std::size_t l = 0; l < L; ++l) {
@@ -222,6 +224,7 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   rec.rows_wait_per_layer.push_back(rows_wait);
   rec.answers_wait_per_layer.push_back(answers_wait);
   rec.token_layers += count;
+  rec.tokens_per_layer[std::size_t(layer)] += count;
   for (int e = 0; e < E; ++e) {
     std::uint64_t load = 0;
     for (std::size_t m = 0; m < M; ++m) load += counts_[m].total(e);

@@ -47,6 +47,7 @@ struct StepRecord {
   std::vector<std::uint64_t> expert_load;  // [layer * experts + e], whole job (all-gathered)
   std::uint64_t pairs = 0;                 // (token, expert) pairs over layers, whole job
   std::uint64_t token_layers = 0;          // rows served, summed over layers (this rank; reduced: all)
+  std::vector<std::uint64_t> tokens_per_layer;  // rows served per layer (this rank; reduced: all)
   std::uint64_t saturated = 0;             // fixed-point terms clamped on this rank
   // Expert output terms that were NaN or inf (their tokens' outputs carry
   // NaN), only for the experts with any: (layer * experts + expert, terms),

@@ -1,6 +1,7 @@
 #include "runtime/report.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -11,10 +12,16 @@
 
 namespace moed::runtime {
 
-Report::Report(RunInfo info, int load_window_steps)
+Report::Report(RunInfo info, int load_window_steps, int recent_steps, int hot_experts)
     : info_(std::move(info)),
       window_(load_window_steps),
-      window_load_(std::size_t(info_.shape.layers) * std::size_t(info_.shape.experts), 0) {}
+      hot_experts_(hot_experts),
+      window_load_(std::size_t(info_.shape.layers) * std::size_t(info_.shape.experts), 0),
+      window_tokens_(std::size_t(info_.shape.layers), 0),
+      recent_wall_(std::size_t(recent_steps)),
+      recent_tokens_(std::size_t(recent_steps)),
+      recent_rows_wait_(std::size_t(recent_steps) * std::size_t(info_.shape.layers)),
+      recent_answers_wait_(std::size_t(recent_steps) * std::size_t(info_.shape.layers)) {}
 
 void Report::boundary(double now) {
   if (open_.open && open_.measured) {
@@ -22,6 +29,8 @@ void Report::boundary(double now) {
     step_s_.add(wall);
     wall_time_ += wall;
     wall_token_layers_ += open_.token_layers;
+    recent_wall_.add(wall);
+    recent_tokens_.add(double(open_.token_layers));
   }
   open_ = {true, false, now, 0};
 }
@@ -48,22 +57,30 @@ void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   pairs_ += rec.pairs;
   token_layers_ += rec.token_layers;
   saturated_ += rec.saturated;
-  for (double d : rec.rows_wait_per_layer) rows_wait_s_.add(d);
-  for (double c : rec.answers_wait_per_layer) answers_wait_s_.add(c);
+  for (double d : rec.rows_wait_per_layer) rows_wait_s_.add(d), recent_rows_wait_.add(d);
+  for (double c : rec.answers_wait_per_layer) answers_wait_s_.add(c), recent_answers_wait_.add(c);
 
   // The load window: the oldest step leaves the running sum, this one enters.
   if (rec.expert_load.size() != window_load_.size())
     MOED_THROW(Internal, "step {}: {} expert loads, the report expects {} (layers x experts)", step,
                rec.expert_load.size(), window_load_.size());
+  if (rec.tokens_per_layer.size() != window_tokens_.size())
+    MOED_THROW(Internal, "step {}: rows of {} layers, the model has {}", step, rec.tokens_per_layer.size(),
+               window_tokens_.size());
   if (ring_.size() < std::size_t(window_)) {
     ring_.push_back(rec.expert_load);
+    ring_tokens_.push_back(rec.tokens_per_layer);
   } else {
     std::vector<std::uint64_t>& oldest = ring_[ring_next_];
     for (std::size_t i = 0; i < oldest.size(); ++i) window_load_[i] -= oldest[i];
     oldest = rec.expert_load;
+    std::vector<std::uint64_t>& oldest_tokens = ring_tokens_[ring_next_];
+    for (std::size_t l = 0; l < oldest_tokens.size(); ++l) window_tokens_[l] -= oldest_tokens[l];
+    oldest_tokens = rec.tokens_per_layer;
     ring_next_ = (ring_next_ + 1) % ring_.size();
   }
   for (std::size_t i = 0; i < window_load_.size(); ++i) window_load_[i] += rec.expert_load[i];
+  for (std::size_t l = 0; l < window_tokens_.size(); ++l) window_tokens_[l] += rec.tokens_per_layer[l];
 }
 
 namespace {
@@ -117,13 +134,48 @@ Summary Report::summary() const {
   s.rows_per_step = double(token_layers_) / n;
   s.activation_rate = s.experts_per_token / info_.shape.experts;
 
-  // Load spread over the window of the last steps, per layer, then averaged.
+  s.tokens_served = double(token_layers_) / info_.shape.layers;
+  const double recent_wall = recent_wall_.sum();
+  s.recent_tokens_per_s = recent_wall > 0 ? recent_tokens_.sum() / info_.shape.layers / recent_wall : 0.0;
+  s.recent_step_p50_ms = ms(recent_wall_.quantile(0.50)), s.recent_step_p99_ms = ms(recent_wall_.quantile(0.99));
+  s.recent_rows_wait_p50_ms = ms(recent_rows_wait_.quantile(0.50));
+  s.recent_rows_wait_p99_ms = ms(recent_rows_wait_.quantile(0.99));
+  s.recent_answers_wait_p50_ms = ms(recent_answers_wait_.quantile(0.50));
+  s.recent_answers_wait_p99_ms = ms(recent_answers_wait_.quantile(0.99));
+
+  // Over the window of the last steps, per layer (the job's load spread is
+  // the mean over layers).
   const int E = info_.shape.experts, L = info_.shape.layers;
   std::vector<double> load(std::size_t(E), 0.0);
+  std::vector<int> order(static_cast<std::size_t>(E));
+  s.layers.resize(std::size_t(L));
   for (int l = 0; l < L; ++l) {
-    for (int e = 0; e < E; ++e) load[std::size_t(e)] = double(window_load_[std::size_t(l) * E + e]);
-    s.load_std_over_mean += std_over_mean(load) / L;
-    s.load_max_over_mean += max_over_mean(load) / L;
+    Summary::Layer& f = s.layers[std::size_t(l)];
+    double pairs = 0;
+    for (int e = 0; e < E; ++e) {
+      load[std::size_t(e)] = double(window_load_[std::size_t(l) * E + e]);
+      pairs += load[std::size_t(e)];
+    }
+    const std::uint64_t tokens = window_tokens_[std::size_t(l)];
+    f.activation_rate = tokens ? pairs / double(tokens) / E : 0.0;
+    f.load_std_over_mean = std_over_mean(load);
+    f.load_max_over_mean = max_over_mean(load);
+    s.load_std_over_mean += f.load_std_over_mean / L;
+    s.load_max_over_mean += f.load_max_over_mean / L;
+    const double mean = pairs / E;
+    f.experts = std::uint64_t(E);
+    for (int e = 0; e < E; ++e) {
+      const double over = mean > 0 ? load[std::size_t(e)] / mean : 0.0;
+      for (std::size_t b = 0; b < Summary::kLoadBuckets.size(); ++b) f.at_or_below[b] += over <= Summary::kLoadBuckets[b];
+    }
+    // The hottest first; ties go to the lower expert id.
+    std::iota(order.begin(), order.end(), 0);
+    const std::size_t n = std::min<std::size_t>(std::size_t(hot_experts_), std::size_t(E));
+    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(n), order.end(), [&](int a, int b) {
+      return load[std::size_t(a)] != load[std::size_t(b)] ? load[std::size_t(a)] > load[std::size_t(b)] : a < b;
+    });
+    for (std::size_t i = 0; i < n; ++i)
+      f.hot.push_back({order[i], mean > 0 ? load[std::size_t(order[i])] / mean : 0.0});
   }
   return s;
 }
@@ -233,45 +285,6 @@ nlohmann::json Report::to_json() const {
       {"nonfinite_terms", s.nonfinite},
       {"nonfinite_by_expert", nonfinite_json(s)},
   };
-}
-
-std::string prometheus_text(const Summary& s, const ControlFigures& c) {
-  std::string out;
-  auto gauge = [&](const char* name, const char* help, double value, const std::string& labels = "") {
-    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{}{} {}\n", name, help, name, name, labels, value);
-  };
-  auto more = [&](const char* name, double value, const std::string& labels) {
-    out += fmt::format("{}{} {}\n", name, labels, value);
-  };
-  gauge("moed_tokens_per_second", "tokens served per second of wall time", s.tokens_per_s);
-  gauge("moed_step_latency_ms", "step latency, wall time from step boundary to step boundary", s.step_p50_ms, "{quantile=\"0.5\"}");
-  more("moed_step_latency_ms", s.step_p99_ms, "{quantile=\"0.99\"}");
-  gauge("moed_alltoall_wait_ms", "per layer, time idle waiting for rows (dispatch) and then only for answers (combine)", s.rows_wait_p50_ms,
-        "{phase=\"dispatch\",quantile=\"0.5\"}");
-  more("moed_alltoall_wait_ms", s.rows_wait_p99_ms, "{phase=\"dispatch\",quantile=\"0.99\"}");
-  more("moed_alltoall_wait_ms", s.answers_wait_p50_ms, "{phase=\"combine\",quantile=\"0.5\"}");
-  more("moed_alltoall_wait_ms", s.answers_wait_p99_ms, "{phase=\"combine\",quantile=\"0.99\"}");
-  gauge("moed_activation_rate", "expert parameters run per token over all expert parameters", s.activation_rate);
-  gauge("moed_expert_load_std_over_mean", "spread of tokens over experts", s.load_std_over_mean);
-  out += "# HELP moed_bytes_sent_total dispatch and combine bytes by link class\n# TYPE moed_bytes_sent_total counter\n";
-  for (int c = 0; c < placement::kLinkClasses; ++c)
-    more("moed_bytes_sent_total", double(s.bytes[c]),
-         fmt::format("{{link=\"{}\"}}", placement::to_string(placement::LinkClass(c))));
-  gauge("moed_placement_epoch", "epoch of the placement being served", double(c.epoch));
-  gauge("moed_migration_bytes", "bytes of the current migration", double(c.migration_bytes));
-  more("moed_migration_bytes", double(c.migration_done_bytes), "{done=\"true\"}");
-  gauge("moed_alerts", "alerts raised by the [metrics] thresholds", double(c.alerts));
-  out += "# HELP moed_file_write_failures_total failed writes of a file the daemon keeps (the last good one stays)\n"
-         "# TYPE moed_file_write_failures_total counter\n";
-  more("moed_file_write_failures_total", double(c.stats_write_failures), "{file=\"stats\"}");
-  more("moed_file_write_failures_total", double(c.committed_write_failures), "{file=\"committed_placement\"}");
-  if (!s.nonfinite_by_expert.empty())
-    out += "# HELP moed_nonfinite_terms_total expert output terms that were NaN or inf (their tokens' outputs "
-           "carry NaN), per expert with any\n# TYPE moed_nonfinite_terms_total counter\n";
-  for (const Summary::ExpertTerms& x : s.nonfinite_by_expert)
-    more("moed_nonfinite_terms_total", double(x.terms),
-         fmt::format("{{layer=\"{}\",expert=\"{}\"}}", x.layer, x.expert));
-  return out;
 }
 
 void Report::write_json(const std::string& path) const {

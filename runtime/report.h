@@ -19,6 +19,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/quantile_histogram.h"
+#include "common/recent_samples.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 
@@ -53,6 +54,28 @@ struct Summary {
   double rows_per_step = 0;            // rows served per step over all layers and ranks (mean)
   double load_std_over_mean = 0;       // mean over layers, window of the last steps
   double load_max_over_mean = 0;       // hottest expert, mean over layers
+  double tokens_served = 0;            // tokens that passed every layer in the measured steps
+  // The same latencies and rate over the last [metrics].recent_steps
+  // measured steps only (the alerts look at these).
+  double recent_tokens_per_s = 0;
+  double recent_step_p50_ms = 0, recent_step_p99_ms = 0;
+  double recent_rows_wait_p50_ms = 0, recent_rows_wait_p99_ms = 0;
+  double recent_answers_wait_p50_ms = 0, recent_answers_wait_p99_ms = 0;
+  // Per layer, over the load window: the activation rate, the load spread,
+  // the hottest experts, and how the experts' loads over the mean fall into
+  // kLoadBuckets (counts of experts at or below each bound, cumulative).
+  static constexpr std::array<double, 7> kLoadBuckets{0.25, 0.5, 1, 1.5, 2, 3, 4};
+  struct HotExpert {
+    int expert = 0;
+    double over_mean = 0;
+  };
+  struct Layer {
+    double activation_rate = 0, load_std_over_mean = 0, load_max_over_mean = 0;
+    std::vector<HotExpert> hot;  // hottest first, [metrics].hot_experts of them (fewer if E is smaller)
+    std::array<std::uint64_t, kLoadBuckets.size()> at_or_below{};
+    std::uint64_t experts = 0;  // the layer's experts (the +Inf bucket)
+  };
+  std::vector<Layer> layers;
   std::array<std::uint64_t, placement::kLinkClasses> bytes{};
   std::uint64_t saturated = 0;
   // Expert output terms that were NaN or inf since start (the warm-up
@@ -66,21 +89,11 @@ struct Summary {
   std::vector<ExpertTerms> nonfinite_by_expert;
 };
 
-// The figures in Prometheus' text exposition format (the admin socket's
-// `metrics` and a scrape target's body). moed_nonfinite_terms_total has a
-// series only per expert with a nonzero count, to keep its cardinality low.
-// What the control plane adds to the run's figures.
-struct ControlFigures {
-  std::uint64_t epoch = 0;
-  std::size_t alerts = 0;
-  std::uint64_t migration_done_bytes = 0, migration_bytes = 0;
-  std::uint64_t stats_write_failures = 0, committed_write_failures = 0;  // since start
-};
-std::string prometheus_text(const Summary& s, const ControlFigures& c);
-
 class Report {
  public:
-  Report(RunInfo info, int load_window_steps);
+  // load_window_steps: the window of the expert loads; recent_steps: of the
+  // recent rates and latencies; hot_experts: how many per layer Summary names.
+  Report(RunInfo info, int load_window_steps, int recent_steps = 32, int hot_experts = 3);
 
   // At every step boundary (and once at the end), with rank 0's clock in
   // seconds: closes the wall time of the step before, if it was measured.
@@ -98,7 +111,7 @@ class Report {
 
  private:
   RunInfo info_;
-  int window_;
+  int window_, hot_experts_;
   std::uint64_t served_ = 0;  // steps served, warm-up included
 
   // Measured steps only (after the warm-up).
@@ -122,6 +135,12 @@ class Report {
   std::vector<std::vector<std::uint64_t>> ring_;
   std::size_t ring_next_ = 0;
   std::vector<std::uint64_t> window_load_;
+  // Rows served per layer in the same window (ring_tokens_ beside ring_).
+  std::vector<std::vector<std::uint64_t>> ring_tokens_;
+  std::vector<std::uint64_t> window_tokens_;
+  // The recent window: wall time and tokens of the last steps, and the
+  // per-layer waits of the last steps.
+  RecentSamples recent_wall_, recent_tokens_, recent_rows_wait_, recent_answers_wait_;
   // NaN or inf terms per [layer * experts + e], since start; empty until the first.
   std::vector<std::uint64_t> nonfinite_;
 };

@@ -151,9 +151,10 @@ std::string format_status(const json& answer) {
   if (auto it = shown.find("migration"); it != shown.end()) {
     if (it->is_object()) *it = progress_line(*it).substr(std::string("migration ").size());
   }
-  if (auto it = shown.find("tokens_per_s"); it != shown.end() && it->is_number())
-    *it = fmt::format("{:.1f}", it->get<double>());
-  return format_fields(shown, {"rank", "state", "epoch", "step", "tokens_per_s", "alerts",
+  for (const char* rate : {"tokens_per_s", "recent_tokens_per_s"})
+    if (auto it = shown.find(rate); it != shown.end() && it->is_number())
+      *it = fmt::format("{:.1f}", it->get<double>());
+  return format_fields(shown, {"rank", "state", "epoch", "step", "tokens_per_s", "recent_tokens_per_s", "alerts",
                                "migration"});
 }
 

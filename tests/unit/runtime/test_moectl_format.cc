@@ -160,6 +160,17 @@ TEST(MoectlFormat, StatusAsAlignedKeyValueLines) {
   EXPECT_EQ(format_answer("status", quiet), "rank       1\nalerts     none\nmigration  none\n");
 }
 
+TEST(MoectlFormat, StatusShowsTheRecentRateBesideTheOneSinceStart) {
+  const json answer = json::parse(R"({"ok":true,"rank":0,"recent_tokens_per_s":2040.44,"tokens_per_s":3400.04,
+      "alerts":[],"migration":null})");
+  EXPECT_EQ(format_answer("status", answer),
+            "rank                 0\n"
+            "tokens_per_s         3400.0\n"
+            "recent_tokens_per_s  2040.4\n"
+            "alerts               none\n"
+            "migration            none\n");
+}
+
 TEST(MoectlFormat, MetricsAreRawText) {
   EXPECT_EQ(format_answer("metrics", json{{"ok", true}, {"text", "a 1\nb 2"}}), "a 1\nb 2\n");
 }

@@ -1,6 +1,8 @@
 // The report: figures of hand-made step records, worked out by hand.
 #include "runtime/report.h"
 
+#include "runtime/prometheus_text.h"
+
 #include "common/summary_stats.h"
 #include "tests/unit/test_support.h"
 
@@ -43,6 +45,7 @@ StepRecord record(double total, std::vector<double> dispatch, std::vector<double
   r.expert_load = std::move(load);
   r.pairs = pairs;
   r.token_layers = 100 * 2;  // run_info(): 100 tokens per step through 2 layers
+  r.tokens_per_layer = {100, 100};
   return r;
 }
 
@@ -183,6 +186,62 @@ TEST_F(ReportTest, HealthyRunHasNoNonFiniteTerms) {
 }
 
 // NaN/inf terms count from the warm-up on, summed per (layer, expert) over steps.
+TEST_F(ReportTest, PerLayerFiguresOverTheLoadWindow) {
+  // Window: steps 2 and 3, 200 rows per layer. Layer 0: 40 per expert (160
+  // pairs); layer 1: 0, 0, 0, 200.
+  const Summary s = summary();
+  ASSERT_EQ(s.layers.size(), 2u);
+  const Summary::Layer& l0 = s.layers[0];
+  const Summary::Layer& l1 = s.layers[1];
+  EXPECT_NEAR(l0.activation_rate, 160.0 / 200 / 4, 1e-12);
+  EXPECT_NEAR(l1.activation_rate, 200.0 / 200 / 4, 1e-12);
+  EXPECT_NEAR(l0.load_std_over_mean, 0, 1e-12);
+  EXPECT_NEAR(l1.load_std_over_mean, std::sqrt(3.0), 1e-12);
+  EXPECT_NEAR(l1.load_max_over_mean, 4, 1e-12);
+  // Hottest first, ties to the lower id.
+  ASSERT_EQ(l0.hot.size(), 3u);
+  EXPECT_EQ(l0.hot[0].expert, 0);
+  EXPECT_EQ(l0.hot[2].expert, 2);
+  EXPECT_DOUBLE_EQ(l0.hot[0].over_mean, 1);
+  EXPECT_EQ(l1.hot[0].expert, 3);
+  EXPECT_DOUBLE_EQ(l1.hot[0].over_mean, 4);
+  EXPECT_EQ(l1.hot[1].expert, 0);
+  EXPECT_DOUBLE_EQ(l1.hot[1].over_mean, 0);
+  // Buckets 0.25 0.5 1 1.5 2 3 4, cumulative.
+  EXPECT_EQ(l0.at_or_below, (std::array<std::uint64_t, 7>{0, 0, 4, 4, 4, 4, 4}));
+  EXPECT_EQ(l1.at_or_below, (std::array<std::uint64_t, 7>{3, 3, 3, 3, 3, 3, 4}));
+  EXPECT_EQ(l1.experts, 4u);
+}
+
+TEST(Report, TheRecentWindowShowsASlowdownTheMeanSinceStartHides) {
+  // 40 fast steps (10 ms), then 4 slow ones (40 ms); recent window of 4 steps.
+  Report r(run_info(0), 2, 4);
+  double clock = 0;
+  for (std::uint64_t step = 0; step < 44; ++step) {
+    const double wall = step < 40 ? 0.010 : 0.040;
+    feed(r, clock, step, record(wall, {wall / 10, wall / 10}, {wall / 5, wall / 5}, {0, 0, 0},
+                                std::vector<std::uint64_t>(8, 25), 200), wall);
+  }
+  r.boundary(clock);
+  const Summary s = r.summary();
+  EXPECT_NEAR(s.recent_tokens_per_s, 100 / 0.040, 1e-6);
+  EXPECT_NEAR(s.tokens_per_s, 4400 / (40 * 0.010 + 4 * 0.040), 1e-6);  // barely moved
+  EXPECT_NEAR(s.recent_step_p50_ms, 40, 1e-9);
+  EXPECT_NEAR(s.recent_step_p99_ms, 40, 1e-9);
+  EXPECT_NEAR(s.step_p50_ms, 10, within(10));
+  EXPECT_NEAR(s.recent_rows_wait_p50_ms, 4, 1e-9);  // the last 4 steps' 8 per-layer samples
+  EXPECT_NEAR(s.recent_answers_wait_p99_ms, 8, 1e-9);
+  EXPECT_NEAR(s.answers_wait_p50_ms, 2, within(2));
+  EXPECT_NEAR(s.tokens_served, 4400, 1e-9);
+}
+
+TEST(Report, RowsOfTheWrongLayerCountAreABug) {
+  Report r(run_info(0), 2);
+  StepRecord rec = record(1, {1, 1}, {1, 1}, {0, 0, 0}, std::vector<std::uint64_t>(8, 1), 8);
+  rec.tokens_per_layer = {100};
+  test::expect_error([&] { r.add_step(0, rec); }, ErrorKind::Internal, {"rows of 1 layers, the model has 2"});
+}
+
 TEST(Report, NonFiniteTermsPerExpertInTextJsonAndPrometheus) {
   Report report(run_info(), 2);
   StepRecord warm = record(1, {0, 0}, {0, 0}, {0, 0, 0}, std::vector<std::uint64_t>(8, 1), 8);
