@@ -327,8 +327,15 @@ int main(int argc, char** argv) {
   optimize_app->add_option("--from", opt.from, "current placement: relabel to move the fewest bytes")->type_name("FILE");
   optimize_app->add_option("--max-moves", opt.max_moves, "with --from: at most N slot moves, best gain per byte first")
       ->check(CLI::NonNegativeNumber);
-  optimize_app->add_option("--slots-per-rank", opt.options.slots_per_rank, "slots per rank per layer (0: as needed)")
-      ->check(CLI::NonNegativeNumber);
+  auto* slots_flag =
+      optimize_app->add_option("--slots-per-rank", opt.options.slots_per_rank,
+                               "the slot budget: slots per rank in each layer, every one spent")
+          ->check(CLI::PositiveNumber);
+  optimize_app->add_option("--redundant-slots", opt.options.redundant_slots,
+                           "the slot budget: slots per layer beyond one per expert (default: hot experts' "
+                           "replicas plus one per island)")
+      ->check(CLI::NonNegativeNumber)
+      ->excludes(slots_flag);
   optimize_app->add_flag("--affinity", opt.options.affinity, "metis: keep a token's consecutive experts on one island");
   optimize_app->add_flag("!--no-replicas", opt.options.replicate, "never replicate hot experts");
   optimize_app->add_option("--seed", opt.options.seed, "METIS seed");

@@ -278,4 +278,13 @@ std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, co
   return state.islands();
 }
 
+std::vector<int> rebalance_islands(std::vector<int> island, const std::vector<ExpertSlot>& slots,
+                                   const std::vector<int>& replicas, const routing::RoutingStats& stats, int layer,
+                                   const Topology& topology, int slots_per_rank) {
+  const LayerGraph graph(slots, replicas, stats, layer);
+  IslandState state(std::move(island), graph, topology, slots_per_rank);
+  balance_islands(state, slots, kIslandTolerance);
+  return state.islands();
+}
+
 }  // namespace moed::placement

@@ -1,14 +1,22 @@
 #include "placement/optimizer.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "common/error.h"
 #include "placement/assignment.h"
+#include "placement/dispatch_estimate.h"
 #include "placement/metis_partition.h"
 
 namespace moed::placement {
 
 namespace {
+
+// Sampled tokens metis replays dispatch on: enough to see which replica
+// draws the tokens from islands without one, few enough to keep DeepSeek-V3's
+// shape near a second.
+constexpr std::size_t kDispatchTokens = 2048;
+constexpr int kDispatchRounds = 1;
 
 std::vector<double> layer_loads(const routing::RoutingStats& stats, int layer) {
   std::vector<double> loads(stats.experts());
@@ -37,28 +45,66 @@ void align_islands(std::vector<int>& island, const std::vector<ExpertSlot>& slot
   for (int& i : island) i = rename[i];
 }
 
-void place_layer(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o,
-                 int layer, Placement& p) {
+SlotBudget slot_budget(const OptimizeOptions& o) { return {o.slots_per_rank, o.redundant_slots}; }
+
+// One layer's slots and where they may go, the same for every balancing policy.
+struct LayerSlots {
+  std::vector<int> replicas;
+  std::vector<ExpertSlot> slots;
+  int capacity;
+};
+
+LayerSlots layer_slots_of(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o,
+                          int layer) {
   const int R = topology.ranks();
   std::vector<double> loads = layer_loads(stats, layer);
-  std::vector<int> replicas =
-      o.replicate ? replica_counts(loads, R, o.slots_per_rank,
-                                   o.redundant_slots < 0 ? topology.islands() : o.redundant_slots)
-                  : std::vector<int>(loads.size(), 1);
-  int capacity = slots_per_rank_for(replicas, R, o.slots_per_rank, stats.experts());
-  std::vector<ExpertSlot> slots = make_slots(loads, replicas);
-  std::vector<int> all_ranks(R);
-  std::iota(all_ranks.begin(), all_ranks.end(), 0);
-  if (o.policy == "greedy-load") return pack_by_load(slots, all_ranks, capacity, layer, p);
+  const SlotBudget budget = slot_budget(o);
+  const int total = o.replicate ? layer_slots(budget, loads, R, topology.islands()) : stats.experts();
+  LayerSlots ls;
+  ls.replicas = replica_counts(loads, R, total);
+  ls.capacity = rank_capacity(budget, total, R);
+  ls.slots = make_slots(loads, ls.replicas);
+  return ls;
+}
 
+void clear_layer(Placement& p, int layer) {
+  for (int e = 0; e < p.experts(); ++e) p.set_replicas(layer, e, {});
+}
+
+void place_greedy_layer(const LayerSlots& ls, const Topology& topology, int layer, Placement& p) {
+  std::vector<int> all_ranks(topology.ranks());
+  std::iota(all_ranks.begin(), all_ranks.end(), 0);
+  clear_layer(p, layer);
+  pack_by_load(ls.slots, all_ranks, ls.capacity, layer, p);
+}
+
+// The sampled tokens metis judges dispatch on (the most recent).
+struct Sample {
+  const routing::RoutingTrace& trace;
+  std::size_t first, count;
+};
+
+void place_metis_layer(const LayerSlots& ls, const routing::RoutingStats& stats, const Sample& sample,
+                       const Topology& topology, const OptimizeOptions& o, int layer, Placement& p) {
   std::vector<int> island =
-      partition_into_islands(slots, replicas, stats, layer, topology, capacity, o.seed + layer);
-  if (o.affinity && layer > 0) align_islands(island, slots, p, stats, layer, topology);
+      partition_into_islands(ls.slots, ls.replicas, stats, layer, topology, ls.capacity, o.seed + layer);
+  if (o.affinity && layer > 0) align_islands(island, ls.slots, p, stats, layer, topology);
+  std::vector<ExpertSlot> slots = ls.slots;
+  const bool replicated = ls.slots.size() > ls.replicas.size();
+  if (replicated && sample.count > 0) {
+    // Replicas' shares as dispatch will send them, then islands evened out on those.
+    for (int round = 0; round < kDispatchRounds; ++round) {
+      slots = dispatch_slot_loads(sample.trace, sample.first, sample.count, layer, ls.slots, island, topology);
+      island = rebalance_islands(std::move(island), slots, ls.replicas, stats, layer, topology, ls.capacity);
+    }
+    slots = dispatch_slot_loads(sample.trace, sample.first, sample.count, layer, ls.slots, island, topology);
+  }
+  clear_layer(p, layer);
   for (int i = 0; i < topology.islands(); ++i) {
     std::vector<ExpertSlot> mine;
     for (std::size_t s = 0; s < slots.size(); ++s)
       if (island[s] == i) mine.push_back(slots[s]);
-    pack_by_load(mine, topology.ranks_in(i), capacity, layer, p);
+    pack_by_load(mine, topology.ranks_in(i), ls.capacity, layer, p);
   }
 }
 
@@ -71,13 +117,26 @@ const std::vector<std::string>& optimizer_policy_names() {
 
 Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o) {
   const int R = topology.ranks(), L = stats.layers(), E = stats.experts();
-  if (o.slots_per_rank > 0) slots_per_rank_for(std::vector<int>(E, 1), R, o.slots_per_rank, E);  // refuses too few
+  if (!o.replicate && o.redundant_slots > 0)
+    MOED_THROW(Usage, "{} redundant slots with replication off: every expert has one slot", o.redundant_slots);
+  // Refuses a budget that cannot hold every expert, or cannot be spent, whatever the policy.
+  if (o.replicate || o.slots_per_rank > 0) layer_slots(slot_budget(o), std::vector<double>(E, 0.0), R, topology.islands());
   if (o.policy == "contiguous") return contiguous(R, L, E);
   if (o.policy == "round-robin") return round_robin(R, L, E);
   if (o.policy != "metis" && o.policy != "greedy-load")
     MOED_THROW(Usage, "unknown policy '{}': use metis, greedy-load, contiguous or round-robin", o.policy);
   Placement p(R, L, E);
-  for (int l = 0; l < L; ++l) place_layer(stats, topology, o, l, p);
+  if (o.policy == "greedy-load") {
+    for (int l = 0; l < L; ++l) place_greedy_layer(layer_slots_of(stats, topology, o, l), topology, l, p);
+  } else {
+    // metis estimates replicas' shares by replaying dispatch on the
+    // statistics' most recent sampled tokens.
+    const routing::RoutingTrace sample = stats.sample_trace();
+    const std::size_t count = std::min<std::size_t>(sample.tokens(), kDispatchTokens);
+    for (int l = 0; l < L; ++l)
+      place_metis_layer(layer_slots_of(stats, topology, o, l), stats, Sample{sample, sample.tokens() - count, count},
+                        topology, o, l, p);
+  }
   p.validate("optimiser");
   return p;
 }

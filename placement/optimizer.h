@@ -13,14 +13,13 @@
 //               DeepSeek's EPLB packs).
 //  contiguous   expert e on rank e / ceil(E / R), the usual default.
 //  round-robin  expert e on rank e mod R.
-// metis and greedy-load give a hot expert replicas when its load exceeds a
-// rank's fair share (the layer's load / R): ceil(load / fair share) slots,
-// each taking an even share; METIS places them near their co-routed partners.
-// Then, as DeepSeek's EPLB does with redundant experts, a few redundant slots
-// per layer (default: one per island) go one by one to the expert with the
-// most load per slot: with exactly E / R slots per rank, a skewed layer
-// cannot balance (OLMoE's hottest expert, 2.7x the mean, plus the three
-// coldest already make a rank 14% over the mean at 4 slots per rank).
+// metis and greedy-load spend the same slots, the layer's budget (see
+// layer_slots): one per expert, then, as DeepSeek's EPLB does with redundant
+// experts, one at a time to the expert with the most load per slot. Without
+// redundant slots a skewed layer cannot balance (OLMoE's hottest expert,
+// 2.7x the mean, plus the three coldest already make a rank 14% over the mean
+// at 4 slots per rank). METIS places the replicas near their co-routed
+// partners, spread over islands; greedy-load only balances.
 //
 // This header is the placement entry point: the steps live in
 // slot_packing.h (replicas, packing by load), metis_partition.h (islands)
@@ -42,11 +41,15 @@ namespace moed::placement {
 
 struct OptimizeOptions {
   std::string policy = "metis";
-  // Slots per rank in each layer; 0: as few as the replicas need (at least
-  // ceil(experts / ranks)). A bound too small for every expert is a Usage error.
-  int slots_per_rank = 0;
-  bool replicate = true;  // metis, greedy-load: replicas for hot experts
-  int redundant_slots = -1;  // per layer, beyond the needed ones; -1: one per island
+  // The slot budget of each layer (metis, greedy-load): slots_per_rank x
+  // ranks, or experts + redundant_slots; at most one of the two. With
+  // neither: the replicas hot experts need plus one slot per island. The
+  // baselines place one slot per expert and only check that the budget holds
+  // every expert. Every slot of the budget is spent; a budget that cannot
+  // hold each expert once, or cannot be spent, is a Usage error.
+  int slots_per_rank = 0;    // per layer; 0: not set
+  int redundant_slots = -1;  // per layer, beyond one per expert; -1: not set
+  bool replicate = true;     // metis, greedy-load: false = one slot per expert
   bool affinity = false;  // metis: align consecutive layers' islands
   std::uint64_t seed = 1;
 };

@@ -61,6 +61,12 @@ const config::Section<PlacementConfig>& placement_config_section() {
           config::integer<C>("seed", &C::seed, 1, 0, INT64_MAX, "seed of the shuffled policy"),
           config::integer<C>("max_slots_per_rank", &C::max_slots_per_rank, 0, 0, 1 << 20,
                              "slot capacity per rank over all layers; 0 = unlimited"),
+          config::integer<C>("layer_slots_per_rank", &C::layer_slots_per_rank, 0, 0, 1 << 20,
+                             "reoptimize's slot budget: slots per rank in each layer, every one spent "
+                             "(replicas of the most loaded experts); 0 = not set"),
+          config::integer<C>("redundant_slots", &C::redundant_slots, -1, -1, 1 << 20,
+                             "reoptimize's slot budget: slots per layer beyond one per expert; -1 = not "
+                             "set (with neither: hot experts' replicas plus one slot per island)"),
       });
   return section;
 }

@@ -22,6 +22,10 @@ struct PlacementConfig {
   std::string committed;
   std::int64_t seed = 0;
   std::int64_t max_slots_per_rank = 0;
+  // The slot budget of each layer for the optimiser (moectl reoptimize):
+  // at most one of the two is set.
+  std::int64_t layer_slots_per_rank = 0;
+  std::int64_t redundant_slots = -1;
 };
 
 // Routing statistics the daemon keeps for the placement service.

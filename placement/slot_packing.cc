@@ -8,32 +8,51 @@
 
 namespace moed::placement {
 
-std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int slots_per_rank,
-                                int redundant) {
+int layer_slots(const SlotBudget& budget, const std::vector<double>& loads, int ranks, int islands) {
   const int E = int(loads.size());
+  const int most = E * ranks;  // every expert on every rank
+  if (budget.slots_per_rank > 0 && budget.redundant_slots >= 0)
+    MOED_THROW(Usage, "give slots per rank ({}) or redundant slots ({}), not both", budget.slots_per_rank,
+               budget.redundant_slots);
+  if (budget.slots_per_rank > 0) {
+    const int minimum = (E + ranks - 1) / ranks;
+    if (budget.slots_per_rank < minimum)
+      MOED_THROW(Usage, "{} slots per rank cannot hold {} experts on {} ranks (need at least {})",
+                 budget.slots_per_rank, E, ranks, minimum);
+    if (budget.slots_per_rank > E)
+      MOED_THROW(Usage,
+                 "{} slots per rank cannot all be spent: a rank holds at most one slot of each of the {} experts",
+                 budget.slots_per_rank, E);
+    return budget.slots_per_rank * ranks;
+  }
+  if (budget.redundant_slots >= 0) {
+    if (E + budget.redundant_slots > most)
+      MOED_THROW(Usage,
+                 "{} redundant slots cannot all be spent: {} experts on {} ranks have room for at most {} "
+                 "(one slot of each expert per rank)",
+                 budget.redundant_slots, E, ranks, most - E);
+    return E + budget.redundant_slots;
+  }
   const double total = std::accumulate(loads.begin(), loads.end(), 0.0);
+  int needed = 0;
+  for (double load : loads)
+    needed += total > 0 && load > total / ranks ? std::min(ranks, int(std::ceil(load / (total / ranks) - 1e-9))) : 1;
+  return std::min(most, needed + islands);
+}
+
+int rank_capacity(const SlotBudget& budget, int total, int ranks) {
+  return budget.slots_per_rank > 0 ? budget.slots_per_rank : (total + ranks - 1) / ranks;
+}
+
+std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int total) {
+  const int E = int(loads.size());
+  MOED_CHECK(total >= E && total <= E * ranks, "{} slots for {} experts on {} ranks", total, E, ranks);
   std::vector<int> r(E, 1);
-  if (total <= 0) return r;
-  const double fair = total / ranks;
-  for (int e = 0; e < E; ++e)
-    if (loads[e] > fair) r[e] = std::min(ranks, int(std::ceil(loads[e] / fair - 1e-9)));
-  // Redundant slots, one at a time to the expert with the most load per slot.
-  for (int n = 0; n < redundant; ++n) {
+  for (int n = E; n < total; ++n) {
     int pick = -1;
     for (int e = 0; e < E; ++e)
-      if (r[e] < ranks && loads[e] > 0 && (pick < 0 || loads[e] / r[e] > loads[pick] / r[pick])) pick = e;
-    if (pick < 0) break;
+      if (r[e] < ranks && (pick < 0 || loads[e] / r[e] > loads[pick] / r[pick])) pick = e;
     ++r[pick];
-  }
-  if (slots_per_rank > 0) {
-    // Trim the replica that least reduces the per-slot load, until they fit.
-    while (std::accumulate(r.begin(), r.end(), 0) > ranks * slots_per_rank) {
-      int pick = -1;
-      for (int e = 0; e < E; ++e)
-        if (r[e] > 1 && (pick < 0 || loads[e] / (r[e] - 1) < loads[pick] / (r[pick] - 1))) pick = e;
-      if (pick < 0) break;
-      --r[pick];
-    }
   }
   return r;
 }
@@ -43,16 +62,6 @@ std::vector<ExpertSlot> make_slots(const std::vector<double>& loads, const std::
   for (int e = 0; e < int(loads.size()); ++e)
     for (int i = 0; i < replicas[e]; ++i) slots.push_back({e, loads[e] / replicas[e]});
   return slots;
-}
-
-int slots_per_rank_for(const std::vector<int>& replicas, int ranks, int requested, int experts) {
-  int needed = (std::accumulate(replicas.begin(), replicas.end(), 0) + ranks - 1) / ranks;
-  int minimum = (experts + ranks - 1) / ranks;
-  if (requested == 0) return std::max(needed, minimum);
-  if (requested < minimum)
-    MOED_THROW(Usage, "{} slots per rank cannot hold {} experts on {} ranks (need at least {})",
-               requested, experts, ranks, minimum);
-  return requested;
 }
 
 void pack_by_load(const std::vector<ExpertSlot>& slots, const std::vector<int>& ranks, int capacity,
@@ -74,6 +83,25 @@ void pack_by_load(const std::vector<ExpertSlot>& slots, const std::vector<int>& 
     for (std::size_t j = 0; j < R; ++j) {
       if (int(held[j].size()) >= capacity || holds_expert(j, slots[i].expert)) continue;
       if (best < 0 || load[j] < load[best]) best = int(j);
+    }
+    if (best < 0) {
+      // Every rank with room holds this expert already: make room on one that
+      // does not, by moving one of its slots to a rank with room.
+      for (std::size_t j = 0; j < R && best < 0; ++j) {
+        if (holds_expert(j, slots[i].expert)) continue;
+        for (std::size_t k = 0; k < R && best < 0; ++k) {
+          if (int(held[k].size()) >= capacity) continue;
+          for (int y : held[j]) {
+            if (holds_expert(k, slots[y].expert)) continue;
+            held[j].erase(std::find(held[j].begin(), held[j].end(), y));
+            held[k].push_back(y);
+            load[j] -= slots[y].load;
+            load[k] += slots[y].load;
+            best = int(j);
+            break;
+          }
+        }
+      }
     }
     MOED_CHECK(best >= 0, "layer {}: no rank has room for expert {}", layer, slots[i].expert);
     load[best] += slots[i].load;

@@ -16,18 +16,31 @@ struct ExpertSlot {
   double load;
 };
 
-// Slots of each expert in one layer: 1, or ceil(load / fair share) for a hot
-// expert, plus `redundant` slots to the experts with the most load per slot,
-// trimmed (least needed first) to fit ranks x slots_per_rank.
-std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int slots_per_rank,
-                                int redundant = 0);
+// The slots one layer may spend, over all ranks: ranks x slots_per_rank (when
+// > 0), or experts + redundant (when >= 0). With neither, the replicas hot
+// experts need (ceil(load / fair share), the fair share being load / ranks)
+// plus one redundant slot per island. Setting both, a budget below one slot
+// per expert, or one that cannot be spent without two replicas of an expert on
+// one rank (more than experts x ranks) is a Usage error naming the numbers.
+struct SlotBudget {
+  int slots_per_rank = 0;   // per layer; 0: not set
+  int redundant_slots = -1;  // beyond one per expert; -1: not set
+};
+int layer_slots(const SlotBudget& budget, const std::vector<double>& loads, int ranks, int islands);
+
+// Slots per rank that hold `total` slots: the budget's slots_per_rank, else
+// ceil(total / ranks) (a total not divisible by the ranks leaves some ranks
+// one slot short).
+int rank_capacity(const SlotBudget& budget, int total, int ranks);
+
+// Exactly `total` slots of each expert of one layer, as DeepSeek's EPLB
+// replicates: one each, then one at a time to the expert with the most load
+// per slot (ties: the lower expert), never more than `ranks` of one expert.
+// `total` must lie in [experts, experts x ranks].
+std::vector<int> replica_counts(const std::vector<double>& loads, int ranks, int total);
 
 // One layer's slots: replicas[e] of expert e, each with an even share of its load.
 std::vector<ExpertSlot> make_slots(const std::vector<double>& loads, const std::vector<int>& replicas);
-
-// Slots per rank: `requested`, or with 0 as few as the replicas need (at
-// least ceil(experts / ranks)). A request below that minimum is a Usage error.
-int slots_per_rank_for(const std::vector<int>& replicas, int ranks, int requested, int experts);
 
 // Slots onto `ranks` by load: heaviest first into the lightest rank that has
 // room and does not hold that expert yet (ties: the lower rank), then pairwise

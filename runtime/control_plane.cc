@@ -208,6 +208,8 @@ void ControlPlane::apply(const BoundaryActions& actions) {
           ReoptimizeRequest params;
           params.policy = asked.value("policy", std::string("metis"));
           if (asked.contains("max_moves")) params.max_moves = asked["max_moves"].get<int>();
+          params.slots_per_rank = int(c_.config.placement.layer_slots_per_rank);
+          params.redundant_slots = int(c_.config.placement.redundant_slots);
           optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
                                                         topology = c_.topology, params] {
             return plan_reoptimization(stats, current, topology, params);

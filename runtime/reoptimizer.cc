@@ -11,6 +11,8 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
   try {
     placement::OptimizeOptions options;
     options.policy = request.policy;
+    options.slots_per_rank = request.slots_per_rank;
+    options.redundant_slots = request.redundant_slots;
     placement::Placement next = placement::optimize(stats, topology, options);
     next = placement::relabel_to_minimise_moves(current, next, topology);
     const routing::RoutingTrace sample = stats.sample_trace();

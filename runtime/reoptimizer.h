@@ -19,6 +19,8 @@ namespace moed::runtime {
 struct ReoptimizeRequest {
   std::string policy = "metis";   // placement::OptimizeOptions::policy
   std::optional<int> max_moves;  // at most this many slot moves, best gain first
+  int slots_per_rank = 0;        // the slot budget: placement::OptimizeOptions's
+  int redundant_slots = -1;
 };
 
 struct ReoptimizePlan {

@@ -109,7 +109,7 @@ TEST_P(Optimize, ValidAndWithinCapacity) {
     SCOPED_TRACE(testing::Message() << "layer " << l);
     // What the policy is allowed per rank: ceil(E / R) for the baselines, the
     // slots replica_counts asks for spread evenly for the replicating ones.
-    std::vector<int> wanted = replica_counts(loads_of(s, l), R, 0, topo.islands());
+    std::vector<int> wanted = replica_counts(loads_of(s, l), R, layer_slots({}, loads_of(s, l), R, topo.islands()));
     const int total = std::accumulate(wanted.begin(), wanted.end(), 0);
     const int capacity = replicates ? ceil_div(total, R) : ceil_div(E, R);
     for (int r = 0; r < R; ++r) EXPECT_LE(int(p.experts_on(l, r).size()), capacity) << "rank " << r;
@@ -189,7 +189,7 @@ TEST(OptimizeOptionsTest, WithoutReplicationEveryExpertHasOneSlot) {
 TEST(OptimizeOptionsTest, AffinityAndNoRedundantSlotsKeepTheSameGuarantees) {
   // 4 x 4 on the synthetic statistics: with affinity alignment (islands
   // renamed layer to layer) and with no redundant slots, the slots are still
-  // replica_counts' (redundant = 0 for the latter) within ceil(total / R).
+  // replica_counts' (one per expert for the latter) within ceil(total / R).
   const Topology topo = Topology::blocks(16, 4);
   const RoutingStats& s = synthetic_stats();
   for (int variant = 0; variant < 2; ++variant) {
@@ -201,7 +201,8 @@ TEST(OptimizeOptionsTest, AffinityAndNoRedundantSlotsKeepTheSameGuarantees) {
     EXPECT_NO_THROW(p.validate("optimised"));
     EXPECT_TRUE(p == optimize(s, topo, o));
     for (int l = 0; l < s.layers(); ++l) {
-      std::vector<int> wanted = replica_counts(loads_of(s, l), 16, 0, variant == 0 ? topo.islands() : 0);
+      std::vector<int> wanted = replica_counts(
+          loads_of(s, l), 16, variant == 0 ? layer_slots({}, loads_of(s, l), 16, topo.islands()) : s.experts());
       const int capacity = ceil_div(std::accumulate(wanted.begin(), wanted.end(), 0), 16);
       for (int e = 0; e < s.experts(); ++e)
         EXPECT_EQ(int(p.replicas(l, e).size()), wanted[e]) << "layer " << l << " expert " << e;
@@ -234,6 +235,80 @@ INSTANTIATE_TEST_SUITE_P(Policies, OptimizeTooFewSlots, testing::ValuesIn(optimi
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// ---------------------------------------------------------------- budgets
+
+struct BudgetCase {
+  std::string data;
+  int islands, ranks_per_island;
+  int slots_per_rank, redundant;  // as OptimizeOptions
+};
+
+class OptimizeBudget : public testing::TestWithParam<std::tuple<BudgetCase, std::string>> {};
+
+// Every slot of the budget is spent, in every layer, by both balancing
+// policies, and they spend the same slots: the same replica counts.
+TEST_P(OptimizeBudget, EverySlotSpentTheSameByBothPolicies) {
+  const auto& [c, policy] = GetParam();
+  const RoutingStats& s = c.data == "mixtral" ? mixtral_stats() : synthetic_stats();
+  const Topology topo = Topology::blocks(c.islands * c.ranks_per_island, c.ranks_per_island);
+  const int R = topo.ranks(), E = s.experts();
+  OptimizeOptions o;
+  o.policy = policy;
+  o.slots_per_rank = c.slots_per_rank;
+  o.redundant_slots = c.redundant;
+  Placement p = optimize(s, topo, o);
+  OptimizeOptions other = o;
+  other.policy = policy == "metis" ? "greedy-load" : "metis";
+  Placement q = optimize(s, topo, other);
+  EXPECT_NO_THROW(p.validate("optimised"));
+  const int total = c.slots_per_rank > 0 ? c.slots_per_rank * R : E + c.redundant;
+  const int capacity = ceil_div(total, R);
+  for (int l = 0; l < s.layers(); ++l) {
+    SCOPED_TRACE(testing::Message() << "layer " << l);
+    int spent = 0;
+    for (int e = 0; e < E; ++e) {
+      const std::vector<int>& ranks = p.replicas(l, e);
+      spent += int(ranks.size());
+      EXPECT_EQ(std::set<int>(ranks.begin(), ranks.end()).size(), ranks.size()) << "expert " << e;
+      EXPECT_EQ(ranks.size(), q.replicas(l, e).size()) << "expert " << e << ": not the same slots";
+    }
+    EXPECT_EQ(spent, total);
+    for (int r = 0; r < R; ++r) EXPECT_LE(int(p.experts_on(l, r).size()), capacity) << "rank " << r;
+  }
+}
+
+std::vector<BudgetCase> budget_cases() {
+  return {// Mixtral on 2 x 2: 8, 10 (not divisible by 4 ranks), 12 and 16 slots per layer.
+          {"mixtral", 2, 2, 2, -1}, {"mixtral", 2, 2, 0, 2}, {"mixtral", 2, 2, 3, -1}, {"mixtral", 2, 2, 4, -1},
+          {"mixtral", 2, 2, 0, 24},  // every expert on every rank
+          {"mixtral", 4, 2, 0, 5},   {"synthetic", 4, 4, 0, 12}, {"synthetic", 4, 4, 3, -1}};
+}
+std::string budget_case_name(const testing::TestParamInfo<std::tuple<BudgetCase, std::string>>& info) {
+  const BudgetCase& c = std::get<0>(info.param);
+  std::string n = c.data + "_" + std::to_string(c.islands) + "x" + std::to_string(c.ranks_per_island) + "_" +
+                  (c.slots_per_rank ? "spr" + std::to_string(c.slots_per_rank) : "red" + std::to_string(c.redundant)) +
+                  "_" + std::get<1>(info.param);
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+INSTANTIATE_TEST_SUITE_P(Budgets, OptimizeBudget,
+                         testing::Combine(testing::ValuesIn(budget_cases()),
+                                          testing::Values(std::string("metis"), std::string("greedy-load"))),
+                         budget_case_name);
+
+TEST(OptimizeBudgetErrors, BudgetsThatCannotHoldOrBeSpentAreUsageErrors) {
+  const Topology topo = Topology::blocks(4, 2);
+  OptimizeOptions o;
+  o.redundant_slots = 25;  // 8 experts x 4 ranks = 32 slots at most
+  test::expect_error([&] { optimize(mixtral_stats(), topo, o); }, ErrorKind::Usage, {"25 redundant slots", "at most 24"});
+  o.redundant_slots = 2;
+  o.slots_per_rank = 3;
+  test::expect_error([&] { optimize(mixtral_stats(), topo, o); }, ErrorKind::Usage, {"not both"});
+  o.slots_per_rank = 0;
+  o.replicate = false;
+  test::expect_error([&] { optimize(mixtral_stats(), topo, o); }, ErrorKind::Usage, {"2 redundant slots", "replication off"});
+}
 
 // Quality that holds by construction on the data the statistics came from.
 TEST(OptimizeQuality, MetisCutsCrossIslandCopiesOnSynthetic) {
