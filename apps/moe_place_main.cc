@@ -1,12 +1,13 @@
 // moe-place: placements of experts onto ranks, offline; the daemon runs the
 // same code online. Subcommands: optimize, evaluate, diff, stats, make,
-// check, convert-trace. Exit codes: 0 ok, 2 bad usage or input.
+// check, convert-trace, memory. Exit codes: 0 ok, 2 bad usage or input.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <iostream>
 #include <optional>
 
+#include "apps/moe_place_memory.h"
 #include "common/error.h"
 #include "placement/cost_model.h"
 #include "placement/optimizer.h"
@@ -14,6 +15,7 @@
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
 #include "placement/topology.h"
+#include "placement/weight_format.h"
 #include "routing/routing_stats.h"
 #include "routing/routing_trace.h"
 #include "routing/stats_file.h"
@@ -387,6 +389,41 @@ int main(int argc, char** argv) {
   convert_app->add_option("input", from, "JSONL (one object per layer and token) or moed-trace file")->required();
   convert_app->add_option("--out", out, "trace file to write")->required();
 
+  moed::apps::MemoryArgs mem;
+  auto* memory_app = app.add_subcommand(
+      "memory", "what each rank holds (experts, router, buffers, migration, statistics) against a GPU's memory");
+  memory_app->add_option("-c,--config", mem.config, "moed config (shape, tokens, placement, statistics)")->type_name("FILE");
+  memory_app->add_option("--set", mem.sets, "override a config key, section.key=value (repeatable)");
+  memory_app->add_option("--card", mem.card, "model card (configs/models/): the model's shape and attention")
+      ->type_name("FILE");
+  memory_app->add_option("--target", mem.target, "cpu (moed today: experts in f32) or gpu (default: gpu with --card)")
+      ->check(CLI::IsMember({"cpu", "gpu"}));
+  memory_app->add_option("--dtype", mem.dtype, "gpu: the experts' format (default: the card's or [model].dtype)")
+      ->check(CLI::IsMember(moed::placement::weight_format_names()));
+  memory_app->add_option("--placement", mem.placement, "placement file (default: [placement].file)")->type_name("FILE");
+  memory_app->add_option("--policy", mem.policy, "without a placement file: contiguous, round-robin or shuffled")
+      ->check(CLI::IsMember(placement_policy_names()));
+  memory_app->add_option("--ranks", mem.ranks, "ranks (GPUs) in all")->check(CLI::PositiveNumber);
+  memory_app->add_option("--islands", mem.islands, "islands (nodes)")->check(CLI::PositiveNumber);
+  memory_app->add_option("--ranks-per-island", mem.ranks_per_island, "ranks per island")->check(CLI::PositiveNumber);
+  memory_app->add_option("--tokens-per-step", mem.tokens_per_step,
+                         "tokens per step (the job's; with the front door, per rank)")
+      ->check(CLI::NonNegativeNumber);
+  memory_app->add_option("--gpu-memory", mem.gpu_memory, "memory of one GPU: 80 or 80GiB, 141GB, 512MiB")
+      ->type_name("SIZE");
+  memory_app->add_flag("--fewest-gpus", mem.fewest_gpus, "the fewest GPUs of --gpu-memory that hold the model");
+  memory_app->add_option("--migration-in", mem.migration_in, "slots one migration moves into a rank (default 1)")
+      ->check(CLI::NonNegativeNumber);
+  memory_app->add_option("--migration-out", mem.migration_out, "slots one migration moves out of a rank (default 1)")
+      ->check(CLI::NonNegativeNumber);
+  memory_app->add_option("--overhead-mb", mem.overhead_mb, "the process's own memory in MiB (default: cpu measured, gpu 0)")
+      ->check(CLI::NonNegativeNumber);
+  memory_app->add_option("--context", mem.context, "with --card: context length for the KV cache")
+      ->check(CLI::PositiveNumber);
+  memory_app->add_option("--sequences", mem.sequences, "with --card: sequences whose KV cache is held")
+      ->check(CLI::PositiveNumber);
+  memory_app->add_flag("--json", mem.json, "JSON output");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -401,6 +438,7 @@ int main(int argc, char** argv) {
     if (*make_app) return make_cmd(policy, ranks, layers, experts, seed, replicas, out);
     if (*check_app) return check_cmd(path, max_slots);
     if (*convert_app) return convert_trace_cmd(from, out);
+    if (*memory_app) return moed::apps::memory_cmd(mem);
   } catch (const moed::Error& e) {
     std::cerr << "moe-place: " << e.describe() << "\n";
     return e.exit_code();

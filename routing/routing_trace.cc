@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <ostream>
+#include <set>
 #include <utility>
 
 #include "common/error.h"
@@ -260,9 +261,12 @@ class JsonlImporter {
   struct Call {
     std::int64_t problem;
     int number;                             // forward call within the problem, from 0
-    std::vector<std::vector<Cell>> layers;  // [layer][token_idx]
+    // [layer] -> token number -> cell. Sparse: with token_pos a call's
+    // numbers need not start at 0 (a decode step holds one late position).
+    std::vector<std::map<std::uint64_t, Cell>> layers;
     std::vector<std::size_t> records;       // per layer
     int max_layer = -1;
+    bool by_position = false;  // some record numbered its token with token_pos
   };
 
   template <class... Args>
@@ -326,11 +330,15 @@ class JsonlImporter {
       call.records.resize(l + 1, 0);
     }
     std::uint64_t token = call.records[l];  // default: running index in this (problem, call, layer)
-    if (auto it = record.find("token_idx"); it != record.end())
+    if (auto it = record.find("token_idx"); it != record.end()) {
       token = index(*it, "key \"token_idx\"", kMaxCallTokens, line);
-    auto& column = call.layers[l];
-    if (column.size() <= token) column.resize(token + 1);
-    Cell& cell = column[token];
+    } else if (auto pos = record.find("token_pos"); pos != record.end()) {
+      // The token's position: after a gap (a record lost, or a decode step's
+      // single late position) the running index would name the wrong token.
+      token = index(*pos, "key \"token_pos\"", kMaxCallTokens, line);
+      call.by_position = true;
+    }
+    Cell& cell = call.layers[l][token];
     if (cell.line != 0)
       fail(line, "duplicate record for problem {}, forward call {}, layer {}, token {} (first on line {})",
            problem, call.number, layer, token, cell.line);
@@ -378,8 +386,21 @@ class JsonlImporter {
       number = call.number + 1;
     }
     current_[problem] = calls_.size();
-    calls_.push_back(Call{problem, number, {}, {}, -1});
+    calls_.push_back(Call{problem, number, {}, {}, -1, false});
     return calls_.back();
+  }
+
+  // The call's tokens in order: 0..max(token_idx) (a number without a record
+  // is a token with empty cells), or with token_pos only the positions that
+  // have a record (positions are not dense: a gap is not a token).
+  static std::vector<std::uint64_t> token_numbers(const Call& call) {
+    std::set<std::uint64_t> numbers;
+    for (const auto& column : call.layers)
+      for (const auto& [t, cell] : column) numbers.insert(t);
+    if (call.by_position || numbers.empty()) return {numbers.begin(), numbers.end()};
+    std::vector<std::uint64_t> dense(*numbers.rbegin() + 1);
+    for (std::uint64_t t = 0; t < dense.size(); ++t) dense[t] = t;
+    return dense;
   }
 
   RoutingTrace build() {
@@ -388,12 +409,11 @@ class JsonlImporter {
     std::vector<std::vector<RoutingChoice>> per_layer(layers);
     std::size_t empty = 0;
     for (const Call& call : calls_) {
-      std::size_t tokens = 0;
-      for (const auto& column : call.layers) tokens = std::max(tokens, column.size());
-      for (std::size_t t = 0; t < tokens; ++t) {
+      for (std::uint64_t t : token_numbers(call)) {
         for (std::size_t l = 0; l < layers; ++l) {
           per_layer[l].clear();
-          if (l < call.layers.size() && t < call.layers[l].size()) per_layer[l] = call.layers[l][t].choices;
+          if (l < call.layers.size())
+            if (auto it = call.layers[l].find(t); it != call.layers[l].end()) per_layer[l] = it->second.choices;
           if (per_layer[l].empty()) ++empty;
         }
         trace.add_token(per_layer);

@@ -82,12 +82,16 @@ void write_trace_file(const RoutingTrace& trace, const std::string& path);
 // Imports per-(layer, token) JSON lines as collected from vLLM for Mixtral:
 //   {"problem_id":0,"layer":0,"experts":[6,5],"gating_probs":[0.696,0.304],"token_idx":0}
 // Required: layer, experts, gating_probs; optional: problem_id (default 0),
-// token_idx (default: the count of earlier records of the same problem, call
-// and layer), dataset. Within one problem_id, a layer that repeats after
-// higher layers were seen starts a new forward call. A token is
-// (problem_id, call, token_idx); a call has max(token_idx) + 1 tokens and
-// cells without a record become empty groups. Tokens are ordered by first
-// appearance of their (problem, call), then token_idx. layers and experts are
+// token_idx, token_pos, dataset. A record's token number is its token_idx,
+// else its token_pos (the token's position in its sequence), else the count
+// of earlier records of the same problem, call and layer. Within one
+// problem_id, a layer that repeats after higher layers were seen starts a new
+// forward call. A token is (problem_id, call, number); a call numbered by
+// token_idx has max(token_idx) + 1 tokens and cells without a record become
+// empty groups; in a call where token_pos numbered a record, only the
+// numbers that have a record are tokens (positions are not dense: a decode
+// step holds one late position, and a gap is not a token). Tokens are ordered
+// by first appearance of their (problem, call), then number. layers and experts are
 // the largest ids seen + 1. Adds comments naming the origin and the count of
 // empty cells.
 RoutingTrace import_routing_jsonl(std::string_view text, const std::string& origin);

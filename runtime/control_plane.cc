@@ -298,6 +298,11 @@ void ControlPlane::publish_migration() {
   migration_snapshot_ = std::move(snapshot);
 }
 
+void ControlPlane::note_loaded() {
+  memory_after_load_ = process_memory();
+  peak_since_load_ = reset_peak_memory();
+}
+
 void ControlPlane::publish(std::uint64_t step, const Summary* summary, double step_wall_ms) {
   if (c_.rank == 0) coordinator_.note_step(step_wall_ms);
   json status = {{"rank", c_.rank},
@@ -328,6 +333,7 @@ void ControlPlane::publish(std::uint64_t step, const Summary* summary, double st
     metrics = prometheus_text(*summary, figures);
   }
   status["alerts"] = alerts;
+  status["memory"] = memory_json(memory_after_load_, process_memory(), peak_since_load_);
   json migration = c_.rank == 0 ? migration_json() : json(nullptr);
   std::lock_guard lock(snapshot_mu_);
   status_ = std::move(status);

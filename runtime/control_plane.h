@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/control_channel.h"
+#include "common/process_memory.h"
 #include "comm/transport.h"
 #include "placement/placement.h"
 #include "placement/topology.h"
@@ -75,6 +76,9 @@ class ControlPlane {
   // summary), and the step's wall time from its boundary on (the migration
   // figures compare the steps during a migration with the steps before it).
   void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
+  // Once start-up has loaded everything: the resident memory then, and the
+  // peak reset so that status shows the peak of serving (and migrating).
+  void note_loaded();
   // At exit: answers whatever is still waiting.
   void finish();
   // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.
@@ -111,6 +115,8 @@ class ControlPlane {
   int stopped_by_ = 0;
   WriteRetry stats_writes_;
   std::uint64_t committed_write_failures_ = 0;
+  std::optional<ProcessMemory> memory_after_load_;
+  bool peak_since_load_ = false;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
   std::future<ReoptimizePlan> optimizing_;  // the plan, made on a thread of rank 0's own
   // This rank's side of the running migration.

@@ -69,4 +69,13 @@ json migration_json(const MigrationRecord* record) {
   return j;
 }
 
+json memory_json(const std::optional<ProcessMemory>& after_load, const std::optional<ProcessMemory>& now,
+                 bool peak_since_load) {
+  if (!after_load || !now) return nullptr;
+  return {{"rss_after_load_bytes", after_load->rss_bytes},
+          {"rss_bytes", now->rss_bytes},
+          {"peak_rss_bytes", now->peak_bytes},
+          {"peak_since", peak_since_load ? "load" : "start"}};
+}
+
 }  // namespace moed::runtime

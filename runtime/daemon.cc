@@ -372,8 +372,9 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     d->islands_source_ = found.islands.source;
     d->placement_ = initial_placement(c, mpi.size());
     // Before the weights: sizes the host cannot hold are refused naming their keys.
-    refuse_if_too_large(estimate_rank_memory(c, std::uint64_t(d->placement_.slots_on(d->rank_)), mpi.size()),
-                        std::max(1, where.local_size), fmt::format("rank {}", d->rank_));
+    refuse_if_too_large(
+        estimate_rank_memory(c, std::uint64_t(d->placement_.slots_on(d->rank_)), mpi.size(), d->rank_),
+        std::max(1, where.local_size), fmt::format("rank {}", d->rank_));
     d->store_.emplace(ExpertStore::load(c, d->placement_, d->rank_));
     d->workload_ = make_workload(c, d->store_->layer(0).gate.data());
     d->stats_ = initial_stats(c, d->rank_, mpi.size());
@@ -461,6 +462,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     else
       spdlog::warn("numerics: {}", numerics.description);
   }
+  d->control_plane_->note_loaded();
   return d;
 }
 

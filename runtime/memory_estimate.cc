@@ -7,25 +7,15 @@
 #include <optional>
 
 #include "common/error.h"
-#include "runtime/weights/safetensors_format.h"
+#include "common/saturating.h"
+#include "placement/weight_format.h"
 
 namespace moed::runtime {
 
 namespace {
 
-constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+using placement::RankMemoryInputs;
 constexpr std::uint64_t kF32 = sizeof(float);
-// Rows per expert call at most (ExpertExecutor's block): its scratch is sized for them.
-constexpr std::uint64_t kCallRows = 256;
-
-// Saturating product and sum: sizes near the config's limits overflow 64 bits.
-std::uint64_t mul(std::initializer_list<std::uint64_t> factors) {
-  std::uint64_t out = 1;
-  for (std::uint64_t f : factors)
-    if (__builtin_mul_overflow(out, f, &out)) return kMax;
-  return out;
-}
-std::uint64_t add(std::uint64_t a, std::uint64_t b) { return a > kMax - b ? kMax : a + b; }
 
 struct Sizes {
   std::uint64_t L, E, H, F, k;
@@ -38,74 +28,66 @@ Sizes sizes_of(const Config& c) {
 
 }  // namespace
 
-std::uint64_t MemoryEstimate::total() const {
-  std::uint64_t sum = 0;
-  for (const MemoryPart& p : parts) sum = add(sum, p.bytes);
-  return sum;
-}
-
-MemoryEstimate estimate_rank_memory(const Config& c, std::uint64_t slots, int ranks) {
+RankMemoryInputs rank_memory_inputs(const Config& c, std::uint64_t slots, int ranks, int rank) {
   const auto [L, E, H, F, k] = sizes_of(c);
   const bool ingress = c.workload.kind == "ingress";
-  const std::uint64_t job_tokens =
-      std::uint64_t(ingress ? c.ingress.max_tokens_per_step : c.workload.tokens_per_step);
+  const auto R = std::uint64_t(ranks);
+  RankMemoryInputs in;
+  in.layers = L, in.experts = E, in.hidden = H, in.ffn = F, in.max_k = k;
+  // The CPU path holds and moves every expert in fp32, whatever the file's dtype.
+  in.expert_format = placement::weight_format("f32", "[model].dtype");
+  in.slots = {{slots, 1}};
+  in.pack_at_load = c.experts.gemm == "fixed-order";
+  in.cpu_router = true;
   // The workload's tokens are the job's, split over the ranks; the front door's budget is per rank.
-  const std::uint64_t tokens = ingress ? job_tokens : (job_tokens + std::uint64_t(ranks) - 1) / std::uint64_t(ranks);
-  const char* tokens_key = ingress ? "[ingress].max_tokens_per_step" : "[workload].tokens_per_step";
-  MemoryEstimate e;
-  // Each slot's W1|W3 and W2; one more while a slot is packed at load.
-  const std::uint64_t slot = mul({3, H, F, kF32});
-  const bool packing = c.experts.gemm == "fixed-order" && slots;
-  const std::uint64_t held = slots + (packing ? 1 : 0);
-  e.parts.push_back({fmt::format("expert weights: {} slots{} x 3 x [model].hidden {} x [model].ffn {} x 4 bytes", slots,
-                                 packing ? " (+1 while one is packed at load)" : "", H, F),
-                     "[model].hidden, [model].ffn, or the slots per rank ([model].experts x [model].layers, "
-                     "spread over more ranks)",
-                     mul({held, slot})});
-  // The gate as loaded and packed for the router, the norms, the workload's directions.
-  e.parts.push_back({fmt::format("gates: 2 x [model].layers {} x [model].experts {} x [model].hidden {} x 4 bytes",
-                                 L, E, H),
-                     "[model].layers, [model].experts, [model].hidden",
-                     add(mul({2, L, E, H, kF32}), add(mul({L, H, kF32}), mul({E, H, kF32})))});
-  // Per local token: its row, normalised row, output and fixed-point sum;
-  // per pair: the row sent and received, the answer sent and received.
-  const std::uint64_t per_token = add(mul({H, 4 + 4 + 4 + 8}), mul({E, kF32}));
-  const std::uint64_t per_pair = mul({2, H, 4 + 8});
-  e.parts.push_back({fmt::format("step buffers: {} tokens per rank x [model].hidden {} (rows, sums, and {} "
-                                 "experts per token's rows and answers)",
-                                 tokens, H, k),
-                     fmt::format("{}, [model].hidden, [model].top_k", tokens_key),
-                     add(mul({tokens, per_token}), mul({tokens, k, per_pair}))});
-  // The rows of one expert call, their outputs, and the FFN's [rows, 2F] scratch.
-  const std::uint64_t call_rows = std::min(kCallRows, std::max<std::uint64_t>(1, mul({tokens, k})));
-  e.parts.push_back({fmt::format("expert call scratch: {} rows x (2 x [model].ffn {} + 2 x [model].hidden {}) x 4 "
-                                 "bytes",
-                                 call_rows, F, H),
-                     fmt::format("[model].ffn, [model].hidden, {}", tokens_key),
-                     mul({call_rows, add(mul({2, F}), mul({2, H})), kF32})});
-  return e;
+  in.tokens = ingress ? std::uint64_t(c.ingress.max_tokens_per_step)
+                      : (std::uint64_t(c.workload.tokens_per_step) + R - 1) / R;
+  in.ranks = R;
+  in.tokens_key = ingress ? "[ingress].max_tokens_per_step" : "[workload].tokens_per_step";
+  in.keep_window = c.migration.keep_window;
+  in.maps_peer_windows = true;  // the CPU path serves from one host here
+  // As the daemon keeps them: with a stats file or an admin socket.
+  in.stats = !c.stats.file.empty() || !c.admin.dir.empty();
+  in.stats_sample_tokens = (std::uint64_t(c.stats.sample_tokens) + R - 1) / R;
+  in.gathers_stats = in.stats && rank == 0;
+  in.gathered_sample_tokens = std::uint64_t(c.stats.sample_tokens);
+  in.load_window_steps = rank == 0 ? std::uint64_t(c.metrics.load_window_steps) : 0;
+  return in;
+}
+
+std::uint64_t cpu_process_overhead_bytes() {
+  // VmRSS after load of a rank serving tests/mpi/small.toml (3 x 8 experts
+  // of 64 x 96: the model is 0.2 MB), 2 ranks over UCX on Debian 12: 29 MiB.
+  return std::uint64_t(29) << 20;
+}
+
+MemoryEstimate estimate_rank_memory(const Config& c, std::uint64_t slots, int ranks, int rank) {
+  return placement::rank_memory(rank_memory_inputs(c, slots, ranks, rank));
 }
 
 MemoryEstimate estimate_generate_memory(const Config& c) {
   const auto [L, E, H, F, k] = sizes_of(c);
-  const std::uint64_t element = weights::element_size(*weights::parse_dtype(c.model.dtype));
+  const std::uint64_t element = placement::weight_format(c.model.dtype, "[model].dtype").block_bytes;
   MemoryEstimate e;
   e.parts.push_back({fmt::format("expert tensors: [model].layers {} x [model].experts {} x 3 x [model].hidden {} x "
                                  "[model].ffn {} x {} bytes ([model].dtype)",
                                  L, E, H, F, element),
-                     "[model].hidden, [model].ffn, [model].experts, [model].layers", mul({L, E, 3, H, F, element})});
+                     "[model].hidden, [model].ffn, [model].experts, [model].layers",
+                     saturating_mul({L, E, 3, H, F, element}), "expert slots"});
   e.parts.push_back({fmt::format("gates: [model].layers {} x [model].experts {} x [model].hidden {}", L, E, H),
                      "[model].layers, [model].experts, [model].hidden",
-                     add(mul({L, add(mul({E, H}), H), element}), mul({E, H, kF32}))});
+                     saturating_add(saturating_mul({L, saturating_add(saturating_mul({E, H}), H), element}), saturating_mul({E, H, kF32})),
+                     "router and norm"});
   // One tensor at a time is made in fp32 before it is converted.
   e.parts.push_back({fmt::format("one tensor in fp32: [model].hidden {} x [model].ffn {} x 4 bytes", H, F),
-                     "[model].hidden, [model].ffn", std::max(mul({H, F, kF32}), mul({E, H, kF32}))});
+                     "[model].hidden, [model].ffn",
+                     std::max(saturating_mul({H, F, kF32}), saturating_mul({E, H, kF32})), "dispatch and combine"});
   return e;
 }
 
 void check_memory_fits(const MemoryEstimate& estimate, int copies, const AvailableMemory& available,
                        const std::string& who) {
-  const std::uint64_t one = estimate.total(), needed = mul({one, std::uint64_t(copies)});
+  const std::uint64_t one = estimate.total(), needed = saturating_mul({one, std::uint64_t(copies)});
   if (needed <= available.bytes) return;
   std::vector<const MemoryPart*> parts;
   for (const MemoryPart& p : estimate.parts) parts.push_back(&p);

@@ -1,11 +1,14 @@
 // The memory a rank will hold, estimated from the config before anything
 // large is allocated, so that sizes the config allows but the host cannot
 // hold are refused naming the keys to change (not a std::bad_alloc, exit 1).
-// Counted: the weights of the rank's slots, the gates, the step's buffers at
+// The model of memory is placement/memory_plan.h, which `moe-place memory`
+// plans with too; here a config becomes its inputs. The start-up check
+// counts the weights of the rank's slots, the gates, the step's buffers at
 // its share of the tokens (routing taken as balanced; with the front door,
-// its [ingress].max_tokens_per_step) and the expert calls' scratch. Left out:
-// the allocator's slack, MPI's and UCX's own buffers, a migration's window,
-// so the estimate errs low and a refusal is no false alarm.
+// its [ingress].max_tokens_per_step), the expert calls' scratch and the
+// statistics. It leaves out the process itself (MPI's and UCX's buffers, the
+// allocator's slack) and a migration's window, so that it errs low and a
+// refusal is no false alarm; the planner adds them.
 #pragma once
 
 #include <cstdint>
@@ -13,23 +16,26 @@
 #include <vector>
 
 #include "common/available_memory.h"
+#include "placement/memory_plan.h"
 #include "runtime/config.h"
 
 namespace moed::runtime {
 
-struct MemoryPart {
-  std::string what;  // e.g. "expert weights: 4 slots x 3 x [model].hidden 64 x [model].ffn 96 x 4 bytes"
-  std::string keys;  // the keys that size it, for the remedy
-  std::uint64_t bytes = 0;
-};
+using placement::MemoryEstimate;
+using placement::MemoryPart;
 
-struct MemoryEstimate {
-  std::vector<MemoryPart> parts;
-  std::uint64_t total() const;  // saturating
-};
+// The planner's inputs for rank `rank` of `ranks`, holding `slots` whole
+// expert slots, on moed's CPU path (experts in fp32). Neither a migration
+// nor the process is counted: the caller sets those.
+placement::RankMemoryInputs rank_memory_inputs(const Config& c, std::uint64_t slots, int ranks, int rank);
+
+// What the moed process holds beside what the lines count, on the CPU path:
+// code, Open MPI, UCX, OpenBLAS, hwloc and the allocator's slack, measured as
+// the resident memory of a rank serving a tiny model (docs/memory-planning.md).
+std::uint64_t cpu_process_overhead_bytes();
 
 // One serving rank holding `slots` expert slots, in a job of `ranks`.
-MemoryEstimate estimate_rank_memory(const Config& c, std::uint64_t slots, int ranks);
+MemoryEstimate estimate_rank_memory(const Config& c, std::uint64_t slots, int ranks, int rank = 0);
 // `moed --generate-weights`: the whole model, held until written.
 MemoryEstimate estimate_generate_memory(const Config& c);
 

@@ -380,6 +380,52 @@ TEST(TraceJsonl, DefaultsAndInterleavedRuns) {
   EXPECT_EQ(trace.at(2, 0)[0].expert, 2u);
 }
 
+TEST(TraceJsonl, TokenPosNumbersTokensAcrossGaps) {
+  // Layer 1 lost the record of position 1: with the running index its next
+  // record (position 2) would be attributed to position 1. Position 3 has no
+  // record at all: a gap, not a token. Then a decode step: one late position.
+  std::string text =
+      R"({"problem_id":4,"layer":0,"experts":[1],"gating_probs":[1],"token_pos":0})" "\n"
+      R"({"problem_id":4,"layer":0,"experts":[2],"gating_probs":[1],"token_pos":1})" "\n"
+      R"({"problem_id":4,"layer":0,"experts":[3],"gating_probs":[1],"token_pos":2})" "\n"
+      R"({"problem_id":4,"layer":0,"experts":[4],"gating_probs":[1],"token_pos":4})" "\n"
+      R"({"problem_id":4,"layer":1,"experts":[5],"gating_probs":[1],"token_pos":0})" "\n"
+      R"({"problem_id":4,"layer":1,"experts":[6],"gating_probs":[1],"token_pos":2})" "\n"
+      R"({"problem_id":4,"layer":1,"experts":[7],"gating_probs":[1],"token_pos":4})" "\n"
+      R"({"problem_id":4,"layer":0,"experts":[8],"gating_probs":[1],"token_pos":57})" "\n"
+      R"({"problem_id":4,"layer":1,"experts":[9],"gating_probs":[1],"token_pos":57})" "\n";
+  RoutingTrace trace = import_routing_jsonl(text, "pos.jsonl");
+  ASSERT_EQ(trace.tokens(), 5u);  // positions 0, 1, 2, 4, then the decode step's 57
+  EXPECT_EQ(trace.at(0, 1)[0].expert, 5u);
+  EXPECT_TRUE(trace.at(1, 1).empty());        // position 1 lost its layer-1 record
+  EXPECT_EQ(trace.at(2, 1)[0].expert, 6u);    // position 2's record stays with position 2
+  EXPECT_EQ(trace.at(3, 0)[0].expert, 4u);    // position 4 follows 2: no empty token for 3
+  EXPECT_EQ(trace.at(3, 1)[0].expert, 7u);
+  EXPECT_EQ(trace.at(4, 0)[0].expert, 8u);    // not 57 tokens
+  EXPECT_EQ(trace.at(4, 1)[0].expert, 9u);
+  EXPECT_EQ(empty_cells(trace), 1u);
+  // token_idx, where a record has both, numbers the token within its call.
+  RoutingTrace both = import_routing_jsonl(
+      R"({"layer":0,"experts":[1],"gating_probs":[1],"token_idx":1,"token_pos":9})" "\n", "both.jsonl");
+  ASSERT_EQ(both.tokens(), 2u);
+  EXPECT_TRUE(both.at(0, 0).empty());
+  EXPECT_EQ(both.at(1, 0)[0].expert, 1u);
+  expect_input_error(
+      [] {
+        import_routing_jsonl(R"({"layer":0,"experts":[1],"gating_probs":[1],"token_pos":2})" "\n"
+                             R"({"layer":0,"experts":[2],"gating_probs":[1],"token_pos":2.5})" "\n",
+                             "bad.jsonl");
+      },
+      "bad.jsonl:2: ", "key \"token_pos\": expected an integer");
+  expect_input_error(
+      [] {
+        import_routing_jsonl(R"({"layer":0,"experts":[1],"gating_probs":[1],"token_pos":2})" "\n"
+                             R"({"layer":0,"experts":[2],"gating_probs":[1],"token_pos":2})" "\n",
+                             "dup.jsonl");
+      },
+      "dup.jsonl:2: ", "duplicate record for problem 0, forward call 0, layer 0, token 2");
+}
+
 TEST(TraceJsonl, RefusesBadLinesWithOriginAndLine) {
   const std::string good = R"({"problem_id":0,"layer":0,"experts":[1,2],"gating_probs":[0.5,0.5],"token_idx":0})" "\n";
   const std::vector<std::pair<std::string, const char*>> cases = {

@@ -35,9 +35,11 @@ TEST(MemoryEstimate, PartsOfARank) {
   const Config c = shape(3, 8, 64, 96);
   // 12 slots on this rank of 2; 100 tokens over 2 ranks = 50 each.
   const MemoryEstimate e = estimate_rank_memory(c, 12, 2);
-  EXPECT_EQ(part(e, "expert weights"), 13u * 3 * 64 * 96 * 4);  // + one while packing (fixed-order)
+  EXPECT_EQ(part(e, "expert weights"), 12u * 3 * 64 * 96 * 4);
+  EXPECT_EQ(part(e, "packing at load"), 3u * 64 * 96 * 4);  // one more while packing (fixed-order)
   EXPECT_EQ(part(e, "gates"), 2u * 3 * 8 * 64 * 4 + 3 * 64 * 4 + 8 * 64 * 4);
-  EXPECT_EQ(part(e, "step buffers"), 50u * (64 * 20 + 8 * 4) + 50u * 2 * (2 * 64 * 12));
+  // Half of each token's 2 pairs leave the rank (the other rank's half).
+  EXPECT_EQ(part(e, "step buffers"), 50u * (64 * 20 + 8 * 4) + 50u * 2 / 2 * (2 * 64 * 12));
   EXPECT_EQ(part(e, "expert call scratch"), 100u * (2 * 96 + 2 * 64) * 4);  // 50 tokens x 2 experts rows
   std::uint64_t sum = 0;
   for (const MemoryPart& p : e.parts) sum += p.bytes;
@@ -46,6 +48,7 @@ TEST(MemoryEstimate, PartsOfARank) {
   Config blas = c;
   blas.experts.gemm = "openblas";  // held row-major: no packing copy
   EXPECT_EQ(part(estimate_rank_memory(blas, 12, 2), "expert weights"), 12u * 3 * 64 * 96 * 4);
+  for (const MemoryPart& p : estimate_rank_memory(blas, 12, 2).parts) EXPECT_NE(p.what.rfind("packing", 0), 0u);
   EXPECT_EQ(part(estimate_rank_memory(c, 0, 2), "expert weights"), 0u);
 }
 
@@ -54,7 +57,7 @@ TEST(MemoryEstimate, FrontDoorBudgetIsPerRank) {
   c.workload.kind = "ingress";
   c.ingress.max_tokens_per_step = 10;
   const MemoryEstimate e = estimate_rank_memory(c, 12, 4);
-  EXPECT_EQ(part(e, "step buffers"), 10u * (64 * 20 + 8 * 4) + 10u * 2 * (2 * 64 * 12));
+  EXPECT_EQ(part(e, "step buffers"), 10u * (64 * 20 + 8 * 4) + 10u * 2 * 3 / 4 * (2 * 64 * 12));
   bool named = false;
   for (const MemoryPart& p : e.parts) named = named || p.keys.find("[ingress].max_tokens_per_step") != std::string::npos;
   EXPECT_TRUE(named);
@@ -82,8 +85,7 @@ TEST(MemoryEstimate, TooLargeIsAUsageErrorNamingTheKeysAndTheBytes) {
   expect_error([&] { check_memory_fits(e, 1, host, "rank 1"); }, ErrorKind::Usage,
                {"memory: rank 1 needs about " + std::to_string(e.total()) + " bytes",
                 "more than the 68719476736 bytes (68.7 GB) available (MemAvailable in /proc/meminfo)",
-                "expert weights: 16 slots (+1 while one is packed at load) x 3 x [model].hidden 1048576 x [model].ffn "
-                "4194304 x 4 bytes",
+                "expert weights: 16 slots x 3 x [model].hidden 1048576 x [model].ffn 4194304 x 4 bytes",
                 "Lower [model].hidden, [model].ffn, or the slots per rank"});
   // The small parts are left out of the message.
   try {
