@@ -3,7 +3,8 @@
 # asserts nothing (the machines are shared and noisy; compare within a run).
 #   tests/bench/router_policies.sh [BUILD_DIR] [RANKS]
 # (a) the skewed synthetic workload (hottest expert 2.75x the mean, OLMoE's
-#     skew), requests of 8 positions, on RANKS ranks (default 2): each policy
+#     skew), requests of 8 positions (drift 0.62: about 1 in 8 tokens flips
+#     from its previous position), on RANKS ranks (default 2): each policy
 #     against none: expert load std/mean and max/mean (the report's window),
 #     step p99, pairs moved or dropped and their gate-weight mass, the jitter
 #     (noise 1e-4 and 1e-3, and across a request's positions) and how far the
@@ -28,7 +29,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load $(cut -d' ' -f1-3 /proc/loadavg)"
 
-base=(--set workload.steps=40 --set workload.warmup_steps=8 --set workload.positions_per_request=8
+base=(--set workload.steps=40 --set workload.warmup_steps=8 --set workload.positions_per_request=8 --set workload.position_drift=0.62
       --set log.level=warn --set log.per_step=false --set metrics.load_window_steps=32 --set router.measure_jitter=true)
 # run NAME SETTINGS...: one daemon run; its report and outputs under $work/NAME.
 run() {
@@ -37,7 +38,7 @@ run() {
     --dump-output "$work/$name.bin" >/dev/null
 }
 table() {
-  python3 - "$work" "$@" <<'PY'
+  /usr/bin/python3 - "$work" "$@" <<'PY'
 import json, sys, numpy as np
 work, names = sys.argv[1], sys.argv[2:]
 def rows(name):

@@ -98,6 +98,12 @@ policies)
       --dump-output "$SCRATCH/n4.bin"
     same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[router] $policy, 4 ranks round-robin over MPI vs 1"
   done
+  # Replayed routing (some tokens have none at some layers): drop only.
+  trace=(--set workload.kind=trace --set "workload.trace=$MOED_SOURCE_DIR/tests/data/mixtral-humaneval.trace"
+         --set router.load_policy=drop --set router.capacity_factor=1.0)
+  moed_on 0 "${base[@]}" "${trace[@]}" --dump-output "$SCRATCH/ref.bin"
+  moed_on 3 "${base[@]}" "${trace[@]}" --dump-output "$SCRATCH/n3.bin"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/n3.bin" "[router] drop on the Mixtral trace, 3 ranks vs 1"
   # Everything at once, with the jitter measured: the report's figures.
   all=("${seq[@]}" --set router.smoothing_beta=0.5 --set router.load_policy=demote --set router.bias_gamma=0.01
        --set router.measure_jitter=true)

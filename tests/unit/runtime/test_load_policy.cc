@@ -127,6 +127,19 @@ TEST(LoadPolicy, KEqualToExpertsHasNowhereToDemote) {
   EXPECT_EQ(x.dropped, 9u - 3u);  // room 1.5: each expert keeps its single heaviest pair
 }
 
+TEST(LoadPolicy, ATokenWithoutExpertsStaysWithout) {
+  // A replayed trace may leave a token without routing at a layer.
+  std::vector<HandToken> tokens = kHand;
+  tokens.push_back({{}, {}, 0});
+  for (LoadPolicy p : {LoadPolicy::drop, LoadPolicy::demote}) {
+    Routing out;
+    const LoadOutcome o = apply_load_policy(ranked_of(tokens), kOneReplicaEach, {p, 1.0, 1.0}, 0, 5, out);
+    ASSERT_EQ(out.tokens(), 5u);
+    EXPECT_TRUE(out.experts_of(4).empty());
+    EXPECT_EQ(o.pairs, 8u);
+  }
+}
+
 // ---- random steps ------------------------------------------------------------------------
 
 struct RandomCase {

@@ -142,6 +142,16 @@ TEST(CandidateRecords, RoundTripExactly) {
     EXPECT_EQ(back_tags[t].request, tags[t].request);
     EXPECT_EQ(back_tags[t].position, tags[t].position);
   }
+  // A token without experts (a replayed trace's empty cell) travels too.
+  Ranked empty;
+  empty.end_token(0);
+  std::vector<std::uint32_t> one(record_words(4));
+  encode_records(empty, std::vector<TokenTag>{{9, 1}}, 4, one.data());
+  Ranked empty_back;
+  std::vector<TokenTag> empty_tags;
+  decode_records(one.data(), 1, 4, 6, empty_back, empty_tags);
+  EXPECT_EQ(empty_back.chosen, (std::vector<std::uint32_t>{0}));
+  EXPECT_TRUE(empty_back.experts_of(0).empty());
   words[4] = 99;  // an expert out of range
   test::expect_error([&] { decode_records(words.data(), 1, 4, 6, back, back_tags); }, ErrorKind::Internal, {"expert 99"});
 }
