@@ -183,6 +183,12 @@ double RoutingStats::tokens(int layer) const { return values_[tokens_index(layer
 
 // ------------------------------------------------------------------ sample
 
+void RoutingStats::set_router_bias(std::vector<double> bias) {
+  MOED_CHECK(bias.empty() || bias.size() == std::size_t(layers_) * std::size_t(experts_),
+             "router biases: {} values for {} layers x {} experts", bias.size(), layers_, experts_);
+  router_bias_ = std::move(bias);
+}
+
 std::size_t RoutingStats::sample_size() const { return sample_count_; }
 
 void RoutingStats::add_sample(const std::vector<std::span<const std::uint32_t>>& path) {

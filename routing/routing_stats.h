@@ -89,6 +89,12 @@ class RoutingStats {
   // Appends paths in that layout (the same layers and max_k), oldest first.
   void append_sample_cells(std::span<const std::uint32_t> cells);
 
+  // The router's online balancing biases, [layer * experts + e], kept with
+  // the statistics so that a restart resumes them (empty: none). Not merged
+  // across ranks: every rank holds the same.
+  const std::vector<double>& router_bias() const { return router_bias_; }
+  void set_router_bias(std::vector<double> bias);
+
   // Builds statistics from tokens [first, first + count) of a trace, no decay,
   // with every one of those tokens in the sample (capacity count, max_k the
   // trace's top_k). Cells without routing add nothing; a transition is counted
@@ -126,6 +132,7 @@ class RoutingStats {
   mutable std::vector<std::uint32_t> sample_;
   mutable std::size_t sample_next_ = 0;
   std::size_t sample_count_ = 0;
+  std::vector<double> router_bias_;
 };
 
 }  // namespace moed::routing

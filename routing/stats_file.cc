@@ -19,7 +19,9 @@ namespace moed::routing {
 namespace {
 
 constexpr std::string_view kMagic = "MOEDSTAT";
-constexpr std::uint32_t kVersion = 1;
+// Version 2 is version 1 with the router biases before the checksum; a file
+// without biases is still written as version 1.
+constexpr std::uint32_t kVersion = 1, kVersionWithBias = 2;
 constexpr std::size_t kHeaderBytes = 8 + 4 * 4 + 8 + 8 + 8;
 constexpr std::size_t kChecksumBytes = 8;
 constexpr std::uint32_t kMaxLayers = 4096, kMaxExperts = 65536, kMaxK = 1024;
@@ -82,9 +84,10 @@ std::string read_whole_file(const std::string& path) {
 
 void write_stats_file(const RoutingStats& stats, const std::string& path) {
   const std::vector<std::uint32_t>& cells = stats.sample_cells();
-  Writer w(kHeaderBytes + stats.values_.size() * 8 + cells.size() * 4 + kChecksumBytes);
+  const std::vector<double>& bias = stats.router_bias_;
+  Writer w(kHeaderBytes + stats.values_.size() * 8 + cells.size() * 4 + kChecksumBytes + 4 + bias.size() * 8);
   w.bytes(kMagic);
-  w.u32(kVersion);
+  w.u32(bias.empty() ? kVersion : kVersionWithBias);
   w.u32(static_cast<std::uint32_t>(stats.layers_));
   w.u32(static_cast<std::uint32_t>(stats.experts_));
   w.u32(static_cast<std::uint32_t>(stats.max_k_));
@@ -93,6 +96,10 @@ void write_stats_file(const RoutingStats& stats, const std::string& path) {
   w.u64(stats.sample_count_);
   for (double v : stats.values_) w.f64(v / stats.weight_);  // what the accessors return
   for (std::uint32_t c : cells) w.u32(c);
+  if (!bias.empty()) {
+    w.u32(static_cast<std::uint32_t>(bias.size()));
+    for (double v : bias) w.f64(v);
+  }
   w.u64(fnv1a(w.str()));
   write_file_atomically(path, w.str());
 }
@@ -108,9 +115,9 @@ RoutingStats read_stats_file(const std::string& path) {
 
   Reader r(std::string_view(bytes).substr(kMagic.size()));
   const std::uint32_t version = r.u32();
-  if (version != kVersion)
-    MOED_THROW(Input, "{}: unsupported stats file version {} (supported: {})", path, version,
-               kVersion);
+  if (version != kVersion && version != kVersionWithBias)
+    MOED_THROW(Input, "{}: unsupported stats file version {} (supported: {}, {})", path, version, kVersion,
+               kVersionWithBias);
   const std::uint32_t layers = r.u32(), experts = r.u32(), max_k = r.u32();
   const double half_life = r.f64();
   const std::uint64_t steps = r.u64(), sample_count = r.u64();
@@ -133,7 +140,20 @@ RoutingStats read_stats_file(const std::string& path) {
   if (sample_count > size / path_bytes)
     MOED_THROW(Input, "{}: size does not match the shape ({}): the sample alone needs more than "
                "the {} bytes of the file (truncated)", path, shape_text, size);
-  const std::size_t expected = fixed + sample_count * path_bytes;
+  std::size_t expected = fixed + sample_count * path_bytes;
+  // Version 2: the biases' count (0 or layers x experts), then the biases.
+  std::uint32_t bias_count = 0;
+  if (version == kVersionWithBias) {
+    const std::size_t at = expected - kChecksumBytes;
+    if (size < at + 4)
+      MOED_THROW(Input, "{}: size does not match the shape ({}): no room for the router biases (truncated)", path,
+                 shape_text);
+    bias_count = Reader(std::string_view(bytes).substr(at)).u32();
+    if (bias_count != std::size_t{layers} * experts)
+      MOED_THROW(Input, "{}: {} router biases, expected layers x experts = {}", path, bias_count,
+                 std::size_t{layers} * experts);
+    expected += 4 + std::size_t{bias_count} * 8;
+  }
   if (expected != size)
     MOED_THROW(Input, "{}: size does not match the shape ({}): expected {} bytes, got {} ({})",
                path, shape_text, expected, size, expected > size ? "truncated" : "trailing bytes");
@@ -178,6 +198,17 @@ RoutingStats read_stats_file(const std::string& path) {
     }
   }
   stats.append_sample_cells(cells);
+  if (bias_count) {
+    body.u32();
+    std::vector<double> bias(bias_count);
+    for (std::size_t i = 0; i < bias.size(); ++i) {
+      bias[i] = body.f64();
+      if (!std::isfinite(bias[i]))
+        MOED_THROW(Input, "{}: router bias {} (layer {} expert {}) is {}, expected a finite number", path, i,
+                   i / experts, i % experts, bias[i]);
+    }
+    stats.set_router_bias(std::move(bias));
+  }
   return stats;
 }
 

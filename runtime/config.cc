@@ -54,6 +54,31 @@ const config::Section<RouterConfig>& router_section() {
           real<C>("top_p", &C::top_p, 0.7, 1e-6, 1.0, "probability mass to cover in topp mode"),
           integer<C>("min_k", &C::min_k, 1, 1, 64, "fewest experts per token in topp mode"),
           integer<C>("max_k", &C::max_k, 0, 0, 64, "most experts per token in topp mode; 0 = top_k"),
+          real<C>("smoothing_beta", &C::smoothing_beta, 0, 0, 1e3,
+                  "smoothing: bonus added, for selection only, to the logits of the experts the same "
+                  "request's previous position chose at the same layer; 0 = off"),
+          integer<C>("smoothing_max_requests", &C::smoothing_max_requests, 65536, 1, 1 << 24,
+                     "smoothing (and the flip rate): requests remembered at most; the least recently "
+                     "seen leaves first"),
+          integer<C>("smoothing_idle_steps", &C::smoothing_idle_steps, 64, 1, 1 << 30,
+                     "smoothing (and the flip rate): a request unseen for this many steps is forgotten"),
+          choice<C>("load_policy", &C::load_policy, "none", {"none", "drop", "demote"},
+                    "none; drop: pairs over an expert's capacity are dropped (DeepSpeed/Tutel); demote: "
+                    "pairs over demotion_threshold of it move to the token's next-ranked expert under it"),
+          real<C>("capacity_factor", &C::capacity_factor, 1.25, 0.01, 1e3,
+                  "drop/demote: an expert's capacity is capacity_factor x pairs / experts per replica "
+                  "(pairs = tokens x k of the step's layer, all ranks)"),
+          real<C>("demotion_threshold", &C::demotion_threshold, 0.85, 0.01, 1e3,
+                  "demote: the share of its capacity an expert keeps (its highest gate weights)"),
+          integer<C>("demotion_candidates", &C::demotion_candidates, 2, 1, 64,
+                     "demote: next-ranked experts a demoted pair may move to (each token sends this "
+                     "many more candidates in the step's gather)"),
+          real<C>("bias_gamma", &C::bias_gamma, 0, 0, 1e3,
+                  "online bias balancing (DeepSeek-V3): each step every expert's selection bias moves "
+                  "by this toward the mean load; 0 = off"),
+          flag<C>("measure_jitter", &C::measure_jitter, false,
+                  "measure the routing jitter (top-k set changes under hidden-state noise 1e-4 and "
+                  "1e-3, and across a request's consecutive positions): two more gate GEMMs per layer"),
       });
   return s;
 }
@@ -83,6 +108,12 @@ const config::Section<WorkloadConfig>& workload_section() {
           real<C>("cross_topic", &C::cross_topic, 0.1, 0, 1,
                   "synthetic: chance that a choice leaves the token's topic"),
           text<C>("trace", &C::trace, "", "trace: routing trace file (moed-trace v1 or JSONL)"),
+          integer<C>("positions_per_request", &C::positions_per_request, 1, 1, 1 << 20,
+                     "synthetic and trace: a request holds this many positions, one per step at the "
+                     "same slot of consecutive steps (1: every token is its own request)"),
+          real<C>("position_drift", &C::position_drift, 0.1, 0, 1,
+                  "synthetic: a position is sqrt(1 - d^2) x its request's token + d x a token of its "
+                  "own, so a request's consecutive positions are near-identical tokens"),
       });
   return s;
 }
@@ -277,6 +308,14 @@ void validate_config(const Config& c) {
                "row's bits depend on the chunk it is computed in, and micro-batches change the chunks",
                c.engine.microbatches, c.experts.gemm);
   if (!c.metrics.listen.empty()) parse_listen_address(c.metrics.listen, "config: [metrics].listen");
+  const RouterConfig& r = c.router;
+  if (c.workload.kind == "trace" &&
+      (r.smoothing_beta > 0 || r.bias_gamma > 0 || r.load_policy == "demote" || r.measure_jitter))
+    MOED_THROW(Usage,
+               "config: [workload].kind = \"trace\" replays routing without logits, so [router].{} cannot "
+               "apply (only load_policy = \"drop\" can)",
+               r.smoothing_beta > 0 ? "smoothing_beta" : r.bias_gamma > 0 ? "bias_gamma"
+               : r.measure_jitter ? "measure_jitter" : "load_policy = \"demote\"");
   if (c.workload.topic_size > m.experts)
     MOED_THROW(Usage, "config: [workload].topic_size = {} exceeds [model].experts = {}",
                c.workload.topic_size, m.experts);

@@ -27,6 +27,14 @@ struct RouterConfig {
   double temperature = 1;
   double top_p = 1;
   std::int64_t min_k = 1, max_k = 0;
+  // Policies (docs/router-policies.md); each is off by default.
+  double smoothing_beta = 0;
+  std::int64_t smoothing_max_requests = 0, smoothing_idle_steps = 0;
+  std::string load_policy;
+  double capacity_factor = 1, demotion_threshold = 1;
+  std::int64_t demotion_candidates = 0;
+  double bias_gamma = 0;
+  bool measure_jitter = false;
 };
 
 struct WorkloadConfig {
@@ -36,6 +44,8 @@ struct WorkloadConfig {
   std::int64_t topic_size = 0;
   double cross_topic = 0;
   std::string trace;
+  std::int64_t positions_per_request = 1;
+  double position_drift = 0;
 };
 
 struct IngressConfig {

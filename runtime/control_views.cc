@@ -38,11 +38,16 @@ json stats_summary(const routing::RoutingStats& s) {
       for (int b = a + 1; b < s.experts(); ++b)
         if (s.coactivation(l, a, b) > s.coactivation(l, pa, pb)) pa = a, pb = b;
     const double mean = total / s.experts();
-    layers.push_back({{"layer", l},
-                      {"tokens", s.tokens(l)},
-                      {"hottest_expert", hot},
-                      {"hottest_over_mean", mean > 0 ? s.load(l, hot) / mean : 0.0},
-                      {"top_pair", {pa, pb}}});
+    json layer = {{"layer", l},
+                  {"tokens", s.tokens(l)},
+                  {"hottest_expert", hot},
+                  {"hottest_over_mean", mean > 0 ? s.load(l, hot) / mean : 0.0},
+                  {"top_pair", {pa, pb}}};
+    // Online bias balancing's biases (docs/router-policies.md), per expert.
+    if (const auto& bias = s.router_bias(); !bias.empty())
+      layer["router_bias"] = std::vector<double>(bias.begin() + std::ptrdiff_t(l) * s.experts(),
+                                                 bias.begin() + std::ptrdiff_t(l + 1) * s.experts());
+    layers.push_back(std::move(layer));
   }
   return {{"steps", s.steps()}, {"half_life_steps", s.half_life_steps()},
           {"sample_tokens", s.sample_size()}, {"per_layer", layers}};

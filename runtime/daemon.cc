@@ -268,7 +268,9 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
   sums.push_back(mine.saturated);
   sums.push_back(mine.token_layers);
   sums.push_back(mine.bytes_copied);
-  constexpr std::size_t kFirstLayerTokens = placement::kLinkClasses + 3;
+  const auto router = mine.router.words();
+  sums.insert(sums.end(), router.begin(), router.end());
+  constexpr std::size_t kFirstLayerTokens = placement::kLinkClasses + 3 + RouterCounters::kWords;
   sums.insert(sums.end(), mine.tokens_per_layer.begin(), mine.tokens_per_layer.end());
   sums.push_back(mine.nonfinite.size());  // not summed: how many pairs follow
   const std::size_t time_bytes = times.size() * sizeof(double), fixed_bytes = time_bytes + sums.size() * 8;
@@ -306,8 +308,28 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
   out.saturated = sums[placement::kLinkClasses];
   out.token_layers = sums[placement::kLinkClasses + 1];
   out.bytes_copied = sums[placement::kLinkClasses + 2];
+  out.router = RouterCounters::from_words(
+      std::span(sums).subspan(placement::kLinkClasses + 3, RouterCounters::kWords));
   out.tokens_per_layer.assign(sums.begin() + std::ptrdiff_t(kFirstLayerTokens), sums.end() - 1);
   return out;
+}
+
+// Bias balancing resumes the biases the statistics file kept: rank 0 read it,
+// and every rank must hold the same biases.
+void resume_router_biases(const Config& c, comm::ControlChannel& control, const routing::RoutingStats* stats,
+                          Engine& engine) {
+  if (c.router.bias_gamma <= 0) return;
+  std::vector<double> bias(std::size_t(c.model.layers) * std::size_t(c.model.experts), 0.0);
+  std::uint64_t resumed = 0;
+  if (control.rank() == 0 && stats && stats->router_bias().size() == bias.size()) {
+    bias = stats->router_bias();
+    resumed = 1;
+  }
+  control.broadcast(&resumed, sizeof resumed, "whether router biases were resumed");
+  if (!resumed) return;
+  control.broadcast(bias.data(), bias.size() * sizeof(double), "the resumed router biases");
+  engine.set_router_biases(std::move(bias));
+  if (control.rank() == 0) spdlog::info("resuming the router biases of {}", c.stats.file);
 }
 
 // The HTTP endpoint's pages (runtime/http/http_server.h: more rows, more pages).
@@ -396,6 +418,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
   d->engine_ = std::make_unique<Engine>(c, *d->transport_, *d->topology_, d->placement_,
                                         *d->store_, d->workload_.get());
   if (d->stats_) d->engine_->record_stats_into(&*d->stats_, std::size_t(c.stats.follow_tokens));
+  resume_router_biases(c, d->control_, d->stats_ ? &*d->stats_ : nullptr, *d->engine_);
   d->control_plane_ = std::make_unique<ControlPlane>(ControlContext{
       c, d->rank_, mpi.size(), d->control_, *d->transport_, *d->store_, d->placement_, *d->topology_,
       d->stats_ ? &*d->stats_ : nullptr});
@@ -451,7 +474,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
                std::uint64_t(c.workload.warmup_steps), d->transport_->name(),
                describe_workload(c, d->workload_.get()), d->start_placement_,
                kernels::blas_description(), d->topology_->describe(), numerics.batch_invariant,
-               numerics.description};
+               numerics.description, describe_router_policies(c)};
   d->report_ = std::make_unique<Report>(info, int(c.metrics.load_window_steps));
   if (d->rank_ == 0) {
     spdlog::info("serving {} with {} ranks ({}, islands from {}), {}", info.shape.describe(), info.ranks,
@@ -536,6 +559,8 @@ void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::s
   control_plane_->publish(step, rank_ == 0 && summary.measured_steps ? &summary : nullptr,
                          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
   if (stats_) {
+    // The biases go into the statistics file (rank 0's copy is the one written).
+    if (rank_ == 0 && config_.router.bias_gamma > 0) stats_->set_router_bias(engine_->router_biases());
     stats_->end_step();
     if (!config_.stats.file.empty() && stats_->steps() % std::uint64_t(config_.stats.every_steps) == 0)
       write_stats(false);

@@ -7,8 +7,10 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/rng.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "kernels/cpu/rms_norm.h"
+#include "runtime/router_policies/jitter.h"
 
 namespace moed::runtime {
 
@@ -24,10 +26,14 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       shape_(store.shape()),
       router_(RouterParams::from(config)),
       tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)),
-      order_(tokens_per_step_, config.workload.order == "shuffled", std::uint64_t(config.workload.seed)) {
+      order_(tokens_per_step_, config.workload.order == "shuffled", std::uint64_t(config.workload.seed)),
+      policies_(config, store.shape().layers, store.shape().experts),
+      positions_per_request_(std::uint64_t(config.workload.positions_per_request)) {
   const std::uint64_t R = std::uint64_t(transport.size()), r = std::uint64_t(transport.rank());
   first_ = tokens_per_step_ * r / R;
   count_ = std::size_t(tokens_per_step_ * (r + 1) / R - first_);
+  for (std::uint64_t q = 0; q < R; ++q)
+    rows_of_rank_.push_back(std::uint32_t(tokens_per_step_ * (q + 1) / R - tokens_per_step_ * q / R));
   // The router's logits come from the fixed-order GEMM whatever [experts].gemm
   // says: a token's routing never depends on its batch.
   for (int l = 0; l < shape_.layers; ++l)
@@ -67,8 +73,11 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   executor_.clear_counts();
   x.resize(count_ * shape_.hidden);
   fetch_tokens(step, x.data());
+  tags_.clear();
+  for (std::uint64_t id : ids_) tags_.push_back(request_of_token(id, tokens_per_step_, positions_per_request_));
   for (int l = 0; l < shape_.layers; ++l)
-    run_layer(l, step, x.data(), count_, step * tokens_per_step_ + first_, rec);
+    run_layer(l, step, x.data(), count_, step * tokens_per_step_ + first_, tags_, rows_of_rank_, rec);
+  policies_.end_step();
   if (stats_) record_stats();
   rec.bytes_copied += executor_.bytes_copied();
   rec.total = now_seconds() - start;
@@ -95,19 +104,25 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
   rec.tokens_per_layer.assign(L, 0);
   const double start = now_seconds();
   executor_.clear_counts();
+  std::vector<std::uint32_t> rows_of_rank(R);
   for (std::size_t l = 0; l < L; ++l) {
     std::uint64_t total = 0, before = 0;
     for (std::size_t r = 0; r < R; ++r) {
+      rows_of_rank[r] = counts[r * L + l];
       total += counts[r * L + l];
       if (r < me) before += counts[r * L + l];
     }
     if (total == 0) continue;  // no rank has rows for this layer: no collective either
     LayerRows& in = layers[l];
-    run_layer(int(l), step, in.x, in.rows, before, rec);
+    tags_.resize(in.rows);
+    for (std::size_t t = 0; t < in.rows; ++t)
+      tags_[t] = {in.request_ids ? in.request_ids[t] : 0, in.positions ? in.positions[t] : 0u};
+    run_layer(int(l), step, in.x, in.rows, before, tags_, rows_of_rank, rec);
     if (paths_)
       for (std::size_t t = 0; t < in.rows; ++t)
         paths_->observe(in.request_ids[t], in.positions[t], int(l), routing_[l].experts_of(t), *stats_);
   }
+  policies_.end_step();
   rec.bytes_copied += executor_.bytes_copied();
   rec.total = now_seconds() - start;
   return rec;
@@ -143,6 +158,7 @@ constexpr std::size_t kCensusExtra = 3;
 }
 
 void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
+                       std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
                        StepRecord& rec) {
   const int H = shape_.hidden, E = shape_.experts, R = transport_.size();
   const std::size_t M = microbatches_, W = std::size_t(E) + kCensusExtra;
@@ -152,15 +168,8 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   // route: normalise, then the router (or the trace) picks experts.
   xn_.resize(count * H);
   kernels::rms_norm(x, store_.layer(layer).norm.data(), count, H, float(config_.model.norm_eps), xn_.data());
+  choose_experts(layer, x, count, tags, rows_of_rank, where, rec);
   Routing& routing = routing_[layer];
-  routing.clear();
-  if (workload_ && workload_->replays_routing()) {
-    fetch_routing(layer, routing);
-  } else {
-    logits_.resize(count * E);
-    kernels::gemm_fixed_order(xn_.data(), count, gate_[layer], logits_.data());
-    route(logits_.data(), count, E, router_, routing);
-  }
   const double t1 = now_seconds();
 
   // plan: one all-gather tells every rank every pass's counts, so each rank
@@ -231,6 +240,86 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     rec.expert_load[std::size_t(layer) * E + e] = load;
     rec.pairs += load;
   }
+  // The counts are the all-gathered ones: every rank updates its biases alike.
+  policies_.end_layer(layer, std::span(rec.expert_load).subspan(std::size_t(layer) * E, std::size_t(E)));
+}
+
+void Engine::choose_experts(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
+                            std::span<const std::uint32_t> rows_of_rank, const std::string& where, StepRecord& rec) {
+  const std::size_t E = std::size_t(shape_.experts);
+  Routing& routing = routing_[layer];
+  routing.clear();
+  if (workload_ && workload_->replays_routing()) {
+    fetch_routing(layer, routing);
+    if (!policies_.shares_tokens()) return;
+    // Only a load policy applies to replayed routing: its experts are the candidates.
+    ranked_.clear();
+    for (std::size_t t = 0; t < routing.tokens(); ++t) {
+      for (std::size_t i = 0; i < routing.experts_of(t).size(); ++i) {
+        ranked_.experts.push_back(routing.experts_of(t)[i]);
+        ranked_.probs.push_back(double(routing.weights_of(t)[i]));
+      }
+      ranked_.end_token(std::uint32_t(routing.experts_of(t).size()));
+    }
+    routing.clear();
+    return share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
+  }
+  logits_.resize(count * E);
+  kernels::gemm_fixed_order(xn_.data(), count, gate_[layer], logits_.data());
+  const double* adjust = policies_.adjustments(layer, tags, adjust_);
+  if (!adjust && !policies_.shares_tokens()) return route(logits_.data(), count, E, router_, routing);
+  ranked_.clear();
+  rank_experts(logits_.data(), adjust, count, E, router_, policies_.extra_candidates(), ranked_);
+  if (policies_.measures_jitter()) measure_jitter(layer, x, count, tags, adjust, rec);
+  if (!policies_.shares_tokens()) return choose(ranked_, routing);
+  share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
+}
+
+void Engine::measure_jitter(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
+                            const double* adjust, StepRecord& rec) {
+  const std::size_t H = std::size_t(shape_.hidden), E = std::size_t(shape_.experts);
+  std::vector<std::uint64_t> keys(count);
+  for (std::size_t t = 0; t < count; ++t) keys[t] = hash_combine(tags[t].request, tags[t].position);
+  noisy_.resize(count * H);
+  noisy_xn_.resize(count * H);
+  noisy_logits_.resize(count * E);
+  for (std::size_t i = 0; i < kJitterEps.size(); ++i) {
+    perturb_rows(x, count, H, keys.data(), layer, kJitterEps[i], noisy_.data());
+    kernels::rms_norm(noisy_.data(), store_.layer(layer).norm.data(), count, int(H), float(config_.model.norm_eps),
+                      noisy_xn_.data());
+    kernels::gemm_fixed_order(noisy_xn_.data(), count, gate_[layer], noisy_logits_.data());
+    noisy_ranked_.clear();
+    rank_experts(noisy_logits_.data(), adjust, count, E, router_, 0, noisy_ranked_);
+    rec.router.jitter_changed[i] += changed_choices(ranked_, noisy_ranked_);
+  }
+  rec.router.jitter_tested += count;
+}
+
+void Engine::share_and_decide(int layer, std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
+                              const std::string& where, Routing& routing, StepRecord& rec) {
+  const std::size_t R = rows_of_rank.size(), me = std::size_t(transport_.rank());
+  const std::size_t C = policies_.max_candidates(), bytes = record_words(C) * sizeof(std::uint32_t);
+  records_.resize(ranked_.tokens() * record_words(C));
+  encode_records(ranked_, tags, C, records_.data());
+  comm::ExchangeLayout layout;
+  layout.send_bytes.assign(R, records_.size() * sizeof(std::uint32_t));
+  layout.send_offsets.assign(R, 0);  // the same block to every rank
+  std::size_t total = 0, mine_first = 0;
+  for (std::size_t r = 0; r < R; ++r) {
+    layout.recv_bytes.push_back(rows_of_rank[r] * bytes);
+    if (r < me) mine_first += rows_of_rank[r];
+    total += rows_of_rank[r];
+  }
+  layout.recv_offsets = comm::ExchangeLayout::prefix_offsets(layout.recv_bytes);
+  all_records_.resize(total * record_words(C));
+  transport_.exchange(reinterpret_cast<const std::byte*>(records_.data()), layout,
+                      reinterpret_cast<std::byte*>(all_records_.data()), "router candidates of " + where);
+  all_ranked_.clear();
+  all_tags_.clear();
+  decode_records(all_records_.data(), total, C, std::size_t(shape_.experts), all_ranked_, all_tags_);
+  replicas_.resize(std::size_t(shape_.experts));
+  for (int e = 0; e < shape_.experts; ++e) replicas_[std::size_t(e)] = std::uint32_t(placement_.replicas(layer, e).size());
+  policies_.decide(layer, all_ranked_, all_tags_, mine_first, ranked_.tokens(), replicas_, routing, rec.router);
 }
 
 // Counted for the report; logged the first time per expert, on the rank

@@ -24,6 +24,7 @@
 #include "runtime/expert_executor.h"
 #include "runtime/layer_pass.h"
 #include "runtime/router.h"
+#include "runtime/router_policies/router_policies.h"
 #include "runtime/weights/expert_store.h"
 #include "runtime/workload/token_order.h"
 #include "runtime/workload/workload.h"
@@ -49,6 +50,7 @@ struct StepRecord {
   std::uint64_t token_layers = 0;          // rows served, summed over layers (this rank; reduced: all)
   std::vector<std::uint64_t> tokens_per_layer;  // rows served per layer (this rank; reduced: all)
   std::uint64_t saturated = 0;             // fixed-point terms clamped on this rank
+  RouterCounters router;                   // the router policies' counts (this rank's tokens; reduced: all)
   // Expert output terms that were NaN or inf (their tokens' outputs carry
   // NaN), only for the experts with any: (layer * experts + expert, terms),
   // counted on the rank that computed them (reduced: summed over the job).
@@ -99,13 +101,30 @@ class Engine {
   // (request id, position), at most `follow_tokens` at once.
   void record_stats_into(routing::RoutingStats* stats, std::size_t follow_tokens);
 
+  // Online bias balancing's biases, [layer * experts + e] (empty when off);
+  // set: resumed from the statistics file (the same values on every rank).
+  std::vector<double> router_biases() const { return policies_.biases(); }
+  void set_router_biases(std::vector<double> values) { policies_.set_biases(std::move(values)); }
+  const RouterPolicies& router_policies() const { return policies_; }
+
   // Rows per expert call in the last step, all layers (for the benchmark's bound).
   const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
 
  private:
   // Serves `count` rows x of `layer`; first_position orders them step-wide.
+  // tags: the rows' requests; rows_of_rank: every rank's row count (the
+  // router policies' gather).
   void run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
-                 StepRecord& rec);
+                 std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank, StepRecord& rec);
+  // The router's choice for the rows (route stage), with the policies.
+  void choose_experts(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
+                      std::span<const std::uint32_t> rows_of_rank, const std::string& where, StepRecord& rec);
+  // The jitter measurement: the rows' choices again under relative noise.
+  void measure_jitter(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
+                      const double* adjust, StepRecord& rec);
+  // Every rank's candidates, then the policies' one decision (into `routing`).
+  void share_and_decide(int layer, std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
+                        const std::string& where, Routing& routing, StepRecord& rec);
   // An expert call of `layer` gave `terms` NaN or inf terms.
   void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
   // Runs the passes until all are done, timing the waits.
@@ -133,6 +152,15 @@ class Engine {
 
   // Buffers reused from layer to layer.
   std::vector<float> xn_, logits_;
+  RouterPolicies policies_;
+  std::uint64_t positions_per_request_ = 1;
+  std::vector<TokenTag> tags_;                 // built-in tokens' requests, this step
+  std::vector<std::uint32_t> rows_of_rank_;    // built-in: every rank's tokens per step
+  std::vector<double> adjust_;
+  Ranked ranked_, noisy_ranked_, all_ranked_;
+  std::vector<TokenTag> all_tags_;
+  std::vector<std::uint32_t> records_, all_records_, replicas_;
+  std::vector<float> noisy_, noisy_xn_, noisy_logits_;
   std::vector<Routing> routing_;  // per layer, this step's local tokens
   routing::RoutingStats* stats_ = nullptr;
   std::optional<routing::TokenPaths> paths_;  // front-door tokens' layers, for stats_

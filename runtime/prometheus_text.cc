@@ -132,6 +132,24 @@ std::string prometheus_text(const Summary& s, const ControlFigures& c) {
   x.sample("moed_alert_threshold", t.step_p99_ms, "alert=\"step_p99\"");
   x.gauge("moed_alert_for_seconds", "how long a condition holds before its alert fires ([metrics].alert_for_s)", t.for_s);
 
+  // Router policies, when any is on (docs/router-policies.md).
+  if (s.router_policies) {
+    const RouterFigures& r = s.router;
+    x.family("moed_router_pairs_total", "counter",
+             "(token, expert) pairs the router policies saw, dropped and moved (measured steps)");
+    x.sample("moed_router_pairs_total", double(r.counts.pairs), "fate=\"all\"");
+    x.sample("moed_router_pairs_total", double(r.counts.dropped), "fate=\"dropped\"");
+    x.sample("moed_router_pairs_total", double(r.counts.moved), "fate=\"moved\"");
+    x.family("moed_router_weight_moved", "gauge", "share of the gate-weight mass demoted (moved) or dropped");
+    x.sample("moed_router_weight_moved", r.weight_moved, "fate=\"moved\"");
+    x.sample("moed_router_weight_moved", r.weight_dropped, "fate=\"dropped\"");
+    x.family("moed_router_jitter_rate", "gauge", "tokens whose experts change under relative hidden-state noise eps");
+    x.sample("moed_router_jitter_rate", r.jitter_rate[0], "eps=\"1e-4\"");
+    x.sample("moed_router_jitter_rate", r.jitter_rate[1], "eps=\"1e-3\"");
+    x.gauge("moed_router_flip_rate", "tokens whose experts differ from their request's previous position's",
+            r.flip_rate);
+  }
+
   // Failures.
   x.family("moed_file_write_failures_total", "counter", "failed writes of a file the daemon keeps (the last good one stays)");
   x.sample("moed_file_write_failures_total", double(c.stats_write_failures), "file=\"stats\"");

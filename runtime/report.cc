@@ -9,8 +9,21 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/summary_stats.h"
+#include "runtime/router_policies/jitter.h"
 
 namespace moed::runtime {
+
+RouterFigures RouterFigures::from(const RouterCounters& c) {
+  const auto rate = [](std::uint64_t n, std::uint64_t of) { return of ? double(n) / double(of) : 0.0; };
+  RouterFigures f;
+  f.counts = c;
+  f.dropped_rate = rate(c.dropped, c.pairs), f.moved_rate = rate(c.moved, c.pairs);
+  f.weight_dropped = c.tokens ? double(c.weight_dropped) / kWeightUnit / double(c.tokens) : 0.0;
+  f.weight_moved = c.tokens ? double(c.weight_moved) / kWeightUnit / double(c.tokens) : 0.0;
+  f.flip_rate = rate(c.flipped, c.flip_tested);
+  for (std::size_t i = 0; i < f.jitter_rate.size(); ++i) f.jitter_rate[i] = rate(c.jitter_changed[i], c.jitter_tested);
+  return f;
+}
 
 Report::Report(RunInfo info, int load_window_steps, int recent_steps, int hot_experts)
     : info_(std::move(info)),
@@ -57,6 +70,7 @@ void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   pairs_ += rec.pairs;
   token_layers_ += rec.token_layers;
   saturated_ += rec.saturated;
+  router_.add(rec.router);
   for (double d : rec.rows_wait_per_layer) rows_wait_s_.add(d), recent_rows_wait_.add(d);
   for (double c : rec.answers_wait_per_layer) answers_wait_s_.add(c), recent_answers_wait_.add(c);
 
@@ -124,6 +138,8 @@ Summary Report::summary() const {
   s.engine_ms = ms(time_) / n;
   s.bytes = bytes_;
   s.saturated = saturated_;
+  s.router_policies = !info_.router_policies.empty();
+  s.router = RouterFigures::from(router_);
   // A token counts once it has passed every MoE layer: rows served over
   // layers, over the wall time of the steps whose wall time is known.
   s.tokens_per_s = wall_time_ > 0 ? double(wall_token_layers_) / info_.shape.layers / wall_time_ : 0.0;
@@ -209,6 +225,17 @@ void Report::print(std::ostream& os) const {
       s.load_std_over_mean, s.load_max_over_mean, std::min<std::uint64_t>(window_, s.measured_steps),
       human_bytes(double(s.bytes[0])), share(0), human_bytes(double(s.bytes[1])), share(1),
       human_bytes(double(s.bytes[2])), share(2));
+  if (s.router_policies) {
+    const RouterFigures& r = s.router;
+    os << fmt::format("  router policies    {}: pairs dropped {:.2f}% ({:.2f}% of the gate weight), moved {:.2f}% "
+                      "({:.2f}%)\n",
+                      info_.router_policies, 100 * r.dropped_rate, 100 * r.weight_dropped, 100 * r.moved_rate,
+                      100 * r.weight_moved);
+    if (r.counts.jitter_tested || r.counts.flip_tested)
+      os << fmt::format("  routing jitter     {:.2f}% of tokens change experts under noise 1e-4, {:.2f}% under "
+                        "1e-3; {:.2f}% flip from their request's previous position\n",
+                        100 * r.jitter_rate[0], 100 * r.jitter_rate[1], 100 * r.flip_rate);
+  }
   if (s.saturated)
     os << fmt::format("  WARNING            {} combine terms saturated the fixed-point range\n",
                       s.saturated);
@@ -234,6 +261,21 @@ nlohmann::json nonfinite_json(const Summary& s) {
   for (const Summary::ExpertTerms& x : s.nonfinite_by_expert)
     list.push_back({{"layer", x.layer}, {"expert", x.expert}, {"terms", x.terms}});
   return list;
+}
+
+nlohmann::json router_json(const std::string& policies, const RouterFigures& r) {
+  return {{"policies", policies},
+          {"pairs", r.counts.pairs},
+          {"pairs_dropped", r.counts.dropped},
+          {"pairs_moved", r.counts.moved},
+          {"dropped_rate", r.dropped_rate},
+          {"moved_rate", r.moved_rate},
+          {"weight_dropped", r.weight_dropped},
+          {"weight_moved", r.weight_moved},
+          {"flip_rate", r.flip_rate},
+          {"flip_tested", r.counts.flip_tested},
+          {"jitter_rate", {{"1e-4", r.jitter_rate[0]}, {"1e-3", r.jitter_rate[1]}}},
+          {"jitter_tested", r.counts.jitter_tested}};
 }
 
 }  // namespace
@@ -284,6 +326,7 @@ nlohmann::json Report::to_json() const {
       {"fixed_point_saturated", s.saturated},
       {"nonfinite_terms", s.nonfinite},
       {"nonfinite_by_expert", nonfinite_json(s)},
+      {"router_policies", router_json(info_.router_policies, s.router)},
   };
 }
 

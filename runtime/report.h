@@ -32,6 +32,18 @@ struct RunInfo {
   std::string transport, workload, placement, blas, topology;
   bool batch_invariant = false;  // the start-up probe's verdict
   std::string numerics;          // what the bits depend on, and why
+  std::string router_policies;   // the router policies on (empty: none)
+};
+
+// The router policies' figures over the measured steps (rates of what they
+// counted; 0 where nothing was counted).
+struct RouterFigures {
+  RouterCounters counts;
+  double dropped_rate = 0, moved_rate = 0;          // of the (token, expert) pairs
+  double weight_dropped = 0, weight_moved = 0;      // of the gate-weight mass (1 per token)
+  double flip_rate = 0;                             // tokens whose set differs from their request's previous position's
+  std::array<double, 2> jitter_rate{};              // tokens whose set changes under noise kJitterEps[i]
+  static RouterFigures from(const RouterCounters& c);
 };
 
 // Figures of the measured steps. Step latency and tokens/s are wall time
@@ -78,6 +90,8 @@ struct Summary {
   std::vector<Layer> layers;
   std::array<std::uint64_t, placement::kLinkClasses> bytes{};
   std::uint64_t saturated = 0;
+  bool router_policies = false;  // any on: `router` holds their figures
+  RouterFigures router;
   // Expert output terms that were NaN or inf since start (the warm-up
   // included: a wrong answer is one whenever it is served), in all and per
   // expert with any, in (layer, expert) order.
@@ -121,6 +135,7 @@ class Report {
   std::uint64_t bytes_copied_ = 0;
   std::array<std::uint64_t, placement::kLinkClasses> bytes_{};
   std::uint64_t pairs_ = 0, saturated_ = 0, token_layers_ = 0;
+  RouterCounters router_;
   QuantileHistogram step_s_, rows_wait_s_, answers_wait_s_;  // seconds
   // Wall time: the step since the last boundary, and the closed steps' sum.
   struct OpenStep {

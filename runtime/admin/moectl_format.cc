@@ -167,14 +167,26 @@ std::string format_stats(const json& answer) {
                                 value_text(answer.value("steps", json())),
                                 value_text(answer.value("half_life_steps", json())),
                                 value_text(answer.value("sample_tokens", json())));
+  // With bias balancing, each layer's range of router biases.
+  const bool biases = !layers->empty() && (*layers)[0].is_object() && (*layers)[0].contains("router_bias");
   out += fmt::format("{:<6} {:>10}  {:<15} {:>10}  {}\n", "layer", "tokens", "hottest expert", "x mean",
-                     "most co-routed pair");
+                     biases ? "most co-routed pair  router bias min..max" : "most co-routed pair");
   for (const json& l : *layers) {
     if (!l.is_object() || !l.value("top_pair", json()).is_array() || l["top_pair"].size() != 2)
       return format_fields(answer);
-    out += fmt::format("{:<6} {:>10.0f}  {:<15} {:>10.2f}  {} + {}\n", int_field(l, "layer"),
-                       l.value("tokens", 0.0), int_field(l, "hottest_expert"), l.value("hottest_over_mean", 0.0),
-                       value_text(l["top_pair"][0]), value_text(l["top_pair"][1]));
+    std::string bias;
+    if (biases) {
+      const json b = l.value("router_bias", json());
+      if (!b.is_array() || b.empty() || !std::all_of(b.begin(), b.end(), [](const json& v) { return v.is_number(); }))
+        return format_fields(answer);
+      const auto [lo, hi] = std::minmax_element(b.begin(), b.end(),
+                                                [](const json& x, const json& y) { return x.get<double>() < y.get<double>(); });
+      bias = fmt::format("  {:+.4f}..{:+.4f}", lo->get<double>(), hi->get<double>());
+    }
+    const std::string pair = fmt::format("{} + {}", value_text(l["top_pair"][0]), value_text(l["top_pair"][1]));
+    out += fmt::format("{:<6} {:>10.0f}  {:<15} {:>10.2f}  {}\n", int_field(l, "layer"), l.value("tokens", 0.0),
+                       int_field(l, "hottest_expert"), l.value("hottest_over_mean", 0.0),
+                       biases ? fmt::format("{:<19}{}", pair, bias) : pair);
   }
   return out;
 }

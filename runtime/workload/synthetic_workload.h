@@ -6,6 +6,11 @@
 // A token is built to be routed where its topic says: its hidden state points
 // along the (normalised) gate rows of the experts it was drawn for, with
 // decreasing weight, plus noise. The router still decides, from the logits.
+//
+// With [workload].positions_per_request > 1 a token is a position of a
+// request (token_order.h): sqrt(1 - d^2) x its request's draw + d x a draw of
+// its own (d = [workload].position_drift), so a request's consecutive
+// positions are near-identical tokens, now and then near a routing tie.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +29,13 @@ class SyntheticWorkload final : public Workload {
   const routing::TopicMixture& mixture() const { return mixture_; }
 
  private:
+  // Adds scale x the token drawn for `key` (topics, weights and noise) to x.
+  void draw(std::uint64_t key, float scale, float* x) const;
+
   int hidden_, experts_;
   std::uint64_t seed_;
+  std::uint64_t tokens_per_step_, positions_per_request_;
+  float drift_;
   routing::TopicMixture mixture_;
   std::vector<float> directions_;  // normalised gate rows of layer 0, [experts, hidden]
 };

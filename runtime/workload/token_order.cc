@@ -7,6 +7,11 @@
 
 namespace moed::runtime {
 
+TokenTag request_of_token(std::uint64_t id, std::uint64_t tokens_per_step, std::uint64_t positions_per_request) {
+  const std::uint64_t step = id / tokens_per_step, slot = id % tokens_per_step;
+  return {step / positions_per_request * tokens_per_step + slot, std::uint32_t(step % positions_per_request)};
+}
+
 TokenOrder::TokenOrder(std::uint64_t tokens_per_step, bool shuffled, std::uint64_t seed)
     : tokens_per_step_(tokens_per_step), shuffled_(shuffled), seed_(seed) {}
 

@@ -9,7 +9,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/router.h"
+
 namespace moed::runtime {
+
+// Requests of the built-in workloads ([workload].positions_per_request = P):
+// token id s x T + i (step s, slot i) is position s mod P of request
+// (s / P) x T + i, so a request is served at one slot of P consecutive steps,
+// one position per step, as in decoding. P = 1: every token is request = its
+// id, at position 0. Pure: every rank count sees the same requests.
+TokenTag request_of_token(std::uint64_t id, std::uint64_t tokens_per_step, std::uint64_t positions_per_request);
 
 class TokenOrder {
  public:

@@ -2,7 +2,7 @@
 # Bit-exactness of moed's outputs across rank counts, placements, routing
 # modes, workloads and weight sources; and agreement with the independent
 # plain-loop reference (moe_reference) within its fp32 tolerance.
-# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights|engine
+# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights|engine|policies
 source "$(dirname "$0")/lib.sh"
 mode=${1:?mode}
 base=(--config "$SMALL")
@@ -80,6 +80,47 @@ engine)
     --dump-output "$SCRATCH/few.bin"
   moed_on 0 "${base[@]}" --set workload.tokens_per_step=7 --dump-output "$SCRATCH/few-ref.bin"
   same_bits "$SCRATCH/few-ref.bin" "$SCRATCH/few.bin" "4 micro-batches of 7 tokens on 3 ranks (some empty) vs 1"
+  ;;
+policies)
+  # Router policies (docs/router-policies.md): a token's routing depends on
+  # the step's other tokens, yet every rank decides alike, so each policy
+  # gives the same bits at 1, 2 and 4 ranks, contiguous, round-robin and over
+  # MPI; each must also change the outputs (or the test proves nothing).
+  seq=(--set workload.positions_per_request=3 --set workload.position_drift=0.5 --set workload.steps=4)
+  moed_on 0 "${base[@]}" "${seq[@]}" --dump-output "$SCRATCH/plain.bin"
+  for policy in router.smoothing_beta=1 router.load_policy=drop router.load_policy=demote router.bias_gamma=0.05; do
+    on=("${seq[@]}" --set "$policy")
+    moed_on 0 "${base[@]}" "${on[@]}" --dump-output "$SCRATCH/ref.bin"
+    cmp -s "$SCRATCH/plain.bin" "$SCRATCH/ref.bin" && fail "[router] $policy changed no output"
+    moed_on 2 "${base[@]}" "${on[@]}" --dump-output "$SCRATCH/n2.bin"
+    same_bits "$SCRATCH/ref.bin" "$SCRATCH/n2.bin" "[router] $policy, 2 ranks vs 1"
+    moed_on 4 "${base[@]}" "${on[@]}" --set placement.policy=round-robin --set comm.backend=mpi \
+      --dump-output "$SCRATCH/n4.bin"
+    same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[router] $policy, 4 ranks round-robin over MPI vs 1"
+  done
+  # Replayed routing (some tokens have none at some layers): drop only.
+  trace=(--set workload.kind=trace --set "workload.trace=$MOED_SOURCE_DIR/tests/data/mixtral-humaneval.trace"
+         --set router.load_policy=drop --set router.capacity_factor=1.0)
+  moed_on 0 "${base[@]}" "${trace[@]}" --dump-output "$SCRATCH/ref.bin"
+  moed_on 3 "${base[@]}" "${trace[@]}" --dump-output "$SCRATCH/n3.bin"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/n3.bin" "[router] drop on the Mixtral trace, 3 ranks vs 1"
+  # Everything at once, with the jitter measured: the report's figures.
+  all=("${seq[@]}" --set router.smoothing_beta=0.5 --set router.load_policy=demote --set router.bias_gamma=0.01
+       --set router.measure_jitter=true)
+  moed_on 0 "${base[@]}" "${all[@]}" --dump-output "$SCRATCH/ref.bin" --report-json "$SCRATCH/one.json"
+  moed_on 4 "${base[@]}" "${all[@]}" --dump-output "$SCRATCH/n4.bin" --report-json "$SCRATCH/four.json"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[router] every policy, 4 ranks vs 1"
+  python3 - "$SCRATCH/one.json" "$SCRATCH/four.json" <<'PY' || fail "the router policies' figures"
+import json, sys
+one, four = (json.load(open(p))["router_policies"] for p in sys.argv[1:])
+for k in ("pairs", "pairs_moved", "flip_tested", "jitter_tested", "moved_rate", "flip_rate", "jitter_rate"):
+    assert one[k] == four[k], f"{k}: {one[k]} on 1 rank, {four[k]} on 4"
+assert one["pairs"] == 3 * 100 * 3 * 2, one  # 3 measured steps x 100 tokens x 3 layers x top-2
+assert one["pairs_moved"] > 0 and one["jitter_tested"] == 3 * 100 * 3, one
+assert one["flip_tested"] > 0 and 0 <= one["flip_rate"] < 1, one
+assert "demote" in one["policies"] and "jitter" in one["policies"], one
+print("ok: the router policies' figures agree on 1 and 4 ranks:", one)
+PY
   ;;
 *) fail "unknown mode $mode" ;;
 esac

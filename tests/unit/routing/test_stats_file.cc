@@ -108,6 +108,37 @@ TEST(RoutingStatsFile, RoundTripsExactly) {
   EXPECT_EQ(back.sample_trace().at(1, 0)[1].expert, 2u);
 }
 
+void expect_refused(const test::TempDir& dir, const std::string& bytes, std::vector<std::string> parts,
+                    std::source_location where = std::source_location::current());
+
+TEST(RoutingStatsFile, KeepsTheRouterBiasesAsVersion2) {
+  test::TempDir dir;
+  RoutingStats stats = small_stats();
+  const std::vector<double> bias{0.5, -0.25, 0, 1e-3, -1e-3, 2};
+  stats.set_router_bias(bias);
+  write_stats_file(stats, dir.file("bias.stats"));
+  const std::string bytes = slurp(dir.file("bias.stats"));
+  EXPECT_EQ(bytes[kVersionAt], 2);
+  EXPECT_EQ(bytes.size(), kSmallFileBytes + 4 + 8 * 6);
+  RoutingStats back = read_stats_file(dir.file("bias.stats"));
+  EXPECT_EQ(back.router_bias(), bias);
+  expect_identical(back, stats);
+  EXPECT_TRUE(read_stats_file((write_stats_file(small_stats(), dir.file("none.stats")), dir.file("none.stats")))
+                  .router_bias()
+                  .empty());
+
+  const std::size_t count_at = kSmallFileBytes - 8;  // where version 1 had its checksum
+  std::string b = bytes;
+  put_le(b, count_at, 5, 4);
+  reseal(b);
+  expect_refused(dir, b, {"5 router biases", "layers x experts = 6"});
+  b = bytes;
+  put_le(b, count_at + 4 + 8 * 2, std::bit_cast<std::uint64_t>(std::nan("")), 8);
+  reseal(b);
+  expect_refused(dir, b, {"router bias 2", "layer 0 expert 2", "nan"});
+  expect_refused(dir, bytes.substr(0, bytes.size() - 9), {"truncated"});
+}
+
 TEST(RoutingStatsFile, RoundTripsTheMixtralStatistics) {
   test::TempDir dir;
   const RoutingTrace trace = read_trace(kDataDir + "/mixtral-humaneval.trace");
@@ -123,7 +154,7 @@ TEST(RoutingStatsFile, RoundTripsTheMixtralStatistics) {
 // Input error naming the file and containing `parts`.
 void expect_refused(const test::TempDir& dir, const std::string& bytes,
                     std::vector<std::string> parts,
-                    std::source_location where = std::source_location::current()) {
+                    std::source_location where) {
   const std::string path = dir.write("bad.stats", bytes);
   parts.push_back(path);
   expect_error([&] { read_stats_file(path); }, ErrorKind::Input, parts, where);
@@ -144,8 +175,8 @@ TEST(RoutingStatsFile, RefusesEveryKindOfBadFile) {
   expect_refused(dir, "MOEDSTAX" + good.substr(8), {"not a moed stats file"});
 
   std::string b = good;
-  put_le(b, kVersionAt, 2, 4);
-  expect_refused(dir, b, {"unsupported", "version 2", "supported: 1"});
+  put_le(b, kVersionAt, 3, 4);
+  expect_refused(dir, b, {"unsupported", "version 3", "supported: 1, 2"});
 
   for (auto [at, value, what] : {std::tuple{kLayersAt, 0u, "layers = 0"},
                                  std::tuple{kLayersAt, 4097u, "layers = 4097"},

@@ -482,5 +482,68 @@ TEST_P(EngineLayers, EachLayersRowsGetThatLayerAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Jobs, EngineLayers, ::testing::Values(0, 3, 5), case_name);
 
+// ---- router policies ----------------------------------------------------------------------
+
+// With a router policy on (runtime/router_policies/), a token's routing
+// depends on the step's other tokens, so the reference is the one-rank job
+// of the same config: every rank count, placement (without replicas: they
+// add capacity), order and route must give its bits, and the policies' counts
+// summed over ranks must be its counts. Two requests' positions per token
+// slot: step 2 serves position 0, step 3 position 1 (smoothing's turn).
+struct PolicyCase {
+  const char* name;
+  std::function<void(Config&)> set;
+};
+
+const std::vector<PolicyCase>& policy_cases() {
+  static const std::vector<PolicyCase> all = {
+      {"Smoothing", [](Config& c) { c.router.smoothing_beta = 2.0; }},
+      {"Drop", [](Config& c) { c.router.load_policy = "drop", c.router.capacity_factor = 0.8; }},
+      {"Demote", [](Config& c) { c.router.load_policy = "demote", c.router.capacity_factor = 1.0; }},
+      {"Bias", [](Config& c) { c.router.bias_gamma = 0.5; }},
+      {"AllWithJitter", [](Config& c) {
+         c.router.smoothing_beta = 0.5, c.router.load_policy = "demote", c.router.bias_gamma = 0.1;
+         c.router.measure_jitter = true;
+       }},
+  };
+  return all;
+}
+
+// (policy, case): cases without replicas.
+class EnginePolicies : public ::testing::TestWithParam<std::tuple<std::size_t, std::size_t>> {};
+
+TEST_P(EnginePolicies, EveryJobHasTheOneRankJobsBitsAndCounts) {
+  const PolicyCase& p = policy_cases()[std::get<0>(GetParam())];
+  const Case& k = cases()[std::get<1>(GetParam())];
+  Config c = engine_config(k, true, 2);
+  c.workload.positions_per_request = 2;
+  Config off = c;
+  p.set(c);
+  validate_config(c);
+  const auto one_rank = [](const Config& config, std::uint64_t seed) {
+    return run_steps(config, placement::contiguous(1, kLayers, kExperts), placement::Topology({0}), seed);
+  };
+  const std::vector<RankRun> one = one_rank(c, 1), plain = one_rank(off, 2);
+  const std::vector<RankRun> here = run_steps(c, k.make(), placement::Topology(k.island_of_rank), 3);
+  bool changed = false;
+  for (std::size_t i = 0; i < std::size(kSteps); ++i) {
+    expect_same_bits(gather(one, i), gather(here, i), "step " + std::to_string(kSteps[i]));
+    changed = changed || gather(one, i) != gather(plain, i);
+    RouterCounters sum;
+    for (const RankRun& run : here) sum.add(run.steps[i].rec.router);
+    EXPECT_EQ(sum.words(), one[0].steps[i].rec.router.words()) << "step " << kSteps[i];
+    if (c.router.load_policy != "none") EXPECT_EQ(sum.tokens, kTokens * kLayers);
+    if (c.router.measure_jitter) EXPECT_EQ(sum.jitter_tested, kTokens * kLayers);
+  }
+  EXPECT_TRUE(changed) << "the policy changed no output: the test would prove nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Jobs, EnginePolicies,
+                         ::testing::Combine(::testing::Range<std::size_t>(0, 5), ::testing::Values(1, 2, 3)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, std::size_t>>& info) {
+                           return std::string(policy_cases()[std::get<0>(info.param)].name) +
+                                  cases()[std::get<1>(info.param)].name;
+                         });
+
 }  // namespace
 }  // namespace moed::runtime

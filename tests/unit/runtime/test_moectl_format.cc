@@ -184,6 +184,15 @@ TEST(MoectlFormat, StatsAsATable) {
             "layer      tokens  hottest expert      x mean  most co-routed pair\n"
             "0            9183  1                     2.76  1 + 7\n"
             "1            9183  12                    2.50  1 + 2\n");
+  // With bias balancing on, each layer's range of biases.
+  json biased = answer;
+  biased["per_layer"][0]["router_bias"] = {-0.0125, 0.5, 0.002};
+  biased["per_layer"][1]["router_bias"] = {0.0, 0.0, 0.0};
+  EXPECT_EQ(format_answer("stats", biased),
+            "statistics of 3396 steps (half-life 64 steps), 1024 sampled token paths\n"
+            "layer      tokens  hottest expert      x mean  most co-routed pair  router bias min..max\n"
+            "0            9183  1                     2.76  1 + 7                -0.0125..+0.5000\n"
+            "1            9183  12                    2.50  1 + 2                +0.0000..+0.0000\n");
   // An unexpected shape falls back to fields rather than failing.
   EXPECT_EQ(format_answer("stats", json{{"ok", true}, {"per_layer", json::array({1})}}), "per_layer  [1]\n");
 }
