@@ -61,6 +61,12 @@ struct MetricsConfig {
   double alert_step_p99_ms = 0;
 };
 
+struct TraceConfig {
+  double sample = 0;
+  std::int64_t ring = 0;
+  std::int64_t follow_max = 0;
+};
+
 struct AdminConfig {
   std::string dir;
 };
@@ -90,6 +96,7 @@ struct Config {
   AdminConfig admin;
   MigrationConfig migration;
   MetricsConfig metrics;
+  TraceConfig trace;
   LogConfig log;
 };
 

@@ -73,6 +73,8 @@ class ControlPlane {
   void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
   // At exit: answers whatever is still waiting.
   void finish();
+  // The request ids the last boundary asked every rank to trace (moectl trace --follow).
+  const std::vector<std::uint64_t>& follow_now() const { return follow_now_; }
   // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.
   int stopped_by() const { return stopped_by_; }
 
@@ -104,6 +106,7 @@ class ControlPlane {
   // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
   MigrationCoordinator coordinator_;
   int stopped_by_ = 0;
+  std::vector<std::uint64_t> follow_asked_, follow_now_;  // rank 0: asked since the last boundary; every rank: applied
   WriteRetry stats_writes_;
   std::uint64_t committed_write_failures_ = 0;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
