@@ -217,6 +217,21 @@ const config::Section<MetricsConfig>& metrics_section() {
   return s;
 }
 
+const config::Section<TraceConfig>& trace_section() {
+  using C = TraceConfig;
+  static const config::Section<C> s(
+      "trace", "single-token traces (moectl trace): every layer's experts, ranks, bytes and phase times",
+      {
+          real<C>("sample", &C::sample, 0.001, 0, 1,
+                  "fraction of requests traced, chosen by a hash of the request id (every rank agrees); "
+                  "0 = none (moectl trace --follow still traces the ids it names)"),
+          integer<C>("ring", &C::ring, 256, 1, 1 << 20, "traced tokens rank 0 keeps; the oldest go first"),
+          integer<C>("follow_max", &C::follow_max, 16, 1, 4096,
+                     "request ids followed at once (moectl trace --follow); the oldest go first"),
+      });
+  return s;
+}
+
 const config::Section<AdminConfig>& admin_section() {
   using C = AdminConfig;
   static const config::Section<C> s(
@@ -272,6 +287,7 @@ const config::Schema<Config>& schema() {
     s.add(admin_section(), &Config::admin);
     s.add(migration_section(), &Config::migration);
     s.add(metrics_section(), &Config::metrics);
+    s.add(trace_section(), &Config::trace);
     s.add(log_section(), &Config::log);
     return s;
   }();

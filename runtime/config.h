@@ -73,6 +73,12 @@ struct MetricsConfig {
   double alert_for_s = 0;
 };
 
+struct TraceConfig {
+  double sample = 0;
+  std::int64_t ring = 0;
+  std::int64_t follow_max = 0;
+};
+
 struct AdminConfig {
   std::string dir;
 };
@@ -102,6 +108,7 @@ struct Config {
   AdminConfig admin;
   MigrationConfig migration;
   MetricsConfig metrics;
+  TraceConfig trace;
   LogConfig log;
 };
 

@@ -45,7 +45,7 @@ auto parse(const std::string& text, const char* what, Decode decode) {
 }  // namespace
 
 std::string encode_actions(const BoundaryActions& boundary) {
-  if (boundary.actions.empty() && !boundary.stop) return "";
+  if (boundary.actions.empty() && !boundary.stop && boundary.follow.empty()) return "";
   json ops = json::array();
   for (const ControlAction& a : boundary.actions) {
     json op = {{"op", kind_name(a.kind)}};
@@ -55,7 +55,9 @@ std::string encode_actions(const BoundaryActions& boundary) {
     if (a.kind == ControlAction::Kind::commit) op["epoch"] = a.epoch;
     ops.push_back(std::move(op));
   }
-  return json{{"ops", ops}, {"stop", boundary.stop}}.dump();
+  json out{{"ops", ops}, {"stop", boundary.stop}};
+  if (!boundary.follow.empty()) out["follow"] = boundary.follow;
+  return out.dump();
 }
 
 BoundaryActions decode_actions(const std::string& text) {
@@ -63,6 +65,7 @@ BoundaryActions decode_actions(const std::string& text) {
   return parse(text, "control actions", [](const json& j) {
     BoundaryActions out;
     out.stop = j.at("stop").get<bool>();
+    if (j.contains("follow")) out.follow = j["follow"].get<std::vector<std::uint64_t>>();
     for (const json& op : j.at("ops")) {
       ControlAction a;
       a.kind = kind_named(op.at("op").get<std::string>());

@@ -4,6 +4,7 @@
 // malformed message is an internal error that names what was wrong.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@ namespace moed::runtime {
 struct BoundaryActions {
   std::vector<ControlAction> actions;
   bool stop = false;
+  std::vector<std::uint64_t> follow;  // request ids to trace from now on (moectl trace --follow)
   bool operator==(const BoundaryActions&) const = default;
 };
 

@@ -116,6 +116,7 @@ bool ControlPlane::boundary(std::uint64_t step) {
   }
   c_.control.broadcast_text(text, fmt::format("control actions of step {}", step));
   const BoundaryActions actions = decode_actions(text);
+  follow_now_ = actions.follow;
   apply(actions);
   return !actions.stop;
 }
@@ -152,6 +153,9 @@ BoundaryActions ControlPlane::decide() {
         publish_migration();
         body = {{"migration", migration_json()}};
       }
+    } else if (cmd == "trace_follow") {
+      follow_asked_.push_back(p.at("request_id").get<std::uint64_t>());
+      body = {{"following", p.at("request_id")}, {"sample", c_.config.trace.sample}};
     } else if (cmd == "reoptimize") {
       verdict = coordinator_.reoptimize();
       if (verdict.ok()) {  // answered when its plan is made
@@ -169,6 +173,8 @@ BoundaryActions ControlPlane::decide() {
   BoundaryActions out;
   out.actions = coordinator_.end_boundary(c_.placement.epoch());
   out.stop = coordinator_.stop();
+  out.follow = std::move(follow_asked_);
+  follow_asked_.clear();
   return out;
 }
 

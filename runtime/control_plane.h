@@ -81,6 +81,8 @@ class ControlPlane {
   void note_loaded();
   // At exit: answers whatever is still waiting.
   void finish();
+  // The request ids the last boundary asked every rank to trace (moectl trace --follow).
+  const std::vector<std::uint64_t>& follow_now() const { return follow_now_; }
   // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.
   int stopped_by() const { return stopped_by_; }
 
@@ -113,6 +115,7 @@ class ControlPlane {
   MigrationCoordinator coordinator_;
   AlertBook alert_book_;  // rank 0: the [metrics] alerts
   int stopped_by_ = 0;
+  std::vector<std::uint64_t> follow_asked_, follow_now_;  // rank 0: asked since the last boundary; every rank: applied
   WriteRetry stats_writes_;
   std::uint64_t committed_write_failures_ = 0;
   std::optional<ProcessMemory> memory_after_load_;

@@ -276,15 +276,20 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
   const std::size_t time_bytes = times.size() * sizeof(double), fixed_bytes = time_bytes + sums.size() * 8;
   std::vector<std::uint64_t> tail;
   for (const auto& [key, terms] : mine.nonfinite) tail.insert(tail.end(), {key, terms});
-  std::vector<std::byte> record(fixed_bytes + tail.size() * 8);
+  // Then the traced tokens' records, after their byte count (0: nothing traced).
+  const std::vector<std::byte> traced = trace::encode_fragments(mine.trace);
+  tail.push_back(traced.size());
+  std::vector<std::byte> record(fixed_bytes + tail.size() * 8 + traced.size());
   std::memcpy(record.data(), times.data(), time_bytes);
   std::memcpy(record.data() + time_bytes, sums.data(), sums.size() * 8);
-  if (!tail.empty()) std::memcpy(record.data() + fixed_bytes, tail.data(), tail.size() * 8);
+  std::memcpy(record.data() + fixed_bytes, tail.data(), tail.size() * 8);
+  if (!traced.empty()) std::memcpy(record.data() + fixed_bytes + tail.size() * 8, traced.data(), traced.size());
   const std::vector<std::byte> all = control.gather(record.data(), record.size(), fmt::format("figures of step {}", step));
   if (control.rank() != 0) return out;
   std::vector<double> t(times.size());
   std::vector<std::uint64_t> n(sums.size());
   out.nonfinite.clear();
+  out.trace.clear();
   const std::byte* at = all.data();
   for (int r = 0; r < control.size(); ++r) {
     std::memcpy(t.data(), at, time_bytes);
@@ -296,6 +301,14 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
       std::memcpy(pair, at, sizeof pair);
       out.add_nonfinite(std::uint32_t(pair[0]), pair[1]);
     }
+    std::uint64_t trace_bytes = 0;
+    std::memcpy(&trace_bytes, at, sizeof trace_bytes);
+    at += sizeof trace_bytes;
+    MOED_CHECK(trace_bytes <= std::uint64_t(all.data() + all.size() - at),
+               "figures of step {}: rank {} announces {} bytes of traces, {} are left", step, r, trace_bytes,
+               all.data() + all.size() - at);
+    trace::decode_fragments(at, trace_bytes, "the traces of a step", out.trace);
+    at += trace_bytes;
   }
   MOED_CHECK(at == all.data() + all.size(), "figures of step {}: {} bytes gathered, {} parsed", step, all.size(),
              at - all.data());
@@ -341,6 +354,14 @@ std::vector<http::Route> metrics_routes(const ControlPlane& control_plane) {
                                    "no figures yet: they come after the first measured step (the warm-up is left out)\n"};
              return http::Answer{200, "text/plain; version=0.0.4; charset=utf-8", std::move(*text)};
            }}};
+}
+
+// Traces are joined on rank 0 only (the other ranks send their records there).
+nlohmann::json trace_answer(const trace::Tracer* tracer, const admin::Request& r) {
+  if (!tracer)
+    return admin::error_body(admin::code::kNotCoordinator,
+                             "traces are assembled on rank 0: ask it (moectl --rank 0 trace ID)");
+  return tracer->answer(r.params.at("request_id").get<std::uint64_t>());
 }
 
 }  // namespace
@@ -419,6 +440,9 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
                                         *d->store_, d->workload_.get());
   if (d->stats_) d->engine_->record_stats_into(&*d->stats_, std::size_t(c.stats.follow_tokens));
   resume_router_biases(c, d->control_, d->stats_ ? &*d->stats_ : nullptr, *d->engine_);
+  d->trace_selector_.emplace(c.trace.sample, std::size_t(c.trace.follow_max));
+  d->engine_->trace_with(&*d->trace_selector_);
+  if (d->rank_ == 0) d->tracer_ = std::make_unique<trace::Tracer>(std::size_t(c.trace.ring), int(c.model.layers), c.trace.sample);
   d->control_plane_ = std::make_unique<ControlPlane>(ControlContext{
       c, d->rank_, mpi.size(), d->control_, *d->transport_, *d->store_, d->placement_, *d->topology_,
       d->stats_ ? &*d->stats_ : nullptr});
@@ -426,9 +450,13 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     // A third round: a socket one rank cannot open stops every rank alike.
     exit_code = attempt("admin socket status", [&] {
       ControlPlane* cp = d->control_plane_.get();
+      const trace::Tracer* tracer = d->tracer_.get();
       d->admin_ = std::make_unique<admin::AdminServer>(
           c.admin.dir, d->rank_, 0,
-          admin::Handlers{[cp](const admin::Request& r) { return cp->snapshot_answer(r); },
+          admin::Handlers{[cp, tracer](const admin::Request& r) {
+                            if (r.cmd == "trace") return trace_answer(tracer, r);
+                            return cp->snapshot_answer(r);
+                          },
                           [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
       spdlog::info("admin socket {}", d->admin_->path());
     });
@@ -509,6 +537,7 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
+  follow_requests();
   maybe_inject(fault_, rank_, step);
   StepRecord rec = reduce_record(control_, engine_->run_step(step, hidden_), step);
   if (!options_.dump_output.empty()) {
@@ -524,6 +553,7 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
+  follow_requests();
   // With no work anywhere, every rank waits a little longer each time (up to
   // [ingress].idle_wait_us), so an idle daemon sleeps instead of spinning.
   const auto idle = std::min<std::int64_t>(config_.ingress.idle_wait_us, std::int64_t(50) << std::min(idle_turns_, 20));
@@ -551,6 +581,7 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
 void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
                         StepRecord rec, StepRecord* reduced) {
   Summary summary;
+  if (tracer_) tracer_->absorb(rec.trace);
   if (rank_ == 0) {
     report_->add_step(served, rec);
     if (config_.log.per_step) spdlog::info("{}", report_->step_line(step, rec));
@@ -566,6 +597,13 @@ void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::s
       write_stats(false);
   }
   if (reduced) *reduced = std::move(rec);
+}
+
+void Daemon::follow_requests() {
+  for (std::uint64_t id : control_plane_->follow_now()) {
+    trace_selector_->follow(id);
+    if (rank_ == 0) spdlog::info("tracing request {} from this step on (moectl trace --follow)", id);
+  }
 }
 
 void Daemon::write_stats(bool last) {

@@ -25,6 +25,8 @@
 #include "runtime/ingress/front_door.h"
 #include "runtime/output_dump.h"
 #include "runtime/report.h"
+#include "runtime/trace/trace_selector.h"
+#include "runtime/trace/tracer.h"
 #include "runtime/weights/expert_store.h"
 #include "runtime/workload/workload.h"
 
@@ -65,6 +67,8 @@ class Daemon {
   Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
   const std::byte* in_token_order(std::uint64_t step, const std::vector<std::byte>& rows);
   bool serve_front_door_step(std::uint64_t step, StepRecord* reduced);
+  // Every rank: the request ids the boundary said to follow join the trace selector.
+  void follow_requests();
   void after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
                   StepRecord rec, StepRecord* reduced);
 
@@ -88,6 +92,8 @@ class Daemon {
   std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<admin::AdminServer> admin_;     // with [admin].dir
   std::unique_ptr<http::Server> http_;            // rank 0, with [metrics].listen
+  std::optional<trace::TraceSelector> trace_selector_;  // which requests are traced (alike on every rank)
+  std::unique_ptr<trace::Tracer> tracer_;               // rank 0: the traces, for moectl trace
   std::string islands_source_;
   std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
   std::vector<std::byte> reordered_;  // rank 0: a shuffled step's rows in token order

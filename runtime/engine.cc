@@ -75,11 +75,15 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   fetch_tokens(step, x.data());
   tags_.clear();
   for (std::uint64_t id : ids_) tags_.push_back(request_of_token(id, tokens_per_step_, positions_per_request_));
+  // A workload token is traced through every layer of its step.
+  select_traced(count_, [&](std::size_t t) { return trace::identity_of(tags_[t]); });
   for (int l = 0; l < shape_.layers; ++l)
     run_layer(l, step, x.data(), count_, step * tokens_per_step_ + first_, tags_, rows_of_rank_, rec);
   policies_.end_step();
   if (stats_) record_stats();
   rec.bytes_copied += executor_.bytes_copied();
+  rec.trace = std::move(fragments_);
+  fragments_.clear();
   rec.total = now_seconds() - start;
   return rec;
 }
@@ -117,6 +121,7 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
     tags_.resize(in.rows);
     for (std::size_t t = 0; t < in.rows; ++t)
       tags_[t] = {in.request_ids ? in.request_ids[t] : 0, in.positions ? in.positions[t] : 0u};
+    select_traced(in.rows, [&](std::size_t t) { return trace::identity_of(tags_[t]); });
     run_layer(int(l), step, in.x, in.rows, before, tags_, rows_of_rank, rec);
     if (paths_)
       for (std::size_t t = 0; t < in.rows; ++t)
@@ -124,8 +129,18 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
   }
   policies_.end_step();
   rec.bytes_copied += executor_.bytes_copied();
+  rec.trace = std::move(fragments_);
+  fragments_.clear();
   rec.total = now_seconds() - start;
   return rec;
+}
+
+void Engine::select_traced(std::size_t count, const std::function<trace::TokenIdentity(std::size_t)>& identity) {
+  traced_rows_.clear();
+  if (!selector_ || selector_->idle()) return;
+  for (std::size_t t = 0; t < count; ++t)
+    if (const trace::TokenIdentity id = identity(t); selector_->wants(id.request_id))
+      traced_rows_.emplace_back(std::uint32_t(t), id);
 }
 
 void Engine::fetch_tokens(std::uint64_t step, float* x) {
@@ -153,8 +168,11 @@ void Engine::record_stats() {
 
 // The all-gather of a layer: per rank, per pass, the pass's counts per
 // expert, then its token count and first token key (two words).
+// Then, per pass, the rows it traces (trace::kTraceSlots words, offsets in
+// the pass or kNoTrace): every rank learns which tokens are traced from the
+// collective it runs anyway.
 namespace {
-constexpr std::size_t kCensusExtra = 3;
+constexpr std::size_t kCensusExtra = 3 + trace::kTraceSlots;
 }
 
 void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
@@ -184,10 +202,16 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     mine[m * W + E] = std::uint32_t(n);
     mine[m * W + E + 1] = std::uint32_t(key);
     mine[m * W + E + 2] = std::uint32_t(key >> 32);
+    std::uint32_t* slots = mine.data() + m * W + E + 3;
+    std::fill(slots, slots + trace::kTraceSlots, trace::kNoTrace);
+    std::size_t used = 0;
+    for (const auto& [row, id] : traced_rows_)
+      if (row >= first && row < first + n && used < trace::kTraceSlots) slots[used++] = std::uint32_t(row - first);
   }
   census_.resize(std::size_t(R) * M * W);
   transport_.all_gather(mine.data(), mine.size() * sizeof(std::uint32_t), census_.data(),
                         "expert counts of " + where);
+  const double sync = now_seconds();
   acc_.assign(count * H, 0);
   for (std::size_t m = 0; m < M; ++m) {
     LayerPass::Homes& homes = homes_[m];
@@ -206,14 +230,24 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     passes_[m].plan(setup_, in, homes, xn_.data(), acc_.data(),
                     M == 1 ? where : fmt::format("{} micro-batch {}", where, m));
   }
+  pass_traces_.resize(M);
+  bool traced = false;
+  for (std::size_t m = 0; m < M; ++m) {
+    pass_traces_[m].layer = layer;
+    prepare_pass_trace(m, W, E, sync);
+    traced = traced || !pass_traces_[m].keys.empty();
+    passes_[m].set_trace(pass_traces_[m].keys.empty() ? nullptr : &pass_traces_[m]);
+  }
   const double t2 = now_seconds();
 
   // Every pass's rows leave at once; then whatever has landed is worked on.
   for (std::size_t m = 0; m < M; ++m) passes_[m].start();
+  const double sent = now_seconds();
   double rows_wait = 0, answers_wait = 0;
   drive_passes(M, rows_wait, answers_wait);
   kernels::residual_from_fixed(x, acc_.data(), count * H, x);
   const double t3 = now_seconds();
+  if (traced) record_home(layer, step, first_position, routing, t0, t1, sync, t2, sent, t3);
 
   double experts = 0;
   for (std::size_t m = 0; m < M; ++m) {
@@ -320,6 +354,54 @@ void Engine::share_and_decide(int layer, std::span<const TokenTag> tags, std::sp
   replicas_.resize(std::size_t(shape_.experts));
   for (int e = 0; e < shape_.experts; ++e) replicas_[std::size_t(e)] = std::uint32_t(placement_.replicas(layer, e).size());
   policies_.decide(layer, all_ranked_, all_tags_, mine_first, ranked_.tokens(), replicas_, routing, rec.router);
+}
+
+void Engine::prepare_pass_trace(std::size_t m, std::size_t W, int E, double sync_s) {
+  trace::PassTrace& pt = pass_traces_[m];
+  pt.keys.clear();
+  pt.visit_streams.clear();
+  pt.leg_streams.clear();
+  pt.origin_s = sync_s;
+  pt.out = &fragments_;
+  const std::size_t M = microbatches_;
+  for (int r = 0; r < transport_.size(); ++r) {
+    const std::uint32_t* block = census_.data() + (std::size_t(r) * M + m) * W;
+    const std::uint64_t first_key = std::uint64_t(block[E + 1]) | (std::uint64_t(block[E + 2]) << 32);
+    for (std::size_t i = 0; i < trace::kTraceSlots; ++i)
+      if (block[E + 3 + i] != trace::kNoTrace) pt.keys.emplace_back(r, first_key + block[E + 3 + i]);
+  }
+}
+
+// The home's records of its traced rows in this layer (those that had a slot
+// in the census).
+void Engine::record_home(int layer, std::uint64_t step, std::uint64_t first_position, const Routing& routing,
+                         double t0, double t1, double sync, double t2, double sent, double t3) {
+  const int me = transport_.rank();
+  const auto us = [](double seconds) { return float(seconds * 1e6); };
+  for (const auto& [row, id] : traced_rows_) {
+    const std::uint64_t key = first_position + row;
+    const trace::TraceKey at{key, me, layer};
+    bool announced = false;
+    for (const trace::PassTrace& pt : pass_traces_) announced = announced || pt.traced(me, key);
+    if (!announced) continue;
+    trace::HomeRecord h;
+    h.at = at;
+    h.request_id = id.request_id;
+    h.position = id.position;
+    h.step = step;
+    h.epoch = placement_.epoch();
+    h.island = topology_.island_of(me);
+    h.sync_s = sync;
+    h.route_us = us(t1 - t0);
+    h.gather_us = us(sync - t1);
+    h.planned_us = us(t2 - sync);
+    h.sent_us = us(sent - sync);
+    h.combined_us = us(t3 - sync);
+    fragments_.homes.push_back(h);
+    const auto experts = routing.experts_of(row);
+    const auto weights = routing.weights_of(row);
+    for (std::size_t k = 0; k < experts.size(); ++k) fragments_.choices.push_back({at, experts[k], weights[k]});
+  }
 }
 
 // Counted for the report; logged the first time per expert, on the rank

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,6 +26,9 @@
 #include "runtime/layer_pass.h"
 #include "runtime/router.h"
 #include "runtime/router_policies/router_policies.h"
+#include "runtime/trace/pass_trace.h"
+#include "runtime/trace/token_identity.h"
+#include "runtime/trace/trace_selector.h"
 #include "runtime/weights/expert_store.h"
 #include "runtime/workload/token_order.h"
 #include "runtime/workload/workload.h"
@@ -55,6 +59,8 @@ struct StepRecord {
   // NaN), only for the experts with any: (layer * experts + expert, terms),
   // counted on the rank that computed them (reduced: summed over the job).
   std::vector<std::pair<std::uint32_t, std::uint64_t>> nonfinite;
+  // What this rank saw of traced tokens (reduced: every rank's, on rank 0).
+  trace::TraceFragments trace;
 
   void add_nonfinite(std::uint32_t layer_expert, std::uint64_t terms) {
     for (auto& [key, n] : nonfinite)
@@ -106,6 +112,9 @@ class Engine {
   std::vector<double> router_biases() const { return policies_.biases(); }
   void set_router_biases(std::vector<double> values) { policies_.set_biases(std::move(values)); }
   const RouterPolicies& router_policies() const { return policies_; }
+  // Traces the tokens `selector` wants (none: nullptr); the selector must
+  // decide alike on every rank.
+  void trace_with(const trace::TraceSelector* selector) { selector_ = selector; }
 
   // Rows per expert call in the last step, all layers (for the benchmark's bound).
   const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
@@ -130,6 +139,12 @@ class Engine {
   // Runs the passes until all are done, timing the waits.
   void drive_passes(std::size_t passes, double& rows_wait, double& answers_wait);
   void record_stats();
+  // The rows of the next run_layer that are traced, by local row.
+  void select_traced(std::size_t count, const std::function<trace::TokenIdentity(std::size_t)>& identity);
+  // From the all-gathered census: every rank's traced tokens of pass m.
+  void prepare_pass_trace(std::size_t m, std::size_t census_width, int experts, double sync_s);
+  void record_home(int layer, std::uint64_t step, std::uint64_t first_position, const Routing& routing,
+                   double t0, double t1, double sync_s, double t2, double sent, double t3);
   // The workload's tokens (and replayed routing) for this rank's positions.
   void fetch_tokens(std::uint64_t step, float* x);
   void fetch_routing(int layer, Routing& routing) const;
@@ -172,7 +187,13 @@ class Engine {
   std::vector<LayerPass::Homes> homes_;     // per pass
   std::vector<LayerPass> passes_;
   std::vector<std::int64_t> acc_;
-  std::vector<char> warned_nonfinite_;  // [layer * experts + e]: its first NaN/inf was logged
+  std::vector<char> warned_nonfinite_;
+  // Tracing: the selector, this layer's traced rows (local row, identity),
+  // each pass's traced tokens, and this step's records.
+  const trace::TraceSelector* selector_ = nullptr;
+  std::vector<std::pair<std::uint32_t, trace::TokenIdentity>> traced_rows_;
+  std::vector<trace::PassTrace> pass_traces_;
+  trace::TraceFragments fragments_;  // [layer * experts + e]: its first NaN/inf was logged
 };
 
 }  // namespace moed::runtime

@@ -39,6 +39,7 @@ void LayerPass::plan(const Setup& setup, const PlanInput& in, const Homes& homes
   pairs_from_.resize(std::size_t(R));
   for (int h = 0; h < R; ++h) pairs_from_[h] = pairs_to_ranks(in_, h);
   counters_ = PassCounters{};
+  trace_ = nullptr;
 
   streams_[kDirect].sent = &plan_.hop2;
   streams_[kHop1].sent = &plan_.hop1;
@@ -209,12 +210,25 @@ void LayerPass::on_rows(int id, int source, ReceivedRows::Source src) {
   for (std::uint32_t r = 0; r < f.rows; ++r) {
     const std::uint32_t pairs = f.pairs_per_row[r];
     const int home = home_of_key(f.token[r], id, source);
+    const bool traced = trace_ && trace_->traced(home, f.token[r]);
     for (std::uint32_t p = f.first_pair[r]; p < f.first_pair[r] + pairs; ++p) {
       const std::uint32_t e = f.experts[p];
       MOED_CHECK(f.dests[p] == std::uint32_t(me()) && e < slot_of_.size() && slot_of_[e] >= 0,
                  "{}: rank {} received a row for expert {} from rank {}, which it does not compute", where_,
                  me(), e, source);
-      rows_[slot_of_[e]][home].push_back({f.row(r, H_), out, f.weights[p], pairs == 1});
+      std::int32_t visit = -1;
+      if (traced) {
+        trace::VisitRecord v;
+        v.at = trace_->key_of(home, f.token[r]);
+        v.rank = me();
+        v.island = setup_.topology->island_of(me());
+        v.expert = e;
+        v.arrived_us = trace_->now_us();
+        visit = std::int32_t(trace_->out->visits.size());
+        trace_->out->visits.push_back(v);
+        trace_->visit_streams.emplace_back(std::size_t(visit), id, source);
+      }
+      rows_[slot_of_[e]][home].push_back({f.row(r, H_), out, f.weights[p], pairs == 1, visit});
     }
     out += combine_row_bytes(pairs, H_);
   }
@@ -302,12 +316,14 @@ bool LayerPass::run_ready_tasks() {
   if (chosen == T) return false;
   const int slot = schedule_.tasks[chosen].slot;
   call_.clear();
+  call_visits_.clear();
   for (std::size_t i = chosen; i < T && schedule_.tasks[i].slot == slot; ++i) {
     if (i != chosen && (!setup_.any_rows_per_call || !task_ready(i))) continue;
     for (const TaskSegment& seg : schedule_.tasks[i].segments)
       for (std::uint32_t k = seg.first; k < seg.first + seg.rows; ++k) {
         const RowRef& row = rows_[slot][seg.home][k];
         call_.push_back({row.in, row.out, row.weight, row.single});
+        if (row.visit >= 0) call_visits_.push_back(row.visit);
       }
     task_done_[i] = 1;
     --tasks_left_;
@@ -318,7 +334,14 @@ bool LayerPass::run_ready_tasks() {
   const ExpertCallCounts counts = setup_.executor->run(setup_.store->expert(in_.layer, expert), call_, setup_.poll);
   counters_.saturated += counts.saturated;
   if (counts.nonfinite) counters_.nonfinite.emplace_back(expert, counts.nonfinite);
-  counters_.experts_s += now_seconds() - t0;
+  const double t1 = now_seconds();
+  counters_.experts_s += t1 - t0;
+  for (std::int32_t visit : call_visits_) {
+    trace::VisitRecord& v = trace_->out->visits[std::size_t(visit)];
+    v.start_us = float((t0 - trace_->origin_s) * 1e6);
+    v.end_us = float((t1 - trace_->origin_s) * 1e6);
+    v.call_rows = std::uint32_t(call_.size());
+  }
   return true;
 }
 
@@ -329,6 +352,7 @@ void LayerPass::send_answers() {
       if (s.answered[source] || !s.arrived[source] || s.tasks_left[source] > 0) continue;
       if (!setup_.overlap && tasks_left_ > 0) continue;
       s.answered[source] = 1;
+      if (trace_) trace_answers_sent(id, source);
       const std::vector<std::byte>& answer = s.answer[source];
       if (source == me()) {
         on_answer(id, source, answer.data(), answer.size());
@@ -344,6 +368,7 @@ void LayerPass::on_answer(int id, int source, const std::byte* block, std::size_
   Stream& s = streams_[id];
   --s.answers_awaited;
   moved_ = true;
+  if (trace_) trace_answer_back(id, source);
   if (id == kForward) {
     counters_.saturated += accumulate_answer_block(forward_.hop2[source], block, bytes, H_, nullptr, &gateway_, source);
     if (s.answers_awaited == 0) send_gateway_answers();
@@ -419,6 +444,52 @@ std::string LayerPass::describe() const {
   if (!forwarded_) out += "; hop 1 not yet forwarded";
   if (!gateway_answered_) out += "; the gateway's answers not yet sent";
   return out;
+}
+
+void LayerPass::set_trace(trace::PassTrace* trace) {
+  trace_ = trace;
+  if (trace_) record_legs();
+}
+
+// The home's side of its traced tokens: a leg per rank its row goes to (its
+// own rank too, where nothing travels), from the plan.
+void LayerPass::record_legs() {
+  const std::size_t bytes_per_pair = sizeof(std::uint32_t) * 2 + sizeof(float);
+  for (const auto& [home, key] : trace_->keys) {
+    if (home != me()) continue;
+    for (int id : {int(kDirect), int(kHop1)}) {
+      const std::vector<RowBatch>& batches = id == kDirect ? plan_.hop2 : plan_.hop1;
+      for (int d = 0; d < int(batches.size()); ++d) {
+        const RowBatch& b = batches[std::size_t(d)];
+        for (std::size_t r = 0; r < b.rows(); ++r) {
+          if (b.token[r] != key) continue;
+          trace::LegRecord leg;
+          leg.at = trace_->key_of(home, key);
+          leg.rank = d;
+          leg.island = setup_.topology->island_of(d);
+          leg.pairs = b.pairs_of(r);
+          leg.via_gateway = id == kHop1;
+          if (d != me()) {
+            leg.row_bytes = sizeof(std::uint64_t) + sizeof(std::uint32_t) + leg.pairs * bytes_per_pair +
+                            std::size_t(H_) * sizeof(float);
+            leg.answer_bytes = combine_row_bytes(leg.pairs, H_);
+          }
+          trace_->leg_streams.emplace_back(trace_->out->legs.size(), id, d);
+          trace_->out->legs.push_back(leg);
+        }
+      }
+    }
+  }
+}
+
+void LayerPass::trace_answers_sent(int id, int source) {
+  for (const auto& [visit, stream, from] : trace_->visit_streams)
+    if (stream == id && from == source) trace_->out->visits[visit].answered_us = trace_->now_us();
+}
+
+void LayerPass::trace_answer_back(int id, int source) {
+  for (const auto& [leg, stream, to] : trace_->leg_streams)
+    if (stream == id && to == source) trace_->out->legs[leg].back_us = trace_->now_us();
 }
 
 void LayerPass::finish() {

@@ -32,6 +32,7 @@
 #include "runtime/chunk_schedule.h"
 #include "runtime/dispatch_plan.h"
 #include "runtime/expert_executor.h"
+#include "runtime/trace/pass_trace.h"
 #include "runtime/weights/expert_store.h"
 
 namespace moed::runtime {
@@ -72,6 +73,9 @@ class LayerPass {
   // (indexed like in.routing).
   void plan(const Setup& setup, const PlanInput& in, const Homes& homes, const float* xn, std::int64_t* acc,
             const std::string& where);
+  // After plan(), before start(): the pass's traced tokens (nullptr: none),
+  // whose legs (home) and expert visits (this rank's experts) it records.
+  void set_trace(trace::PassTrace* trace);
   // Opens the exchanges (every rank in the same order) and sends the rows.
   void start();
   // Handles what has landed and runs one expert call if one is ready; false
@@ -116,6 +120,7 @@ class LayerPass {
     std::byte* out;
     float weight;
     bool single;
+    std::int32_t visit = -1;  // a traced token's: its VisitRecord in trace_->out
   };
 
   int me() const { return setup_.transport->rank(); }
@@ -136,6 +141,9 @@ class LayerPass {
   void on_answer(int id, int source, const std::byte* block, std::size_t bytes);
   void poll_answers(int id);
   void send_gateway_answers();
+  void record_legs();
+  void trace_answers_sent(int id, int source);
+  void trace_answer_back(int id, int source);
 
   Setup setup_;
   PlanInput in_;
@@ -160,6 +168,8 @@ class LayerPass {
   std::vector<int> slot_of_;                      // [expert]: its slot, -1 if not here
   bool moved_ = false;                            // something happened in this advance()
   std::vector<ExpertRow> call_;
+  std::vector<std::int32_t> call_visits_;  // traced rows of the call
+  trace::PassTrace* trace_ = nullptr;
   PassCounters counters_;
 };
 

@@ -174,6 +174,7 @@ class Run {
       if (!answer_ok_flag(answer)) return report_error(answer);
       if (!inv_.as_json) out_ << format_answer(inv_.command, answer) << std::flush;
       if (!inv_.follow) return kExitOk;
+      if (inv_.command == "trace_follow") return follow_trace(client, inv_.request.at("request_id"));
       const auto id = migration_id_of(answer);
       if (!id) return kExitOk;  // nothing to migrate (a reoptimize with no moves)
       return follow(client, *id);
@@ -231,6 +232,34 @@ class Run {
         const std::string why = m.value("error", std::string());
         err_ << "moectl: aborted: migration " << id << " aborted before its commit"
              << (why.empty() ? "" : ": " + why) << "; the old placement is still served\n";
+        return kExitError;
+      }
+      std::this_thread::sleep_for(options_.poll_interval);
+    }
+  }
+
+  // Polls `trace` until a token of the request is traced through every layer,
+  // for at most --timeout seconds; then shows what there is.
+  int follow_trace(AdminClient& client, const json& request_id) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      std::string line;
+      const json answer = call(client, json{{"cmd", "trace"}, {"request_id", request_id}}, line);
+      const bool found = answer_ok_flag(answer);
+      bool complete = false;
+      if (found)
+        for (const json& t : answer.value("tokens", json::array())) complete = complete || t.value("complete", false);
+      const bool late = std::chrono::steady_clock::now() >= deadline;
+      if (complete || (found && late)) {
+        if (inv_.as_json) out_ << line << "\n" << std::flush;
+        else out_ << format_answer("trace", answer) << std::flush;
+        if (!complete) err_ << "moectl: request " << request_id.dump() << " is not yet traced through every layer\n";
+        return kExitOk;
+      }
+      if (late) {
+        if (inv_.as_json) out_ << line << "\n" << std::flush;
+        err_ << "moectl: not_found: request " << request_id.dump() << " was not served within " << inv_.timeout_s
+             << " s; it stays followed: `moectl trace " << request_id.dump() << "` once it is\n";
         return kExitError;
       }
       std::this_thread::sleep_for(options_.poll_interval);

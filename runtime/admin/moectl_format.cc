@@ -19,6 +19,7 @@ const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& p
   static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> table{
       {"migrate", {{"layer", "LAYER"}, {"expert", "EXPERT"}, {"to", "TO"}}},
       {"migration", {{"migration_id", "ID"}}},
+      {"trace", {{"request_id", "REQUEST_ID"}}},
   };
   return table;
 }
@@ -270,6 +271,68 @@ std::string format_reoptimize(const json& answer) {
   return out;
 }
 
+std::string us_text(const json& v) { return v.is_number() ? fmt::format("{:.0f} us", v.get<double>()) : "?"; }
+
+std::string bytes_text(std::uint64_t bytes) {
+  if (bytes >= 1000000) return fmt::format("{:.1f} MB", bytes / 1e6);
+  if (bytes >= 1000) return fmt::format("{:.1f} kB", bytes / 1e3);
+  return fmt::format("{} B", bytes);
+}
+
+std::string join_ints(const json& list) {
+  std::string out;
+  if (!list.is_array()) return "?";
+  for (const auto& v : list) out += (out.empty() ? "" : ", ") + value_text(v);
+  return out;
+}
+
+// One traced layer: its experts, where it went, and its phases on the home.
+std::string format_trace_layer(const json& l) {
+  const json home = l.value("home", json::object());
+  std::string out = fmt::format("layer {}  step {}  epoch {}  home rank {} (island {})\n", int_field(l, "layer"),
+                                int_field(l, "step"), int_field(l, "epoch"), int_field(home, "rank"),
+                                int_field(home, "island"));
+  std::string experts;
+  for (const auto& e : l.value("experts", json::array())) {
+    experts += (experts.empty() ? "" : ", ") +
+               fmt::format("{} (w {:.3f}) on rank {}", int_field(e, "expert"), e.value("weight", 0.0),
+                           e.value("rank", json()).is_number() ? std::to_string(int_field(e, "rank")) : "?");
+    if (e.contains("expert_us"))
+      experts += fmt::format(" [queue {}, expert {}]", us_text(e["queue_us"]), us_text(e["expert_us"]));
+  }
+  out += "  experts  " + experts + "\n";
+  const json bytes = l.value("bytes", json::object());
+  const std::uint64_t moved = bytes.value("rows", std::uint64_t{0}) + bytes.value("answers", std::uint64_t{0});
+  out += fmt::format("  visited  ranks {}; islands {}; {} moved ({} across islands)\n",
+                     join_ints(l.value("ranks", json())), join_ints(l.value("islands", json())), bytes_text(moved),
+                     bytes_text(bytes.value("cross_island", std::uint64_t{0})));
+  const json p = l.value("phases_us", json::object());
+  out += fmt::format("  phases   route {}, plan {}, dispatch {}, wait {}, combine {} = {}\n",
+                     us_text(p.value("route", json())), us_text(p.value("plan", json())),
+                     us_text(p.value("dispatch", json())), us_text(p.value("wait", json())),
+                     us_text(p.value("combine", json())), us_text(p.value("total", json())));
+  if (const json s = l.value("slowest_expert", json()); s.is_object())
+    out += fmt::format("  slowest  expert {} on rank {}: rows travel {}, queue {}, expert {}, answer wait {}, "
+                       "answer travel {}\n",
+                       int_field(s, "expert"), int_field(s, "rank"), us_text(s.value("rows_travel_us", json())),
+                       us_text(s.value("queue_us", json())), us_text(s.value("expert_us", json())),
+                       us_text(s.value("answer_wait_us", json())), us_text(s.value("answer_travel_us", json())));
+  return out;
+}
+
+std::string format_trace(const json& answer) {
+  const json tokens = answer.value("tokens", json());
+  if (!tokens.is_array()) return format_fields(answer);
+  std::string out;
+  for (const auto& t : tokens) {
+    if (!t.is_object() || !t.value("layers", json()).is_array()) return format_fields(answer);
+    out += fmt::format("request {} position {}: {} of {} layers traced\n", value_text(answer.value("request_id", json())),
+                       int_field(t, "position"), int_field(t, "layers_traced"), int_field(t, "model_layers"));
+    for (const auto& l : t["layers"]) out += format_trace_layer(l);
+  }
+  return out;
+}
+
 }  // namespace
 
 CommandLine parse_command_line(const std::vector<std::string>& args, const MoectlEnv& env) {
@@ -297,7 +360,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const Moect
       ->check(CLI::PositiveNumber);
 
   std::deque<SubcommandState> states;
+  bool follow_trace = false;
   for (const CommandSpec& spec : commands()) {
+    if (spec.name == "trace_follow") continue;  // moectl trace --follow
     SubcommandState& state = states.emplace_back();
     state.spec = &spec;
     state.app = app.add_subcommand(spec.name, spec.doc);
@@ -305,6 +370,10 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const Moect
       if (spec.name == "reoptimize" && p.name == "dry_run") continue;  // below, with --apply
       add_param(state, p);
     }
+    if (spec.name == "trace")
+      state.app->add_flag("--follow", follow_trace,
+                          "trace this request from the next step on (whatever [trace].sample says), wait for "
+                          "its first traced token (at most --timeout seconds) and show it");
     if (spec.name == "reoptimize") {
       // Re-optimising moves weights: moectl asks for it explicitly (--apply)
       // and otherwise only predicts (a dry run).
@@ -344,6 +413,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const Moect
       inv.follow = state.apply;
     }
     if (inv.command == "migrate") inv.follow = true;
+    if (inv.command == "trace" && follow_trace) {
+      inv.command = "trace_follow";
+      inv.request["cmd"] = "trace_follow";
+      inv.follow = true;
+    }
   }
   result.invocation = std::move(inv);
   return result;
@@ -384,6 +458,8 @@ std::string format_answer(const std::string& command, const json& answer) {
     }
   }
   if (command == "placement") return format_placement(answer);
+  if (command == "trace") return format_trace(answer);
+  if (command == "trace_follow") return "";  // the trace follows
   if (command == "reoptimize") return format_reoptimize(answer);
   if (command == "migration") {
     if (auto it = answer.find("migration"); it != answer.end()) {

@@ -61,6 +61,15 @@ std::vector<CommandSpec> build_commands() {
                    false,
                    {int_param("migration_id", false, "which migration (default: the latest)", INT64_MAX)},
                    "the progress of a migration"});
+  // Request ids above INT64_MAX cannot be named (JSON integers are read as int64).
+  table.push_back({"trace",
+                   false,
+                   {int_param("request_id", true, "the request whose traced tokens to show", INT64_MAX)},
+                   "a traced request's tokens: per layer, experts, ranks, bytes and phase times (rank 0)"});
+  table.push_back({"trace_follow",
+                   true,
+                   {int_param("request_id", true, "the request to trace from the next step on", INT64_MAX)},
+                   "trace this request's tokens whatever [trace].sample says (moectl trace --follow)"});
   table.push_back({"drain", true, {}, "finish the work in flight, then take no new tokens"});
   table.push_back({"shutdown", true, {}, "drain, then stop every rank"});
   return table;

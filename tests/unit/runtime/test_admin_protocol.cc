@@ -159,7 +159,8 @@ TEST(AdminProtocol, LineTooLongIsRefusedBeforeParsingAndCloses) {
 TEST(AdminProtocol, UnknownOrMissingCommand) {
   expect_refused({
       {R"({"cmd":"statuss"})", "unknown_command", {"statuss", "status", "migrate"}},
-      {R"({"cmd":"trace"})", "unknown_command", {"trace"}},
+      {R"({"cmd":"replay"})", "unknown_command", {"replay"}},
+      {R"({"cmd":"trace"})", "bad_params", {"missing 'request_id'"}},
       {R"({"cmd":""})", "unknown_command", {"''"}},
       {R"({"cmd":"STATUS"})", "unknown_command", {"STATUS"}},
       {R"({"id":1})", "bad_params", {"missing 'cmd'"}},
@@ -257,8 +258,10 @@ TEST(AdminProtocol, CommandTable) {
     }
   }
   EXPECT_EQ(names, (std::vector<std::string>{"status", "metrics", "placement", "stats", "reoptimize",
-                                             "migrate", "migration", "drain", "shutdown"}));
-  for (const std::string control : {"reoptimize", "migrate", "drain", "shutdown"})
+                                             "migrate", "migration", "trace", "trace_follow", "drain",
+                                             "shutdown"}));
+  EXPECT_FALSE(is_control("trace")) << "answered from rank 0's traces at once";
+  for (const std::string control : {"reoptimize", "migrate", "trace_follow", "drain", "shutdown"})
     EXPECT_TRUE(is_control(control)) << control;
   for (const std::string snapshot : {"status", "metrics", "placement", "stats", "migration", "nope"})
     EXPECT_FALSE(is_control(snapshot)) << snapshot;

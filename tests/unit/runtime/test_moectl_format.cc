@@ -110,7 +110,9 @@ TEST(MoectlCommandLine, HelpAndVersionExitZero) {
   CommandLine help = parse({"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_FALSE(help.invocation);
-  for (const auto& c : commands()) EXPECT_NE(help.out.find(c.name), std::string::npos) << c.name;
+  for (const auto& c : commands())
+    if (c.name != "trace_follow")  // moectl trace --follow
+      EXPECT_NE(help.out.find(c.name), std::string::npos) << c.name;
   CommandLine version = parse({"--version"});
   EXPECT_EQ(version.exit_code, 0);
   EXPECT_NE(version.out.find("moectl"), std::string::npos);
@@ -119,6 +121,7 @@ TEST(MoectlCommandLine, HelpAndVersionExitZero) {
 // Every parameter of the protocol's table can be given on moectl's command line.
 TEST(MoectlCommandLine, EveryProtocolParameterIsReachable) {
   for (const auto& c : commands()) {
+    if (c.name == "trace_follow") continue;  // moectl trace --follow: test_moectl_trace.cc
     CommandLine help = parse({c.name, "--help"});
     ASSERT_EQ(help.exit_code, 0) << c.name;
     for (const auto& p : c.params) {

@@ -1,0 +1,34 @@
+// Rank 0's traces: each step's records from every rank are joined into the
+// ring (the step thread), and `moectl trace` reads it (the admin socket's
+// thread). Bounded: [trace].ring tokens of at most [model].layers layers.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/trace/trace_assembly.h"
+#include "runtime/trace/trace_records.h"
+
+namespace moed::runtime::trace {
+
+class Tracer {
+ public:
+  Tracer(std::size_t ring, int layers, double sample) : ring_(ring, layers), layers_(layers), sample_(sample) {}
+
+  // Every rank's records of one step (rank 0, after the step's figures).
+  void absorb(const TraceFragments& step);
+  // The answer to `trace` for a request id: its traced tokens, or an error
+  // body (admin::error_body) that says why there is none.
+  nlohmann::json answer(std::uint64_t request_id) const;
+
+ private:
+  mutable std::mutex mu_;
+  TraceRing ring_;
+  int layers_;
+  double sample_;
+  std::uint64_t tokens_seen_ = 0;  // token-layers absorbed
+};
+
+}  // namespace moed::runtime::trace
