@@ -82,9 +82,9 @@ TEST(TokenIdentity, IsTheRequestTagOfTheRouterPolicies) {
   const TokenIdentity w = identity_of(request_of_token(1234, 64, 1));  // one position per request
   EXPECT_EQ(w.request_id, 1234u);
   EXPECT_EQ(w.position, 0u);
-  // 4 positions per request: token 5 x 64 + 7 is position 1 of request 4 x 64 + 7.
+  // 4 positions per request: token 5 x 64 + 7 (step 5, slot 7) is position 5 mod 4 of request (5 / 4) x 64 + 7.
   const TokenIdentity s = identity_of(request_of_token(5 * 64 + 7, 64, 4));
-  EXPECT_EQ(s.request_id, 4u * 64 + 7);
+  EXPECT_EQ(s.request_id, 1u * 64 + 7);
   EXPECT_EQ(s.position, 1u);
   const TokenIdentity f = identity_of({9, 3});
   EXPECT_EQ(f.request_id, 9u);
