@@ -23,6 +23,7 @@
 #include "launch/rank_topology_codec.h"
 #include "launch/topology_description.h"
 #include "placement/placement_file.h"
+#include "placement/shard_rules.h"
 #include "routing/stats_file.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/stop_signal.h"
@@ -126,7 +127,8 @@ std::string placement_origin(const Config& c) {
   return c.placement.file;
 }
 
-placement::Placement initial_placement(const Config& c, int ranks) {
+placement::Placement initial_placement(const Config& c, const placement::Topology& topology) {
+  const int ranks = topology.ranks();
   const int L = int(c.model.layers), E = int(c.model.experts);
   const std::string file = placement_origin(c);
   placement::Placement p =
@@ -135,6 +137,7 @@ placement::Placement initial_placement(const Config& c, int ranks) {
   std::string origin = file.empty() ? "[placement].policy" : file;
   placement::check_placement_shape(p, ranks, L, E, origin);
   p.validate(origin, int(c.placement.max_slots_per_rank));
+  placement::check_shards(p, int(c.experts.ffn_chunks), topology, origin);
   return p;
 }
 
@@ -355,7 +358,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     if (local.error) std::rethrow_exception(local.error);
     d->topology_.emplace(found.islands.island_of_rank);
     d->islands_source_ = found.islands.source;
-    d->placement_ = initial_placement(c, mpi.size());
+    d->placement_ = initial_placement(c, *d->topology_);
     // Before the weights: sizes the host cannot hold are refused naming their keys.
     refuse_if_too_large(estimate_rank_memory(c, std::uint64_t(d->placement_.slots_on(d->rank_)), mpi.size()),
                         std::max(1, where.local_size), fmt::format("rank {}", d->rank_));
