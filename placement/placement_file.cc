@@ -65,18 +65,18 @@ Placement parse_placement(const std::string& text, const std::string& origin) {
       const toml::array* ranks_of = split ? (*split)["shards"].as_array() : entry.as_array();
       const auto line = entry.source().begin.line;
       if (split && (!ranks_of || split->size() != 1))
-        MOED_THROW(Input, "{}: line {}: layer {} expert {}: a split expert is written {{shards = [2, 3]}}", origin,
-                   line, l, e);
+        MOED_THROW(Input, "{}: layer {} expert {}: a split expert is written {{shards = [2, 3]}} (line {})", origin,
+                   l, e, line);
       if (!ranks_of)
-        MOED_THROW(Input, "{}: line {}: layer {} expert {}: expected an array of ranks like [0, 2]", origin, line, l,
-                   e);
+        MOED_THROW(Input, "{}: layer {} expert {}: expected an array of ranks like [0, 2] (line {})", origin, l, e,
+                   line);
       std::vector<int> rs;
       for (const auto& node : *ranks_of) {
         auto r = node.value_exact<std::int64_t>();
-        if (!r) MOED_THROW(Input, "{}: line {}: layer {} expert {}: ranks must be integers", origin, line, l, e);
+        if (!r) MOED_THROW(Input, "{}: layer {} expert {}: ranks must be integers (line {})", origin, l, e, line);
         if (*r < 0 || *r >= ranks)
-          MOED_THROW(Input, "{}: line {}: layer {} expert {} is placed on rank {}, but ranks are 0..{}", origin,
-                     line, l, e, *r, ranks - 1);
+          MOED_THROW(Input, "{}: layer {} expert {} is placed on rank {}, but ranks are 0..{} (line {})", origin, l,
+                     e, *r, ranks - 1, line);
         rs.push_back(int(*r));
       }
       if (!split) {
@@ -84,8 +84,8 @@ Placement parse_placement(const std::string& text, const std::string& origin) {
         continue;
       }
       if (rs.size() < 2)
-        MOED_THROW(Input, "{}: line {}: layer {} expert {}: {} shard rank{}; a split expert has at least 2 shards",
-                   origin, line, l, e, rs.size(), rs.size() == 1 ? "" : "s");
+        MOED_THROW(Input, "{}: layer {} expert {}: {} shard rank{}; a split expert has at least 2 shards (line {})",
+                   origin, l, e, rs.size(), rs.size() == 1 ? "" : "s", line);
       p.set_shards(l, e, std::move(rs));
     }
   }

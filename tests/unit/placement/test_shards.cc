@@ -62,15 +62,15 @@ TEST_P(ShardFileRefuses, NamingTheLineLayerAndExpert) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, ShardFileRefuses,
     ::testing::Values(
-        std::tuple{"{shards = [2]}", std::vector<std::string>{"line 8", "layer 0 expert 1", "at least 2 shards"}},
-        std::tuple{"{shards = []}", std::vector<std::string>{"line 8", "layer 0 expert 1", "at least 2 shards"}},
+        std::tuple{"{shards = [2]}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "at least 2 shards"}},
+        std::tuple{"{shards = []}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "at least 2 shards"}},
         std::tuple{"{shards = [2, 2]}",
                    std::vector<std::string>{"layer 0 expert 1 lists rank 2 twice", "at most one shard"}},
-        std::tuple{"{shards = [2, 7]}", std::vector<std::string>{"line 8", "layer 0 expert 1", "rank 7"}},
+        std::tuple{"{shards = [2, 7]}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "rank 7"}},
         std::tuple{"{shards = [2, 3], extra = 1}",
-                   std::vector<std::string>{"line 8", "layer 0 expert 1", "{shards = [2, 3]}"}},
-        std::tuple{"{ranks = [2, 3]}", std::vector<std::string>{"line 8", "layer 0 expert 1", "{shards = [2, 3]}"}},
-        std::tuple{"{shards = [2, 1.5]}", std::vector<std::string>{"line 8", "ranks must be integers"}}));
+                   std::vector<std::string>{"(line 8)", "layer 0 expert 1", "{shards = [2, 3]}"}},
+        std::tuple{"{ranks = [2, 3]}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "{shards = [2, 3]}"}},
+        std::tuple{"{shards = [2, 1.5]}", std::vector<std::string>{"(line 8)", "ranks must be integers"}}));
 
 TEST(Shards, RunRulesNameTheLayerExpertAndWhy) {
   const Topology two_islands({0, 0, 1, 1});
