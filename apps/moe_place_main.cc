@@ -149,6 +149,7 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   std::optional<MoveCost> moved;
   if (current) {
     next = relabel_to_minimise_moves(*current, next, topology);
+    next = keep_splits(*current, std::move(next));  // a migration does not re-split an expert
     if (a.max_moves >= 0) next = limit_moves(*current, next, a.max_moves, sample, topology);
     next.set_epoch(current->epoch() + 1);
     moved = move_cost(*current, next, model ? model->expert_bytes : 0);

@@ -73,4 +73,15 @@ Placement split_hot_experts(const Placement& p, const routing::RoutingStats& sta
   return out;
 }
 
+Placement keep_splits(const Placement& current, Placement next) {
+  MOED_CHECK(current.layers() == next.layers() && current.experts() == next.experts() &&
+                 current.ranks() == next.ranks(),
+             "placements of {}x{} on {} and {}x{} on {}", current.layers(), current.experts(), current.ranks(),
+             next.layers(), next.experts(), next.ranks());
+  for (int l = 0; l < current.layers(); ++l)
+    for (int e = 0; e < current.experts(); ++e)
+      if (current.sharded(l, e)) next.set_shards(l, e, current.replicas(l, e));
+  return next;
+}
+
 }  // namespace moed::placement

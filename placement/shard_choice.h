@@ -33,4 +33,10 @@ struct ShardRule {
 Placement split_hot_experts(const Placement& p, const routing::RoutingStats& stats, const Topology& topology,
                             const ShardRule& rule);
 
+// `next` with every expert that `current` splits split as there, on the same
+// ranks: a migration moves shards but does not re-split an expert
+// (placement_diff.h), so a re-optimisation from a placement with split
+// experts keeps them as they are and places the rest.
+Placement keep_splits(const Placement& current, Placement next);
+
 }  // namespace moed::placement

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "placement/optimizer.h"
+#include "placement/shard_choice.h"
 
 namespace moed::runtime {
 
@@ -13,6 +14,7 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
     options.policy = request.policy;
     placement::Placement next = placement::optimize(stats, topology, options);
     next = placement::relabel_to_minimise_moves(current, next, topology);
+    next = placement::keep_splits(current, std::move(next));
     const routing::RoutingTrace sample = stats.sample_trace();
     if (request.max_moves) next = placement::limit_moves(current, next, *request.max_moves, sample, topology);
     ReoptimizePlan plan;

@@ -11,7 +11,8 @@
 #   restart  a rank killed during a migration ends the job with a clear
 #            message; relaunched, the cluster resumes the committed placement
 #            and its statistics
-#   shards   a shard of a split expert moves to another rank of its island;
+#   shards   shards of split experts move to other ranks of their island, and
+#            reoptimize --apply keeps the splits while it moves the rest;
 #            outputs bit-exact against an unsplit run with the same chunks
 source "$(dirname "$0")/lib.sh"
 : "${MOECTL:?}"
@@ -213,6 +214,10 @@ shards)
   grep -q 'slots = \[\[0\], {shards = \[0, 3\]}' "$SCRATCH/committed.toml" ||
     { cat "$SCRATCH/committed.toml" >&2; fail "the committed placement does not hold shard 1 on rank 3"; }
   expect_ctl 0 'committed' "shard 0 of layer 2 expert 6 from rank 3 to rank 1" -- migrate 2 6 1 --from 3
+  expect_ctl 0 'committed|no move' "reoptimize --apply keeps the splits and places the rest" -- \
+    reoptimize --apply --max-moves 4
+  grep -q 'slots = \[\[0\], {shards = \[0, 3\]}' "$SCRATCH/committed.toml" ||
+    { cat "$SCRATCH/committed.toml" >&2; fail "the re-optimisation moved a shard"; }
   stop_daemon
   same_as_reference "outputs across two shard migrations vs an unsplit single process"
   ;;

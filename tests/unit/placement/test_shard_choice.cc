@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "placement/placement_diff.h"
 #include "placement/shard_rules.h"
 #include "tests/unit/test_support.h"
 
@@ -69,6 +70,19 @@ TEST(ShardChoice, ColdExpertsSmallIslandsAndTheOffSwitchLeaveThePlacement) {
   check_shards(four, 8, Topology({0, 0, 0, 0}), "four");
   test::expect_error([&] { split_hot_experts(p, stats, Topology({0, 0, 1, 1}), {.over_mean = 2, .shards = 1}); },
                      ErrorKind::Usage, {"at least 2 shards"});
+}
+
+TEST(ShardChoice, AReoptimisationKeepsTheCurrentSplits) {
+  Placement current = contiguous(4, 2, 4);
+  current.set_shards(1, 2, {3, 2});
+  const Placement next = shuffled(4, 2, 4, 9);
+  const Placement kept = keep_splits(current, next);
+  EXPECT_EQ(kept.replicas(1, 2), (std::vector<int>{3, 2}));
+  EXPECT_EQ(kept.shards(1, 2), 2);
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 4; ++e)
+      if (l != 1 || e != 2) EXPECT_EQ(kept.replicas(l, e), next.replicas(l, e));
+  for (const Move& m : moves(current, kept)) EXPECT_FALSE(m.layer == 1 && m.expert == 2) << "the split moved";
 }
 
 }  // namespace
