@@ -160,12 +160,16 @@ std::optional<routing::RoutingStats> initial_stats(const Config& c, int rank, in
                                  per_rank, max_k);
 }
 
-// "epoch 0, 2 replicated experts, at most 4 slots per rank"
+// "epoch 0, 2 replicated experts, at most 4 slots per rank" (", 1 split expert" when some are)
 std::string placement_details(const placement::Placement& p) {
-  int replicated = 0;
+  int replicated = 0, split = 0;
   for (int l = 0; l < p.layers(); ++l)
-    for (int e = 0; e < p.experts(); ++e) replicated += p.replicas(l, e).size() > 1;
-  return fmt::format("epoch {}, {} replicated experts, at most {} slots per rank", p.epoch(), replicated,
+    for (int e = 0; e < p.experts(); ++e) {
+      split += p.sharded(l, e);
+      replicated += p.replicas(l, e).size() > 1 && !p.sharded(l, e);
+    }
+  return fmt::format("epoch {}, {} replicated experts{}, at most {} slots per rank", p.epoch(), replicated,
+                     split ? fmt::format(", {} split expert{}", split, split == 1 ? "" : "s") : "",
                      p.max_slots_per_rank());
 }
 
