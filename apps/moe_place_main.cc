@@ -14,6 +14,7 @@
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
+#include "placement/shard_choice.h"
 #include "placement/topology.h"
 #include "placement/weight_format.h"
 #include "routing/routing_stats.h"
@@ -119,6 +120,7 @@ std::string cost_text(const Cost& c) {
 struct OptimizeArgs {
   std::string config, stats, trace, tokens, out, from;
   OptimizeOptions options;
+  ShardRule shard_rule;
   int max_moves = -1;
   bool json = false;
 };
@@ -142,10 +144,14 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   if (current) check_placement_shape(*current, topology.ranks(), stats.layers(), stats.experts(), a.from);
 
   Placement next = optimize(stats, topology, a.options);
+  ShardRule rule = a.shard_rule;
+  rule.slots_per_rank = a.options.slots_per_rank;  // the memory budget, per layer
+  next = split_hot_experts(next, stats, topology, rule);
   RoutingTrace sample = stats.sample_trace();
   std::optional<MoveCost> moved;
   if (current) {
     next = relabel_to_minimise_moves(*current, next, topology);
+    next = keep_splits(*current, std::move(next));  // a migration does not re-split an expert
     if (a.max_moves >= 0) next = limit_moves(*current, next, a.max_moves, sample, topology);
     next.set_epoch(current->epoch() + 1);
     moved = move_cost(*current, next, model ? model->expert_bytes : 0);
@@ -340,6 +346,14 @@ int main(int argc, char** argv) {
       ->excludes(slots_flag);
   optimize_app->add_flag("--affinity", opt.options.affinity, "metis: keep a token's consecutive experts on one island");
   optimize_app->add_flag("!--no-replicas", opt.options.replicate, "never replicate hot experts");
+  optimize_app->add_option("--shard-over-mean", opt.shard_rule.over_mean,
+                           "split experts whose load exceeds X times their layer's mean into shards on one "
+                           "island instead of replicating them (0: never; see docs/placement.md)")
+      ->check(CLI::NonNegativeNumber)
+      ->type_name("X");
+  optimize_app->add_option("--shards", opt.shard_rule.shards,
+                           "shards per split expert (must divide the run's [experts].ffn_chunks; default 2)")
+      ->check(CLI::Range(2, 1 << 16));
   optimize_app->add_option("--seed", opt.options.seed, "METIS seed");
   optimize_app->add_flag("--json", opt.json, "JSON output");
   add_topology_flags(optimize_app, tf);

@@ -13,6 +13,7 @@ Placement::Placement(int ranks, int layers, int experts)
   MOED_CHECK(ranks > 0 && layers > 0 && experts > 0, "placement shape {}x{}x{}", ranks, layers,
              experts);
   slots_.resize(std::size_t(layers) * std::size_t(experts));
+  shards_.assign(slots_.size(), 1);
 }
 
 const std::vector<int>& Placement::replicas(int layer, int expert) const {
@@ -25,6 +26,31 @@ void Placement::set_replicas(int layer, int expert, std::vector<int> ranks) {
   MOED_CHECK(layer >= 0 && layer < layers_ && expert >= 0 && expert < experts_,
              "(layer {}, expert {}) outside {}x{}", layer, expert, layers_, experts_);
   slots_[size_t(layer) * experts_ + expert] = std::move(ranks);
+  shards_[size_t(layer) * experts_ + expert] = 1;
+}
+
+void Placement::set_shards(int layer, int expert, std::vector<int> ranks) {
+  MOED_CHECK(ranks.size() >= 2, "layer {} expert {}: {} shard ranks, at least 2 are a split", layer, expert,
+             ranks.size());
+  const int n = int(ranks.size());
+  set_replicas(layer, expert, std::move(ranks));
+  shards_[size_t(layer) * experts_ + expert] = n;
+}
+
+int Placement::shards(int layer, int expert) const {
+  replicas(layer, expert);  // checks the range
+  return shards_[size_t(layer) * experts_ + expert];
+}
+
+int Placement::shard_on(int layer, int expert, int rank) const {
+  const auto& ranks = replicas(layer, expert);
+  const auto it = std::find(ranks.begin(), ranks.end(), rank);
+  if (it == ranks.end()) return -1;
+  return sharded(layer, expert) ? int(it - ranks.begin()) : 0;
+}
+
+bool Placement::any_sharded() const {
+  return std::any_of(shards_.begin(), shards_.end(), [](int s) { return s > 1; });
 }
 
 std::vector<int> Placement::experts_on(int layer, int rank) const {
@@ -58,8 +84,12 @@ void Placement::validate(const std::string& origin, int max_slots) const {
           MOED_THROW(Input, "{}: layer {} expert {} is placed on rank {}, but ranks are 0..{}",
                      origin, l, e, ranks[i], ranks_ - 1);
         if (std::find(ranks.begin(), ranks.begin() + i, ranks[i]) != ranks.begin() + i)
-          MOED_THROW(Input, "{}: layer {} expert {} lists rank {} twice", origin, l, e, ranks[i]);
+          MOED_THROW(Input, "{}: layer {} expert {} lists rank {} twice{}", origin, l, e, ranks[i],
+                     sharded(l, e) ? " (a rank holds at most one shard of an expert)" : "");
       }
+      if (sharded(l, e) && int(ranks.size()) != shards(l, e))
+        MOED_THROW(Input, "{}: layer {} expert {} is split into {} shards but {} ranks hold them", origin, l, e,
+                   shards(l, e), ranks.size());
     }
   }
   if (max_slots > 0) {

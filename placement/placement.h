@@ -1,5 +1,7 @@
 // A placement: for every MoE layer, which ranks hold a slot (a copy of the
-// weights) of each expert. A hot expert may have several slots (replicas).
+// weights) of each expert. A hot expert may have several slots (replicas),
+// or be split into S shards (tensor sharding), one per rank of one island:
+// shard s holds F/S of its FFN (kernels/cpu/expert_ffn.h).
 // The epoch numbers placements; a cluster serves with one epoch at a time.
 //
 // Pure data and pure policies: no MPI, no threads.
@@ -25,6 +27,17 @@ class Placement {
   // Ranks holding a slot of (layer, expert), in replica order.
   const std::vector<int>& replicas(int layer, int expert) const;
   void set_replicas(int layer, int expert, std::vector<int> ranks);
+  // Splits (layer, expert) into ranks.size() >= 2 shards, shard s on ranks[s]
+  // (replicas() then lists them, in shard order; a sharded expert has no
+  // replicas). set_replicas makes an expert whole again.
+  void set_shards(int layer, int expert, std::vector<int> ranks);
+  // Shards of (layer, expert): 1 when whole.
+  int shards(int layer, int expert) const;
+  bool sharded(int layer, int expert) const { return shards(layer, expert) > 1; }
+  // The shard `rank` holds (0 for a whole copy), or -1 when it holds none.
+  int shard_on(int layer, int expert, int rank) const;
+  bool any_sharded() const;
+
   // Experts with a slot on `rank` in `layer`, ascending.
   std::vector<int> experts_on(int layer, int rank) const;
   // Slots `rank` holds over all layers.
@@ -32,7 +45,8 @@ class Placement {
   int max_slots_per_rank() const;
 
   // Every expert placed at least once, ranks in range, no rank twice for one
-  // expert, and (when max_slots > 0) at most max_slots slots on any rank.
+  // expert (so no rank holds two shards of one), every shard present, and
+  // (when max_slots > 0) at most max_slots slots on any rank (a shard is a slot).
   // Throws an Input error prefixed with `origin`.
   void validate(const std::string& origin, int max_slots = 0) const;
 
@@ -42,6 +56,7 @@ class Placement {
   int ranks_ = 0, layers_ = 0, experts_ = 0;
   std::uint64_t epoch_ = 0;
   std::vector<std::vector<int>> slots_;  // [layer * experts + expert] -> ranks
+  std::vector<int> shards_;              // [layer * experts + expert] -> S (1: whole)
 };
 
 // Expert e on rank e / ceil(E / R): the usual default.

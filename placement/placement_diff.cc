@@ -95,7 +95,10 @@ Placement rename_ranks(const Placement& p, const std::vector<int>& new_rank) {
     for (int e = 0; e < p.experts(); ++e) {
       std::vector<int> ranks = p.replicas(l, e);
       for (int& r : ranks) r = new_rank.at(r);
-      out.set_replicas(l, e, std::move(ranks));
+      if (p.sharded(l, e))
+        out.set_shards(l, e, std::move(ranks));
+      else
+        out.set_replicas(l, e, std::move(ranks));
     }
   }
   return out;
@@ -110,6 +113,27 @@ int source_rank(const std::vector<int>& kept, const std::vector<int>& current_so
   for (int r : current_sorted)
     if (r != drop) return r;
   return current_sorted.empty() ? -1 : current_sorted.front();
+}
+
+// The moves of one split expert: each shard whose rank changes, from its holder.
+void shard_moves(const Placement& current, const Placement& next, int l, int e, std::vector<Move>& out) {
+  const int S = current.shards(l, e);
+  if (next.shards(l, e) != S)
+    MOED_THROW(Input,
+               "layer {} expert {} is split into {} shard(s) now and {} in the new placement: a migration moves "
+               "shards, it does not re-split an expert (restart with the new placement)",
+               l, e, S, next.shards(l, e));
+  const std::vector<int>& cur = current.replicas(l, e);
+  const std::vector<int>& nxt = next.replicas(l, e);
+  for (int s = 0; s < S; ++s) {
+    if (cur[s] == nxt[s]) continue;
+    if (holds(cur, nxt[s]))
+      MOED_THROW(Input,
+                 "layer {} expert {}: shard {} would move to rank {}, which holds shard {} of it until the "
+                 "migration ends (a rank holds one shard of an expert); move them in two migrations",
+                 l, e, s, nxt[s], current.shard_on(l, e, nxt[s]));
+    out.push_back({l, e, cur[s], nxt[s], cur[s], s, S});
+  }
 }
 
 }  // namespace
@@ -165,6 +189,10 @@ std::vector<Move> moves(const Placement& current, const Placement& next) {
   std::vector<Move> out;
   for (int l = 0; l < current.layers(); ++l) {
     for (int e = 0; e < current.experts(); ++e) {
+      if (current.sharded(l, e) || next.sharded(l, e)) {
+        shard_moves(current, next, l, e, out);
+        continue;
+      }
       const std::vector<int> cur = sorted(current.replicas(l, e));
       const std::vector<int> nxt = sorted(next.replicas(l, e));
       std::vector<int> added, removed, kept;
@@ -203,6 +231,12 @@ Placement apply_moves(const Placement& current, const std::vector<Move>& chosen)
       MOED_THROW(Internal, "move of layer {} expert {}: neither adds nor releases a slot", m.layer,
                  m.expert);
     std::vector<int> ranks = out.replicas(m.layer, m.expert);
+    if (out.shards(m.layer, m.expert) != m.shards)
+      MOED_THROW(Internal, "move of layer {} expert {}: a move of shards of {}, but it is split into {}", m.layer,
+                 m.expert, m.shards, out.shards(m.layer, m.expert));
+    if (m.shards > 1 && (m.to < 0 || m.drop < 0 || m.shard < 0 || m.shard >= m.shards || ranks[m.shard] != m.drop))
+      MOED_THROW(Internal, "move of layer {} expert {}: shard {} of {} is not moved from its holder", m.layer,
+                 m.expert, m.shard, m.shards);
     if (m.to >= 0 && holds(ranks, m.to))
       MOED_THROW(Internal, "move of layer {} expert {}: rank {} already holds a slot of it", m.layer,
                  m.expert, m.to);
@@ -219,7 +253,10 @@ Placement apply_moves(const Placement& current, const std::vector<Move>& chosen)
         MOED_THROW(Internal, "move of layer {} expert {}: releasing rank {} leaves it no slot",
                    m.layer, m.expert, m.drop);
     }
-    out.set_replicas(m.layer, m.expert, std::move(ranks));
+    if (m.shards > 1)
+      out.set_shards(m.layer, m.expert, std::move(ranks));
+    else
+      out.set_replicas(m.layer, m.expert, std::move(ranks));
   }
   return out;
 }
@@ -228,7 +265,9 @@ std::string describe_moves(const std::vector<Move>& moves) {
   std::string out;
   for (const Move& m : moves) {
     out += fmt::format("layer {} expert {}: ", m.layer, m.expert);
-    if (m.to >= 0 && m.drop >= 0)
+    if (m.shards > 1)
+      out += fmt::format("shard {} of {}: rank {} -> rank {}", m.shard, m.shards, m.from, m.to);
+    else if (m.to >= 0 && m.drop >= 0)
       out += fmt::format("rank {} -> rank {} (drops rank {})", m.from, m.to, m.drop);
     else if (m.to >= 0 && m.from >= 0)
       out += fmt::format("new replica on rank {} (copied from rank {})", m.to, m.from);

@@ -20,9 +20,12 @@ namespace moed::placement {
 // One slot to fill: a copy of (layer, expert) goes to rank `to`, read from
 // rank `from` (a rank that holds it in the old placement), and the slot of
 // that expert on `drop` is released (-1: nothing released, a new replica).
+// For a split expert the slot is shard `shard` of `shards`, moved whole from
+// its holder (from = drop) to a rank that holds no shard of it.
 struct Move {
   int layer = 0, expert = 0;
   int from = -1, to = -1, drop = -1;
+  int shard = 0, shards = 1;
   bool operator==(const Move&) const = default;
 };
 
@@ -34,7 +37,10 @@ Placement relabel_to_minimise_moves(const Placement& current, const Placement& n
                                     const Topology& topology);
 
 // The slots of `next` that `current` lacks, per layer and expert, each paired
-// with a slot released where an expert leaves a rank.
+// with a slot released where an expert leaves a rank. Shards move one by
+// one; an Input error where an expert is split differently in `next` (a
+// migration moves shards, it does not re-split an expert) or where a shard
+// would land on a rank that holds another shard of its expert until the end.
 std::vector<Move> moves(const Placement& current, const Placement& next);
 
 // Applies a subset of moves to `current` (a move is applied as a whole:

@@ -59,20 +59,34 @@ Placement parse_placement(const std::string& text, const std::string& origin) {
       MOED_THROW(Input, "{}: layer {} lists {} experts, expected {}", origin, l, slots->size(),
                  experts);
     for (int e = 0; e < experts; ++e) {
-      const toml::array* ranks_of = (*slots)[e].as_array();
+      // [0, 2]: whole copies on ranks 0 and 2; {shards = [2, 3]}: split in two, shard s on the s-th rank.
+      const toml::node& entry = *slots->get(std::size_t(e));
+      const toml::table* split = entry.as_table();
+      const toml::array* ranks_of = split ? (*split)["shards"].as_array() : entry.as_array();
+      const auto line = entry.source().begin.line;
+      if (split && (!ranks_of || split->size() != 1))
+        MOED_THROW(Input, "{}: layer {} expert {}: a split expert is written {{shards = [2, 3]}} (line {})", origin,
+                   l, e, line);
       if (!ranks_of)
-        MOED_THROW(Input, "{}: layer {} expert {}: expected an array of ranks like [0, 2]", origin,
-                   l, e);
+        MOED_THROW(Input, "{}: layer {} expert {}: expected an array of ranks like [0, 2] (line {})", origin, l, e,
+                   line);
       std::vector<int> rs;
       for (const auto& node : *ranks_of) {
         auto r = node.value_exact<std::int64_t>();
-        if (!r) MOED_THROW(Input, "{}: layer {} expert {}: ranks must be integers", origin, l, e);
+        if (!r) MOED_THROW(Input, "{}: layer {} expert {}: ranks must be integers (line {})", origin, l, e, line);
         if (*r < 0 || *r >= ranks)
-          MOED_THROW(Input, "{}: layer {} expert {} is placed on rank {}, but ranks are 0..{}",
-                     origin, l, e, *r, ranks - 1);
+          MOED_THROW(Input, "{}: layer {} expert {} is placed on rank {}, but ranks are 0..{} (line {})", origin, l,
+                     e, *r, ranks - 1, line);
         rs.push_back(int(*r));
       }
-      p.set_replicas(l, e, std::move(rs));
+      if (!split) {
+        p.set_replicas(l, e, std::move(rs));
+        continue;
+      }
+      if (rs.size() < 2)
+        MOED_THROW(Input, "{}: layer {} expert {}: {} shard rank{}; a split expert has at least 2 shards (line {})",
+                   origin, l, e, rs.size(), rs.size() == 1 ? "" : "s", line);
+      p.set_shards(l, e, std::move(rs));
     }
   }
   p.validate(origin);
@@ -94,7 +108,10 @@ std::string format_placement(const Placement& p) {
       kFormat, p.epoch(), p.ranks(), p.layers(), p.experts());
   for (int l = 0; l < p.layers(); ++l) {
     out += "\n[[layer]]  # layer " + std::to_string(l) + "\nslots = [";
-    for (int e = 0; e < p.experts(); ++e) out += fmt::format("{}[{}]", e ? ", " : "", fmt::join(p.replicas(l, e), ", "));
+    for (int e = 0; e < p.experts(); ++e) {
+      const std::string ranks = fmt::format("{}", fmt::join(p.replicas(l, e), ", "));
+      out += (e ? ", " : "") + (p.sharded(l, e) ? "{shards = [" + ranks + "]}" : "[" + ranks + "]");
+    }
     out += "]\n";
   }
   return out;

@@ -7,6 +7,9 @@
 //   experts = 8
 //   [[layer]]            # one table per layer, in order
 //   slots = [[0], [0], [1], [1], [2], [2], [3], [3, 1]]   # expert e -> ranks with a slot
+//
+// An expert split into shards (tensor sharding) is written as a table in
+// its place: {shards = [2, 3]} (shard 0 on rank 2, shard 1 on rank 3).
 #pragma once
 
 #include <string>

@@ -9,6 +9,9 @@
 // positions that fall in this rank's chunks of e: a task (a chunk, or the part
 // of a chunk from one home) names its rows as ranges of those arrivals.
 //
+// A shard of a split expert computes every chunk of the expert (its part of
+// F), as an expert with one slot does.
+//
 // Pure: no MPI, no threads, unit-tested.
 #pragma once
 

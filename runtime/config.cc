@@ -160,6 +160,12 @@ const config::Section<ExpertsConfig>& experts_section() {
                      "gemm = openblas, runs compare bit for bit only with equal values)"),
           integer<C>("blas_threads", &C::blas_threads, 1, 1, 1024,
                      "OpenBLAS threads per rank (the fixed-order GEMM runs on one thread)"),
+          integer<C>("ffn_chunks", &C::ffn_chunks, 1, 1, 1 << 16,
+                     "canonical chunks of an expert's F: its output is the sum of the chunks' "
+                     "gate-weighted terms on the fixed grid, so an expert split into S shards "
+                     "(S must divide this) gives the same bits; must divide [model].ffn; above 1, "
+                     "single-expert answers travel as int64, not fp32 (part of the numerics: runs "
+                     "compare bit for bit only with equal values)"),
       });
   return s;
 }
@@ -318,6 +324,9 @@ void validate_config(const Config& c) {
                "config: [workload].hot_ratio = {} is unreachable: the hottest expert can carry at "
                "most every token, {} = [model].experts / [model].top_k times the mean",
                c.workload.hot_ratio, double(m.experts) / double(m.top_k));
+  if (m.ffn % c.experts.ffn_chunks != 0)
+    MOED_THROW(Usage, "config: [experts].ffn_chunks = {} does not divide [model].ffn = {}", c.experts.ffn_chunks,
+               m.ffn);
   if (c.engine.microbatches > 1 && c.experts.gemm != "fixed-order")
     MOED_THROW(Usage,
                "config: [engine].microbatches = {} needs [experts].gemm = \"fixed-order\": with \"{}\" a "

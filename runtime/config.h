@@ -57,6 +57,7 @@ struct IngressConfig {
 struct ExpertsConfig {
   std::string gemm, isa;
   std::int64_t chunk_rows = 0, blas_threads = 1;
+  std::int64_t ffn_chunks = 1;
 };
 
 struct EngineConfig {

@@ -148,7 +148,7 @@ BoundaryActions ControlPlane::decide() {
       body = {{"state", "draining"}};
     } else if (cmd == "migrate") {
       const std::optional<int> from = p.contains("from") ? std::optional<int>(p.at("from")) : std::nullopt;
-      verdict = coordinator_.migrate(c_.placement, p.at("layer"), p.at("expert"), p.at("to"), from);
+      verdict = coordinator_.migrate(c_.placement, p.at("layer"), p.at("expert"), p.at("to"), from, &c_.topology);
       if (verdict.ok()) {
         publish_migration();
         body = {{"migration", migration_json()}};

@@ -24,6 +24,7 @@
 #include "launch/rank_topology_codec.h"
 #include "launch/topology_description.h"
 #include "placement/placement_file.h"
+#include "placement/shard_rules.h"
 #include "routing/stats_file.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/stop_signal.h"
@@ -127,7 +128,8 @@ std::string placement_origin(const Config& c) {
   return c.placement.file;
 }
 
-placement::Placement initial_placement(const Config& c, int ranks) {
+placement::Placement initial_placement(const Config& c, const placement::Topology& topology) {
+  const int ranks = topology.ranks();
   const int L = int(c.model.layers), E = int(c.model.experts);
   const std::string file = placement_origin(c);
   placement::Placement p =
@@ -136,6 +138,7 @@ placement::Placement initial_placement(const Config& c, int ranks) {
   std::string origin = file.empty() ? "[placement].policy" : file;
   placement::check_placement_shape(p, ranks, L, E, origin);
   p.validate(origin, int(c.placement.max_slots_per_rank));
+  placement::check_shards(p, int(c.experts.ffn_chunks), topology, origin);
   return p;
 }
 
@@ -158,12 +161,16 @@ std::optional<routing::RoutingStats> initial_stats(const Config& c, int rank, in
                                  per_rank, max_k);
 }
 
-// "epoch 0, 2 replicated experts, at most 4 slots per rank"
+// "epoch 0, 2 replicated experts, at most 4 slots per rank" (", 1 split expert" when some are)
 std::string placement_details(const placement::Placement& p) {
-  int replicated = 0;
+  int replicated = 0, split = 0;
   for (int l = 0; l < p.layers(); ++l)
-    for (int e = 0; e < p.experts(); ++e) replicated += p.replicas(l, e).size() > 1;
-  return fmt::format("epoch {}, {} replicated experts, at most {} slots per rank", p.epoch(), replicated,
+    for (int e = 0; e < p.experts(); ++e) {
+      split += p.sharded(l, e);
+      replicated += p.replicas(l, e).size() > 1 && !p.sharded(l, e);
+    }
+  return fmt::format("epoch {}, {} replicated experts{}, at most {} slots per rank", p.epoch(), replicated,
+                     split ? fmt::format(", {} split expert{}", split, split == 1 ? "" : "s") : "",
                      p.max_slots_per_rank());
 }
 
@@ -413,7 +420,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     if (local.error) std::rethrow_exception(local.error);
     d->topology_.emplace(found.islands.island_of_rank);
     d->islands_source_ = found.islands.source;
-    d->placement_ = initial_placement(c, mpi.size());
+    d->placement_ = initial_placement(c, *d->topology_);
     // Before the weights: sizes the host cannot hold are refused naming their keys.
     refuse_if_too_large(
         estimate_rank_memory(c, std::uint64_t(d->placement_.slots_on(d->rank_)), mpi.size(), d->rank_),

@@ -50,6 +50,8 @@ std::uint64_t ExpertCounts::before(int rank, int expert) const {
 
 std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) {
   const std::vector<int>& replicas = in.placement->replicas(in.layer, expert);
+  MOED_CHECK(!in.placement->sharded(in.layer, expert), "layer {} expert {} is sharded: every shard computes its chunks",
+             in.layer, expert);
   if (replicas.size() == 1) return 0;
   if (!in.topology || in.topology->islands() == 1)
     return replica_of_chunk(chunk, in.step, replicas.size());
@@ -76,8 +78,8 @@ std::vector<std::uint64_t> pairs_to_ranks(const PlanInput& in, int home) {
     const std::uint64_t n = in.counts->at(home, e);
     if (n == 0) continue;
     const std::vector<int>& replicas = in.placement->replicas(in.layer, e);
-    if (replicas.size() == 1) {
-      pairs[replicas[0]] += n;
+    if (replicas.size() == 1 || in.placement->sharded(in.layer, e)) {  // every shard takes every row
+      for (int r : replicas) pairs[r] += n;
       continue;
     }
     // The home's pairs hold positions [lo, hi) of the expert's rows; each
@@ -122,6 +124,11 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
   // A chunk's replica, remembered: an expert's pairs come in position order.
   std::vector<std::uint64_t> cached_chunk(placement.experts(), UINT64_MAX);
   std::vector<int> cached_dest(placement.experts(), -1);
+  // The batch a pair for `dest` joins: direct within the home's island, else the gateway's.
+  auto route = [&](int dest) -> RowBatch& {
+    const int dest_island = via_gateways ? in.topology->island_of(dest) : 0;
+    return dest_island == home_island ? plan.hop2[dest] : plan.hop1[gateway(*in.topology, in.rank, dest_island)];
+  };
   const std::size_t end = std::min(routing.tokens(), in.rows == SIZE_MAX ? SIZE_MAX : in.first_row + in.rows);
   for (std::size_t t = in.first_row; t < end; ++t) {
     auto experts = routing.experts_of(t);
@@ -130,6 +137,15 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
     for (std::size_t i = 0; i < experts.size(); ++i) {
       const int e = int(experts[i]);
       const std::vector<int>& replicas = placement.replicas(in.layer, e);
+      if (placement.sharded(in.layer, e)) {
+        // A pair per shard; the shards share an island, so a remote one's
+        // row crosses once, to the gateway, which fans it out.
+        for (int dest : replicas) {
+          RowBatch& batch = route(dest);
+          batch.add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
+        }
+        continue;
+      }
       int dest = replicas[0];
       if (replicas.size() > 1) {
         std::uint64_t chunk = (in.counts->before(in.rank, e) + seen[e]) / in.chunk_rows;
@@ -138,11 +154,7 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
         dest = cached_dest[e];
       }
       ++seen[e];
-      const int dest_island = via_gateways ? in.topology->island_of(dest) : 0;
-      RowBatch& batch = dest_island == home_island
-                            ? plan.hop2[dest]
-                            : plan.hop1[gateway(*in.topology, in.rank, dest_island)];
-      batch.add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
+      route(dest).add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
     }
   }
   return plan;
@@ -260,24 +272,24 @@ ReceivedRows::Source view_rows(const RowBatch& b) {
   return src;
 }
 
-std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden) {
+std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, AnswerFormat f) {
   std::vector<std::size_t> bytes(received.from.size(), 0);
   for (std::size_t s = 0; s < received.from.size(); ++s)
     for (std::uint32_t r = 0; r < received.from[s].rows; ++r)
-      bytes[s] += combine_row_bytes(received.from[s].pairs_per_row[r], hidden);
+      bytes[s] += combine_row_bytes(received.from[s].pairs_per_row[r], f);
   return bytes;
 }
 
-std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, int hidden) {
+std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, AnswerFormat f) {
   std::vector<std::size_t> bytes(sent.size(), 0);
   for (std::size_t d = 0; d < sent.size(); ++d)
-    for (std::size_t r = 0; r < sent[d].rows(); ++r) bytes[d] += combine_row_bytes(sent[d].pairs_of(r), hidden);
+    for (std::size_t r = 0; r < sent[d].rows(); ++r) bytes[d] += combine_row_bytes(sent[d].pairs_of(r), f);
   return bytes;
 }
 
-GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden) {
+GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, AnswerFormat f) {
   GatewayAnswers g;
-  g.layout.send_bytes = combine_message_bytes(hop1, hidden);
+  g.layout.send_bytes = combine_message_bytes(hop1, f);
   g.layout.send_offsets = comm::ExchangeLayout::prefix_offsets(g.layout.send_bytes);
   g.send.assign(g.layout.send_total(), std::byte{0});  // sums start at 0
   for (std::size_t s = 0; s < hop1.from.size(); ++s) {
@@ -286,18 +298,19 @@ GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden) {
       const std::uint32_t pairs = hop1.from[s].pairs_per_row[r];
       g.slot_offset.push_back(at);
       g.slot_pairs.push_back(pairs);
-      at += combine_row_bytes(pairs, hidden);
+      at += combine_row_bytes(pairs, f);
     }
   }
   return g;
 }
 
-std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, std::size_t bytes, int hidden,
+std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, std::size_t bytes, AnswerFormat f,
                                     std::int64_t* acc, GatewayAnswers* gateway, int from) {
+  const int hidden = f.hidden;
   std::size_t saturated = 0;
   const std::byte* p = block;
   std::size_t expected = 0;
-  for (std::size_t r = 0; r < b.rows(); ++r) expected += combine_row_bytes(b.pairs_of(r), hidden);
+  for (std::size_t r = 0; r < b.rows(); ++r) expected += combine_row_bytes(b.pairs_of(r), f);
   MOED_CHECK(expected == bytes, "answers from rank {}: {} bytes, expected {}", from, bytes, expected);
   for (std::size_t r = 0; r < b.rows(); ++r) {
     const std::uint32_t pairs = b.pairs_of(r);
@@ -307,7 +320,7 @@ std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, s
     if (b.origin[r] >= 0) {
       // A local token: weight a single expert's output here, as the expert rank would have.
       std::int64_t* a = acc + std::size_t(b.origin[r]) * hidden;
-      if (pairs == 1)
+      if (f.fp32(pairs))
         saturated += kernels::add_weighted_fixed(a, y, weight, hidden);
       else
         kernels::add_fixed(a, partial, hidden);
@@ -315,24 +328,24 @@ std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, s
       MOED_CHECK(gateway, "an answer for a gateway slot on a rank that forwarded nothing");
       const std::size_t slot = std::size_t(-(b.origin[r] + 1));
       std::byte* out = gateway->send.data() + gateway->slot_offset.at(slot);
-      if (gateway->slot_pairs[slot] == 1)  // the hop-1 row had this one pair: pass y on
+      if (f.fp32(gateway->slot_pairs[slot]))  // the hop-1 row had this one pair: pass y on
         std::memcpy(out, y, std::size_t(hidden) * sizeof(float));
-      else if (pairs == 1)
+      else if (f.fp32(pairs))
         saturated += kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y, weight, hidden);
       else
         kernels::add_fixed(reinterpret_cast<std::int64_t*>(out), partial, hidden);
     }
-    p += combine_row_bytes(pairs, hidden);
+    p += combine_row_bytes(pairs, f);
   }
   return saturated;
 }
 
 std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,
-                               const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc,
+                               const comm::ExchangeLayout& layout, AnswerFormat f, std::int64_t* acc,
                                GatewayAnswers* gateway) {
   std::size_t saturated = 0;
   for (std::size_t d = 0; d < sent.size(); ++d)
-    saturated += accumulate_answer_block(sent[d], recv + layout.recv_offsets[d], layout.recv_bytes[d], hidden, acc,
+    saturated += accumulate_answer_block(sent[d], recv + layout.recv_offsets[d], layout.recv_bytes[d], f, acc,
                                          gateway, int(d));
   return saturated;
 }

@@ -166,16 +166,27 @@ ReceivedRows::Source view_rows(const RowBatch& batch);
 void plan_forward(const ReceivedRows& hop1, int hidden, DispatchPlan& plan);
 
 // Combine wire format: each row is answered in the order it was received,
-// as fp32 (the expert output, unweighted) when the row carried one pair, or
-// as the int64 fixed-point gate-weighted sum of its pairs otherwise. Rows
-// are padded to 8 bytes so the int64 rows stay aligned.
-inline std::size_t combine_row_bytes(std::uint32_t pairs, int hidden) {
-  return pairs == 1 ? (std::size_t(hidden) * sizeof(float) + 7) & ~std::size_t(7)
-                    : std::size_t(hidden) * sizeof(std::int64_t);
+// as fp32 (the expert output, unweighted) when the row carried one pair and
+// the experts have one canonical F-chunk, or as the int64 fixed-point
+// gate-weighted sum of its pairs otherwise (with more chunks an expert's
+// output is a sum of chunk terms on the fixed grid, kernels/cpu/expert_ffn.h,
+// which no fp32 value carries). Rows are padded to 8 bytes so the int64 rows
+// stay aligned.
+struct AnswerFormat {
+  int hidden = 0;
+  bool fp32_singles = true;  // [experts].ffn_chunks = 1
+  // A hidden size alone: the format of one chunk.
+  AnswerFormat(int hidden_size, bool fp32_single_answers = true)  // NOLINT: implicit on purpose
+      : hidden(hidden_size), fp32_singles(fp32_single_answers) {}
+  bool fp32(std::uint32_t pairs) const { return pairs == 1 && fp32_singles; }
+};
+inline std::size_t combine_row_bytes(std::uint32_t pairs, AnswerFormat f) {
+  return f.fp32(pairs) ? (std::size_t(f.hidden) * sizeof(float) + 7) & ~std::size_t(7)
+                       : std::size_t(f.hidden) * sizeof(std::int64_t);
 }
 // Bytes of the answers to received rows, per source, and to sent rows, per destination.
-std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, int hidden);
-std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, int hidden);
+std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, AnswerFormat f);
+std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, AnswerFormat f);
 
 // A gateway's answers to its received hop-1 rows: the hop-1 combine message,
 // filled from its island's hop-2 answers.
@@ -185,17 +196,17 @@ struct GatewayAnswers {
   std::vector<std::size_t> slot_offset;    // gateway slot -> byte offset in `send`
   std::vector<std::uint32_t> slot_pairs;   // gateway slot -> pairs of its hop-1 row
 };
-GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, int hidden);
+GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, AnswerFormat f);
 
 // Adds the answers to rows this rank sent (`sent`, one batch per rank; the
 // answers in `recv` laid out by `layout`): rows of local tokens into
 // acc[local token][hidden], rows forwarded for a gateway slot into `gateway`.
 // Returns the count of saturated fixed-point terms.
 std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,
-                               const comm::ExchangeLayout& layout, int hidden, std::int64_t* acc,
+                               const comm::ExchangeLayout& layout, AnswerFormat f, std::int64_t* acc,
                                GatewayAnswers* gateway);
 // The same for the answers from one rank: `block` holds `bytes` of answers to `sent`.
-std::size_t accumulate_answer_block(const RowBatch& sent, const std::byte* block, std::size_t bytes, int hidden,
+std::size_t accumulate_answer_block(const RowBatch& sent, const std::byte* block, std::size_t bytes, AnswerFormat f,
                                     std::int64_t* acc, GatewayAnswers* gateway, int from);
 
 }  // namespace moed::runtime

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/error.h"
 #include "kernels/cpu/finite_scan.h"
 #include "kernels/cpu/fixed_combine.h"
 
@@ -28,19 +29,28 @@ ExpertCallCounts ExpertExecutor::run_block(const kernels::ExpertView& expert, st
   scratch_.resize(kernels::expert_ffn_scratch(expert, m));
   for (std::size_t i = 0; i < m; ++i) std::memcpy(x_.data() + i * H, rows[i].in, row_bytes);
   bytes_copied_ += m * row_bytes;
-  kernels::expert_ffn(expert, x_.data(), m, y_.data(), scratch_.data());
+  // Chunk by chunk (kernels/cpu/expert_ffn.h): each chunk's output is
+  // weighted onto its rows' fixed-point sums, so that the shards of a split
+  // expert, which hold whole chunks, add up to the same integers.
+  kernels::expert_ffn_up(expert, x_.data(), m, scratch_.data());
   ExpertCallCounts counts;
-  for (std::size_t i = 0; i < m; ++i) {
-    const float* y = y_.data() + i * H;
-    // Counted here, where the expert is known, for rows weighted here and
-    // rows whose fp32 output is weighted at the token's home alike.
-    counts.nonfinite += std::isfinite(rows[i].weight) ? kernels::count_nonfinite(y, H) : H;
-    if (rows[i].single) {
-      std::memcpy(rows[i].out, y, row_bytes);
-      bytes_copied_ += row_bytes;
-    } else {
-      counts.saturated +=
-          kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(rows[i].out), y, rows[i].weight, H);
+  for (std::size_t c = 0; c < expert.chunks; ++c) {
+    kernels::expert_ffn_down_chunk(expert, scratch_.data(), m, c, y_.data());
+    for (std::size_t i = 0; i < m; ++i) {
+      const float* y = y_.data() + i * H;
+      // Counted here, where the expert is known, for rows weighted here and
+      // rows whose fp32 output is weighted at the token's home alike (per
+      // chunk: a shard counts the terms of its own chunks).
+      counts.nonfinite += std::isfinite(rows[i].weight) ? kernels::count_nonfinite(y, H) : H;
+      if (rows[i].single) {
+        // An fp32 answer is one whole output: only an expert of one chunk gives it.
+        MOED_CHECK(expert.chunks == 1, "an fp32 answer from an expert of {} chunks", expert.chunks);
+        std::memcpy(rows[i].out, y, row_bytes);
+        bytes_copied_ += row_bytes;
+      } else {
+        counts.saturated +=
+            kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(rows[i].out), y, rows[i].weight, H);
+      }
     }
   }
   return counts;

@@ -1,8 +1,9 @@
 // The expert side of a layer: rows of one local expert run through the
 // SwiGLU FFN in one call, and each output is written where its answer goes
 // (see dispatch_plan.h for the combine format): copied as fp32 when its row
-// carried one pair, added gate-weighted onto the row's fixed-point sum
-// otherwise.
+// carried one pair and experts have one canonical F-chunk, else added
+// gate-weighted onto the row's fixed-point sum, chunk by chunk
+// (kernels/cpu/expert_ffn.h).
 #pragma once
 
 #include <cstddef>
@@ -34,7 +35,7 @@ struct ExpertRow {
   const float* in = nullptr;   // hidden floats
   std::byte* out = nullptr;    // the row's answer in a combine message
   float weight = 0;            // the pair's gate weight (sums only)
-  bool single = false;         // the row carried one pair: out is fp32, unweighted
+  bool single = false;         // one pair, one chunk: out is fp32, unweighted
 };
 
 class ExpertExecutor {

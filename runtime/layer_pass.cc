@@ -31,6 +31,7 @@ void LayerPass::plan(const Setup& setup, const PlanInput& in, const Homes& homes
   acc_ = acc;
   where_ = where;
   H_ = setup.store->shape().hidden;
+  answer_format_ = AnswerFormat(H_, setup.store->ffn_chunks() == 1);
   const int R = ranks();
   plan_ = plan_dispatch(in_, xn, H_);
   forward_ = DispatchPlan{};
@@ -102,7 +103,7 @@ void LayerPass::size_receives() {
     s.layout.recv_bytes.assign(std::size_t(R), 0);
     s.back_bytes.assign(std::size_t(R), 0);
   }
-  const std::size_t answer_row_max = combine_row_bytes(2, H_);
+  const std::size_t answer_row_max = combine_row_bytes(2, answer_format_);
   for (int s = 0; s < R; ++s) {
     if (s == m) continue;
     if (!remote_island(s)) {  // s sends its own rows here directly
@@ -132,9 +133,9 @@ void LayerPass::size_receives() {
       streams_[kForward].back_bytes[s] = std::min(out_pairs, out_tokens) * answer_row_max;
     }
   }
-  streams_[kDirect].back_bytes = combine_message_bytes(plan_.hop2, H_);
+  streams_[kDirect].back_bytes = combine_message_bytes(plan_.hop2, answer_format_);
   streams_[kDirect].back_bytes[m] = 0;  // answered in place
-  streams_[kHop1].back_bytes = combine_message_bytes(plan_.hop1, H_);
+  streams_[kHop1].back_bytes = combine_message_bytes(plan_.hop1, answer_format_);
   for (Stream& s : streams_) {
     s.layout.recv_offsets = comm::ExchangeLayout::prefix_offsets(s.layout.recv_bytes);
     s.recv.resize(s.layout.recv_total());
@@ -203,7 +204,7 @@ void LayerPass::on_rows(int id, int source, ReceivedRows::Source src) {
   // Lay out the answers to these rows, and file each pair under its expert and home.
   const ReceivedRows::Source& f = s.from[source];
   std::size_t bytes = 0;
-  for (std::uint32_t r = 0; r < f.rows; ++r) bytes += combine_row_bytes(f.pairs_per_row[r], H_);
+  for (std::uint32_t r = 0; r < f.rows; ++r) bytes += combine_row_bytes(f.pairs_per_row[r], answer_format_);
   std::vector<std::byte>& answer = s.answer[source];
   answer.assign(bytes, std::byte{0});  // sums start at 0
   std::byte* out = answer.data();
@@ -228,9 +229,9 @@ void LayerPass::on_rows(int id, int source, ReceivedRows::Source src) {
         trace_->out->visits.push_back(v);
         trace_->visit_streams.emplace_back(std::size_t(visit), id, source);
       }
-      rows_[slot_of_[e]][home].push_back({f.row(r, H_), out, f.weights[p], pairs == 1, visit});
+      rows_[slot_of_[e]][home].push_back({f.row(r, H_), out, f.weights[p], answer_format_.fp32(pairs), visit});
     }
-    out += combine_row_bytes(pairs, H_);
+    out += combine_row_bytes(pairs, answer_format_);
   }
   for (int h = 0; h < ranks(); ++h) {
     if (home_source_[h] != std::pair{id, source}) continue;
@@ -245,7 +246,7 @@ void LayerPass::forward_hop1() {
   ReceivedRows hop1;
   hop1.from = std::move(streams_[kHop1].from);
   plan_forward(hop1, H_, forward_);
-  gateway_ = prepare_gateway_answers(hop1, H_);
+  gateway_ = prepare_gateway_answers(hop1, answer_format_);
   streams_[kHop1].from = std::move(hop1.from);  // the forwarded rows point into it
   forwarded_ = true;
   send_rows(streams_[kForward]);
@@ -370,12 +371,13 @@ void LayerPass::on_answer(int id, int source, const std::byte* block, std::size_
   moved_ = true;
   if (trace_) trace_answer_back(id, source);
   if (id == kForward) {
-    counters_.saturated += accumulate_answer_block(forward_.hop2[source], block, bytes, H_, nullptr, &gateway_, source);
+    counters_.saturated += accumulate_answer_block(forward_.hop2[source], block, bytes, answer_format_, nullptr, &gateway_,
+                                                 source);
     if (s.answers_awaited == 0) send_gateway_answers();
     return;
   }
   const RowBatch& sent = id == kDirect ? plan_.hop2[source] : plan_.hop1[source];
-  counters_.saturated += accumulate_answer_block(sent, block, bytes, H_, acc_, nullptr, source);
+  counters_.saturated += accumulate_answer_block(sent, block, bytes, answer_format_, acc_, nullptr, source);
 }
 
 void LayerPass::poll_answers(int id) {

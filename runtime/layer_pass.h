@@ -151,6 +151,7 @@ class LayerPass {
   std::int64_t* acc_ = nullptr;
   std::string where_;
   int H_ = 0;
+  AnswerFormat answer_format_{0};
   DispatchPlan plan_, forward_;  // forward_.hop2: rows this gateway forwards
   ChunkSchedule schedule_;
   std::vector<std::vector<std::uint64_t>> pairs_from_;  // [home][rank]

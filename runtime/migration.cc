@@ -31,7 +31,7 @@ std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& move
   for (std::size_t i = 0; i < moves.size(); ++i) {
     if (moves[i].to < 0) continue;
     offsets[i] = next[moves[i].to];
-    next[moves[i].to] += slot_bytes;
+    next[moves[i].to] += slot_bytes / std::size_t(moves[i].shards);
   }
   if (bytes_per_rank) *bytes_per_rank = next;
   return offsets;
@@ -108,16 +108,20 @@ std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_
   // from fastest (zero-copy where the transport has it).
   std::vector<std::size_t> need = incoming;
   for (const auto& m : moves_)
-    if (m.from >= 0 && m.to >= 0) need[std::size_t(m.from)] += slot_bytes_;
+    if (m.from >= 0 && m.to >= 0) need[std::size_t(m.from)] += move_bytes(m);
   const std::size_t staging = incoming[rank_];
   window_ = &windows_.get(need, want + need[rank_] - incoming[rank_], fmt::format("window of migration {}", id_));
   std::size_t at = refusal ? 0 : staging;
   for (std::size_t i = 0; i < moves_.size(); ++i) {
-    if (moves_[i].from != rank_ || moves_[i].to < 0) continue;
-    store_.copy_slot(moves_[i].layer, moves_[i].expert, reinterpret_cast<float*>(window_->local() + at));
+    const placement::Move& m = moves_[i];
+    if (m.from != rank_ || m.to < 0) continue;
+    MOED_CHECK(store_.shard_of(m.layer, m.expert) == std::pair(m.shard, m.shards),
+               "migration {}: rank {} is to send shard {} of {} of layer {} expert {}, which it does not hold", id_,
+               rank_, m.shard, m.shards, m.layer, m.expert);
+    store_.copy_slot(m.layer, m.expert, reinterpret_cast<float*>(window_->local() + at));
     outgoing_.emplace_back(i, at);
-    at += slot_bytes_;
-    to_send_ += slot_bytes_;
+    at += move_bytes(m);
+    to_send_ += move_bytes(m);
   }
   return refusal;
 }
@@ -138,10 +142,10 @@ void MigrationTransfer::send(std::size_t budget) {
   std::size_t left = budget;
   std::size_t position = 0;  // byte position over all outgoing slots
   for (const auto& [i, staged] : outgoing_) {
-    const std::size_t end = position + slot_bytes_;
+    const std::size_t bytes = move_bytes(moves_[i]), end = position + bytes;
     if (issued_ < end && left > 0) {
       const std::size_t within = issued_ - position;
-      const std::size_t n = std::min(left, slot_bytes_ - within);
+      const std::size_t n = std::min(left, bytes - within);
       transport_.progress();
       window_->put(moves_[i].to, offsets_[i] + within, window_->local() + staged + within, n);
       issued_ += n;
@@ -154,7 +158,7 @@ void MigrationTransfer::send(std::size_t budget) {
 std::vector<std::pair<std::size_t, std::uint64_t>> MigrationTransfer::source_checksums() const {
   std::vector<std::pair<std::size_t, std::uint64_t>> sums;
   for (const auto& [i, staged] : outgoing_)
-    sums.emplace_back(i, weights_checksum(window_->local() + staged, slot_bytes_));
+    sums.emplace_back(i, weights_checksum(window_->local() + staged, move_bytes(moves_[i])));
   return sums;
 }
 
@@ -163,8 +167,9 @@ std::vector<std::size_t> MigrationTransfer::verify(const std::vector<std::uint64
   for (std::size_t i = 0; i < moves_.size(); ++i) {
     if (moves_[i].to != rank_) continue;
     std::byte* landed = window_->local() + offsets_[i];
-    if (faults_.corrupt_destination == rank_) landed[slot_bytes_ / 2] ^= std::byte{0x40};
-    if (weights_checksum(landed, slot_bytes_) != expected.at(i)) bad.push_back(i);
+    const std::size_t bytes = move_bytes(moves_[i]);
+    if (faults_.corrupt_destination == rank_) landed[bytes / 2] ^= std::byte{0x40};
+    if (weights_checksum(landed, bytes) != expected.at(i)) bad.push_back(i);
   }
   return bad;
 }
@@ -173,7 +178,8 @@ void MigrationTransfer::install() {
   for (std::size_t i = 0; i < moves_.size(); ++i)
     if (moves_[i].to == rank_)
       store_.add_slot(moves_[i].layer, moves_[i].expert,
-                      reinterpret_cast<const float*>(window_->local() + offsets_[i]));
+                      reinterpret_cast<const float*>(window_->local() + offsets_[i]), moves_[i].shard,
+                      moves_[i].shards);
 }
 
 void MigrationTransfer::release() {

@@ -33,6 +33,7 @@ std::uint64_t weights_checksum(const void* data, std::size_t bytes);
 
 // Where each destination's incoming slots sit in its window: for move i,
 // the byte offset in window of moves[i].to (0 for moves without a destination).
+// slot_bytes is a whole expert's; a shard's move carries 1/shards of it.
 std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, std::size_t slot_bytes,
                                         int ranks, std::vector<std::size_t>* bytes_per_rank = nullptr);
 
@@ -99,7 +100,9 @@ class MigrationTransfer {
   ExpertStore& store_;
   comm::Transport& transport_;
   MigrationFaults faults_;
-  std::size_t slot_bytes_;
+  std::size_t move_bytes(const placement::Move& m) const { return slot_bytes_ / std::size_t(m.shards); }
+
+  std::size_t slot_bytes_;  // a whole expert's
   std::vector<std::size_t> offsets_;
   MigrationWindows& windows_;
   comm::RmaWindow* window_ = nullptr;  // from windows_

@@ -77,7 +77,7 @@ Verdict MigrationCoordinator::refuse_if_unavailable() const {
 }
 
 Verdict MigrationCoordinator::migrate(const placement::Placement& p, int layer, int expert, int to,
-                                      std::optional<int> from) {
+                                      std::optional<int> from, const placement::Topology* topology) {
   if (Verdict v = refuse_if_unavailable(); !v.ok()) return v;
   if (layer < 0 || expert < 0 || to < 0 || layer >= p.layers() || expert >= p.experts() || to >= p.ranks())
     return {admin::code::kBadParams,
@@ -89,7 +89,14 @@ Verdict MigrationCoordinator::migrate(const placement::Placement& p, int layer, 
   const int source = from.value_or(holders.front());
   if (std::find(holders.begin(), holders.end(), source) == holders.end())
     return {admin::code::kBadParams, fmt::format("rank {} does not hold layer {} expert {}", source, layer, expert)};
-  start({{layer, expert, source, to, source}}, "migrate");
+  const int shards = p.shards(layer, expert);
+  if (shards > 1 && topology && topology->island_of(to) != topology->island_of(source))
+    return {admin::code::kRefused,
+            fmt::format("layer {} expert {} is split into {} shards on island {}; rank {} is on island {} (the "
+                        "shards of an expert share an island)",
+                        layer, expert, shards, topology->island_of(source), to, topology->island_of(to))};
+  // A split expert's shard held by `source` moves whole.
+  start({{layer, expert, source, to, source, p.shard_on(layer, expert, source), shards}}, "migrate");
   return {};
 }
 
@@ -120,7 +127,7 @@ void MigrationCoordinator::start(std::vector<placement::Move> moves, const std::
   m.id = next_id_++;
   m.moves = std::move(moves);
   m.why = why;
-  for (const auto& mv : m.moves) m.bytes += mv.to >= 0 ? slot_bytes_ : 0;
+  for (const auto& mv : m.moves) m.bytes += mv.to >= 0 ? slot_bytes_ / std::size_t(mv.shards) : 0;
   m.expected.assign(m.moves.size(), 0);
   for (double ms : steady_step_ms_) m.step_ms_before.add(ms);
   spdlog::info("migration {} ({}): {} slot move(s), {:.1f} MB", m.id, why, m.moves.size(), double(m.bytes) / 1e6);

@@ -24,6 +24,7 @@
 #include "common/quantile_histogram.h"
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
+#include "placement/topology.h"
 
 namespace moed::runtime {
 
@@ -92,7 +93,10 @@ class MigrationCoordinator {
   Verdict shutdown();
   Verdict drain();
   // Copy (layer, expert) to rank `to` from `from` (default: its first holder).
-  Verdict migrate(const placement::Placement& current, int layer, int expert, int to, std::optional<int> from);
+  // A split expert's shard on `from` moves there whole; with a topology, only
+  // within the shards' island.
+  Verdict migrate(const placement::Placement& current, int layer, int expert, int to, std::optional<int> from,
+                  const placement::Topology* topology = nullptr);
   // Accepted: the ranks gather statistics, and planning runs until
   // plan_ready() or plan_failed(). Only one request may plan at a time.
   Verdict reoptimize();

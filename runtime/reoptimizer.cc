@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "placement/optimizer.h"
+#include "placement/shard_choice.h"
 
 namespace moed::runtime {
 
@@ -15,6 +16,7 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
     options.redundant_slots = request.redundant_slots;
     placement::Placement next = placement::optimize(stats, topology, options);
     next = placement::relabel_to_minimise_moves(current, next, topology);
+    next = placement::keep_splits(current, std::move(next));
     const routing::RoutingTrace sample = stats.sample_trace();
     if (request.max_moves) next = placement::limit_moves(current, next, *request.max_moves, sample, topology);
     ReoptimizePlan plan;

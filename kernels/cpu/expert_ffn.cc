@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/silu_body.h"
 
@@ -25,20 +26,46 @@ void silu_mul(const float* gate, const float* up, std::size_t n, float* out) {
   detail::silu_mul_body(gate, up, n, out);
 }
 
-void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, float* scratch) {
+void expert_ffn_up(const ExpertView& e, const float* x, std::size_t m, float* h13) {
   const std::size_t F = e.ffn, H = e.hidden;
-  float* h13 = scratch;  // [m, 2F]: W1 x in columns [0, F), W3 x in [F, 2F)
+  // [m, 2F]: W1 x in columns [0, F), W3 x in [F, 2F)
   if (e.w13_packed)
     gemm_fixed_order(x, m, *e.w13_packed, h13);
   else
     gemm_xwt(x, m, H, e.w13, 2 * F, h13);
   // Gate in place: the first F columns of each row become silu(W1 x) * (W3 x).
   for (std::size_t r = 0; r < m; ++r) silu_mul(h13 + r * 2 * F, h13 + r * 2 * F + F, F, h13 + r * 2 * F);
+}
+
+void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, float* scratch) {
+  const std::size_t F = e.ffn, H = e.hidden;
+  expert_ffn_up(e, x, m, scratch);
   // y = act · W2ᵀ reading act with a row stride of 2F.
   if (e.w2_packed)
-    gemm_fixed_order(h13, m, *e.w2_packed, y, /*lda=*/2 * F);
+    gemm_fixed_order(scratch, m, *e.w2_packed, y, /*lda=*/2 * F);
   else
-    gemm_xwt(h13, m, F, e.w2, H, y, /*lda=*/2 * F);
+    gemm_xwt(scratch, m, F, e.w2, H, y, /*lda=*/2 * F);
+}
+
+void expert_ffn_down_chunk(const ExpertView& e, const float* h13, std::size_t m, std::size_t chunk, float* y) {
+  const std::size_t F = e.ffn, H = e.hidden;
+  MOED_CHECK(e.chunks >= 1 && F % e.chunks == 0 && chunk < e.chunks, "chunk {} of {} over an F of {}", chunk,
+             e.chunks, F);
+  const std::size_t width = F / e.chunks, first = chunk * width;
+  if (e.w2_packed)
+    gemm_fixed_order_range(h13 + first, m, *e.w2_packed, first, first + width, y, /*lda=*/2 * F);
+  else
+    gemm_xwt(h13 + first, m, width, e.w2 + first, H, y, /*lda=*/2 * F, /*ldw=*/F);
+}
+
+void shard_expert_weights(const float* w13, const float* w2, std::size_t hidden, std::size_t ffn, std::size_t shard,
+                          std::size_t shards, float* shard_w13, float* shard_w2) {
+  MOED_CHECK(shards >= 1 && ffn % shards == 0 && shard < shards, "shard {} of {} over an F of {}", shard, shards,
+             ffn);
+  const std::size_t H = hidden, F = ffn, width = F / shards, first = shard * width;
+  std::memcpy(shard_w13, w13 + first * H, width * H * sizeof(float));                   // W1 rows
+  std::memcpy(shard_w13 + width * H, w13 + (F + first) * H, width * H * sizeof(float));  // W3 rows
+  for (std::size_t h = 0; h < H; ++h) std::memcpy(shard_w2 + h * width, w2 + h * F + first, width * sizeof(float));
 }
 
 }  // namespace moed::kernels

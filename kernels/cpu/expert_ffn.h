@@ -1,4 +1,16 @@
 // The SwiGLU expert FFN on CPU: y = W2 · (silu(W1 x) ⊙ (W3 x)).
+//
+// Canonical F-chunks. The down-projection sums over F; to let an expert be
+// split over ranks (tensor sharding) without changing a bit, F is cut into
+// `chunks` equal canonical chunks ([experts].ffn_chunks), the down-projection
+// runs per chunk (each y_c its own fma chain from +0), and the expert's
+// gate-weighted output is the sum over chunks of round(w · y_c · 2^32) on the
+// fixed grid (kernels/cpu/fixed_combine.h). Integers add in any grouping, so
+// a shard holding whole chunks contributes exactly its chunks' integers, and
+// the shards' sum is the unsharded expert's. A shard's own columns give the
+// same bits as those columns of the whole expert: every output column of the
+// up-projection is its own chain (fixed_order_gemm.h), silu_mul works element
+// by element, and a chunk's chain reads only that chunk's columns.
 #pragma once
 
 #include <cstddef>
@@ -17,15 +29,32 @@ struct ExpertView {
   const float* w13 = nullptr;                 // [2F, H], row-major (OpenBLAS)
   const float* w2 = nullptr;                  // [H, F], row-major (OpenBLAS)
   std::size_t hidden = 0;                     // H
-  std::size_t ffn = 0;                        // F
+  std::size_t ffn = 0;                        // F of this view (a shard's: F / S)
+  std::size_t chunks = 1;                     // canonical F-chunks in this view
 };
 
 // Scratch floats expert_ffn needs for m rows.
 inline std::size_t expert_ffn_scratch(const ExpertView& e, std::size_t m) { return m * 2 * e.ffn; }
 
 // y[m, H] for x[m, H]: two GEMM calls (w13, then w2) and the gated activation;
-// fixed-order GEMMs when the view holds packed weights, else OpenBLAS.
+// fixed-order GEMMs when the view holds packed weights, else OpenBLAS. The
+// down-projection runs over the whole F: with one chunk this is the
+// canonical output, with more use the two halves below.
 void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, float* scratch);
+
+// The up-projection and the gate: for each row, columns [0, F) of h13 (rows
+// 2F apart; expert_ffn_scratch floats) become silu(W1 x) ⊙ (W3 x).
+void expert_ffn_up(const ExpertView& e, const float* x, std::size_t m, float* h13);
+// y[m, H] = the down-projection of chunk `chunk` of this view alone: columns
+// [chunk F/chunks, (chunk + 1) F/chunks) of the activation and of W2.
+void expert_ffn_down_chunk(const ExpertView& e, const float* h13, std::size_t m, std::size_t chunk, float* y);
+
+// Shard `shard` of `shards` of one expert's weights, as a rank holding it
+// keeps them: rows [a, b) of W1 then of W3 (a = shard F/S, b = a + F/S) as a
+// [2F/S, H] matrix, and columns [a, b) of W2 as [H, F/S]; w13 and w2 are the
+// whole expert's, laid out as in ExpertView.
+void shard_expert_weights(const float* w13, const float* w2, std::size_t hidden, std::size_t ffn, std::size_t shard,
+                          std::size_t shards, float* shard_w13, float* shard_w2);
 
 // out[i] = silu(gate[i]) * up[i], with a fixed-sequence exp (same bits on every run).
 void silu_mul(const float* gate, const float* up, std::size_t n, float* out);

@@ -129,7 +129,13 @@ GemmIsa gemm_isa() { return g_isa; }
 
 void gemm_fixed_order(const float* a, std::size_t m, const PackedWeights& w, float* c, std::size_t lda,
                       std::size_t ldc) {
-  const std::size_t n = w.n(), k = w.k();
+  gemm_fixed_order_range(a, m, w, 0, w.k(), c, lda, ldc);
+}
+
+void gemm_fixed_order_range(const float* a, std::size_t m, const PackedWeights& w, std::size_t k_begin,
+                            std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
+  MOED_CHECK(k_begin <= k_end && k_end <= w.k(), "k range [{}, {}) of a matrix with k {}", k_begin, k_end, w.k());
+  const std::size_t n = w.n(), k = k_end - k_begin;
   lda = lda ? lda : k;
   ldc = ldc ? ldc : n;
   if (m == 0 || n == 0) return;
@@ -159,7 +165,7 @@ void gemm_fixed_order(const float* a, std::size_t m, const PackedWeights& w, flo
         }
       }
       for (std::size_t p = 0; p < w.panels(); ++p) {
-        const float* panel = w.panel(p) + k0 * kP;
+        const float* panel = w.panel(p) + (k_begin + k0) * kP;
         const std::size_t j0 = p * kP, cols = std::min(kP, n - j0);
         for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
           const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);

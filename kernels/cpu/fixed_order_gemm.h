@@ -68,6 +68,14 @@ GemmIsa gemm_isa();
 void gemm_fixed_order(const float* a, std::size_t m, const PackedWeights& w, float* c,
                       std::size_t lda = 0, std::size_t ldc = 0);
 
+// The same over the k range [k_begin, k_end) of W only: each C[i][j] is the
+// chain over those kk, from +0, with a[i * lda + (kk - k_begin)] as A's
+// element (a points at the range's first column; lda 0: k_end - k_begin).
+// A range of a matrix and a matrix packed from just those columns give the
+// same bits (the chunks of an expert's down-projection; kernels/cpu/expert_ffn.h).
+void gemm_fixed_order_range(const float* a, std::size_t m, const PackedWeights& w, std::size_t k_begin,
+                            std::size_t k_end, float* c, std::size_t lda = 0, std::size_t ldc = 0);
+
 // What a start-up probe found: whether a row's bits held at every position
 // and batch size tried, and against the plain std::fma chain.
 struct InvarianceProbe {

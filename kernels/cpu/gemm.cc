@@ -22,10 +22,10 @@ std::string blas_description() {
 }
 
 void gemm_xwt(const float* a, std::size_t m, std::size_t k, const float* w, std::size_t n, float* c,
-              std::size_t lda) {
+              std::size_t lda, std::size_t ldw) {
   if (m == 0 || n == 0) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, a,
-              int(lda ? lda : k), w, int(k), 0.0f, c, int(n));
+              int(lda ? lda : k), w, int(ldw ? ldw : k), 0.0f, c, int(n));
 }
 
 }  // namespace moed::kernels

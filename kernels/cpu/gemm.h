@@ -20,8 +20,9 @@ namespace moed::kernels {
 void set_blas_threads(int threads);
 std::string blas_description();  // e.g. "OpenBLAS 0.3.21 (Zen), 1 thread"
 
-// C[m, n] = A[m, k] · W[n, k]ᵀ, one sgemm call; A's rows are lda apart (0: k).
+// C[m, n] = A[m, k] · W[n, k]ᵀ, one sgemm call; A's rows are lda apart (0: k),
+// W's ldw apart (0: k).
 void gemm_xwt(const float* a, std::size_t m, std::size_t k, const float* w, std::size_t n, float* c,
-              std::size_t lda = 0);
+              std::size_t lda = 0, std::size_t ldw = 0);
 
 }  // namespace moed::kernels

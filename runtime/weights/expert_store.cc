@@ -69,6 +69,12 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
   ExpertStore store;
   store.shape_ = ModelShape::from(config.model);
   store.packed_ = config.experts.gemm == "fixed-order";
+  store.ffn_chunks_ = int(config.experts.ffn_chunks);
+  // OpenBLAS gives no promise that a shard's narrower GEMMs round as the
+  // whole expert's columns do; the fixed-order GEMM does (expert_ffn.h).
+  if (placement.any_sharded() && !store.packed_)
+    MOED_THROW(Input, "the placement splits experts into shards, which needs [experts].gemm = \"fixed-order\" "
+                      "(it is \"{}\")", config.experts.gemm);
   const ModelShape& s = store.shape_;
   TensorSource source(config, s);
   const std::size_t H = s.hidden, F = s.ffn;
@@ -84,20 +90,32 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
       source.up(l, e, 1, w13.data());
       source.up(l, e, 3, w13.data() + F * H);
       source.down(l, e, w2.data());
-      store.slots_.emplace(std::pair{l, e}, store.make_slot(std::move(w13), std::move(w2)));
+      const int shards = placement.shards(l, e), shard = placement.shard_on(l, e, rank);
+      if (shards > 1) {  // keep this rank's shard only
+        std::vector<float> own13(2 * F * H / shards), own2(H * F / shards);
+        kernels::shard_expert_weights(w13.data(), w2.data(), H, F, std::size_t(shard), std::size_t(shards),
+                                      own13.data(), own2.data());
+        w13 = std::move(own13), w2 = std::move(own2);
+      }
+      store.slots_.emplace(std::pair{l, e}, store.make_slot(std::move(w13), std::move(w2), shard, shards));
     }
   }
   return store;
 }
 
-ExpertStore::Slot ExpertStore::make_slot(std::vector<float> w13, std::vector<float> w2) const {
+ExpertStore::Slot ExpertStore::make_slot(std::vector<float> w13, std::vector<float> w2, int shard,
+                                         int shards) const {
+  MOED_CHECK(shards >= 1 && shard >= 0 && shard < shards && ffn_chunks_ % shards == 0,
+             "shard {} of {} with {} canonical chunks", shard, shards, ffn_chunks_);
   Slot slot;
+  slot.shard = shard;
+  slot.shards = shards;
   if (!packed_) {
     slot.w13 = std::move(w13);
     slot.w2 = std::move(w2);
     return slot;
   }
-  const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn);
+  const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn) / std::size_t(shards);
   slot.w13_packed = kernels::PackedWeights(w13.data(), 2 * F, H);
   slot.w2_packed = kernels::PackedWeights(w2.data(), H, F);
   return slot;
@@ -110,16 +128,25 @@ const ExpertStore::Slot* ExpertStore::find(int layer, int expert) const {
 
 bool ExpertStore::holds(int layer, int expert) const { return find(layer, expert) != nullptr; }
 
+std::pair<int, int> ExpertStore::shard_of(int layer, int expert) const {
+  const Slot* slot = find(layer, expert);
+  MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
+  return {slot->shard, slot->shards};
+}
+
 kernels::ExpertView ExpertStore::expert(int layer, int expert) const {
   const Slot* slot = find(layer, expert);
   MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
-  const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn);
-  if (packed_) return {&slot->w13_packed, &slot->w2_packed, nullptr, nullptr, H, F};
-  return {nullptr, nullptr, slot->w13.data(), slot->w2.data(), H, F};
+  const std::size_t H = std::size_t(shape_.hidden), S = std::size_t(slot->shards);
+  const std::size_t F = std::size_t(shape_.ffn) / S, chunks = std::size_t(ffn_chunks_) / S;
+  if (packed_) return {&slot->w13_packed, &slot->w2_packed, nullptr, nullptr, H, F, chunks};
+  return {nullptr, nullptr, slot->w13.data(), slot->w2.data(), H, F, chunks};
 }
 
 std::size_t ExpertStore::expert_bytes() const {
-  return std::size_t(slots()) * std::size_t(shape_.expert_params()) * sizeof(float);
+  std::size_t bytes = 0;
+  for (const auto& [key, slot] : slots_) bytes += slot_floats(slot.shards) * sizeof(float);
+  return bytes;
 }
 
 int ExpertStore::slots() const { return int(slots_.size()); }
@@ -127,7 +154,7 @@ int ExpertStore::slots() const { return int(slots_.size()); }
 void ExpertStore::copy_slot(int layer, int expert, float* out) const {
   const Slot* slot = find(layer, expert);
   MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
-  const std::size_t up = 2 * std::size_t(shape_.ffn) * std::size_t(shape_.hidden);
+  const std::size_t up = 2 * std::size_t(shape_.ffn) / std::size_t(slot->shards) * std::size_t(shape_.hidden);
   if (packed_) {
     slot->w13_packed.unpack(out);
     slot->w2_packed.unpack(out + up);
@@ -137,11 +164,12 @@ void ExpertStore::copy_slot(int layer, int expert, float* out) const {
   std::copy(slot->w2.begin(), slot->w2.end(), out + up);
 }
 
-void ExpertStore::add_slot(int layer, int expert, const float* weights) {
+void ExpertStore::add_slot(int layer, int expert, const float* weights, int shard, int shards) {
   MOED_CHECK(!holds(layer, expert), "layer {} expert {} is already held", layer, expert);
-  const std::size_t up = 2 * std::size_t(shape_.ffn) * std::size_t(shape_.hidden);
-  slots_.emplace(std::pair{layer, expert}, make_slot(std::vector<float>(weights, weights + up),
-                                                     std::vector<float>(weights + up, weights + slot_floats())));
+  const std::size_t up = 2 * std::size_t(shape_.ffn) / std::size_t(shards) * std::size_t(shape_.hidden);
+  slots_.emplace(std::pair{layer, expert},
+                 make_slot(std::vector<float>(weights, weights + up),
+                           std::vector<float>(weights + up, weights + slot_floats(shards)), shard, shards));
 }
 
 void ExpertStore::drop_slot(int layer, int expert) {

@@ -2,6 +2,9 @@
 // router is replicated) and the experts of this rank's slots, in fp32. With
 // [experts].gemm = "fixed-order" the experts are held packed for that GEMM
 // (packed once, at load or when a migrated slot arrives), else row-major.
+// A slot may hold one shard of a split expert (placement/placement.h): its
+// F/S rows of W1 and W3 and columns of W2 (kernels/cpu/expert_ffn.h), served
+// as a view of F/S and [experts].ffn_chunks / S canonical chunks.
 #pragma once
 
 #include <cstddef>
@@ -30,31 +33,40 @@ class ExpertStore {
   const ModelShape& shape() const { return shape_; }
   const LayerWeights& layer(int l) const { return layers_.at(l); }
   bool holds(int layer, int expert) const;
+  // The shard of (layer, expert) held here (0 of 1 for a whole copy): {shard, shards}.
+  std::pair<int, int> shard_of(int layer, int expert) const;
+  int ffn_chunks() const { return ffn_chunks_; }
   kernels::ExpertView expert(int layer, int expert) const;  // Internal error if not held
-  std::size_t expert_bytes() const;                          // fp32 bytes of the held slots
+  std::size_t expert_bytes() const;                          // fp32 bytes of the held slots (shards: 1/S)
   int slots() const;
 
   bool packed() const { return packed_; }
 
   // Live migration moves slots as flat fp32 arrays: W1|W3 ([2F, H]) then W2
-  // ([H, F]), row-major whichever way the two ranks hold them.
-  std::size_t slot_floats() const { return 3 * std::size_t(shape_.hidden) * std::size_t(shape_.ffn); }
-  void copy_slot(int layer, int expert, float* out) const;  // slot_floats() floats
-  void add_slot(int layer, int expert, const float* weights);
+  // ([H, F]), row-major whichever way the two ranks hold them; a shard's are
+  // its own ([2F/S, H] and [H, F/S]), slot_floats(S) floats.
+  std::size_t slot_floats(int shards = 1) const {
+    return 3 * std::size_t(shape_.hidden) * std::size_t(shape_.ffn) / std::size_t(shards);
+  }
+  void copy_slot(int layer, int expert, float* out) const;  // slot_floats(its shards) floats
+  // Installs shard `shard` of `shards` (0 of 1: a whole copy).
+  void add_slot(int layer, int expert, const float* weights, int shard = 0, int shards = 1);
   void drop_slot(int layer, int expert);
 
  private:
   // One of the two forms, as packed_ says.
   struct Slot {
     kernels::PackedWeights w13_packed, w2_packed;
-    std::vector<float> w13;  // [2F, H]
-    std::vector<float> w2;   // [H, F]
+    std::vector<float> w13;  // [2F/S, H]
+    std::vector<float> w2;   // [H, F/S]
+    int shard = 0, shards = 1;
   };
-  Slot make_slot(std::vector<float> w13, std::vector<float> w2) const;
+  Slot make_slot(std::vector<float> w13, std::vector<float> w2, int shard, int shards) const;
   const Slot* find(int layer, int expert) const;
 
   ModelShape shape_;
   bool packed_ = true;
+  int ffn_chunks_ = 1;
   std::vector<LayerWeights> layers_;
   std::map<std::pair<int, int>, Slot> slots_;  // (layer, expert) -> weights
 };

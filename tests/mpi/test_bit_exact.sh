@@ -2,7 +2,7 @@
 # Bit-exactness of moed's outputs across rank counts, placements, routing
 # modes, workloads and weight sources; and agreement with the independent
 # plain-loop reference (moe_reference) within its fp32 tolerance.
-# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights|engine|policies
+# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights|engine|policies|sharded
 source "$(dirname "$0")/lib.sh"
 mode=${1:?mode}
 base=(--config "$SMALL")
@@ -60,6 +60,43 @@ weights)
     --dump "$SCRATCH/file-bf16.bin"
   cmp -s "$SCRATCH/mem-f32.bin" "$SCRATCH/mem-bf16.bin" && fail "bf16 weights gave the f32 outputs"
   echo "ok: bf16 weights change the outputs"
+  ;;
+sharded)
+  # Experts split into shards over the ranks of an island (4 canonical
+  # F-chunks) serve the bits of the unsplit 1-rank run: 2 shards on 2 ranks,
+  # 2 shards per island on 4 ranks in 2 islands (flat and hierarchical, with a
+  # replica across islands), 4 shards on 4 ranks; and refusals of placements
+  # the run cannot serve.
+  chunks=(--set experts.ffn_chunks=4)
+  moed_on 0 "${base[@]}" "${chunks[@]}" --dump-output "$SCRATCH/ref.bin"
+  "$MOE_REFERENCE" "${base[@]}" "${chunks[@]}" --dump "$SCRATCH/ref.bin"
+  # placement FILE RANKS SLOTS: the same slots in each of the 3 layers.
+  placement() {
+    printf 'format = "moed-placement-v1"\nepoch = 0\nranks = %s\nlayers = 3\nexperts = 8\n' "$2" >"$1"
+    for _ in 1 2 3; do printf '[[layer]]\nslots = %s\n' "$3" >>"$1"; done
+  }
+  placement "$SCRATCH/two.toml" 2 '[[0], {shards = [0, 1]}, [0], [0], [1], [1], {shards = [1, 0]}, [1]]'
+  placement "$SCRATCH/islands.toml" 4 '[[0], {shards = [0, 1]}, [1], [1], [2], {shards = [3, 2]}, [3, 0], [3]]'
+  placement "$SCRATCH/four.toml" 4 '[[0], [0], [1], {shards = [3, 1, 0, 2]}, [2], [2], [3], [3]]'
+  moed_on 2 "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/two.toml" --dump-output "$SCRATCH/two.bin"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/two.bin" "2 experts in 2 shards on 2 ranks vs unsplit on 1"
+  for comm in "hierarchical=true" "hierarchical=false"; do
+    moed_on 4 "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/islands.toml" --set cluster.ranks_per_island=2 \
+      --set "comm.$comm" --dump-output "$SCRATCH/islands.bin"
+    same_bits "$SCRATCH/ref.bin" "$SCRATCH/islands.bin" "shards in each of 2 islands of 2 ranks, [comm].$comm vs 1"
+  done
+  moed_on 4 "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/four.toml" --set engine.microbatches=2 \
+    --dump-output "$SCRATCH/four.bin"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/four.bin" "an expert in 4 shards on 4 ranks, 2 micro-batches vs 1"
+  expect_failure 2 'layer 0 expert 1 is split into 2 shards, which does not divide \[experts\].ffn_chunks = 1' \
+    "a split expert without canonical chunks" -- mpirun --bind-to none -np 2 "$MOED" "${base[@]}" \
+    --placement "$SCRATCH/two.toml"
+  expect_failure 2 'layer 0 expert 1: shard 0 is on rank 0 \(island 0\) but a shard is on rank 1 \(island 1\)' \
+    "shards on two islands" -- mpirun --bind-to none -np 2 "$MOED" "${base[@]}" "${chunks[@]}" \
+    --placement "$SCRATCH/two.toml" --set cluster.ranks_per_island=1
+  expect_failure 2 'needs \[experts\].gemm = "fixed-order"' "shards with OpenBLAS" -- \
+    mpirun --bind-to none -np 2 "$MOED" "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/two.toml" \
+    --set experts.gemm=openblas
   ;;
 engine)
   # The step loop's scheduling: every phase waiting for the previous one,

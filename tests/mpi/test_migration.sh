@@ -11,12 +11,16 @@
 #   restart  a rank killed during a migration ends the job with a clear
 #            message; relaunched, the cluster resumes the committed placement
 #            and its statistics
+#   shards   shards of split experts move to other ranks of their island, and
+#            reoptimize --apply keeps the splits while it moves the rest;
+#            outputs bit-exact against an unsplit run with the same chunks
 source "$(dirname "$0")/lib.sh"
 : "${MOECTL:?}"
-part=${1:?usage: test_migration.sh live|faults|restart}
+part=${1:?usage: test_migration.sh live|faults|restart|shards}
 RANKS=4
 
 daemon_pid=""
+reference_args=()  # settings the reference run shares with the daemon's
 cleanup() {
   [ -z "$daemon_pid" ] || kill "$daemon_pid" 2>/dev/null || true
   rm -rf "$SCRATCH"
@@ -81,7 +85,8 @@ same_as_reference() {
   local steps
   steps=$(od -An -tu8 -j24 -N8 "$run/out.bin" | tr -d ' ')
   [ "${steps:-0}" -gt 0 ] || fail "the output dump of $run holds no steps"
-  moed_on 0 --config "$SMALL" --set workload.steps="$steps" --dump-output "$run/reference.bin" >/dev/null
+  moed_on 0 --config "$SMALL" "${reference_args[@]}" --set workload.steps="$steps" \
+    --dump-output "$run/reference.bin" >/dev/null
   same_bits "$run/reference.bin" "$run/out.bin" "$1 ($steps steps)"
 }
 
@@ -192,6 +197,29 @@ restart)
   grep -q "resuming the statistics of $stats" "$run/log" || fail "the relaunch did not resume the statistics"
   echo "ok: the relaunch resumes the committed placement (epoch 1) and the statistics"
   same_as_reference "outputs of the relaunched cluster vs a single process"
+  ;;
+shards)
+  # Layer 1 expert 1 in 2 shards on ranks 0 and 1, expert 6 in 2 on 3 and 2.
+  reference_args=(--set experts.ffn_chunks=4)
+  {
+    printf 'format = "moed-placement-v1"\nepoch = 0\nranks = 4\nlayers = 3\nexperts = 8\n'
+    for _ in 1 2 3; do
+      printf '[[layer]]\nslots = [[0], {shards = [0, 1]}, [1], [1], [2], [2], {shards = [3, 2]}, [3]]\n'
+    done
+  } >"$SCRATCH/split.toml"
+  start_daemon shards "${reference_args[@]}" --placement "$SCRATCH/split.toml" \
+    --set "placement.committed=\"$SCRATCH/committed.toml\""
+  expect_ctl 1 'already holds' "a shard onto a rank holding the other shard" -- migrate 1 1 0 --from 1
+  expect_ctl 0 'committed' "shard 1 of layer 1 expert 1 from rank 1 to rank 3" -- migrate 1 1 3 --from 1
+  grep -q 'slots = \[\[0\], {shards = \[0, 3\]}' "$SCRATCH/committed.toml" ||
+    { cat "$SCRATCH/committed.toml" >&2; fail "the committed placement does not hold shard 1 on rank 3"; }
+  expect_ctl 0 'committed' "shard 0 of layer 2 expert 6 from rank 3 to rank 1" -- migrate 2 6 1 --from 3
+  expect_ctl 0 'committed|no move' "reoptimize --apply keeps the splits and places the rest" -- \
+    reoptimize --apply --max-moves 4
+  grep -q 'slots = \[\[0\], {shards = \[0, 3\]}' "$SCRATCH/committed.toml" ||
+    { cat "$SCRATCH/committed.toml" >&2; fail "the re-optimisation moved a shard"; }
+  stop_daemon
+  same_as_reference "outputs across two shard migrations vs an unsplit single process"
   ;;
 *) fail "unknown part $part" ;;
 esac

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "kernels/cpu/fixed_combine.h"
 
 namespace moed::kernels {
 namespace {
@@ -206,6 +207,101 @@ TEST(ExpertFfn, IdenticalCallsGiveIdenticalBits) {
   expert_ffn(e.view(), x.data(), m, y2.data(), s2.data());
   EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0);
   for (float v : y1) ASSERT_TRUE(std::isfinite(v));
+}
+
+// Canonical F-chunks and shards (expert_ffn.h): the gate-weighted output of
+// rows, chunk by chunk on the fixed grid, as the executor forms it.
+std::vector<std::int64_t> fixed_terms(const ExpertView& v, const std::vector<float>& x, std::size_t m,
+                                      const std::vector<float>& weights) {
+  std::vector<float> h13(expert_ffn_scratch(v, m)), y(m * v.hidden);
+  std::vector<std::int64_t> acc(m * v.hidden, 0);
+  expert_ffn_up(v, x.data(), m, h13.data());
+  for (std::size_t c = 0; c < v.chunks; ++c) {
+    expert_ffn_down_chunk(v, h13.data(), m, c, y.data());
+    for (std::size_t i = 0; i < m; ++i)
+      add_weighted_fixed(acc.data() + i * v.hidden, y.data() + i * v.hidden, weights[i], v.hidden);
+  }
+  return acc;
+}
+
+// A shard's own weights, packed as a rank holding it keeps them.
+struct Shard {
+  std::vector<float> w13, w2;
+  PackedWeights w13_packed, w2_packed;
+  ExpertView view(std::size_t H, std::size_t F, std::size_t chunks) const {
+    return {&w13_packed, &w2_packed, nullptr, nullptr, H, F, chunks};
+  }
+};
+
+Shard shard_of(const Expert& e, std::size_t s, std::size_t S) {
+  const std::size_t width = e.F / S;
+  Shard sh{std::vector<float>(2 * width * e.H), std::vector<float>(e.H * width), {}, {}};
+  shard_expert_weights(e.w13.data(), e.w2.data(), e.H, e.F, s, S, sh.w13.data(), sh.w2.data());
+  sh.w13_packed = PackedWeights(sh.w13.data(), 2 * width, e.H);
+  sh.w2_packed = PackedWeights(sh.w2.data(), e.H, width);
+  return sh;
+}
+
+class ExpertShards : public ::testing::TestWithParam<std::tuple<std::size_t, std::size_t>> {};
+
+// The shards' integers add up to the unsharded expert's, bit for bit, for
+// every split of the canonical chunks.
+TEST_P(ExpertShards, SumToTheWholeExpertOnTheFixedGrid) {
+  const auto [chunks, shards] = GetParam();
+  const std::size_t H = 48, F = 96, m = 9;
+  const Expert e = random_expert(H, F, 500);
+  const std::vector<float> x = random_rows(m, H, 501);
+  std::vector<float> weights(m);
+  for (std::size_t i = 0; i < m; ++i) weights[i] = 0.1f + 0.07f * float(i);
+  ExpertView whole = e.view();
+  whole.chunks = chunks;
+  const std::vector<std::int64_t> want = fixed_terms(whole, x, m, weights);
+  std::vector<std::int64_t> sum(want.size(), 0);
+  for (std::size_t s = 0; s < shards; ++s) {
+    const Shard sh = shard_of(e, s, shards);
+    const std::vector<std::int64_t> part = fixed_terms(sh.view(H, F / shards, chunks / shards), x, m, weights);
+    add_fixed(sum.data(), part.data(), sum.size());
+  }
+  ASSERT_EQ(sum, want) << chunks << " chunks over " << shards << " shards";
+  // And the chunked output is still the expert's: near the double loop.
+  const std::vector<double> ref = reference_ffn(e, x, m);
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(double(want[i]) / kFixedOne, double(weights[i / H]) * ref[i], 1e-4) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(ChunksAndShards, ExpertShards,
+                         ::testing::Values(std::tuple{1, 1}, std::tuple{2, 1}, std::tuple{2, 2}, std::tuple{4, 2},
+                                           std::tuple{4, 4}, std::tuple{8, 2}, std::tuple{8, 8}),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "_chunks_" +
+                                  std::to_string(std::get<1>(info.param)) + "_shards";
+                         });
+
+// One chunk is today's expert: the down-projection of chunk 0 is expert_ffn's
+// output bit for bit, with the fixed-order GEMM and with OpenBLAS.
+TEST(ExpertFfn, OneChunkIsTheWholeDownProjection) {
+  const std::size_t m = 11, H = 64, F = 96;
+  const Expert e = random_expert(H, F, 600);
+  const std::vector<float> x = random_rows(m, H, 601);
+  for (const ExpertView& v : {e.view(), e.openblas_view()}) {
+    std::vector<float> y(m * H), by_chunk(m * H), scratch(expert_ffn_scratch(v, m));
+    expert_ffn(v, x.data(), m, y.data(), scratch.data());
+    expert_ffn_up(v, x.data(), m, scratch.data());
+    expert_ffn_down_chunk(v, scratch.data(), m, 0, by_chunk.data());
+    EXPECT_EQ(std::memcmp(y.data(), by_chunk.data(), y.size() * sizeof(float)), 0) << (v.w2 ? "openblas" : "fixed");
+  }
+}
+
+TEST(ExpertFfn, ShardWeightsAreTheExpertsRowsAndColumns) {
+  const std::size_t H = 3, F = 4;
+  std::vector<float> w13(2 * F * H), w2(H * F);
+  for (std::size_t i = 0; i < w13.size(); ++i) w13[i] = float(i);
+  for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = 100.0f + float(i);
+  std::vector<float> s13(F * H), s2(H * 2);
+  shard_expert_weights(w13.data(), w2.data(), H, F, 1, 2, s13.data(), s2.data());
+  // W1 rows 2, 3 then W3 rows 6, 7 (of the stacked [2F, H]); W2 columns 2, 3.
+  EXPECT_EQ(s13, (std::vector<float>{6, 7, 8, 9, 10, 11, 18, 19, 20, 21, 22, 23}));
+  EXPECT_EQ(s2, (std::vector<float>{102, 103, 106, 107, 110, 111}));
 }
 
 }  // namespace

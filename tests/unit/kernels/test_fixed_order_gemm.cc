@@ -115,6 +115,71 @@ TEST(FixedOrderGemm, ARowGivesTheSameBitsInAnyBatchWithAnyKernel) {
   }
 }
 
+// The w13 side of a sharded expert: a shard packs only some rows of W (output
+// columns of C); each column's bits do not depend on which columns share the
+// call, with every kernel.
+TEST(FixedOrderGemm, AColumnGivesTheSameBitsWhicheverColumnsShareItsCall) {
+  const std::size_t n = 70, k = 290, m = 13;
+  const std::vector<float> w = random_floats(n * k, 21), a = random_floats(m * k, 22);
+  for (GemmIsa isa : isas_here()) {
+    WithIsa pin(isa);
+    const PackedWeights whole(w.data(), n, k);
+    std::vector<float> all(m * n);
+    gemm_fixed_order(a.data(), m, whole, all.data());
+    for (auto [first, count] : {std::pair<std::size_t, std::size_t>{0, 35}, {35, 35}, {17, 5}, {69, 1}, {3, 64}}) {
+      const PackedWeights part(w.data() + first * k, count, k);
+      std::vector<float> c(m * count);
+      gemm_fixed_order(a.data(), m, part, c.data());
+      for (std::size_t i = 0; i < m; ++i)
+        ASSERT_EQ(std::memcmp(c.data() + i * count, all.data() + i * n + first, count * sizeof(float)), 0)
+            << to_string(isa) << ": columns [" << first << ", " << first + count << "), row " << i;
+    }
+  }
+}
+
+// The w2 side: a k range of the whole matrix and a matrix packed from just
+// those columns give the same bits, equal to the fma chain over the range
+// from +0; k ranges across the k blocking (256) included.
+TEST(FixedOrderGemm, AKRangeOfAMatrixEqualsTheMatrixOfThoseColumns) {
+  const std::size_t n = 37, k = 600, m = 14, lda = 700;
+  const std::vector<float> w = random_floats(n * k, 31), a = random_floats(m * lda, 32);
+  for (GemmIsa isa : isas_here()) {
+    WithIsa pin(isa);
+    const PackedWeights whole(w.data(), n, k);
+    for (auto [begin, end] : {std::pair<std::size_t, std::size_t>{0, 600}, {0, 150}, {150, 300}, {200, 520},
+                              {599, 600}, {300, 300}}) {
+      const std::size_t width = end - begin;
+      std::vector<float> cols(n * width);
+      for (std::size_t j = 0; j < n; ++j)
+        std::copy(w.begin() + std::ptrdiff_t(j * k + begin), w.begin() + std::ptrdiff_t(j * k + end),
+                  cols.begin() + std::ptrdiff_t(j * width));
+      const PackedWeights own(cols.data(), n, width);
+      std::vector<float> from_range(m * n, -1.0f), from_own(m * n, -2.0f);
+      gemm_fixed_order_range(a.data() + begin, m, whole, begin, end, from_range.data(), lda);
+      gemm_fixed_order(a.data() + begin, m, own, from_own.data(), lda);
+      std::vector<float> a_range(m * width);
+      for (std::size_t i = 0; i < m; ++i)
+        std::copy(a.begin() + std::ptrdiff_t(i * lda + begin), a.begin() + std::ptrdiff_t(i * lda + end),
+                  a_range.begin() + std::ptrdiff_t(i * width));
+      const std::vector<float> want = fma_chain(a_range, m, width, cols, n, width);
+      ASSERT_EQ(std::memcmp(from_range.data(), want.data(), want.size() * sizeof(float)), 0)
+          << to_string(isa) << ": range [" << begin << ", " << end << ")";
+      ASSERT_EQ(std::memcmp(from_own.data(), want.data(), want.size() * sizeof(float)), 0)
+          << to_string(isa) << ": own matrix of [" << begin << ", " << end << ")";
+    }
+  }
+}
+
+TEST(FixedOrderGemm, AKRangeOutsideTheMatrixIsRefused) {
+  const std::vector<float> w = random_floats(4 * 8, 1), a = random_floats(8, 2);
+  const PackedWeights packed(w.data(), 4, 8);
+  std::vector<float> c(4);
+  test::expect_error([&] { gemm_fixed_order_range(a.data(), 1, packed, 2, 9, c.data()); }, ErrorKind::Internal,
+                     {"k range [2, 9)", "k 8"});
+  test::expect_error([&] { gemm_fixed_order_range(a.data(), 1, packed, 5, 4, c.data()); }, ErrorKind::Internal,
+                     {"k range [5, 4)"});
+}
+
 TEST(FixedOrderGemm, SpecialValuesFollowTheChain) {
   // -0 products from +0 give +0; inf and NaN propagate as fma does.
   const std::size_t n = 3, k = 2;

@@ -1696,3 +1696,63 @@ TEST(LayerTraffic, TwoExpertsOnTwoRanksOfARemoteIslandCrossOnce) {
 
 }  // namespace
 }  // namespace moed::runtime
+
+namespace moed::runtime {
+namespace {
+
+// A split expert (placement.h): each pair goes to every shard; a home on
+// another island sends its row once, to the gateway, with a pair per shard,
+// and the gateway fans it out. Every shard computes every chunk.
+TEST(SplitExpert, EveryShardGetsEveryRowAndARemoteRowCrossesOnce) {
+  const int H = 4;
+  Placement p(4, 1, 3);
+  p.set_replicas(0, 0, {0});
+  p.set_shards(0, 1, {2, 3});  // island 1
+  p.set_replicas(0, 2, {1});
+  const Topology topology({0, 0, 1, 1});
+  const Routing routing = make_routing({{{1, 0.5f}, {0, 0.5f}}, {{1, 1.0f}}, {{2, 1.0f}}});
+  const ExpertCounts counts = counts_of({{1, 2, 1}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}});
+  const std::vector<float> x = token_rows(3, H);
+  PlanInput in{&routing, &p, 0, &counts, 0, 2, 0, &topology, false};
+  EXPECT_EQ(pairs_to_ranks(in, 0), (std::vector<std::uint64_t>{1, 1, 2, 2}));
+  const DispatchPlan flat = plan_dispatch(in, x.data(), H);
+  for (int shard_rank : {2, 3}) {
+    EXPECT_EQ(flat.hop2[shard_rank].rows(), 2u);
+    EXPECT_EQ(flat.hop2[shard_rank].experts, (std::vector<std::uint32_t>{1, 1}));
+    EXPECT_EQ(flat.hop2[shard_rank].dests, (std::vector<std::uint32_t>{std::uint32_t(shard_rank), std::uint32_t(shard_rank)}));
+  }
+  in.hierarchical = true;
+  const DispatchPlan two_hops = plan_dispatch(in, x.data(), H);
+  const RowBatch& crossing = two_hops.hop1[gateway(topology, 0, 1)];
+  EXPECT_EQ(crossing.rows(), 2u) << "each token crosses once";
+  EXPECT_EQ(crossing.dests, (std::vector<std::uint32_t>{2, 3, 2, 3}));
+  Received hop1;
+  std::vector<RowBatch> to_gateway(4);
+  to_gateway[std::size_t(gateway(topology, 0, 1))] = crossing;
+  receive(to_gateway, H, hop1);
+  DispatchPlan forwarded;
+  forwarded.hop2.resize(4);
+  plan_forward(hop1.rows, H, forwarded);
+  EXPECT_EQ(forwarded.hop2[2].rows(), 2u);
+  EXPECT_EQ(forwarded.hop2[3].rows(), 2u);
+  // The shards' schedules: each computes all of the expert's rows.
+  for (int shard_rank : {2, 3}) {
+    in.rank = shard_rank;
+    const ChunkSchedule s = schedule_chunks(in, true);
+    ASSERT_EQ(s.experts, (std::vector<int>{1}));
+    EXPECT_EQ(s.rows_from[0][0], 2u);
+  }
+  EXPECT_THROW(chunk_replica(in, 1, 0), Error);
+}
+
+TEST(SplitExpert, AnswersAreInt64WhenExpertsHaveSeveralChunks) {
+  const AnswerFormat one_chunk(8), chunks(8, false);
+  EXPECT_TRUE(one_chunk.fp32(1));
+  EXPECT_FALSE(chunks.fp32(1));
+  EXPECT_EQ(combine_row_bytes(1, one_chunk), 32u);
+  EXPECT_EQ(combine_row_bytes(1, chunks), 64u);
+  EXPECT_EQ(combine_row_bytes(2, chunks), combine_row_bytes(2, one_chunk));
+}
+
+}  // namespace
+}  // namespace moed::runtime

@@ -138,11 +138,16 @@ struct Plain {
     std::vector<std::int64_t> acc(kHidden, 0);
     const auto experts = routing.experts_of(0);
     for (std::size_t k = 0; k < experts.size(); ++k) {
-      kernels::expert_ffn(store.expert(l, int(experts[k])), xn.data(), 1, y.data(), scratch.data());
-      kernels::add_weighted_fixed(acc.data(), y.data(), routing.weights_of(0)[k], kHidden);
+      // The expert's output chunk by chunk ([experts].ffn_chunks; one chunk: the whole down-projection).
+      const kernels::ExpertView expert = store.expert(l, int(experts[k]));
+      kernels::expert_ffn_up(expert, xn.data(), 1, scratch.data());
       const std::size_t key = std::size_t(l) * kExperts + experts[k];
+      for (std::size_t chunk = 0; chunk < expert.chunks; ++chunk) {
+        kernels::expert_ffn_down_chunk(expert, scratch.data(), 1, chunk, y.data());
+        kernels::add_weighted_fixed(acc.data(), y.data(), routing.weights_of(0)[k], kHidden);
+        if (const std::size_t bad = kernels::count_nonfinite(y.data(), kHidden)) nonfinite[std::uint32_t(key)] += bad;
+      }
       ++load[key];
-      if (const std::size_t bad = kernels::count_nonfinite(y.data(), kHidden)) nonfinite[std::uint32_t(key)] += bad;
     }
     pairs += experts.size();
     singles += experts.size() == 1;
@@ -347,6 +352,102 @@ INSTANTIATE_TEST_SUITE_P(Jobs, EngineJob,
                          ::testing::Combine(::testing::Range<std::size_t>(0, cases().size()), ::testing::Bool(),
                                             ::testing::Values(1, 2)),
                          name);
+
+// ---- split experts ------------------------------------------------------------------------
+
+// Experts split into shards over the ranks of one island (placement.h), with
+// canonical F-chunks: outputs have the bits of the plain computation with the
+// same chunks, and so of the same job without the split; each shard computes
+// every row of its expert, so the calls hold S rows per pair of a split one.
+struct ShardCase {
+  const char* name;
+  std::function<placement::Placement()> make;
+  std::vector<int> island_of_rank;
+  bool hierarchical = false;
+  int ffn_chunks = 4;
+};
+
+placement::Placement split(placement::Placement p, const std::vector<std::pair<int, std::vector<int>>>& experts) {
+  for (int l = 0; l < p.layers(); ++l)
+    for (const auto& [e, ranks] : experts) p.set_shards(l, e, ranks);
+  return p;
+}
+
+const std::vector<ShardCase>& shard_cases() {
+  using placement::add_random_replicas, placement::contiguous, placement::shuffled;
+  static const std::vector<ShardCase> all = {
+      {"TwoRanks", [] { return split(contiguous(2, kLayers, kExperts), {{0, {0, 1}}, {4, {1, 0}}}); }, {0, 0}},
+      {"TwoRanksEightChunks", [] { return split(contiguous(2, kLayers, kExperts), {{2, {1, 0}}}); }, {0, 0}, false, 8},
+      {"FourRanksFourShards", [] { return split(shuffled(4, kLayers, kExperts, 3), {{5, {3, 1, 0, 2}}}); },
+       {0, 0, 0, 0}},
+      {"FourRanksTwoIslandsFlatReplicas",
+       [] {
+         return split(add_random_replicas(shuffled(4, kLayers, kExperts, 7), 4, 3), {{1, {0, 1}}, {4, {3, 2}}});
+       },
+       {0, 0, 1, 1}},
+      {"FourRanksTwoIslandsHierarchicalReplicas",
+       [] {
+         return split(add_random_replicas(shuffled(4, kLayers, kExperts, 7), 4, 3), {{1, {0, 1}}, {4, {3, 2}}});
+       },
+       {0, 0, 1, 1}, true},
+      {"FiveRanksUnevenIslandsHierarchical",
+       [] { return split(shuffled(5, kLayers, kExperts, 9), {{0, {2, 0}}, {3, {4, 3}}}); }, {0, 0, 0, 1, 1},
+       true},
+  };
+  return all;
+}
+
+class EngineShards : public ::testing::TestWithParam<std::tuple<std::size_t, bool>> {
+ protected:
+  const ShardCase& which() const { return shard_cases()[std::get<0>(GetParam())]; }
+  Config config() const {
+    Case k{which().name, which().make, which().island_of_rank, which().hierarchical, true, true};
+    Config c = engine_config(k, std::get<1>(GetParam()), 2);
+    c.experts.ffn_chunks = which().ffn_chunks;
+    validate_config(c);
+    return c;
+  }
+};
+
+TEST_P(EngineShards, OutputsHaveTheBitsOfTheUnsplitJob) {
+  const Config c = config();
+  const placement::Placement sharded = which().make();
+  const placement::Topology topology(which().island_of_rank);
+  ASSERT_TRUE(sharded.any_sharded());
+  Plain plain(c);
+  const std::vector<RankRun> runs = run_steps(c, sharded, topology, std::get<0>(GetParam()) * 7 + 1);
+  // The same job with every split expert whole on its shard 0's rank.
+  placement::Placement whole = sharded;
+  for (int l = 0; l < kLayers; ++l)
+    for (int e = 0; e < kExperts; ++e)
+      if (whole.sharded(l, e)) whole.set_replicas(l, e, {whole.replicas(l, e)[0]});
+  const std::vector<RankRun> unsplit = run_steps(c, whole, topology, 5);
+  for (std::size_t i = 0; i < std::size(kSteps); ++i) {
+    SCOPED_TRACE("step " + std::to_string(kSteps[i]));
+    const std::vector<float> want = plain.step(kSteps[i]);
+    expect_same_bits(want, gather(runs, i), "sharded");
+    expect_same_bits(want, gather(unsplit, i), "unsplit");
+    std::uint64_t extra_rows = 0;  // every shard computes its expert's rows
+    for (int l = 0; l < kLayers; ++l)
+      for (int e = 0; e < kExperts; ++e)
+        extra_rows += std::uint64_t(sharded.shards(l, e) - 1) * plain.load[std::size_t(l) * kExperts + e];
+    ASSERT_GT(extra_rows, 0u) << "no token met a split expert";
+    std::uint64_t rows_in_calls = 0;
+    for (const RankRun& run : runs) {
+      rows_in_calls += run.steps[i].rows_in_calls;
+      EXPECT_EQ(run.steps[i].rec.saturated, 0u);
+      EXPECT_EQ(run.steps[i].rec.pairs, plain.pairs) << "a split expert's pair is one pair";
+    }
+    EXPECT_EQ(rows_in_calls, plain.pairs + extra_rows);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Jobs, EngineShards,
+                         ::testing::Combine(::testing::Range<std::size_t>(0, shard_cases().size()), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, bool>>& info) {
+                           return std::string(shard_cases()[std::get<0>(info.param)].name) +
+                                  (std::get<1>(info.param) ? "Overlap" : "Serial");
+                         });
 
 // An expert whose weights hold a NaN or an inf (loaded with
 // [model].check_finite off): every token it serves gets NaN outputs, as in

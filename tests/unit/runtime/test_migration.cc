@@ -210,6 +210,52 @@ TEST_F(Migration, WindowsAreKeptAndGrownNotRemadeEachTime) {
   EXPECT_EQ(world.windows_created, 3);
 }
 
+// A split expert's shard moves whole, at 1/S of a slot's bytes, and the
+// destination serves it as that shard (F/S, its share of the chunks).
+TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
+  const Config c = load_config("", {"model.layers=2", "model.experts=4", "model.top_k=1", "model.hidden=8",
+                                    "model.ffn=8", "experts.ffn_chunks=4"});
+  placement::Placement p = placement::contiguous(3, 2, 4);
+  p.set_shards(1, 2, {0, 1});
+  FakeWorld world(3);
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < 3; ++r) ranks.push_back(std::make_unique<Rank>(world, c, p, r));
+  const std::size_t shard_floats = ranks[1]->store.slot_floats(2);
+  ASSERT_EQ(shard_floats * 2, ranks[1]->store.slot_floats());
+  std::vector<float> original(shard_floats);
+  ranks[1]->store.copy_slot(1, 2, original.data());
+  const std::vector<placement::Move> moves{{1, 2, 1, 2, 1, 1, 2}};
+  for (auto& r : ranks) {
+    r->transfer = std::make_unique<MigrationTransfer>(1, moves, r->transport.rank(), r->store, r->transport,
+                                                      r->windows, MigrationFaults{});
+    EXPECT_FALSE(r->transfer->prepare(0).has_value());
+  }
+  EXPECT_EQ(ranks[1]->transfer->bytes_to_send(), shard_floats * sizeof(float));
+  for (auto& r : ranks) r->transfer->send(1 << 20);
+  for (auto& r : ranks) r->transfer->send(0);  // flushes
+  std::vector<std::uint64_t> expected(1, 0);
+  for (auto& r : ranks)
+    for (const auto& [i, sum] : r->transfer->source_checksums()) expected.at(i) = sum;
+  EXPECT_EQ(expected[0], weights_checksum(original.data(), shard_floats * sizeof(float)));
+  for (auto& r : ranks) EXPECT_TRUE(r->transfer->verify(expected).empty());
+  for (auto& r : ranks) r->transfer->install();
+  for (auto& r : ranks) r->transfer->release();
+  EXPECT_FALSE(ranks[1]->store.holds(1, 2));
+  EXPECT_EQ(ranks[2]->store.shard_of(1, 2), (std::pair{1, 2}));
+  const kernels::ExpertView view = ranks[2]->store.expert(1, 2);
+  EXPECT_EQ(view.ffn, 4u);
+  EXPECT_EQ(view.chunks, 2u);
+  std::vector<float> landed(shard_floats);
+  ranks[2]->store.copy_slot(1, 2, landed.data());
+  EXPECT_EQ(landed, original);
+  // A rank asked to send a shard it does not hold says so.
+  const std::vector<placement::Move> wrong{{1, 2, 0, 1, 0, 1, 2}};
+  FakeWorld other(3);
+  Rank r0(other, c, p, 0);
+  MigrationTransfer t(2, wrong, 0, r0.store, r0.transport, r0.windows, MigrationFaults{});
+  test::expect_error([&] { t.prepare(0); }, ErrorKind::Internal, {"shard 1 of 2", "does not hold"});
+}
+
 TEST(WindowOffsets, PackEachDestinationsSlotsInMoveOrder) {
   const std::vector<placement::Move> moves{{0, 0, 0, 2, 0}, {0, 1, 1, 2, -1}, {1, 0, 2, 0, 2}, {1, 1, 0, -1, 0}};
   std::vector<std::size_t> per_rank;

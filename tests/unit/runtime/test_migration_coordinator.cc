@@ -213,6 +213,23 @@ INSTANTIATE_TEST_SUITE_P(
                                 "checksum mismatch: layer 1 expert 3 on rank 3"}),
     [](const auto& info) { return info.param.name; });
 
+// A shard of a split expert moves whole from the rank named, at 1/S of the
+// bytes, and only inside the shards' island.
+TEST(MigrateAShard, FromItsHolderWithinItsIsland) {
+  auto p = four_ranks();
+  p.set_shards(1, 3, {0, 1});
+  const placement::Topology islands({0, 0, 1, 1}), one_island({0, 0, 0, 0});
+  MigrationCoordinator c(kSlotBytes, true);
+  c.begin_boundary();
+  const Verdict across = c.migrate(p, 1, 3, 2, 1, &islands);
+  EXPECT_EQ(across.code, admin::code::kRefused);
+  EXPECT_NE(across.message.find("island 0; rank 2 is on island 1"), std::string::npos) << across.message;
+  EXPECT_EQ(c.migrate(p, 1, 3, 0, 1, &islands).code, admin::code::kRefused) << "rank 0 holds shard 0";
+  ASSERT_TRUE(c.migrate(p, 1, 3, 2, 1, &one_island).ok());
+  EXPECT_EQ(c.migration()->moves, (std::vector<placement::Move>{{1, 3, 1, 2, 1, 1, 2}}));
+  EXPECT_EQ(c.migration()->bytes, kSlotBytes / 2);
+}
+
 // A shutdown aborts a migration before commit; from commit on, it finishes.
 class ShutdownDuring : public ::testing::TestWithParam<std::pair<int, bool>> {};
 
@@ -396,7 +413,7 @@ TEST(ControlMessages, ActionsRoundTrip) {
   ControlAction prepare;
   prepare.kind = K::prepare;
   prepare.migration = 7;
-  prepare.moves = {{1, 3, 1, 0, 1}, {0, 2, 0, 3, -1}};
+  prepare.moves = {{1, 3, 1, 0, 1}, {0, 2, 0, 3, -1}, {1, 5, 2, 3, 2, 1, 4}};  // the last a shard
   ControlAction verify;
   verify.kind = K::verify;
   verify.migration = 7;

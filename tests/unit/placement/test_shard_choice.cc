@@ -1,0 +1,89 @@
+// The optimiser's choice to split hot experts (placement/shard_choice.h):
+// replicas become shards on one island, an unreplicated hot expert is split
+// when its island's ranks can hold 1/S more, cold experts and small islands
+// are left alone, and the result is a valid placement for the run's rules.
+#include "placement/shard_choice.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "placement/placement_diff.h"
+#include "placement/shard_rules.h"
+#include "tests/unit/test_support.h"
+
+namespace moed::placement {
+namespace {
+
+// One layer of 4 experts; expert 0 takes `hot` times the load of each other.
+routing::RoutingStats loads(int layers, int hot) {
+  routing::RoutingStats stats(layers, 4, 0);
+  for (int l = 0; l < layers; ++l)
+    for (std::uint32_t e = 0; e < 4; ++e)
+      for (int n = 0; n < (e == 0 ? hot : 1) * 10; ++n) {
+        const std::uint32_t one[] = {e};
+        stats.add_choice(l, one);
+      }
+  return stats;
+}
+
+TEST(ShardChoice, ReplicasOfAHotExpertBecomeShardsOnTheirIsland) {
+  const Topology topology({0, 0, 1, 1});
+  Placement p = contiguous(4, 1, 4);  // expert e on rank e
+  p.set_replicas(0, 0, {0, 2, 1});    // hot expert 0 replicated, two copies on island 0
+  const Placement out = split_hot_experts(p, loads(1, 3), topology, {.over_mean = 1.5, .shards = 2});
+  EXPECT_EQ(out.shards(0, 0), 2);
+  EXPECT_EQ(out.replicas(0, 0), (std::vector<int>{0, 1}));
+  for (int e = 1; e < 4; ++e) EXPECT_EQ(out.replicas(0, e), p.replicas(0, e)) << "cold expert " << e;
+  out.validate("split");
+  check_shards(out, 2, topology, "split");
+}
+
+TEST(ShardChoice, AnUnreplicatedHotExpertIsSplitOntoTheLeastLoadedRankOfItsIsland) {
+  const Topology topology({0, 0, 0, 1});
+  Placement p(4, 1, 4);
+  p.set_replicas(0, 0, {1});
+  p.set_replicas(0, 1, {0});
+  p.set_replicas(0, 2, {0});
+  p.set_replicas(0, 3, {3});
+  const Placement out = split_hot_experts(p, loads(1, 4), topology, {.over_mean = 2, .shards = 2});
+  EXPECT_EQ(out.replicas(0, 0), (std::vector<int>{1, 2})) << "rank 2 holds nothing in the layer";
+  // Within a budget of 1 expert per rank per layer, rank 2 can take half of one; rank 0 could not.
+  EXPECT_EQ(split_hot_experts(p, loads(1, 4), topology, {.over_mean = 2, .shards = 2, .slots_per_rank = 1}), out);
+  p.set_replicas(0, 3, {2});  // now every rank of island 0 holds an expert
+  EXPECT_EQ(split_hot_experts(p, loads(1, 4), topology, {.over_mean = 2, .shards = 2, .slots_per_rank = 1}), p)
+      << "no rank of the island has room for a shard";
+  EXPECT_EQ(split_hot_experts(p, loads(1, 4), topology, {.over_mean = 2, .shards = 2, .slots_per_rank = 1.5})
+                .shards(0, 0),
+            2);
+}
+
+TEST(ShardChoice, ColdExpertsSmallIslandsAndTheOffSwitchLeaveThePlacement) {
+  const Placement p = contiguous(4, 2, 4);
+  const auto stats = loads(2, 3);
+  EXPECT_EQ(split_hot_experts(p, stats, Topology({0, 0, 1, 1}), {.over_mean = 0}), p);
+  EXPECT_EQ(split_hot_experts(p, stats, Topology({0, 0, 1, 1}), {.over_mean = 3.5}), p) << "twice the mean is not over 3.5 times";
+  EXPECT_EQ(split_hot_experts(p, stats, Topology({0, 1, 2, 3}), {.over_mean = 1.5}), p) << "islands of one rank";
+  const Placement four = split_hot_experts(p, stats, Topology({0, 0, 0, 0}), {.over_mean = 1.5, .shards = 4});
+  EXPECT_EQ(four.shards(1, 0), 4);
+  check_shards(four, 8, Topology({0, 0, 0, 0}), "four");
+  test::expect_error([&] { split_hot_experts(p, stats, Topology({0, 0, 1, 1}), {.over_mean = 2, .shards = 1}); },
+                     ErrorKind::Usage, {"at least 2 shards"});
+}
+
+TEST(ShardChoice, AReoptimisationKeepsTheCurrentSplits) {
+  Placement current = contiguous(4, 2, 4);
+  current.set_shards(1, 2, {3, 2});
+  const Placement next = shuffled(4, 2, 4, 9);
+  const Placement kept = keep_splits(current, next);
+  EXPECT_EQ(kept.replicas(1, 2), (std::vector<int>{3, 2}));
+  EXPECT_EQ(kept.shards(1, 2), 2);
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 4; ++e)
+      if (l != 1 || e != 2) EXPECT_EQ(kept.replicas(l, e), next.replicas(l, e));
+  for (const Move& m : moves(current, kept)) EXPECT_FALSE(m.layer == 1 && m.expert == 2) << "the split moved";
+}
+
+}  // namespace
+}  // namespace moed::placement

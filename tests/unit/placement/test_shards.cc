@@ -1,0 +1,139 @@
+// Split experts in placements: the file syntax ({shards = [...]}) and its
+// round trip, each refusal naming the file, line, layer and expert, the run's
+// rules (S divides [experts].ffn_chunks, one island), and migration's moves
+// of shards (placement_diff.h).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/error.h"
+#include "placement/placement.h"
+#include "placement/placement_diff.h"
+#include "placement/placement_file.h"
+#include "placement/shard_rules.h"
+#include "tests/unit/test_support.h"
+
+namespace moed::placement {
+namespace {
+
+using test::expect_error;
+
+const std::string kHeader = "format = \"moed-placement-v1\"\nepoch = 1\nranks = 4\nlayers = 1\nexperts = 4\n";
+
+TEST(Shards, TheFileSyntaxParsesAndRoundTrips) {
+  const Placement p = parse_placement(kHeader + "[[layer]]\nslots = [[0], {shards = [2, 3]}, [1, 2], [3]]\n", "s.toml");
+  EXPECT_EQ(p.shards(0, 1), 2);
+  EXPECT_EQ(p.replicas(0, 1), (std::vector<int>{2, 3}));
+  EXPECT_EQ(p.shard_on(0, 1, 3), 1);
+  EXPECT_EQ(p.shard_on(0, 1, 2), 0);
+  EXPECT_EQ(p.shard_on(0, 1, 0), -1);
+  EXPECT_EQ(p.shards(0, 2), 1) << "two ranks in an array are replicas, not shards";
+  EXPECT_EQ(p.shard_on(0, 2, 2), 0);
+  EXPECT_TRUE(p.any_sharded());
+  EXPECT_EQ(parse_placement(format_placement(p), "again.toml"), p);
+  EXPECT_NE(format_placement(p).find("{shards = [2, 3]}"), std::string::npos);
+  Placement whole = p;
+  whole.set_replicas(0, 1, {2, 3});
+  EXPECT_FALSE(whole.any_sharded());
+  EXPECT_NE(whole, p) << "replicas on the same ranks are another placement";
+}
+
+TEST(Shards, ShardOrderIsKept) {
+  Placement p = contiguous(4, 2, 4);
+  p.set_shards(1, 2, {3, 0, 2, 1});
+  const Placement back = parse_placement(format_placement(p), "order.toml");
+  EXPECT_EQ(back.replicas(1, 2), (std::vector<int>{3, 0, 2, 1}));
+  EXPECT_EQ(back.shard_on(1, 2, 2), 2);
+  EXPECT_EQ(back.slots_on(3), 3) << "a shard is a slot";
+}
+
+class ShardFileRefuses : public ::testing::TestWithParam<std::tuple<std::string, std::vector<std::string>>> {};
+
+TEST_P(ShardFileRefuses, NamingTheLineLayerAndExpert) {
+  const auto& [slots, parts] = GetParam();
+  const std::string text = kHeader + "[[layer]]\nslots = [[0],\n  " + slots + ", [1], [3]]\n";
+  std::vector<std::string> want{"bad.toml"};
+  want.insert(want.end(), parts.begin(), parts.end());
+  expect_error([&] { parse_placement(text, "bad.toml"); }, ErrorKind::Input, want);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ShardFileRefuses,
+    ::testing::Values(
+        std::tuple{"{shards = [2]}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "at least 2 shards"}},
+        std::tuple{"{shards = []}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "at least 2 shards"}},
+        std::tuple{"{shards = [2, 2]}",
+                   std::vector<std::string>{"layer 0 expert 1 lists rank 2 twice", "at most one shard"}},
+        std::tuple{"{shards = [2, 7]}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "rank 7"}},
+        std::tuple{"{shards = [2, 3], extra = 1}",
+                   std::vector<std::string>{"(line 8)", "layer 0 expert 1", "{shards = [2, 3]}"}},
+        std::tuple{"{ranks = [2, 3]}", std::vector<std::string>{"(line 8)", "layer 0 expert 1", "{shards = [2, 3]}"}},
+        std::tuple{"{shards = [2, 1.5]}", std::vector<std::string>{"(line 8)", "ranks must be integers"}}));
+
+TEST(Shards, RunRulesNameTheLayerExpertAndWhy) {
+  const Topology two_islands({0, 0, 1, 1});
+  Placement p = contiguous(4, 2, 4);
+  p.set_shards(1, 3, {2, 3});
+  check_shards(p, 2, two_islands, "p.toml");
+  check_shards(p, 8, two_islands, "p.toml");
+  expect_error([&] { check_shards(p, 3, two_islands, "p.toml"); }, ErrorKind::Input,
+               {"p.toml", "layer 1 expert 3", "2 shards", "[experts].ffn_chunks = 3"});
+  expect_error([&] { check_shards(p, 1, two_islands, "p.toml"); }, ErrorKind::Input,
+               {"layer 1 expert 3", "[experts].ffn_chunks = 1"});
+  p.set_shards(0, 0, {1, 2});
+  expect_error([&] { check_shards(p, 4, two_islands, "p.toml"); }, ErrorKind::Input,
+               {"p.toml", "layer 0 expert 0", "rank 1 (island 0)", "rank 2 (island 1)", "share an island"});
+  check_shards(p, 4, Topology({0, 0, 0, 0}), "p.toml");
+}
+
+TEST(Shards, AShardMovesFromItsHolderKeepingItsIndex) {
+  Placement current = contiguous(4, 1, 4);
+  current.set_shards(0, 1, {0, 1});
+  Placement next = current;
+  next.set_shards(0, 1, {0, 3});
+  const std::vector<Move> m = moves(current, next);
+  ASSERT_EQ(m, (std::vector<Move>{{0, 1, 1, 3, 1, 1, 2}}));
+  EXPECT_EQ(apply_moves(current, m), next);
+  EXPECT_EQ(apply_moves(current, m).shards(0, 1), 2);
+  EXPECT_NE(describe_moves(m).find("shard 1 of 2: rank 1 -> rank 3"), std::string::npos) << describe_moves(m);
+  // Both shards move: two moves, each applied alone still a valid split.
+  next.set_shards(0, 1, {2, 3});
+  const std::vector<Move> both = moves(current, next);
+  ASSERT_EQ(both.size(), 2u);
+  for (const Move& one : both) apply_moves(current, {one}).validate("one move");
+  EXPECT_EQ(apply_moves(current, both), next);
+}
+
+TEST(Shards, MigrationRefusesToReSplitOrStackShards) {
+  Placement current = contiguous(4, 1, 4);
+  current.set_shards(0, 1, {0, 1});
+  Placement whole = current;
+  whole.set_replicas(0, 1, {0});
+  expect_error([&] { moves(current, whole); }, ErrorKind::Input,
+               {"layer 0 expert 1", "2 shard(s) now and 1", "does not re-split"});
+  expect_error([&] { moves(whole, current); }, ErrorKind::Input, {"1 shard(s) now and 2"});
+  Placement swapped = current;
+  swapped.set_shards(0, 1, {1, 0});
+  expect_error([&] { moves(current, swapped); }, ErrorKind::Input,
+               {"layer 0 expert 1", "shard 0 would move to rank 1, which holds shard 1"});
+  // A move that is not a shard's from its holder is an internal error.
+  expect_error([&] { apply_moves(current, {{0, 1, 0, 3, 0, 1, 2}}); }, ErrorKind::Internal, {"shard 1 of 2"});
+  expect_error([&] { apply_moves(current, {{0, 1, 0, 3, 0}}); }, ErrorKind::Internal, {"split into 2"});
+}
+
+TEST(Shards, RelabellingKeepsTheSplit) {
+  Placement current = contiguous(4, 1, 4);
+  current.set_shards(0, 1, {0, 1});
+  Placement next = contiguous(4, 1, 4);
+  next.set_shards(0, 1, {2, 3});
+  // next is current with islands swapped: relabelled, nothing moves.
+  for (int e : {0, 2, 3}) next.set_replicas(0, e, {(current.replicas(0, e)[0] + 2) % 4});
+  const Placement relabelled = relabel_to_minimise_moves(current, next, Topology({0, 0, 1, 1}));
+  EXPECT_EQ(relabelled.shards(0, 1), 2);
+  EXPECT_TRUE(moves(current, relabelled).empty()) << describe_moves(moves(current, relabelled));
+}
+
+}  // namespace
+}  // namespace moed::placement
