@@ -63,6 +63,7 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   StepRecord rec;
   rec.expert_load.assign(std::size_t(shape_.layers) * shape_.experts, 0);
   rec.tokens_per_layer.assign(std::size_t(shape_.layers), 0);
+  start_rank_figures(rec);
   const double start = now_seconds();
   executor_.clear_counts();
   x.resize(count_ * shape_.hidden);
@@ -93,6 +94,7 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
   StepRecord rec;
   rec.expert_load.assign(L * std::size_t(shape_.experts), 0);
   rec.tokens_per_layer.assign(L, 0);
+  start_rank_figures(rec);
   const double start = now_seconds();
   executor_.clear_counts();
   for (std::size_t l = 0; l < L; ++l) {
@@ -231,6 +233,25 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     rec.expert_load[std::size_t(layer) * E + e] = load;
     rec.pairs += load;
   }
+  if (!rec.routed_rows_by_rank.empty()) {
+    const std::size_t L = std::size_t(shape_.layers);
+    for (int r = 0; r < R; ++r) {
+      const std::size_t row = std::size_t(r) * L + std::size_t(layer);
+      for (std::size_t m = 0; m < M; ++m) {
+        rec.routed_rows_by_rank[row] += homes_[m].tokens[std::size_t(r)];
+        for (int e = 0; e < E; ++e) rec.routed_load_by_rank[row * std::size_t(E) + std::size_t(e)] += counts_[m].at(r, e);
+      }
+    }
+  }
+}
+
+// Rank 0 keeps every rank's routing figures of the step (the others leave
+// them empty): the census already holds them, so this costs no message.
+void Engine::start_rank_figures(StepRecord& rec) const {
+  if (transport_.rank() != 0) return;
+  const std::size_t cells = std::size_t(transport_.size()) * std::size_t(shape_.layers);
+  rec.routed_rows_by_rank.assign(cells, 0);
+  rec.routed_load_by_rank.assign(cells * std::size_t(shape_.experts), 0);
 }
 
 // Counted for the report; logged the first time per expert, on the rank
