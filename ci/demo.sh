@@ -4,8 +4,20 @@
 # from a synthetic safetensors checkpoint, as 2 islands of 2 ranks; while it
 # serves, `moectl reoptimize --apply` moves experts live, and the outputs are
 # compared with a run without migration.
+#
+# ci/demo.sh --dashboard: the same with the dashboard on
+# (http://127.0.0.1:9464/, [metrics].listen): it serves ~20 s before the
+# re-optimisation, moves the weights in small chunks so that the migration's
+# progress shows, then serves on until Enter (or 60 s without a terminal).
+# The bit-for-bit comparison is left out (it would replay every step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+dashboard=""
+case "${1:-}" in
+  "") ;;
+  --dashboard) dashboard=127.0.0.1:9464 ;;
+  *) echo "usage: ci/demo.sh [--dashboard]" >&2; exit 2 ;;
+esac
 ./ci/install-deps.sh
 ./ci/build.sh moed moe-place moectl >/dev/null
 echo "demo: built moed in ./build"
@@ -23,13 +35,20 @@ export OPENBLAS_NUM_THREADS=1
 # migrate expert weights to it while serving.
 run=$out/run
 rm -rf "$run" && mkdir -p "$run"
+extra=(--dump-output "$out/output.bin")
+if [ -n "$dashboard" ]; then
+  # Statistics every 50 steps feed the co-activation; 1 MB per step boundary
+  # spreads each expert's 6.3 MB over several steps.
+  extra=(--set "metrics.listen=\"$dashboard\"" --set "stats.file=\"$PWD/$out/stats.bin\"" --set stats.every_steps=50
+         --set migration.chunk_mb=1)
+fi
 mpirun "${mpirun_flags[@]}" -np 4 ./build/apps/moed \
   --config configs/demo.toml \
   --weights "$out/model.safetensors" \
   --set workload.steps=100000 --set "admin.dir=\"$PWD/$run\"" \
   --set "placement.committed=\"$PWD/$out/committed.toml\"" \
   --report-json "$out/report.json" \
-  --dump-output "$out/output.bin" 2>"$out/moed.log" &
+  "${extra[@]}" 2>"$out/moed.log" &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true' EXIT
 moectl() { ./build/apps/moectl --dir "$run" "$@"; }
@@ -41,6 +60,10 @@ wait_for_step() {
   done
 }
 wait_for_step 12
+if [ -n "$dashboard" ]; then
+  echo "demo: the dashboard is at http://$dashboard/ (open it now; the re-optimisation starts in 20 s)"
+  sleep 20
+fi
 echo "\$ moectl status"
 moectl status
 echo
@@ -50,6 +73,18 @@ echo
 echo "\$ moectl placement"
 moectl placement
 wait_for_step $(($(step) + 8))
+if [ -n "$dashboard" ]; then
+  if [ -t 0 ]; then
+    read -rp "demo: serving on; the dashboard is at http://$dashboard/ -- press Enter to stop " _
+  else
+    sleep 60
+  fi
+  moectl shutdown >/dev/null
+  trap - EXIT
+  wait $daemon
+  echo "demo: logs in $out/moed.log, figures in $out/report.json"
+  exit 0
+fi
 moectl shutdown >/dev/null
 trap - EXIT
 wait $daemon

@@ -13,7 +13,7 @@ packages=(
   libopenblas-dev
   nlohmann-json3-dev libcli11-dev
   libgtest-dev
-  libcpp-httplib-dev prometheus
+  libcpp-httplib-dev prometheus chromium
   slurm-wlm munge
   iproute2
   clang libclang-rt-14-dev

@@ -204,9 +204,14 @@ const config::Section<MetricsConfig>& metrics_section() {
           integer<C>("hot_experts", &C::hot_experts, 3, 0, 64,
                      "hottest experts per layer in /metrics (their ids and load over the mean)"),
           text<C>("listen", &C::listen, "",
-                  "HTTP endpoint of rank 0 serving /metrics (Prometheus text): \"127.0.0.1:9464\", a bare "
+                  "HTTP endpoint of rank 0 serving /metrics (Prometheus text) and the dashboard at /: \"127.0.0.1:9464\", a bare "
                   "port (loopback only), or \"0.0.0.0:9464\" to listen beyond this host; port 0 = any free "
                   "port (logged); empty = off"),
+          integer<C>("heatmap_columns", &C::heatmap_columns, 60, 1, 4096,
+                     "columns of the dashboard's expert heatmap (a ring on rank 0: columns x layers x experts "
+                     "counts, kept only with the endpoint on)"),
+          integer<C>("heatmap_column_steps", &C::heatmap_column_steps, 8, 1, 1 << 20,
+                     "measured steps summed into one column of the expert heatmap"),
           real<C>("alert_load_std_over_mean", &C::alert_load_std_over_mean, 0.15, 0, 1e6,
                   "alert when the expert load spread (std/mean) exceeds this; 0 = never"),
           real<C>("alert_activation_band", &C::alert_activation_band, 0.25, 0, 1e6,

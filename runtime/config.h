@@ -68,6 +68,7 @@ struct EngineConfig {
 
 struct MetricsConfig {
   std::int64_t load_window_steps = 0, recent_steps = 0, hot_experts = 0;
+  std::int64_t heatmap_columns = 0, heatmap_column_steps = 0;  // the dashboard's expert heatmap
   std::string listen;  // empty: no HTTP endpoint
   double alert_load_std_over_mean = 0, alert_activation_band = 0;
   double alert_alltoall_p99_ms = 0, alert_step_p99_ms = 0;

@@ -50,7 +50,10 @@ ControlPlane::ControlPlane(ControlContext context)
       alert_book_(alert_thresholds(context.config)),
       stats_writes_("the statistics file " + context.config.stats.file),
       windows_(context.transport),
-      faults_(MigrationFaults::from_env()) {
+      faults_(MigrationFaults::from_env()),
+      heatmap_(int(context.config.model.layers), int(context.config.model.experts),
+               context.rank == 0 && !context.config.metrics.listen.empty() ? int(context.config.metrics.heatmap_columns) : 0,
+               int(context.config.metrics.heatmap_column_steps)) {
   // The committed placement is written before the switch: a file that cannot
   // be written aborts the migration while every rank is on the old epoch.
   coordinator_.set_before_commit([this](const MigrationRecord& m, std::uint64_t epoch) -> std::optional<std::string> {
@@ -343,7 +346,7 @@ void ControlPlane::publish(std::uint64_t step, const Summary* summary, double st
   json migration = c_.rank == 0 ? migration_json() : json(nullptr);
   std::lock_guard lock(snapshot_mu_);
   status_ = std::move(status);
-  if (summary) metrics_ = std::move(metrics);
+  if (summary) metrics_ = std::move(metrics), summary_ = *summary;
   migration_snapshot_ = std::move(migration);
 }
 
@@ -351,6 +354,26 @@ std::optional<std::string> ControlPlane::metrics_text() const {
   std::lock_guard lock(snapshot_mu_);
   if (metrics_.empty()) return std::nullopt;
   return metrics_;
+}
+
+ControlPlane::DashboardView ControlPlane::dashboard_view() const {
+  std::lock_guard lock(snapshot_mu_);
+  return {summary_, status_, placement_json_, migration_snapshot_, alert_book_.limits()};
+}
+
+std::vector<LoadHeatmap::Column> ControlPlane::heatmap_layer(int layer) const {
+  std::lock_guard lock(snapshot_mu_);
+  return heatmap_.layer(layer);
+}
+
+std::shared_ptr<const routing::RoutingStats> ControlPlane::last_stats() const {
+  std::lock_guard lock(snapshot_mu_);
+  return last_stats_;
+}
+
+void ControlPlane::record_loads(const std::vector<std::uint64_t>& expert_load) {
+  std::lock_guard lock(snapshot_mu_);
+  heatmap_.add_step(expert_load);
 }
 
 json ControlPlane::snapshot_answer(const admin::Request& request) {

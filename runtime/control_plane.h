@@ -35,6 +35,7 @@
 #include "runtime/admin/admin_server.h"
 #include "runtime/alerts.h"
 #include "runtime/config.h"
+#include "runtime/load_heatmap.h"
 #include "runtime/control_messages.h"
 #include "runtime/migration.h"
 #include "runtime/migration_coordinator.h"
@@ -68,6 +69,20 @@ class ControlPlane {
   // Rank 0's figures in Prometheus text (runtime/prometheus_text.h), as last
   // published; none before the first measured step and on other ranks. Any thread.
   std::optional<std::string> metrics_text() const;
+  // What the dashboard shows (runtime/http/dashboard_routes.h), as last
+  // published; any thread. The summary is empty before the first measured step.
+  struct DashboardView {
+    std::optional<Summary> summary;
+    nlohmann::json status, placement, migration;
+    AlertThresholds thresholds;
+  };
+  DashboardView dashboard_view() const;
+  std::vector<LoadHeatmap::Column> heatmap_layer(int layer) const;
+  int heatmap_column_steps() const { return heatmap_.column_steps(); }
+  std::shared_ptr<const routing::RoutingStats> last_stats() const;
+  const placement::Topology& topology() const { return c_.topology; }
+  // Rank 0, after each measured step: its expert loads into the heatmap.
+  void record_loads(const std::vector<std::uint64_t>& expert_load);
 
   // At the boundary before step `step`, on every rank (collective). Returns
   // false when the daemon must stop (shutdown, or a drain that has finished).
@@ -136,6 +151,8 @@ class ControlPlane {
   json status_, placement_json_, migration_snapshot_;
   std::string metrics_;
   std::shared_ptr<const routing::RoutingStats> last_stats_;  // rank 0: the last merged statistics
+  std::optional<Summary> summary_;  // rank 0: the last published figures
+  LoadHeatmap heatmap_;              // rank 0 with the endpoint on; empty elsewhere
 };
 
 }  // namespace moed::runtime

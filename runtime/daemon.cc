@@ -26,6 +26,7 @@
 #include "placement/placement_file.h"
 #include "placement/shard_rules.h"
 #include "routing/stats_file.h"
+#include "runtime/http/dashboard_routes.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/stop_signal.h"
 
@@ -303,6 +304,12 @@ StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, 
     std::memcpy(n.data(), at + time_bytes, n.size() * 8);
     at += fixed_bytes;
     for (std::size_t i = 0; i < t.size(); ++i) times[i] = r == 0 ? t[i] : std::max(times[i], t[i]);
+    // Each rank's own waits too, before the max hides them (the health view).
+    const std::size_t served = mine.rows_wait_per_layer.size();
+    out.rows_wait_by_rank.insert(out.rows_wait_by_rank.end(), t.begin() + kPhases,
+                                 t.begin() + std::ptrdiff_t(kPhases + served));
+    out.answers_wait_by_rank.insert(out.answers_wait_by_rank.end(), t.begin() + std::ptrdiff_t(kPhases + served),
+                                    t.end());
     for (std::size_t i = 0; i < n.size(); ++i) sums[i] = r == 0 ? n[i] : sums[i] + n[i];
     for (std::uint64_t k = 0, pair[2]; k < n.back(); ++k, at += sizeof pair) {
       std::memcpy(pair, at, sizeof pair);
@@ -354,7 +361,7 @@ void resume_router_biases(const Config& c, comm::ControlChannel& control, const 
 
 // The HTTP endpoint's pages (runtime/http/http_server.h: more rows, more pages).
 std::vector<http::Route> metrics_routes(const ControlPlane& control_plane) {
-  return {{"/metrics", "the figures in Prometheus text (docs/metrics.md)", [&control_plane] {
+  return {{"/metrics", "the figures in Prometheus text (docs/metrics.md)", [&control_plane](const http::Query&) {
              std::optional<std::string> text = control_plane.metrics_text();
              if (!text)
                return http::Answer{503, "text/plain; charset=utf-8",
@@ -474,9 +481,13 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     // bind stops every rank alike.
     exit_code = attempt("metrics endpoint status", [&] {
       if (d->rank_ != 0) return;
+      std::vector<http::Route> routes = metrics_routes(*d->control_plane_);
+      for (http::Route& route : http::dashboard_routes(*d->control_plane_, int(c.model.layers), int(c.model.experts)))
+        routes.push_back(std::move(route));
       d->http_ = std::make_unique<http::Server>(parse_listen_address(c.metrics.listen, "[metrics].listen"),
-                                                "[metrics].listen", metrics_routes(*d->control_plane_));
+                                                "[metrics].listen", std::move(routes));
       spdlog::info("metrics endpoint {}", d->http_->url("/metrics"));
+      spdlog::info("dashboard {}", d->http_->url("/"));
     });
     if (exit_code != 0) return nullptr;
   }
@@ -593,6 +604,7 @@ void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::s
     report_->add_step(served, rec);
     if (config_.log.per_step) spdlog::info("{}", report_->step_line(step, rec));
     summary = report_->summary();
+    if (served >= std::uint64_t(config_.workload.warmup_steps)) control_plane_->record_loads(rec.expert_load);
   }
   control_plane_->publish(step, rank_ == 0 && summary.measured_steps ? &summary : nullptr,
                          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());

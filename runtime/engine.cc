@@ -69,6 +69,7 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   StepRecord rec;
   rec.expert_load.assign(std::size_t(shape_.layers) * shape_.experts, 0);
   rec.tokens_per_layer.assign(std::size_t(shape_.layers), 0);
+  start_rank_figures(rec);
   const double start = now_seconds();
   executor_.clear_counts();
   x.resize(count_ * shape_.hidden);
@@ -106,6 +107,7 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
   StepRecord rec;
   rec.expert_load.assign(L * std::size_t(shape_.experts), 0);
   rec.tokens_per_layer.assign(L, 0);
+  start_rank_figures(rec);
   const double start = now_seconds();
   executor_.clear_counts();
   std::vector<std::uint32_t> rows_of_rank(R);
@@ -274,6 +276,16 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     rec.expert_load[std::size_t(layer) * E + e] = load;
     rec.pairs += load;
   }
+  if (!rec.routed_rows_by_rank.empty()) {
+    const std::size_t L = std::size_t(shape_.layers);
+    for (int r = 0; r < R; ++r) {
+      const std::size_t row = std::size_t(r) * L + std::size_t(layer);
+      for (std::size_t m = 0; m < M; ++m) {
+        rec.routed_rows_by_rank[row] += homes_[m].tokens[std::size_t(r)];
+        for (int e = 0; e < E; ++e) rec.routed_load_by_rank[row * std::size_t(E) + std::size_t(e)] += counts_[m].at(r, e);
+      }
+    }
+  }
   // The counts are the all-gathered ones: every rank updates its biases alike.
   policies_.end_layer(layer, std::span(rec.expert_load).subspan(std::size_t(layer) * E, std::size_t(E)));
 }
@@ -402,6 +414,15 @@ void Engine::record_home(int layer, std::uint64_t step, std::uint64_t first_posi
     const auto weights = routing.weights_of(row);
     for (std::size_t k = 0; k < experts.size(); ++k) fragments_.choices.push_back({at, experts[k], weights[k]});
   }
+}
+
+// Rank 0 keeps every rank's routing figures of the step (the others leave
+// them empty): the census already holds them, so this costs no message.
+void Engine::start_rank_figures(StepRecord& rec) const {
+  if (transport_.rank() != 0) return;
+  const std::size_t cells = std::size_t(transport_.size()) * std::size_t(shape_.layers);
+  rec.routed_rows_by_rank.assign(cells, 0);
+  rec.routed_load_by_rank.assign(cells * std::size_t(shape_.experts), 0);
 }
 
 // Counted for the report; logged the first time per expert, on the rank

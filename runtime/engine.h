@@ -61,6 +61,13 @@ struct StepRecord {
   std::vector<std::pair<std::uint32_t, std::uint64_t>> nonfinite;
   // What this rank saw of traced tokens (reduced: every rank's, on rank 0).
   trace::TraceFragments trace;
+  // Rank 0 only, per rank (the dashboard's health view), from the plan's
+  // census, which every rank has anyway: the loads of the tokens each rank
+  // routed [(rank * layers + layer) * experts + e] and its rows per layer
+  // [rank * layers + layer]; then, from the figures' gather, each rank's two
+  // waits per layer served [rank * layers served + i]. Empty on the other ranks.
+  std::vector<std::uint64_t> routed_load_by_rank, routed_rows_by_rank;
+  std::vector<double> rows_wait_by_rank, answers_wait_by_rank;
 
   void add_nonfinite(std::uint32_t layer_expert, std::uint64_t terms) {
     for (auto& [key, n] : nonfinite)
@@ -136,6 +143,7 @@ class Engine {
                         const std::string& where, Routing& routing, StepRecord& rec);
   // An expert call of `layer` gave `terms` NaN or inf terms.
   void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
+  void start_rank_figures(StepRecord& rec) const;
   // Runs the passes until all are done, timing the waits.
   void drive_passes(std::size_t passes, double& rows_wait, double& answers_wait);
   void record_stats();

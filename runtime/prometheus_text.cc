@@ -100,6 +100,21 @@ std::string prometheus_text(const Summary& s, const ControlFigures& c) {
       x.sample("moed_hot_expert_load_over_mean", s.layers[l].hot[i].over_mean,
                fmt::format("layer=\"{}\",position=\"{}\"", l, i + 1));
 
+  // The same signals per rank (the dashboard's health view): bounded by the job's ranks.
+  const auto per_rank = [&](std::string_view name, std::string_view help, auto figure) {
+    if (s.ranks.empty()) return;
+    x.family(name, "gauge", help);
+    for (std::size_t r = 0; r < s.ranks.size(); ++r) x.sample(name, figure(s.ranks[r]), fmt::format("rank=\"{}\"", r));
+  };
+  per_rank("moed_rank_activation_rate", "activation rate of the tokens a rank routed, over the load window",
+           [](const RankFigures& f) { return f.activation_rate; });
+  per_rank("moed_rank_expert_load_std_over_mean",
+           "spread over experts of the tokens a rank routed, over the load window, mean over layers",
+           [](const RankFigures& f) { return f.load_std_over_mean; });
+  per_rank("moed_rank_recent_alltoall_wait_p99_ms",
+           "a rank's own recent p99 all-to-all wait, the larger of dispatch and combine",
+           [](const RankFigures& f) { return f.alltoall_p99_ms; });
+
   // Links, placement, migration.
   x.family("moed_bytes_sent_total", "counter", "dispatch and combine bytes by link class");
   for (int k = 0; k < placement::kLinkClasses; ++k)

@@ -34,7 +34,9 @@ Report::Report(RunInfo info, int load_window_steps, int recent_steps, int hot_ex
       recent_wall_(std::size_t(recent_steps)),
       recent_tokens_(std::size_t(recent_steps)),
       recent_rows_wait_(std::size_t(recent_steps) * std::size_t(info_.shape.layers)),
-      recent_answers_wait_(std::size_t(recent_steps) * std::size_t(info_.shape.layers)) {}
+      recent_answers_wait_(std::size_t(recent_steps) * std::size_t(info_.shape.layers)),
+      rank_signals_(std::max(1, info_.ranks), info_.shape.layers, info_.shape.experts, load_window_steps,
+                    recent_steps) {}
 
 void Report::boundary(double now) {
   if (open_.open && open_.measured) {
@@ -95,6 +97,7 @@ void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   }
   for (std::size_t i = 0; i < window_load_.size(); ++i) window_load_[i] += rec.expert_load[i];
   for (std::size_t l = 0; l < window_tokens_.size(); ++l) window_tokens_[l] += rec.tokens_per_layer[l];
+  rank_signals_.add_step(rec);
 }
 
 namespace {
@@ -158,6 +161,7 @@ Summary Report::summary() const {
   s.recent_rows_wait_p99_ms = ms(recent_rows_wait_.quantile(0.99));
   s.recent_answers_wait_p50_ms = ms(recent_answers_wait_.quantile(0.50));
   s.recent_answers_wait_p99_ms = ms(recent_answers_wait_.quantile(0.99));
+  s.ranks = rank_signals_.figures();
 
   // Over the window of the last steps, per layer (the job's load spread is
   // the mean over layers).

@@ -22,6 +22,7 @@
 #include "common/recent_samples.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "runtime/rank_signals.h"
 
 namespace moed::runtime {
 
@@ -101,6 +102,9 @@ struct Summary {
   };
   std::uint64_t nonfinite = 0;
   std::vector<ExpertTerms> nonfinite_by_expert;
+  // The golden signals per rank (runtime/rank_signals.h); empty when the
+  // steps carried no per-rank figures.
+  std::vector<RankFigures> ranks;
 };
 
 class Report {
@@ -158,6 +162,7 @@ class Report {
   RecentSamples recent_wall_, recent_tokens_, recent_rows_wait_, recent_answers_wait_;
   // NaN or inf terms per [layer * experts + e], since start; empty until the first.
   std::vector<std::uint64_t> nonfinite_;
+  RankSignals rank_signals_;
 };
 
 }  // namespace moed::runtime

@@ -18,8 +18,11 @@ namespace moed::runtime::http {
 
 namespace {
 
-// Two threads answer; a scraper and a browser are all this endpoint serves.
-constexpr std::size_t kThreads = 2;
+// A kept-alive connection holds its thread until it closes or idles out
+// (the read timeout), and a browser opens up to 6 per host: with fewer
+// threads, the dashboard's polls queue behind its own idle connections.
+// 8 threads serve a browser and a scraper at once; they idle otherwise.
+constexpr std::size_t kThreads = 8;
 
 // Why `address` cannot be bound, from a plain bind of our own (cpp-httplib
 // only says that it failed).
@@ -75,8 +78,8 @@ Server::Server(const ListenAddress& address, const std::string& key, std::vector
   std::string index = "moed: no such page. Pages:\n";
   for (const Route& route : routes) index += route.path + "  " + route.doc + "\n";
   for (Route& route : routes)
-    s.Get(route.path, [answer = std::move(route.answer)](const httplib::Request&, httplib::Response& response) {
-      Answer a = answer();
+    s.Get(route.path, [answer = std::move(route.answer)](const httplib::Request& request, httplib::Response& response) {
+      Answer a = answer(request.params);
       response.status = a.status;
       response.set_content(std::move(a.body), a.content_type.c_str());
     });

@@ -3,11 +3,12 @@
 // on threads of its own and never touches the step loop: a route's answer
 // must be quick and thread-safe (read a copy under a mutex).
 //
-// The table is the extension point: /metrics today; a dashboard page at /
-// and its JSON endpoints are more rows.
+// The table is the extension point: /metrics, the dashboard page at / and
+// its JSON endpoints are rows.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,10 +23,13 @@ struct Answer {
   std::string body;
 };
 
+// The query string's parameters (a name may come twice: the route decides).
+using Query = std::multimap<std::string, std::string>;
+
 struct Route {
   std::string path;  // exact match
   std::string doc;   // one line, listed by the 404 answer
-  std::function<Answer()> answer;
+  std::function<Answer(const Query&)> answer;
 };
 
 class Server {

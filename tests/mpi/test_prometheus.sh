@@ -142,11 +142,12 @@ for instance in (skewed, balanced):
     layers = [k for (i, k) in series if i == instance and k.startswith("moed_layer_activation_rate{")]
     if len(layers) != 3:
         sys.exit(f"FAIL: {instance}: {len(layers)} layers of activation rates, the model has 3")
-    # Cardinality: 48 series for the job, 11 + 2 x 3 hot experts per layer, 3 layers.
+    # Cardinality: 48 series for the job, 11 + 2 x 3 hot experts per layer, 3 layers, 3 per rank.
+    ranks = 4 if instance == skewed else 2
     n = value(instance, "scrape_samples_scraped")
-    if n != 99:
-        sys.exit(f"FAIL: {instance}: {n:.0f} series scraped, the shape gives 48 + 3 x 17 = 99")
-print("ok: activation rate 0.25 (top-2 of 8) in all and in each of 3 layers; 99 series per job, as the shape gives")
+    if n != 99 + 3 * ranks:
+        sys.exit(f"FAIL: {instance}: {n:.0f} series scraped, the shape gives 48 + 3 x 17 + 3 x {ranks} = {99 + 3 * ranks}")
+print("ok: activation rate 0.25 (top-2 of 8) in all and in each of 3 layers; 111 and 105 series (4 and 2 ranks), as the shape gives")
 spread = {i: value(i, "moed_expert_load_std_over_mean") for i in (skewed, balanced)}
 print(f"ok: load std/mean: skewed {spread[skewed]:.3f}, balanced {spread[balanced]:.3f} (limit 0.15)")
 if not spread[skewed] > 0.15 > spread[balanced]:

@@ -127,5 +127,20 @@ TEST(PrometheusText, GoldenSignalsAndControlFigures) {
   EXPECT_NEAR(std::stod(value("moed_recent_tokens_per_second")), 6400, 1e-6);  // 640 tokens over 10 x 0.01 s
 }
 
+// The dashboard's per-rank signals: 3 series per rank, none without per-rank figures.
+TEST(PrometheusText, PerRankSeriesBoundedByTheRanks) {
+  Summary s = run(2, 4, 3, 3, true);
+  const std::size_t without = parse(prometheus_text(s, ControlFigures{})).series.size();
+  s.ranks = {{0.25, 0.5, 3.0, true}, {0.25, 0.75, 4.5, true}, {0.0, 0.0, 1.0, false}};
+  const Exposition e = parse(prometheus_text(s, ControlFigures{}));
+  EXPECT_EQ(e.series.size(), without + 3 * 3);
+  EXPECT_EQ(e.values.at("moed_rank_expert_load_std_over_mean{rank=\"1\"}"), "0.75");
+  EXPECT_EQ(e.values.at("moed_rank_recent_alltoall_wait_p99_ms{rank=\"2\"}"), "1");
+  EXPECT_EQ(e.values.at("moed_rank_activation_rate{rank=\"0\"}"), "0.25");
+  for (const char* name : {"moed_rank_activation_rate", "moed_rank_expert_load_std_over_mean",
+                           "moed_rank_recent_alltoall_wait_p99_ms"})
+    EXPECT_TRUE(e.typed.count(name)) << name;
+}
+
 }  // namespace
 }  // namespace moed::runtime

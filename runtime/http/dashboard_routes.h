@@ -1,0 +1,17 @@
+// The dashboard's rows of rank 0's HTTP route table: the page at / (one
+// self-contained HTML file, runtime/http/dashboard.html, embedded at build
+// time) and the JSON endpoints it polls, answered from the control plane's
+// published snapshot (runtime/http/dashboard_api.h renders them).
+#pragma once
+
+#include <vector>
+
+#include "runtime/control_plane.h"
+#include "runtime/http/http_server.h"
+
+namespace moed::runtime::http {
+
+// `control_plane` must outlive the server that answers these routes.
+std::vector<Route> dashboard_routes(const ControlPlane& control_plane, int layers, int experts);
+
+}  // namespace moed::runtime::http
