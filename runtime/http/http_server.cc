@@ -84,7 +84,8 @@ Server::Server(const ListenAddress& address, const std::string& key, std::vector
       response.set_content(std::move(a.body), a.content_type.c_str());
     });
   s.set_error_handler([index](const httplib::Request&, httplib::Response& response) {
-    if (response.status == 404) response.set_content(index, "text/plain; charset=utf-8");
+    // A route may answer 404 itself (e.g. an untraced request): keep its text.
+    if (response.status == 404 && response.body.empty()) response.set_content(index, "text/plain; charset=utf-8");
   });
   impl_->bound = address;
   const bool bound = address.port == 0 ? (impl_->bound.port = s.bind_to_any_port(address.host)) > 0

@@ -72,6 +72,13 @@ expect_400 "api/heatmap?layer=3" "out of range: the model has 3 layers"
 expect_400 "api/coactivation?layer=one" "not a layer number"
 expect_400 "api/heatmap?layer=1&layer=2" "given 2 times"
 expect_400 "api/health?layer=0" "unknown parameter 'layer'"
+expect_400 "api/trace" "name a request"
+expect_400 "api/trace?request_id=12x" "is not a request id"
+# An id that was never traced: 404 naming how to trace one (the JSON of a
+# traced one is moectl trace --json's, tested in mpi.trace).
+code=$(curl -s -o "$SCRATCH/404.txt" -w '%{http_code}' "$url/api/trace?request_id=18446744073709551615")
+[ "$code" = 404 ] && grep -q -- "--follow" "$SCRATCH/404.txt" || fail "/api/trace of an untraced id: HTTP $code, $(cat "$SCRATCH/404.txt")"
+echo "ok: /api/trace of an untraced id -> 404: $(head -1 "$SCRATCH/404.txt")"
 
 # The page in headless Chromium: the DOM once its scripts have drawn, and a screenshot.
 flags=(--headless --disable-gpu --no-first-run --hide-scrollbars --user-data-dir="$SCRATCH/chromium")
@@ -225,7 +232,9 @@ if top != want:
     sys.exit(f"FAIL: the page's strongest co-activation is {top}, moectl stats names {want}")
 print(f"ok: co-activation {experts}x{experts}, symmetric; strongest pair {top} as moectl stats")
 trace = next(n for n in nodes if n.get("id") == "trace")
-print("ok: the trace panel is there (fed by /api/trace once it exists)")
+if "?trace=" not in open(dom_path).read().split('id="trace-body"', 1)[1][:400]:
+    sys.exit("FAIL: the trace panel without ?trace= does not say how to pick a request")
+print("ok: the trace panel is there and says how to pick a request (?trace=ID)")
 PY
 "$MOECTL" --dir "$run/admin" shutdown >/dev/null
 wait $daemon || { cat "$run/log" >&2; fail "moed exited with code $?"; }
