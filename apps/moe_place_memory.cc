@@ -73,8 +73,8 @@ Plan resolve(const MemoryArgs& a) {
   return p;
 }
 
-MemoryEstimate rank_estimate(const Plan& p, std::uint64_t slots, int ranks, int rank) {
-  RankMemoryInputs in = runtime::rank_memory_inputs(p.c, slots, ranks, rank);
+MemoryEstimate rank_estimate(const Plan& p, std::vector<SlotGroup> slots, int ranks, int rank) {
+  RankMemoryInputs in = runtime::rank_memory_inputs(p.c, std::move(slots), ranks, rank);
   in.migration_in = p.migration_in, in.migration_out = p.migration_out;
   if (p.gpu) {
     in.expert_format = p.held;
@@ -92,7 +92,7 @@ MemoryEstimate rank_estimate(const Plan& p, std::uint64_t slots, int ranks, int 
 std::vector<MemoryEstimate> all_ranks(const Plan& p, const Placement& placement) {
   std::vector<MemoryEstimate> out;
   for (int r = 0; r < placement.ranks(); ++r)
-    out.push_back(rank_estimate(p, std::uint64_t(placement.slots_on(r)), placement.ranks(), r));
+    out.push_back(rank_estimate(p, slot_groups(placement, r), placement.ranks(), r));
   return out;
 }
 

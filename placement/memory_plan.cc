@@ -1,5 +1,7 @@
 #include "placement/memory_plan.h"
 
+#include <map>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -228,6 +230,16 @@ std::uint64_t parse_memory_size(const std::string& text, const std::string& flag
   }
   MOED_THROW(Usage, "{} {}: expected a size such as 80 or 80GiB (GiB), 141GB (10^9 bytes) or 512MiB", flag,
              quote_input(text));
+}
+
+std::vector<SlotGroup> slot_groups(const Placement& placement, int rank) {
+  std::map<std::uint64_t, std::uint64_t> by_shards;
+  for (int l = 0; l < placement.layers(); ++l)
+    for (int e = 0; e < placement.experts(); ++e)
+      if (placement.shard_on(l, e, rank) >= 0) ++by_shards[std::uint64_t(std::max(1, placement.shards(l, e)))];
+  std::vector<SlotGroup> out;
+  for (const auto& [shards, count] : by_shards) out.push_back({count, shards});
+  return out;
 }
 
 }  // namespace moed::placement

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "placement/placement.h"
+
 #include "placement/weight_format.h"
 
 namespace moed::placement {
@@ -39,6 +41,10 @@ struct SlotGroup {
   std::uint64_t count = 0;
   std::uint64_t shards = 1;
 };
+
+// What `rank` holds in `placement`, grouped by shard count (whole experts
+// and replicas first, then each split's shard), ordered by shards.
+std::vector<SlotGroup> slot_groups(const Placement& placement, int rank);
 
 struct RankMemoryInputs {
   // The MoE layers' shape; max_k is the most experts a token takes.

@@ -25,6 +25,7 @@
 #include "launch/nvlink_islands.h"
 #include "launch/rank_topology_codec.h"
 #include "launch/topology_description.h"
+#include "placement/memory_plan.h"
 #include "placement/placement_file.h"
 #include "placement/shard_rules.h"
 #include "routing/stats_file.h"
@@ -456,7 +457,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     d->placement_ = initial_placement(c, *d->topology_);
     // Before the weights: sizes the host cannot hold are refused naming their keys.
     refuse_if_too_large(
-        estimate_rank_memory(c, std::uint64_t(d->placement_.slots_on(d->rank_)), mpi.size(), d->rank_),
+        estimate_rank_memory(c, placement::slot_groups(d->placement_, d->rank_), mpi.size(), d->rank_),
         std::max(1, where.local_size), fmt::format("rank {}", d->rank_));
     d->store_.emplace(ExpertStore::load(c, d->placement_, d->rank_));
     d->workload_ = make_workload(c, d->store_->layer(0).gate.data());

@@ -29,6 +29,10 @@ Sizes sizes_of(const Config& c) {
 }  // namespace
 
 RankMemoryInputs rank_memory_inputs(const Config& c, std::uint64_t slots, int ranks, int rank) {
+  return rank_memory_inputs(c, std::vector<placement::SlotGroup>{{slots, 1}}, ranks, rank);
+}
+
+RankMemoryInputs rank_memory_inputs(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank) {
   const auto [L, E, H, F, k] = sizes_of(c);
   const bool ingress = c.workload.kind == "ingress";
   const auto R = std::uint64_t(ranks);
@@ -36,7 +40,7 @@ RankMemoryInputs rank_memory_inputs(const Config& c, std::uint64_t slots, int ra
   in.layers = L, in.experts = E, in.hidden = H, in.ffn = F, in.max_k = k;
   // The CPU path holds and moves every expert in fp32, whatever the file's dtype.
   in.expert_format = placement::weight_format("f32", "[model].dtype");
-  in.slots = {{slots, 1}};
+  in.slots = std::move(slots);
   in.pack_at_load = c.experts.gemm == "fixed-order";
   in.cpu_router = true;
   // The workload's tokens are the job's, split over the ranks; the front door's budget is per rank.
@@ -63,6 +67,10 @@ std::uint64_t cpu_process_overhead_bytes() {
 
 MemoryEstimate estimate_rank_memory(const Config& c, std::uint64_t slots, int ranks, int rank) {
   return placement::rank_memory(rank_memory_inputs(c, slots, ranks, rank));
+}
+
+MemoryEstimate estimate_rank_memory(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank) {
+  return placement::rank_memory(rank_memory_inputs(c, std::move(slots), ranks, rank));
 }
 
 MemoryEstimate estimate_generate_memory(const Config& c) {

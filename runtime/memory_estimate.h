@@ -28,6 +28,10 @@ using placement::MemoryPart;
 // expert slots, on moed's CPU path (experts in fp32). Neither a migration
 // nor the process is counted: the caller sets those.
 placement::RankMemoryInputs rank_memory_inputs(const Config& c, std::uint64_t slots, int ranks, int rank);
+// The same for what a rank holds by shard count (placement::slot_groups):
+// a shard of a split expert counts 1/S of its weights.
+placement::RankMemoryInputs rank_memory_inputs(const Config& c, std::vector<placement::SlotGroup> slots, int ranks,
+                                               int rank);
 
 // What the moed process holds beside what the lines count, on the CPU path:
 // code, Open MPI, UCX, OpenBLAS, hwloc and the allocator's slack, measured as
@@ -36,6 +40,7 @@ std::uint64_t cpu_process_overhead_bytes();
 
 // One serving rank holding `slots` expert slots, in a job of `ranks`.
 MemoryEstimate estimate_rank_memory(const Config& c, std::uint64_t slots, int ranks, int rank = 0);
+MemoryEstimate estimate_rank_memory(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank);
 // `moed --generate-weights`: the whole model, held until written.
 MemoryEstimate estimate_generate_memory(const Config& c);
 

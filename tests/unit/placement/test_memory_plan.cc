@@ -182,3 +182,27 @@ TEST(MemoryPlan, FewestRanksScansUpToTheLimit) {
 
 }  // namespace
 }  // namespace moed::placement
+
+namespace moed::placement {
+namespace {
+
+// What a rank holds, grouped by shard count: a split expert's shard counts
+// 1/S of its weights in the planner (and in the daemon's start-up check).
+TEST(MemoryPlan, SlotGroupsCountShardsApart) {
+  Placement p = contiguous(4, 2, 4);  // one whole expert per rank and layer
+  p.set_shards(1, 2, {3, 0, 2, 1});   // layer 1's expert 2 in 4 shards
+  const auto groups = [&](int rank) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    for (const SlotGroup& g : slot_groups(p, rank)) out.emplace_back(g.count, g.shards);
+    return out;
+  };
+  using Groups = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+  EXPECT_EQ(groups(0), (Groups{{2, 1}, {1, 4}}));
+  EXPECT_EQ(groups(2), (Groups{{1, 1}, {1, 4}}));  // its whole expert 2 became a shard
+  EXPECT_EQ(groups(3), (Groups{{2, 1}, {1, 4}}));
+  EXPECT_EQ(slot_groups(contiguous(2, 3, 4), 1).size(), 1u);
+  EXPECT_EQ(slot_groups(contiguous(2, 3, 4), 1)[0].count, 6u);
+}
+
+}  // namespace
+}  // namespace moed::placement
