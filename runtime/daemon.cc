@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -15,7 +14,6 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/listen_address.h"
-#include "common/quote.h"
 #include "common/log.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
@@ -29,7 +27,6 @@
 #include "placement/placement_file.h"
 #include "placement/shard_rules.h"
 #include "routing/stats_file.h"
-#include "runtime/http/dashboard_api.h"
 #include "runtime/http/dashboard_routes.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/stop_signal.h"
@@ -382,29 +379,6 @@ nlohmann::json trace_answer(const trace::Tracer* tracer, const admin::Request& r
   return tracer->answer(r.params.at("request_id").get<std::uint64_t>());
 }
 
-// The dashboard's trace panel: /api/trace?request_id=ID, the same JSON as
-// `moectl trace --json ID` (rank 0 serves HTTP, and rank 0 holds the traces).
-http::Route trace_route(const trace::Tracer& tracer) {
-  return {"/api/trace", "JSON: ?request_id=ID, one traced request's tokens (moectl trace --json)",
-          [&tracer](const http::Query& query) {
-            if (auto error = http::check_query(query, {"request_id"})) return http::bad_request(*error);
-            const auto it = query.find("request_id");
-            if (it == query.end())
-              return http::bad_request("name a request: /api/trace?request_id=ID (a sampled id, or one followed "
-                                       "with `moectl trace --follow ID`)");
-            std::uint64_t id = 0;
-            const std::string& text = it->second;
-            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), id);
-            if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-              return http::bad_request("request_id " + quote_input(text) + " is not a request id (0 to 2^64-1)");
-            nlohmann::json body = tracer.answer(id);
-            if (body.value("ok", true) == false)
-              return http::Answer{404, "text/plain; charset=utf-8",
-                                  body["error"].value("message", std::string("no trace")) + "\n"};
-            return http::json_answer(body);
-          }};
-}
-
 }  // namespace
 
 Daemon::Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi)
@@ -509,7 +483,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     exit_code = attempt("metrics endpoint status", [&] {
       if (d->rank_ != 0) return;
       std::vector<http::Route> routes = metrics_routes(*d->control_plane_);
-      if (d->tracer_) routes.push_back(trace_route(*d->tracer_));
+      if (d->tracer_) routes.push_back(http::trace_route(*d->tracer_));
       for (http::Route& route : http::dashboard_routes(*d->control_plane_, int(c.model.layers), int(c.model.experts)))
         routes.push_back(std::move(route));
       d->http_ = std::make_unique<http::Server>(parse_listen_address(c.metrics.listen, "[metrics].listen"),

@@ -1,7 +1,9 @@
 #include "runtime/http/dashboard_routes.h"
 
+#include <charconv>
 #include <string>
 
+#include "common/quote.h"
 #include "runtime/http/dashboard_api.h"
 #include "runtime/http/dashboard_page.h"
 
@@ -64,6 +66,29 @@ std::vector<Route> dashboard_routes(const ControlPlane& cp, int layers, int expe
          return json_answer(placement_with_islands(cp.dashboard_view().placement, cp.topology().island_of_ranks()));
        }},
   };
+}
+
+// The dashboard's trace panel: /api/trace?request_id=ID, the same JSON as
+// `moectl trace --json ID` (rank 0 serves HTTP, and rank 0 holds the traces).
+Route trace_route(const trace::Tracer& tracer) {
+  return {"/api/trace", "JSON: ?request_id=ID, one traced request's tokens (moectl trace --json)",
+          [&tracer](const Query& query) {
+            if (auto error = check_query(query, {"request_id"})) return bad_request(*error);
+            const auto it = query.find("request_id");
+            if (it == query.end())
+              return bad_request("name a request: /api/trace?request_id=ID (a sampled id, or one followed "
+                                       "with `moectl trace --follow ID`)");
+            std::uint64_t id = 0;
+            const std::string& text = it->second;
+            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), id);
+            if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+              return bad_request("request_id " + quote_input(text) + " is not a request id (0 to 2^64-1)");
+            nlohmann::json body = tracer.answer(id);
+            if (body.value("ok", true) == false)
+              return Answer{404, "text/plain; charset=utf-8",
+                                  body["error"].value("message", std::string("no trace")) + "\n"};
+            return json_answer(body);
+          }};
 }
 
 }  // namespace moed::runtime::http

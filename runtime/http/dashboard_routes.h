@@ -8,10 +8,15 @@
 
 #include "runtime/control_plane.h"
 #include "runtime/http/http_server.h"
+#include "runtime/trace/tracer.h"
 
 namespace moed::runtime::http {
 
 // `control_plane` must outlive the server that answers these routes.
 std::vector<Route> dashboard_routes(const ControlPlane& control_plane, int layers, int experts);
+
+// /api/trace?request_id=ID: rank 0's traces, the JSON of `moectl trace --json`
+// (`tracer` must outlive the server).
+Route trace_route(const trace::Tracer& tracer);
 
 }  // namespace moed::runtime::http
