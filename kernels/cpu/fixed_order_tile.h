@@ -14,9 +14,14 @@ namespace moed::kernels::detail {
 // packed k-major: a[kk * rows + r]. rows is at most the kernel's tile_rows.
 using TileKernel = void (*)(const float* a, std::size_t rows, const float* panel, std::size_t kc, float* c,
                             std::size_t ldc, bool first);
+// The same over two panels side by side: C[rows, 32], panel0's 16 columns
+// then panel1's.
+using PairKernel = void (*)(const float* a, std::size_t rows, const float* panel0, const float* panel1,
+                            std::size_t kc, float* c, std::size_t ldc, bool first);
 struct FixedOrderKernel {
   TileKernel tile;
   std::size_t tile_rows;
+  PairKernel pair = nullptr;  // where a kernel has one
 };
 FixedOrderKernel portable_kernel();
 FixedOrderKernel avx2_kernel();    // only where the CPU has AVX2 and FMA
