@@ -9,9 +9,10 @@
 #     calls moed issued, replayed alone).
 # The prefill cases run twice, A/B: the experts on OpenBLAS sgemm (canonical
 # chunks, not batch-invariant) and on the fixed-order GEMM (the default).
-# The decode case runs three times, A/B/C: every phase waiting for the whole
-# previous one ([engine].overlap = false), with overlap (the default), and
-# with overlap and two micro-batches. Compare ratios and overheads within a
+# The decode case runs three ways, A/B/C, alternating over ROUNDS rounds
+# (default 3): every phase waiting for the whole previous one
+# ([engine].overlap = false), with overlap (the default), and with overlap
+# and two micro-batches; the medians over rounds close the output. Compare ratios and overheads within a
 # run: each case measures its own bound.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +31,26 @@ for ranks in 2 4; do
       --label "prefill, 2048 tokens/rank, experts on $gemm"
   done
 done
+# Decode: the three engines alternate over ROUNDS rounds (default 3), so that
+# drift in the machine's speed hits each alike; the medians close the output.
+rounds=${ROUNDS:-3}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for round in $(seq "$rounds"); do
+  for engine in "overlap=false" "overlap=true" "microbatches=2"; do
+    mpirun "${flags[@]}" -np 4 "$bench" --config "$root/configs/bench-decode.toml" --set "engine.$engine" \
+      --label "decode, 128 tokens/rank, [engine].$engine, round $round" | tee -a "$out"
+  done
+done
+echo "decode, medians over $rounds rounds (overhead = step wall time minus its served GEMMs):"
 for engine in "overlap=false" "overlap=true" "microbatches=2"; do
-  mpirun "${flags[@]}" -np 4 "$bench" --config "$root/configs/bench-decode.toml" --set "engine.$engine" \
-    --label "decode, 128 tokens/rank, [engine].$engine"
+  awk -v e="[engine].$engine," -v name="$engine" '
+    BEGIN { n = 0 }
+    index($0, e) { on = 1; next }
+    on && /^  moed / { step[n] = $6 }
+    on && /^  served GEMMs/ { served[n] = $7 }
+    on && /^  overhead/ { over[n++] = $2; on = 0 }
+    function median(a, k,   i, j, t) { for (i = 0; i < k; i++) for (j = i + 1; j < k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+                                       return k % 2 ? a[int(k / 2)] : (a[k / 2 - 1] + a[k / 2]) / 2 }
+    END { printf "  %-15s overhead %6.2f ms   step p50 %7.2f ms   served GEMMs %7.2f ms\n", name, median(over, n), median(step, n), median(served, n) }' "$out"
 done
