@@ -5,6 +5,7 @@
 //
 //   front_door_check --dir DIR --ranks R --mode serial|concurrent|shuffled --out FILE
 //                    [--requests N] [--seed S] [--clients-per-rank C]
+//   front_door_check --dir DIR --ranks R --mode decode --positions P --out FILE [--drift D]
 //   front_door_check --dir DIR --mode hold      (submits, then waits to be killed)
 //
 // Request r has 1 + (hash % 48) rows at layer hash % layers, with request id
@@ -13,9 +14,19 @@
 // each on its own thread, request r on client r mod (C x R), as many in
 // flight as the client has slots. shuffled: the same, each client's requests
 // in a shuffled order.
+//
+// decode: every request is a sequence of P positions, and position p of a
+// request goes through every layer before its position p + 1, as a model
+// decodes. C clients per rank each submit their requests' rows of one
+// position and layer together. A position's row is its request's own
+// direction plus a share D (the drift) of a direction of its own, so that a
+// request's consecutive positions mostly route alike: what the router's
+// smoothing works on, through the request ids and positions of the rows.
+// The file holds request by request, position by position, layer by layer.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -78,6 +89,56 @@ void serve(Client& c, std::vector<Request>& requests, const std::vector<int>& mi
   }
 }
 
+// The row of request r's position p at layer l (decode mode).
+void decode_row(std::uint64_t seed, int r, std::uint32_t p, int l, float drift, int hidden, float* row) {
+  const std::uint64_t own = moed::hash_combine(seed, moed::hash_combine(std::uint64_t(r), std::uint64_t(l)));
+  const moed::CounterRng base(own), step(moed::hash_combine(own, 0x9e3779b9ull + p));
+  const float keep = std::sqrt(1.0f - drift * drift);
+  for (int i = 0; i < hidden; ++i) row[i] = keep * base.normalish(std::uint64_t(i)) + drift * step.normalish(std::uint64_t(i));
+}
+
+// One client decoding its requests (decode mode): out holds every request's
+// positions x layers x hidden.
+void decode(Client& c, const std::vector<int>& mine, int positions, std::uint64_t seed, float drift,
+            std::vector<float>& out) {
+  const int L = c.layers(), H = c.hidden();
+  const std::size_t per_request = std::size_t(positions) * std::size_t(L) * std::size_t(H);
+  for (int p = 0; p < positions; ++p)
+    for (int l = 0; l < L; ++l) {
+      const int slot = c.acquire();
+      float* rows = static_cast<float*>(c.rows(slot));
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        decode_row(seed, mine[i], std::uint32_t(p), l, drift, H, rows + i * std::size_t(H));
+        c.request_ids(slot)[i] = std::uint64_t(mine[i]);
+        c.positions(slot)[i] = std::uint32_t(p);
+      }
+      c.submit(slot, l, std::uint32_t(mine.size()));
+      c.wait(slot);
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        std::memcpy(out.data() + std::size_t(mine[i]) * per_request + (std::size_t(p) * L + l) * H,
+                    rows + i * std::size_t(H), std::size_t(H) * sizeof(float));
+      c.release(slot);
+    }
+}
+
+// Runs work(i) for every client i on its own thread; rethrows the first error.
+template <class Work>
+void on_threads(int n, Work work) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        work(i);
+      } catch (const std::exception& e) {
+        errors[std::size_t(i)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error(e);
+}
+
 std::string socket_of(const std::string& dir, int rank) { return dir + "/moed-ingress-" + std::to_string(rank) + ".sock"; }
 
 }  // namespace
@@ -89,7 +150,11 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 7;
   app.add_option("--dir", dir, "[ingress].dir of the daemons")->required();
   app.add_option("--ranks", ranks, "ranks to spread the clients over");
-  app.add_option("--mode", mode, "serial, concurrent, shuffled or hold")->required();
+  app.add_option("--mode", mode, "serial, concurrent, shuffled, decode or hold")->required();
+  int positions = 8;
+  float drift = 0.3f;
+  app.add_option("--positions", positions, "positions per request (decode)")->check(CLI::Range(1, 4096));
+  app.add_option("--drift", drift, "share of a position's own direction in its row (decode)")->check(CLI::Range(0.0, 1.0));
   app.add_option("--out", out, "file for the outputs");
   app.add_option("--requests", count, "requests to serve");
   app.add_option("--seed", seed, "seed of the requests");
@@ -110,27 +175,29 @@ int main(int argc, char** argv) {
     const int n_clients = mode == "serial" ? 1 : ranks * per_rank;
     for (int i = 0; i < n_clients; ++i)
       clients.push_back(std::make_unique<Client>(socket_of(dir, i % ranks), moed::client::Options{4, 64, 60'000}));
-    std::vector<Request> requests = make_requests(count, seed, clients[0]->layers(), clients[0]->hidden());
     std::vector<std::vector<int>> share(static_cast<std::size_t>(n_clients));
     for (int r = 0; r < count; ++r) share[std::size_t(r % n_clients)].push_back(r);
+    if (mode == "decode") {
+      const std::size_t per_request =
+          std::size_t(positions) * std::size_t(clients[0]->layers()) * std::size_t(clients[0]->hidden());
+      std::vector<float> y(std::size_t(count) * per_request);
+      on_threads(n_clients, [&](int i) {
+        decode(*clients[std::size_t(i)], share[std::size_t(i)], positions, seed, drift, y);
+      });
+      std::FILE* f = std::fopen(out.c_str(), "wb");
+      if (!f || std::fwrite(y.data(), sizeof(float), y.size(), f) != y.size() || std::fclose(f) != 0)
+        throw std::runtime_error("cannot write " + out);
+      std::cout << "decoded " << count << " requests of " << positions << " positions over " << n_clients
+                << " client" << (n_clients == 1 ? "" : "s") << "\n";
+      return 0;
+    }
+    std::vector<Request> requests = make_requests(count, seed, clients[0]->layers(), clients[0]->hidden());
     if (mode == "serial") {
       for (int r = 0; r < count; ++r) serve(*clients[0], requests, {r});
     } else if (mode == "concurrent" || mode == "shuffled") {
       if (mode == "shuffled")
         for (std::size_t i = 0; i < share.size(); ++i) std::shuffle(share[i].begin(), share[i].end(), std::mt19937(unsigned(seed + i)));
-      std::vector<std::thread> threads;
-      std::vector<std::string> errors(static_cast<std::size_t>(n_clients));
-      for (int i = 0; i < n_clients; ++i)
-        threads.emplace_back([&, i] {
-          try {
-            serve(*clients[std::size_t(i)], requests, share[std::size_t(i)]);
-          } catch (const std::exception& e) {
-            errors[std::size_t(i)] = e.what();
-          }
-        });
-      for (auto& t : threads) t.join();
-      for (const auto& e : errors)
-        if (!e.empty()) throw std::runtime_error(e);
+      on_threads(n_clients, [&](int i) { serve(*clients[std::size_t(i)], requests, share[std::size_t(i)]); });
     } else {
       std::cerr << "front_door_check: unknown mode " << mode << "\n";
       return 2;

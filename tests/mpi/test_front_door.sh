@@ -8,7 +8,12 @@
 #     uid, bad inputs from Python (each refused with its reason, a bad row
 #     leaving its neighbours' bits alone); the daemons serve on, leak no file
 #     descriptor, and idle at a few percent of a core.
-# Usage: test_front_door.sh batching|faults
+#   policies: router policies through the front door, on requests decoded
+#     position by position (front_door_check --mode decode): smoothing uses
+#     the rows' request ids and positions, so its outputs differ from no
+#     smoothing and its flip rate is lower; they are cmp-equal at 1 rank with
+#     one client and at 2 ranks in 2 islands with 4 clients; demotion serves.
+# Usage: test_front_door.sh batching|faults|policies
 source "$(dirname "$0")/lib.sh"
 : "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
 mode=${1:?mode}
@@ -135,6 +140,33 @@ share = ($t1 - $t0) / $hz / 3 / 2
 print(f'idle: {100 * share:.1f}% of a core per rank over 3 s')
 sys.exit(0 if share < 0.10 else 1)" || fail "idle ranks spin"
   stop
+  ;;
+policies)
+  # flip_rate OUT: the flip rate (%) the report printed at exit.
+  flip_rate() { sed -n 's/.*; \([0-9.]*\)% flip from their request.s previous position.*/\1/p' "$1"; }
+  decode=(--requests 32 --positions 12 --drift 0.3)
+  start none 0 --set router.measure_jitter=true
+  check 1 decode "$SCRATCH/none.bin" "${decode[@]}" --clients-per-rank 1
+  stop
+  none_flips=$(flip_rate "$run/out.txt")
+  start smooth 0 --set router.measure_jitter=true --set router.smoothing_beta=1
+  check 1 decode "$SCRATCH/smooth.bin" "${decode[@]}" --clients-per-rank 1
+  stop
+  smooth_flips=$(flip_rate "$run/out.txt")
+  start smooth2 2 --set cluster.ranks_per_island=1 --set router.measure_jitter=true --set router.smoothing_beta=1
+  check 2 decode "$SCRATCH/smooth-2.bin" "${decode[@]}" --clients-per-rank 2
+  stop
+  same_bits "$SCRATCH/smooth.bin" "$SCRATCH/smooth-2.bin" "smoothing: 2 ranks in 2 islands, 4 clients vs 1 rank, 1 client"
+  cmp -s "$SCRATCH/none.bin" "$SCRATCH/smooth.bin" && fail "smoothing changed no output through the front door"
+  [ -n "$none_flips" ] && [ -n "$smooth_flips" ] || fail "no flip rate in the report (none: '$none_flips', smoothing: '$smooth_flips')"
+  python3 -c "import sys; sys.exit(0 if $smooth_flips < $none_flips else 1)" ||
+    fail "smoothing did not lower the flip rate through the front door: $none_flips% -> $smooth_flips%"
+  echo "ok: through the front door, smoothing (beta 1) cut the flip rate from $none_flips% to $smooth_flips%"
+  start demote 2 --set router.load_policy=demote --set router.capacity_factor=1.0
+  check 2 decode "$SCRATCH/demote.bin" "${decode[@]}" --clients-per-rank 2
+  stop
+  grep -q "router policies .*demote" "$run/out.txt" || { cat "$run/out.txt" >&2; fail "demotion's figures missing from the report"; }
+  echo "ok: demotion serves through the front door: $(grep -m1 'router policies' "$run/out.txt" | sed 's/^ *//')"
   ;;
 *) fail "unknown mode $mode" ;;
 esac
