@@ -28,8 +28,11 @@ const config::Section<CommConfig>& comm_config_section() {
           config::integer<C>("wait_yield_polls", &C::wait_yield_polls, 2048, 0, 1 << 30,
                              "then polls this many times yielding the core between polls"),
           config::integer<C>("wait_sleep_us", &C::wait_sleep_us, 20, 0, 1'000'000,
-                             "then sleeps this long between polls (ranks that outnumber the cores "
-                             "leave them to the rank being waited for)"),
+                             "then sleeps between polls, this long first (ranks that outnumber the "
+                             "cores leave them to the rank being waited for)"),
+          config::integer<C>("wait_sleep_max_us", &C::wait_sleep_max_us, 1000, 0, 1'000'000,
+                             "each sleep of a wait doubles the last, up to this (not above "
+                             "wait_sleep_us: no growth)"),
       });
   return section;
 }

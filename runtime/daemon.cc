@@ -391,7 +391,7 @@ Daemon::~Daemon() = default;
 
 std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& options,
                                       comm::MpiSession& mpi, int& exit_code) {
-  comm::set_wait_policy({c.comm.wait_spin_polls, c.comm.wait_yield_polls, c.comm.wait_sleep_us});
+  comm::set_wait_policy({c.comm.wait_spin_polls, c.comm.wait_yield_polls, c.comm.wait_sleep_us, c.comm.wait_sleep_max_us});
   std::unique_ptr<Daemon> d(new Daemon(c, options, mpi));
   if ((exit_code = agree_on_command(d->control_, "serve", c))) return nullptr;
   launch::LaunchInfo where = launch::detect_launch();
