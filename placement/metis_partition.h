@@ -14,11 +14,29 @@
 
 namespace moed::placement {
 
+// The experts of one layer whose replicas may share an island ("pooled"): the
+// hottest `share` (rounded up) of those with more than one replica, by the
+// slots' summed load (ties: the lower expert). The others keep their
+// replicas spread, one island each as far as they go. A token whose home
+// island lacks a pooled expert crosses to it and takes the least used of its
+// replicas there, so pooled replicas absorb what the fitted routing did not
+// foresee (on held-out Mixtral routing, one replica per island left each
+// island's tokens with their own replica and its rank with their noise);
+// spread ones keep tokens home. Pure.
+std::vector<char> pooled_experts(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
+                                 double share);
+// The share metis pools: half. Pooling none left metis's rank load up to 0.04
+// above greedy-load's on held-out Mixtral routing at equal budgets; pooling
+// all gave back nearly every cross-island copy it saves
+// (docs/placement.md, "At equal slot budgets").
+inline constexpr double kPooledShare = 0.5;
+
 // The island of each slot of `layer`: METIS cuts the slots' co-activation
 // graph (an expert pair's count shared evenly among their replicas; vertex
 // weight the slot's load, targets by island size); then no island keeps more
 // than slots_per_rank x its ranks slots nor an expert more copies than it may
-// hold (repair), and island loads per rank come within 2% of the mean where
+// hold (one per island as far as they go, unless pooled_experts pools it:
+// repair), and island loads per rank come within 2% of the mean where
 // moves allow (balance). Seeded: the same inputs give the same islands.
 std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
                                         const routing::RoutingStats& stats, int layer, const Topology& topology,
@@ -26,7 +44,7 @@ std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, co
 
 // Balance alone, from given islands (already feasible): after the slots'
 // loads were re-estimated (dispatch_slot_loads), island loads per rank come
-// back within 2% of the mean where moves allow, losing the least co-activation.
+// within 0.5% of the mean where moves allow, losing the least co-activation.
 std::vector<int> rebalance_islands(std::vector<int> island, const std::vector<ExpertSlot>& slots,
                                    const std::vector<int>& replicas, const routing::RoutingStats& stats, int layer,
                                    const Topology& topology, int slots_per_rank);
