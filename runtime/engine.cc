@@ -298,6 +298,7 @@ void Engine::choose_experts(int layer, const float* x, std::size_t count, std::s
   if (workload_ && workload_->replays_routing()) {
     fetch_routing(layer, routing);
     if (!policies_.shares_tokens()) return;
+    plain_routing_ = routing;
     // Only a load policy applies to replayed routing: its experts are the candidates.
     ranked_.clear();
     for (std::size_t t = 0; t < routing.tokens(); ++t) {
@@ -308,17 +309,34 @@ void Engine::choose_experts(int layer, const float* x, std::size_t count, std::s
       ranked_.end_token(std::uint32_t(routing.experts_of(t).size()));
     }
     routing.clear();
-    return share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
+    share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
+  } else {
+    logits_.resize(count * E);
+    kernels::gemm_fixed_order(xn_.data(), count, gate_[layer], logits_.data());
+    const double* adjust = policies_.adjustments(layer, tags, adjust_);
+    if (!adjust && !policies_.shares_tokens()) return route(logits_.data(), count, E, router_, routing);
+    ranked_.clear();
+    rank_experts(logits_.data(), adjust, count, E, router_, policies_.extra_candidates(), ranked_);
+    if (policies_.measures_jitter()) measure_jitter(layer, x, count, tags, adjust, rec);
+    if (policies_.rebalances()) plain_selection(layer, count, tags);
+    if (policies_.shares_tokens())
+      share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
+    else
+      choose(ranked_, routing);
   }
-  logits_.resize(count * E);
-  kernels::gemm_fixed_order(xn_.data(), count, gate_[layer], logits_.data());
-  const double* adjust = policies_.adjustments(layer, tags, adjust_);
-  if (!adjust && !policies_.shares_tokens()) return route(logits_.data(), count, E, router_, routing);
-  ranked_.clear();
-  rank_experts(logits_.data(), adjust, count, E, router_, policies_.extra_candidates(), ranked_);
-  if (policies_.measures_jitter()) measure_jitter(layer, x, count, tags, adjust, rec);
-  if (!policies_.shares_tokens()) return choose(ranked_, routing);
-  share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
+  if (!policies_.rebalances()) return;
+  rec.router.selected += plain_routing_.experts.size();
+  rec.router.changed += lost_pairs(plain_routing_, routing);
+}
+
+void Engine::plain_selection(int layer, std::size_t count, std::span<const TokenTag> tags) {
+  plain_routing_.clear();
+  // Without the bias, ranked_'s choice is the plain selection: a load policy acts after it.
+  if (!policies_.balances()) return choose(ranked_, plain_routing_);
+  const double* adjust = policies_.adjustments(layer, tags, plain_adjust_, false);
+  plain_ranked_.clear();
+  rank_experts(logits_.data(), adjust, count, std::size_t(shape_.experts), router_, 0, plain_ranked_);
+  choose(plain_ranked_, plain_routing_);
 }
 
 void Engine::measure_jitter(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,

@@ -138,6 +138,9 @@ class Engine {
   // The jitter measurement: the rows' choices again under relative noise.
   void measure_jitter(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
                       const double* adjust, StepRecord& rec);
+  // The router's own selection of the rows (no bias, no load policy) into
+  // plain_routing_, to count the pairs the balancing policies change.
+  void plain_selection(int layer, std::size_t count, std::span<const TokenTag> tags);
   // Every rank's candidates, then the policies' one decision (into `routing`).
   void share_and_decide(int layer, std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
                         const std::string& where, Routing& routing, StepRecord& rec);
@@ -179,8 +182,9 @@ class Engine {
   std::uint64_t positions_per_request_ = 1;
   std::vector<TokenTag> tags_;                 // built-in tokens' requests, this step
   std::vector<std::uint32_t> rows_of_rank_;    // built-in: every rank's tokens per step
-  std::vector<double> adjust_;
-  Ranked ranked_, noisy_ranked_, all_ranked_;
+  std::vector<double> adjust_, plain_adjust_;
+  Ranked ranked_, noisy_ranked_, all_ranked_, plain_ranked_;
+  Routing plain_routing_;
   std::vector<TokenTag> all_tags_;
   std::vector<std::uint32_t> records_, all_records_, replicas_;
   std::vector<float> noisy_, noisy_xn_, noisy_logits_;

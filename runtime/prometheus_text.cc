@@ -158,6 +158,9 @@ std::string prometheus_text(const Summary& s, const ControlFigures& c) {
     x.family("moed_router_weight_moved", "gauge", "share of the gate-weight mass demoted (moved) or dropped");
     x.sample("moed_router_weight_moved", r.weight_moved, "fate=\"moved\"");
     x.sample("moed_router_weight_moved", r.weight_dropped, "fate=\"dropped\"");
+    x.gauge("moed_router_changed_rate",
+            "share of the router's own (token, expert) pairs that bias balancing or the load policy changed",
+            r.changed_rate);
     x.family("moed_router_jitter_rate", "gauge", "tokens whose experts change under relative hidden-state noise eps");
     x.sample("moed_router_jitter_rate", r.jitter_rate[0], "eps=\"1e-4\"");
     x.sample("moed_router_jitter_rate", r.jitter_rate[1], "eps=\"1e-3\"");

@@ -20,6 +20,7 @@ RouterFigures RouterFigures::from(const RouterCounters& c) {
   f.dropped_rate = rate(c.dropped, c.pairs), f.moved_rate = rate(c.moved, c.pairs);
   f.weight_dropped = c.tokens ? double(c.weight_dropped) / kWeightUnit / double(c.tokens) : 0.0;
   f.weight_moved = c.tokens ? double(c.weight_moved) / kWeightUnit / double(c.tokens) : 0.0;
+  f.changed_rate = rate(c.changed, c.selected);
   f.flip_rate = rate(c.flipped, c.flip_tested);
   for (std::size_t i = 0; i < f.jitter_rate.size(); ++i) f.jitter_rate[i] = rate(c.jitter_changed[i], c.jitter_tested);
   return f;
@@ -232,9 +233,11 @@ void Report::print(std::ostream& os) const {
   if (s.router_policies) {
     const RouterFigures& r = s.router;
     os << fmt::format("  router policies    {}: pairs dropped {:.2f}% ({:.2f}% of the gate weight), moved {:.2f}% "
-                      "({:.2f}%)\n",
+                      "({:.2f}%)",
                       info_.router_policies, 100 * r.dropped_rate, 100 * r.weight_dropped, 100 * r.moved_rate,
                       100 * r.weight_moved);
+    if (r.counts.selected) os << fmt::format("; {:.2f}% of the router's own pairs changed", 100 * r.changed_rate);
+    os << "\n";
     if (r.counts.jitter_tested || r.counts.flip_tested)
       os << fmt::format("  routing jitter     {:.2f}% of tokens change experts under noise 1e-4, {:.2f}% under "
                         "1e-3; {:.2f}% flip from their request's previous position\n",
@@ -276,6 +279,9 @@ nlohmann::json router_json(const std::string& policies, const RouterFigures& r) 
           {"moved_rate", r.moved_rate},
           {"weight_dropped", r.weight_dropped},
           {"weight_moved", r.weight_moved},
+          {"pairs_selected", r.counts.selected},
+          {"pairs_changed", r.counts.changed},
+          {"changed_rate", r.changed_rate},
           {"flip_rate", r.flip_rate},
           {"flip_tested", r.counts.flip_tested},
           {"jitter_rate", {{"1e-4", r.jitter_rate[0]}, {"1e-3", r.jitter_rate[1]}}},
@@ -283,6 +289,17 @@ nlohmann::json router_json(const std::string& policies, const RouterFigures& r) 
 }
 
 }  // namespace
+
+nlohmann::json Report::window_load_json() const {
+  // Per layer, each expert's pairs over the load window: what the load
+  // spread figures are computed from.
+  nlohmann::json layers = nlohmann::json::array();
+  const std::size_t E = std::size_t(info_.shape.experts);
+  for (std::size_t l = 0; l < std::size_t(info_.shape.layers); ++l)
+    layers.push_back(std::vector<std::uint64_t>(window_load_.begin() + std::ptrdiff_t(l * E),
+                                                window_load_.begin() + std::ptrdiff_t((l + 1) * E)));
+  return layers;
+}
 
 nlohmann::json Report::to_json() const {
   Summary s = summary();
@@ -326,6 +343,7 @@ nlohmann::json Report::to_json() const {
       {"expert_load_std_over_mean", s.load_std_over_mean},
       {"expert_load_max_over_mean", s.load_max_over_mean},
       {"load_window_steps", window_},
+      {"expert_load_window", window_load_json()},
       {"bytes_sent", bytes},
       {"fixed_point_saturated", s.saturated},
       {"nonfinite_terms", s.nonfinite},

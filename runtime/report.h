@@ -42,6 +42,7 @@ struct RouterFigures {
   RouterCounters counts;
   double dropped_rate = 0, moved_rate = 0;          // of the (token, expert) pairs
   double weight_dropped = 0, weight_moved = 0;      // of the gate-weight mass (1 per token)
+  double changed_rate = 0;                          // of the router's own pairs, those bias balancing or the load policy changed
   double flip_rate = 0;                             // tokens whose set differs from their request's previous position's
   std::array<double, 2> jitter_rate{};              // tokens whose set changes under noise kJitterEps[i]
   static RouterFigures from(const RouterCounters& c);
@@ -128,6 +129,8 @@ class Report {
   void set_placement(std::string description) { info_.placement = std::move(description); }
 
  private:
+  nlohmann::json window_load_json() const;
+
   RunInfo info_;
   int window_, hot_experts_;
   std::uint64_t served_ = 0;  // steps served, warm-up included

@@ -10,7 +10,7 @@ namespace moed::runtime {
 
 std::array<std::uint64_t, RouterCounters::kWords> RouterCounters::words() const {
   return {tokens, pairs, moved, dropped, weight_moved, weight_dropped, flip_tested, flipped, jitter_tested,
-          jitter_changed[0], jitter_changed[1]};
+          jitter_changed[0], jitter_changed[1], selected, changed};
 }
 
 RouterCounters RouterCounters::from_words(std::span<const std::uint64_t> w) {
@@ -19,6 +19,7 @@ RouterCounters RouterCounters::from_words(std::span<const std::uint64_t> w) {
   c.tokens = w[0], c.pairs = w[1], c.moved = w[2], c.dropped = w[3], c.weight_moved = w[4], c.weight_dropped = w[5];
   c.flip_tested = w[6], c.flipped = w[7], c.jitter_tested = w[8];
   c.jitter_changed = {w[9], w[10]};
+  c.selected = w[11], c.changed = w[12];
   return c;
 }
 
@@ -56,13 +57,25 @@ RouterPolicies::RouterPolicies(const Config& c, int layers, int experts)
                      std::uint64_t(c.router.smoothing_idle_steps));
 }
 
-const double* RouterPolicies::adjustments(int layer, std::span<const TokenTag> tags, std::vector<double>& out) const {
-  if (!adjusts()) return nullptr;
+std::uint64_t lost_pairs(const Routing& plain, const Routing& final) {
+  MOED_CHECK(plain.tokens() == final.tokens(), "lost pairs: {} tokens against {}", plain.tokens(), final.tokens());
+  std::uint64_t lost = 0;
+  for (std::size_t t = 0; t < plain.tokens(); ++t) {
+    const auto now = final.experts_of(t);
+    for (std::uint32_t e : plain.experts_of(t)) lost += std::find(now.begin(), now.end(), e) == now.end();
+  }
+  return lost;
+}
+
+const double* RouterPolicies::adjustments(int layer, std::span<const TokenTag> tags, std::vector<double>& out,
+                                          bool with_bias) const {
+  const bool bias = with_bias && bias_.has_value();
+  if (!bias && beta_ <= 0) return nullptr;
   const std::size_t E = std::size_t(experts_);
   out.assign(tags.size() * E, 0.0);
   for (std::size_t t = 0; t < tags.size(); ++t) {
     double* a = out.data() + t * E;
-    if (bias_) std::copy_n(bias_->layer(layer).data(), E, a);
+    if (bias) std::copy_n(bias_->layer(layer).data(), E, a);
     // The first position has no previous one: its routing is never changed by smoothing.
     if (beta_ > 0)
       for (std::uint32_t e : history_->previous(tags[t].request, layer, tags[t].position)) a[e] += beta_;
@@ -76,6 +89,12 @@ void RouterPolicies::decide(int layer, const Ranked& all, std::span<const TokenT
   MOED_CHECK(tags.size() == all.tokens() && mine_first + mine <= all.tokens(),
              "router policies: {} tags, {} tokens, mine [{}, {})", tags.size(), all.tokens(), mine_first,
              mine_first + mine);
+  if (bias_) {
+    selection_load_.assign(std::size_t(experts_), 0);
+    selection_layer_ = layer;
+    for (std::size_t t = 0; t < all.tokens(); ++t)
+      for (std::uint32_t e : all.experts_of(t).first(all.chosen[t])) ++selection_load_[e];
+  }
   all_routing_.clear();
   const LoadOutcome outcome = apply_load_policy(all, replicas, load_, mine_first, mine, all_routing_);
   counters.tokens += mine;
@@ -101,7 +120,10 @@ void RouterPolicies::decide(int layer, const Ranked& all, std::span<const TokenT
 }
 
 void RouterPolicies::end_layer(int layer, std::span<const std::uint64_t> load) {
-  if (bias_) bias_->update(layer, load);
+  if (!bias_) return;
+  const bool before_policy = load_.policy != LoadPolicy::none && selection_layer_ == layer;
+  bias_->update(layer, before_policy ? std::span<const std::uint64_t>(selection_load_) : load);
+  selection_layer_ = -1;
 }
 
 void RouterPolicies::end_step() {

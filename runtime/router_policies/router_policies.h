@@ -37,8 +37,11 @@ struct RouterCounters {
   std::uint64_t flip_tested = 0, flipped = 0;           // tokens whose request's previous position was known
   std::uint64_t jitter_tested = 0;
   std::array<std::uint64_t, 2> jitter_changed{};  // per kJitterEps
+  // With bias balancing or a load policy: the pairs of the router's own
+  // selection (no bias, no load policy), and those the final routing lacks.
+  std::uint64_t selected = 0, changed = 0;
 
-  static constexpr std::size_t kWords = 11;
+  static constexpr std::size_t kWords = 13;
   std::array<std::uint64_t, kWords> words() const;
   static RouterCounters from_words(std::span<const std::uint64_t> w);
   void add(const RouterCounters& o);
@@ -47,6 +50,11 @@ struct RouterCounters {
 // "smoothing beta 0.5, demote at 0.85 of capacity 1.25, bias gamma 0.001, jitter
 // measured"; empty when every policy is off.
 std::string describe_router_policies(const Config& config);
+
+// Pairs of `plain` (token t, expert e) with e not among `final`'s experts of
+// token t: what the balancing policies changed, whichever way (a bias's other
+// choice, a demotion, a drop). The two hold the same tokens.
+std::uint64_t lost_pairs(const Routing& plain, const Routing& final);
 
 class RouterPolicies {
  public:
@@ -57,21 +65,28 @@ class RouterPolicies {
   bool shares_tokens() const { return load_.policy != LoadPolicy::none || history_.has_value(); }
   bool measures_jitter() const { return measure_jitter_; }
   bool balances() const { return bias_.has_value(); }
+  // Bias balancing or a load policy: the pairs they change are counted.
+  bool rebalances() const { return balances() || load_.policy != LoadPolicy::none; }
   // Candidates per token beyond its choice (the demotion targets).
   std::size_t extra_candidates() const { return extra_; }
   // Room per token in the gather's records.
   std::size_t max_candidates() const { return max_candidates_; }
 
   // The selection adjustments of `layer` for tokens with these tags
-  // ([tokens * experts] into `out`), or null when no policy adjusts.
-  const double* adjustments(int layer, std::span<const TokenTag> tags, std::vector<double>& out) const;
+  // ([tokens * experts] into `out`), or null when none applies; without the
+  // bias when `with_bias` is false (the router's own selection, smoothed).
+  const double* adjustments(int layer, std::span<const TokenTag> tags, std::vector<double>& out,
+                            bool with_bias = true) const;
 
   // The step's decision at `layer`: `all` holds every token of the step in
   // canonical order (tags alike); [mine_first, mine_first + mine) are this
   // rank's, whose final routing is appended to `mine_out` and counted.
   void decide(int layer, const Ranked& all, std::span<const TokenTag> tags, std::size_t mine_first,
               std::size_t mine, std::span<const std::uint32_t> replicas, Routing& mine_out, RouterCounters& counters);
-  // The job's loads of `layer` in this step (bias balancing).
+  // The job's loads of `layer` in this step (bias balancing). With a load
+  // policy too, the biases follow the selection's loads before it (decide()
+  // kept them): the bias balances the router's choice, the load policy trims
+  // what is left, and the bias never chases loads the policy already capped.
   void end_layer(int layer, std::span<const std::uint64_t> load);
   // After every step that served a layer (the history's clock).
   void end_step();
@@ -91,6 +106,8 @@ class RouterPolicies {
   std::optional<RequestHistory> history_;  // with smoothing or the jitter measurement
   std::uint64_t steps_ = 0;
   Routing all_routing_;  // decide()'s buffer
+  std::vector<std::uint64_t> selection_load_;  // the step's loads before the load policy, at selection_layer_
+  int selection_layer_ = -1;
 };
 
 }  // namespace moed::runtime

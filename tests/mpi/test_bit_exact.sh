@@ -123,10 +123,13 @@ policies)
   # the step's other tokens, yet every rank decides alike, so each policy
   # gives the same bits at 1, 2 and 4 ranks, contiguous, round-robin and over
   # MPI; each must also change the outputs (or the test proves nothing).
+  # The last one: bias balancing with demotion at the mean, together.
   seq=(--set workload.positions_per_request=3 --set workload.position_drift=0.5 --set workload.steps=4)
   moed_on 0 "${base[@]}" "${seq[@]}" --dump-output "$SCRATCH/plain.bin"
-  for policy in router.smoothing_beta=1 router.load_policy=drop router.load_policy=demote router.bias_gamma=0.05; do
-    on=("${seq[@]}" --set "$policy")
+  for policy in router.smoothing_beta=1 router.load_policy=drop router.load_policy=demote router.bias_gamma=0.05 \
+    "router.bias_gamma=0.05 router.load_policy=demote router.capacity_factor=1.0 router.demotion_threshold=1.0"; do
+    on=("${seq[@]}")
+    for setting in $policy; do on+=(--set "$setting"); done
     moed_on 0 "${base[@]}" "${on[@]}" --dump-output "$SCRATCH/ref.bin"
     cmp -s "$SCRATCH/plain.bin" "$SCRATCH/ref.bin" && fail "[router] $policy changed no output"
     moed_on 2 "${base[@]}" "${on[@]}" --dump-output "$SCRATCH/n2.bin"
@@ -150,10 +153,12 @@ policies)
   python3 - "$SCRATCH/one.json" "$SCRATCH/four.json" <<'PY' || fail "the router policies' figures"
 import json, sys
 one, four = (json.load(open(p))["router_policies"] for p in sys.argv[1:])
-for k in ("pairs", "pairs_moved", "flip_tested", "jitter_tested", "moved_rate", "flip_rate", "jitter_rate"):
+for k in ("pairs", "pairs_moved", "flip_tested", "jitter_tested", "moved_rate", "flip_rate", "jitter_rate",
+          "pairs_selected", "pairs_changed", "changed_rate"):
     assert one[k] == four[k], f"{k}: {one[k]} on 1 rank, {four[k]} on 4"
 assert one["pairs"] == 3 * 100 * 3 * 2, one  # 3 measured steps x 100 tokens x 3 layers x top-2
 assert one["pairs_moved"] > 0 and one["jitter_tested"] == 3 * 100 * 3, one
+assert one["pairs_selected"] == one["pairs"] and 0 < one["pairs_changed"] <= one["pairs_selected"], one
 assert one["flip_tested"] > 0 and 0 <= one["flip_rate"] < 1, one
 assert "demote" in one["policies"] and "jitter" in one["policies"], one
 print("ok: the router policies' figures agree on 1 and 4 ranks:", one)

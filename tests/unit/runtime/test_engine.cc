@@ -626,7 +626,7 @@ TEST_P(EnginePolicies, EveryJobHasTheOneRankJobsBitsAndCounts) {
   };
   const std::vector<RankRun> one = one_rank(c, 1), plain = one_rank(off, 2);
   const std::vector<RankRun> here = run_steps(c, k.make(), placement::Topology(k.island_of_rank), 3);
-  bool changed = false;
+  bool changed = false, pairs_changed = false;
   for (std::size_t i = 0; i < std::size(kSteps); ++i) {
     expect_same_bits(gather(one, i), gather(here, i), "step " + std::to_string(kSteps[i]));
     changed = changed || gather(one, i) != gather(plain, i);
@@ -635,8 +635,23 @@ TEST_P(EnginePolicies, EveryJobHasTheOneRankJobsBitsAndCounts) {
     EXPECT_EQ(sum.words(), one[0].steps[i].rec.router.words()) << "step " << kSteps[i];
     if (c.router.load_policy != "none") EXPECT_EQ(sum.tokens, kTokens * kLayers);
     if (c.router.measure_jitter) EXPECT_EQ(sum.jitter_tested, kTokens * kLayers);
+    // The router's own pairs the balancing policies changed: a drop loses
+    // exactly the pairs it drops; a demotion at most the pairs it moves.
+    const bool rebalances = c.router.load_policy != "none" || c.router.bias_gamma > 0;
+    EXPECT_EQ(sum.selected > 0, rebalances);
+    EXPECT_LE(sum.changed, sum.selected);
+    if (c.router.load_policy == "drop") {
+      EXPECT_EQ(sum.changed, sum.dropped);
+    }
+    if (c.router.load_policy == "demote" && c.router.bias_gamma == 0) {
+      EXPECT_LE(sum.changed, sum.moved);
+    }
+    pairs_changed = pairs_changed || sum.changed > 0;
   }
   EXPECT_TRUE(changed) << "the policy changed no output: the test would prove nothing";
+  if (c.router.load_policy != "none" || c.router.bias_gamma > 0) {
+    EXPECT_TRUE(pairs_changed) << "outputs changed but no pair was counted as changed";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Jobs, EnginePolicies,

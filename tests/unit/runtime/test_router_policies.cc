@@ -248,6 +248,86 @@ TEST(RouterPolicies, SmoothingKeepsANearTieWithThePreviousChoice) {
 
 // Several steps of a 2-layer job with every policy on, decided by 1 and by 3
 // "ranks": each rank's routing, the flips and the biases are the same.
+TEST(RouterPolicies, LostPairsCountThePlainPairsTheFinalRoutingLacks) {
+  const auto routing = [](std::vector<std::vector<std::uint32_t>> tokens) {
+    Routing r;
+    for (const auto& experts : tokens) {
+      for (std::uint32_t e : experts) r.add(e, 1.0f / float(experts.size()));
+      r.end_token();
+    }
+    return r;
+  };
+  const Routing plain = routing({{0, 1}, {2, 3}, {4, 5}, {1, 0}});
+  // Token 0 unchanged (order does not matter), 1 lost expert 3 to a demotion,
+  // 2 lost both (a bias's other choice), 3 had one pair dropped.
+  const Routing final = routing({{1, 0}, {2, 5}, {0, 1}, {1}});
+  EXPECT_EQ(lost_pairs(plain, final), 4u);
+  EXPECT_EQ(lost_pairs(plain, plain), 0u);
+  test::expect_error([&] { lost_pairs(plain, routing({{0, 1}})); }, ErrorKind::Internal, {"4 tokens against 1"});
+}
+
+TEST(RouterPolicies, CountersTravelAsWordsAndAddUp) {
+  RouterCounters a;
+  a.tokens = 1, a.pairs = 2, a.moved = 3, a.dropped = 4, a.weight_moved = 5, a.weight_dropped = 6;
+  a.flip_tested = 7, a.flipped = 8, a.jitter_tested = 9, a.jitter_changed = {10, 11}, a.selected = 12, a.changed = 13;
+  const auto w = a.words();
+  EXPECT_EQ(RouterCounters::from_words(w).words(), w);
+  RouterCounters b = a;
+  b.add(a);
+  EXPECT_EQ(b.selected, 24u);
+  EXPECT_EQ(b.changed, 26u);
+}
+
+TEST(RouterPolicies, AdjustmentsWithoutTheBiasKeepTheSmoothing) {
+  const Config c = policies_config(1.0, "none", 0.5);
+  RouterPolicies p(c, 2, 6);
+  ASSERT_TRUE(p.rebalances());
+  p.end_layer(0, std::vector<std::uint64_t>{10, 0, 0, 0, 0, 2});  // mean 2: expert 0 over, 1-4 under, 5 at it
+  std::vector<double> adjust;
+  const std::vector<TokenTag> first{{42, 0}};
+  const double* with = p.adjustments(0, first, adjust);
+  ASSERT_NE(with, nullptr);
+  EXPECT_EQ(std::vector<double>(with, with + 6), (std::vector<double>{-0.5, 0.5, 0.5, 0.5, 0.5, 0}));
+  const double* without = p.adjustments(0, first, adjust, false);
+  ASSERT_NE(without, nullptr) << "smoothing is on";
+  EXPECT_EQ(std::vector<double>(without, without + 6), std::vector<double>(6, 0.0)) << "no bias, no bonus yet";
+  RouterPolicies bias_only(policies_config(0, "none", 0.5), 2, 6);
+  EXPECT_NE(bias_only.adjustments(0, first, adjust), nullptr);
+  EXPECT_EQ(bias_only.adjustments(0, first, adjust, false), nullptr);
+  EXPECT_FALSE(RouterPolicies(policies_config(1.0, "none", 0), 2, 6).rebalances());
+  EXPECT_TRUE(RouterPolicies(policies_config(0, "drop", 0), 2, 6).rebalances());
+}
+
+TEST(RouterPolicies, WithDemotionTheBiasFollowsTheLoadsBeforeIt) {
+  // Every token prefers expert 0; demotion at the mean caps it at the mean,
+  // so its final load is not over the mean, yet its bias must still fall.
+  const std::size_t T = 12, E = 12;
+  Config c = policies_config(0, "demote", 0.1);
+  c.router.demotion_threshold = 1.0;
+  RouterPolicies p(c, 2, int(E));
+  // Expert 0 first, then each token's own order of the others (room for the demoted pairs).
+  std::vector<float> logits(T * E, 0.0f);
+  for (std::size_t t = 0; t < T; ++t) {
+    logits[t * E] = 5;
+    for (std::size_t j = 0; j + 1 < E; ++j) logits[t * E + 1 + (t + j) % (E - 1)] = 2.0f - 0.1f * float(j);
+  }
+  Ranked all;
+  rank_experts(logits.data(), nullptr, T, E, top_k(2), p.extra_candidates(), all);
+  const std::vector<TokenTag> tags(T, TokenTag{});
+  Routing mine;
+  RouterCounters n;
+  p.decide(0, all, tags, 0, T, std::vector<std::uint32_t>(E, 1), mine, n);
+  std::vector<std::uint64_t> load(E, 0);
+  for (std::uint32_t e : mine.experts) ++load[e];
+  ASSERT_LE(load[0] * E, T * 2) << "demotion capped expert 0 at the mean";
+  p.end_layer(0, load);
+  EXPECT_EQ(p.biases()[0], -0.1);
+  // Without a load policy the bias follows the loads it is given.
+  RouterPolicies plain(policies_config(0, "none", 0.1), 2, int(E));  // (12 experts: only sizes its biases)
+  plain.end_layer(0, load);
+  EXPECT_GE(plain.biases()[0], 0.0);
+}
+
 TEST(RouterPolicies, RanksDecideAsOneWithEveryPolicyOn) {
   const std::size_t T = 90, E = 6;
   Config c = policies_config(0.3, "demote", 0.01);
