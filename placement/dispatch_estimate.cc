@@ -19,13 +19,16 @@ std::vector<ExpertSlot> dispatch_slot_loads(const routing::RoutingTrace& sample,
   std::vector<double> used(slots.size(), 0.0);
   std::vector<std::uint64_t> visited(static_cast<std::size_t>(topology.islands()), 0);  // epoch stamps
   std::uint64_t epoch = 0;
+  // Every home island in turn, weighted by its ranks: which island a sampled
+  // token was homed in is chance, and must not be fitted.
+  std::vector<double> home_weight(static_cast<std::size_t>(topology.islands()));
+  for (int home = 0; home < topology.islands(); ++home)
+    home_weight[std::size_t(home)] = double(topology.ranks_in(home).size()) / double(topology.ranks());
   for (std::size_t t = first; t < first + count; ++t) {
     auto choices = sample.at(t, layer);
     if (choices.empty()) continue;
-    // Every home island in turn, weighted by its ranks: which island a
-    // sampled token was homed in is chance, and must not be fitted.
     for (int home = 0; home < topology.islands(); ++home) {
-      const double weight = double(topology.ranks_in(home).size()) / double(topology.ranks());
+      const double weight = home_weight[std::size_t(home)];
       visited[std::size_t(home)] = ++epoch;
       for (const routing::RoutingChoice& c : choices) {
         if (int(c.expert) >= experts) continue;
