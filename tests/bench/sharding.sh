@@ -52,7 +52,10 @@ fi
 export OPENBLAS_NUM_THREADS=1
 
 # 8 experts of H=512, F=2048 (12.6 MB each in fp32) per layer, top-2, 256
-# tokens per step: the experts' GEMMs dominate a step.
+# tokens per step: the experts' GEMMs dominate a step. Chunks of 64 rows: the
+# hot expert's ~180 rows a step make 3 chunks, which its two replicas share
+# (with the default 512, one chunk, all of a step's rows go to one replica,
+# alternating by step, and replication cannot balance a step).
 cfg=$work/bench.toml
 cat >"$cfg" <<EOF
 [model]
@@ -68,6 +71,7 @@ warmup_steps = 2
 hot_ratio = 2.75
 [experts]
 ffn_chunks = 2
+chunk_rows = 64
 [log]
 level = "warn"
 per_step = false
