@@ -15,14 +15,20 @@ json predicted_json(const placement::Cost& now, const placement::Cost& after) {
 }
 
 json placement_json(const placement::Placement& p) {
-  json layers = json::array();
+  json layers = json::array(), split = json::array();
   for (int l = 0; l < p.layers(); ++l) {
-    json experts = json::array();
-    for (int e = 0; e < p.experts(); ++e) experts.push_back(p.replicas(l, e));
+    json experts = json::array(), split_here = json::array();
+    for (int e = 0; e < p.experts(); ++e) {
+      experts.push_back(p.replicas(l, e));
+      if (p.sharded(l, e)) split_here.push_back(e);
+    }
     layers.push_back(experts);
+    split.push_back(split_here);
   }
+  // slots[l][e]: the ranks holding expert e of layer l: its replicas, or,
+  // for an expert in split[l], its shards in shard order (each holds 1/S).
   return {{"epoch", p.epoch()}, {"ranks", p.ranks()}, {"layers", p.layers()}, {"experts", p.experts()},
-          {"slots", layers}};
+          {"slots", layers}, {"split", split}};
 }
 
 json stats_summary(const routing::RoutingStats& s) {

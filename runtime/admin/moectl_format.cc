@@ -237,6 +237,20 @@ std::string format_placement(const json& answer) {
       line += fmt::format("{:<{}}", row[c], c + 1 < row.size() ? width[c] + 2 : 0);
     out += line + "\n";
   }
+  // Split experts: a cell lists a shard like a whole copy, so name them.
+  if (auto split = answer.find("split"); split != answer.end() && split->is_array())
+    for (std::size_t l = 0; l < split->size() && l < slots->size(); ++l) {
+      const json& here = (*split)[l];
+      if (!here.is_array()) continue;
+      for (const auto& e : here) {
+        if (!e.is_number_integer() || e.get<std::int64_t>() < 0 || e.get<std::size_t>() >= (*slots)[l].size())
+          continue;
+        std::vector<std::string> ranks_of;
+        for (const auto& r : (*slots)[l][e.get<std::size_t>()]) ranks_of.push_back(std::to_string(r.get<int>()));
+        out += fmt::format("layer {} expert {}: split into {} shards, on ranks {}\n", l, e.get<int>(),
+                           ranks_of.size(), fmt::join(ranks_of, ", "));
+      }
+    }
   return out;
 }
 

@@ -153,10 +153,15 @@ json coactivation_json(const routing::RoutingStats& stats, int layer) {
 json placement_with_islands(json placement, const std::vector<int>& island_of_rank) {
   placement["islands"] = island_of_rank;
   json replicated = json::array();
-  for (const json& layer : placement.at("slots")) {
+  const json& slots = placement.at("slots");
+  for (std::size_t l = 0; l < slots.size(); ++l) {
     json experts = json::array();
-    for (std::size_t e = 0; e < layer.size(); ++e)
-      if (layer[e].size() > 1) experts.push_back(e);
+    // A split expert's several ranks hold shards, not copies.
+    const json none = json::array();
+    const json& split = placement.contains("split") && l < placement["split"].size() ? placement["split"][l] : none;
+    for (std::size_t e = 0; e < slots[l].size(); ++e)
+      if (slots[l][e].size() > 1 && std::find(split.begin(), split.end(), json(e)) == split.end())
+        experts.push_back(e);
     replicated.push_back(experts);
   }
   placement["replicated"] = replicated;

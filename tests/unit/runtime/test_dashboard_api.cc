@@ -144,6 +144,10 @@ TEST(PlacementJson, IslandsAndReplicatedExperts) {
   EXPECT_EQ(out["islands"], json({0, 1}));
   EXPECT_EQ(out["replicated"], json({{1}, json::array()}));
   EXPECT_EQ(out["epoch"], 2);
+  // A split expert's ranks hold shards: not replicated.
+  json split = p;
+  split["split"] = {{1}, json::array()};
+  EXPECT_EQ(placement_with_islands(split, {0, 1})["replicated"], json({json::array(), json::array()}));
 }
 
 }  // namespace

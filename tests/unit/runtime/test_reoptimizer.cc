@@ -66,6 +66,11 @@ TEST(ControlViews, PlacementAndMigrationJson) {
   const auto j = placement_json(p);
   EXPECT_EQ(j["epoch"], 3);
   EXPECT_EQ(j["slots"][0][3], nlohmann::json::array({1}));
+  EXPECT_EQ(j["split"], nlohmann::json::array({nlohmann::json::array()}));
+  p.set_shards(0, 2, {0, 1});
+  const auto split = placement_json(p);
+  EXPECT_EQ(split["split"][0], nlohmann::json::array({2}));
+  EXPECT_EQ(split["slots"][0][2], nlohmann::json::array({0, 1}));
   EXPECT_TRUE(migration_json(nullptr).is_null());
   MigrationRecord m;
   m.id = 4;
