@@ -154,13 +154,12 @@ json placement_with_islands(json placement, const std::vector<int>& island_of_ra
   placement["islands"] = island_of_rank;
   json replicated = json::array();
   const json& slots = placement.at("slots");
+  const json split = placement.value("split", json::array());  // a split expert's ranks hold shards, not copies
   for (std::size_t l = 0; l < slots.size(); ++l) {
     json experts = json::array();
-    // A split expert's several ranks hold shards, not copies.
-    const json none = json::array();
-    const json& split = placement.contains("split") && l < placement["split"].size() ? placement["split"][l] : none;
+    const json split_here = l < split.size() ? split[l] : json::array();
     for (std::size_t e = 0; e < slots[l].size(); ++e)
-      if (slots[l][e].size() > 1 && std::find(split.begin(), split.end(), json(e)) == split.end())
+      if (slots[l][e].size() > 1 && std::find(split_here.begin(), split_here.end(), json(e)) == split_here.end())
         experts.push_back(e);
     replicated.push_back(experts);
   }
