@@ -41,7 +41,8 @@ class CounterRng {
   float normalish(std::uint64_t i) const {
     std::uint64_t b = bits(i);
     float s = 0;
-    for (int j = 0; j < 4; ++j) s += float((b >> (16 * j)) & 0xFFFF) * 0x1.0p-16f;
+    // Through int32 (the same value): vector units convert 32-bit integers.
+    for (int j = 0; j < 4; ++j) s += float(std::int32_t((b >> (16 * j)) & 0xFFFF)) * 0x1.0p-16f;
     return (s - 2.0f) * 1.7320508f;  // sqrt(12/4)
   }
 

@@ -20,13 +20,21 @@ ExpertCallCounts ExpertExecutor::run(const kernels::ExpertView& expert, std::spa
   return counts;
 }
 
+namespace {
+void grow(std::vector<float>& buffer, std::size_t floats) {
+  if (buffer.size() < floats) buffer.resize(floats);
+}
+}  // namespace
+
 ExpertCallCounts ExpertExecutor::run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows) {
   const std::size_t H = expert.hidden, m = rows.size(), row_bytes = H * sizeof(float);
   if (m == 0) return {};
   calls_.push_back(std::uint32_t(m));
-  x_.resize(m * H);
-  y_.resize(m * H);
-  scratch_.resize(kernels::expert_ffn_scratch(expert, m));
+  // Grown, never shrunk: resizing up again within the capacity would zero
+  // the buffers at every call whose rows outnumber the last one's.
+  grow(x_, m * H);
+  grow(y_, m * H);
+  grow(scratch_, kernels::expert_ffn_scratch(expert, m));
   for (std::size_t i = 0; i < m; ++i) std::memcpy(x_.data() + i * H, rows[i].in, row_bytes);
   bytes_copied_ += m * row_bytes;
   // Chunk by chunk (kernels/cpu/expert_ffn.h): each chunk's output is

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/cpu/fixed_order_gemm.h"
+
 namespace moed::kernels {
 
 namespace {
@@ -9,9 +11,11 @@ namespace {
 constexpr double kFixedLimit = 0x1p62;
 }  // namespace
 
-std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, std::size_t h) {
+namespace detail {
+
+// The scalar loop, the definition every width matches; `w` = weight * 2^32.
+std::size_t add_weighted_fixed_scalar(std::int64_t* acc, const float* y, double w, std::size_t h) {
   std::size_t saturated = 0;
-  const double w = double(weight) * kFixedOne;  // exact: a power-of-two scale
   for (std::size_t i = 0; i < h; ++i) {
     double t = w * double(y[i]);  // exact: 24-bit by 24-bit significands
     if (!(std::fabs(t) < kFixedLimit)) {  // also catches NaN
@@ -29,6 +33,20 @@ std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, 
                                          static_cast<std::uint64_t>(std::llrint(t)));
   }
   return saturated;
+}
+
+std::size_t add_weighted_fixed_avx512(std::int64_t* acc, const float* y, double w, std::size_t h, double limit);
+
+}  // namespace detail
+
+std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, std::size_t h) {
+  const double w = double(weight) * kFixedOne;  // exact: a power-of-two scale
+#if MOED_X86_TILES
+  // With the widest kernels, where the CPU converts doubles to int64 in vectors.
+  static const bool has_dq = __builtin_cpu_supports("avx512dq");
+  if (gemm_isa() == GemmIsa::avx512 && has_dq) return detail::add_weighted_fixed_avx512(acc, y, w, h, kFixedLimit);
+#endif
+  return detail::add_weighted_fixed_scalar(acc, y, w, h);
 }
 
 void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h) {

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kernels/cpu/normalish.h"
 #include "runtime/workload/token_order.h"
 #include "runtime/workload/trace_workload.h"
 
@@ -41,15 +42,16 @@ void SyntheticWorkload::draw(std::uint64_t key, float scale, float* x) const {
   const float signal = std::sqrt(float(hidden_));  // a unit direction scaled to RMS 1 per coordinate
   Rng rng(hash_combine(seed_, key));
   mixture_.sample(rng, chosen);
-  CounterRng noise(hash_combine(seed_ ^ 0x5bd1e995ull, key));
-  for (int i = 0; i < hidden_; ++i) x[i] += scale * kNoise * noise.normalish(i);
+  // x[i] += scale * kNoise * CounterRng(...).normalish(i), vectorised.
+  kernels::add_normalish(hash_combine(seed_ ^ 0x5bd1e995ull, key), scale * kNoise, x, std::size_t(hidden_));
   // Weights falling linearly from 1 to 1 - spread, so the router ranks the
   // experts as drawn and even the last one stands out of the noise.
   const float spread = 0.1f + 0.35f * rng.uniform();
   for (std::size_t j = 0; j < chosen.size(); ++j) {
     const float c = 1.0f - spread * float(j) / float(chosen.size());
     const float* d = directions_.data() + std::size_t(chosen[j]) * hidden_;
-    for (int i = 0; i < hidden_; ++i) x[i] += scale * c * signal * d[i];
+    // x[i] += scale * c * signal * d[i], the product left to right as before.
+    kernels::add_scaled(scale * c * signal, d, x, std::size_t(hidden_));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "kernels/cpu/fixed_order_gemm.h"
 
 namespace moed::kernels {
 namespace {
@@ -202,6 +203,48 @@ INSTANTIATE_TEST_SUITE_P(
                       // 1 + 3*2^-24: halfway between 1 + 2^-23 (odd) and 1 + 2^-22 (even).
                       ResidualCase{1.0f, 768, 1.0f + 0x1p-22f},
                       ResidualCase{1e6f, -(std::int64_t(1000000) << 32), 0.0f}));
+
+// The vector loop (with the widest kernels, where the CPU has AVX-512 DQ)
+// gives the scalar loop's integers and saturation count, with every kind of
+// term in a group of eight: in range, ties, saturated, inf, NaN, and
+// accumulators already poisoned; at lengths with and without a tail.
+TEST(AddWeightedFixed, EveryInstructionSetGivesThePortableSums) {
+  CounterRng g(31);
+  std::vector<float> y;
+  std::vector<std::int64_t> acc;
+  for (int i = 0; i < 4099; ++i) {
+    y.push_back(g.symmetric(2 * i) * (i % 11 == 0 ? 1e3f : 2.0f));
+    acc.push_back(std::int64_t(g.bits(2 * i + 1) >> 8) - (std::int64_t(1) << 55));
+  }
+  // Exact halves of the grid (ties to even), huge terms, non-finite terms.
+  y[5] = 0x1p-33f, y[6] = 3 * 0x1p-33f, y[7] = -0x1p-33f;
+  y[40] = 3e30f, y[41] = -3e30f, y[80] = std::numeric_limits<float>::infinity();
+  y[81] = std::numeric_limits<float>::quiet_NaN(), acc[120] = kFixedNaN;
+  const GemmIsa before = gemm_isa();
+  int tried = 0;
+  for (float weight : {0.75f, -1.0f, 0.3f}) {
+    set_gemm_isa(GemmIsa::portable);
+    std::vector<std::int64_t> want = acc;
+    const std::size_t want_saturated = add_weighted_fixed(want.data(), y.data(), weight, y.size());
+    for (GemmIsa isa : {GemmIsa::avx2, GemmIsa::avx512}) {
+      if (best_gemm_isa() < isa) continue;  // this CPU cannot run it
+      set_gemm_isa(isa);
+      ++tried;
+      for (std::size_t n : {y.size(), std::size_t(8), std::size_t(13), std::size_t(130)}) {
+        std::vector<std::int64_t> got(acc.begin(), acc.begin() + std::ptrdiff_t(n));
+        const std::size_t saturated = add_weighted_fixed(got.data(), y.data(), weight, n);
+        std::vector<std::int64_t> expected(acc.begin(), acc.begin() + std::ptrdiff_t(n));
+        set_gemm_isa(GemmIsa::portable);
+        EXPECT_EQ(saturated, add_weighted_fixed(expected.data(), y.data(), weight, n)) << to_string(isa) << " n " << n;
+        set_gemm_isa(isa);
+        ASSERT_EQ(got, expected) << to_string(isa) << " weight " << weight << " n " << n;
+      }
+    }
+    EXPECT_GT(want_saturated, 0u);  // the case holds saturated terms
+  }
+  set_gemm_isa(before);
+  if (tried == 0) GTEST_SKIP() << "no vector instruction set here";
+}
 
 }  // namespace
 }  // namespace moed::kernels
