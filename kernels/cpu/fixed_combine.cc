@@ -43,8 +43,7 @@ std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, 
   const double w = double(weight) * kFixedOne;  // exact: a power-of-two scale
 #if MOED_X86_TILES
   // With the widest kernels, where the CPU converts doubles to int64 in vectors.
-  static const bool has_dq = __builtin_cpu_supports("avx512dq");
-  if (gemm_isa() == GemmIsa::avx512 && has_dq) return detail::add_weighted_fixed_avx512(acc, y, w, h, kFixedLimit);
+  if (gemm_isa() == GemmIsa::avx512 && cpu_has_avx512dq()) return detail::add_weighted_fixed_avx512(acc, y, w, h, kFixedLimit);
 #endif
   return detail::add_weighted_fixed_scalar(acc, y, w, h);
 }

@@ -128,6 +128,15 @@ void set_gemm_isa(GemmIsa isa) {
 
 GemmIsa gemm_isa() { return g_isa; }
 
+bool cpu_has_avx512dq() {
+#if MOED_X86_TILES
+  static const bool has = __builtin_cpu_supports("avx512dq");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void gemm_fixed_order(const float* a, std::size_t m, const PackedWeights& w, float* c, std::size_t lda,
                       std::size_t ldc) {
   gemm_fixed_order_range(a, m, w, 0, w.k(), c, lda, ldc);

@@ -62,6 +62,9 @@ GemmIsa best_gemm_isa();
 // the daemon keeps the best). Internal error if this CPU cannot run it.
 void set_gemm_isa(GemmIsa isa);
 GemmIsa gemm_isa();
+// Whether the CPU has AVX-512 DQ (64-bit integer multiplies and conversions
+// in vectors), which some elementwise AVX-512 loops need beyond the kernels' F.
+bool cpu_has_avx512dq();
 
 // C[m, n] = A[m, k] · Wᵀ in the fixed order above. A's rows are lda apart
 // (0: k), C's rows ldc apart (0: n). Only C[i][0..n) is written.

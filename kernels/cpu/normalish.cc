@@ -5,35 +5,39 @@
 
 namespace moed::kernels {
 
-void add_normalish(std::uint64_t key, float factor, float* x, std::size_t n) {
-  // The widest loop the fixed-order GEMM uses: all give the same bits.
 #if MOED_X86_TILES
-  static const bool has_dq = __builtin_cpu_supports("avx512dq");  // 64-bit multiplies in vectors
+namespace {
+// The loop of the widest instruction set the fixed-order GEMM uses (all give
+// the same bits); AVX-512 only with DQ, whose 64-bit multiplies the noise needs.
+template <class Loop>
+Loop widest(Loop portable, Loop avx2, Loop avx512) {
   switch (gemm_isa()) {
     case GemmIsa::avx512:
-      if (has_dq) return detail::add_normalish_avx512(key, factor, x, n);
-      [[fallthrough]];
+      return cpu_has_avx512dq() ? avx512 : avx2;
     case GemmIsa::avx2:
-      return detail::add_normalish_avx2(key, factor, x, n);
+      return avx2;
     case GemmIsa::portable:
       break;
   }
+  return portable;
+}
+}  // namespace
 #endif
+
+void add_normalish(std::uint64_t key, float factor, float* x, std::size_t n) {
+#if MOED_X86_TILES
+  widest(&detail::add_normalish_body, &detail::add_normalish_avx2, &detail::add_normalish_avx512)(key, factor, x, n);
+#else
   detail::add_normalish_body(key, factor, x, n);
+#endif
 }
 
 void add_scaled(float factor, const float* d, float* x, std::size_t n) {
 #if MOED_X86_TILES
-  switch (gemm_isa()) {
-    case GemmIsa::avx512:
-      return detail::add_scaled_avx512(factor, d, x, n);
-    case GemmIsa::avx2:
-      return detail::add_scaled_avx2(factor, d, x, n);
-    case GemmIsa::portable:
-      break;
-  }
-#endif
+  widest(&detail::add_scaled_body, &detail::add_scaled_avx2, &detail::add_scaled_avx512)(factor, d, x, n);
+#else
   detail::add_scaled_body(factor, d, x, n);
+#endif
 }
 
 }  // namespace moed::kernels
