@@ -20,8 +20,14 @@ constexpr std::size_t kP = PackedWeights::kPanel;
 // for a kernel's pair of panels) stay near L1, while a kRowBlock x kKBlock
 // block of A (packed, up to 288 KB) stays in L2 and meets every panel. On
 // Zen 4, 256 measured faster than 128 or 192 with pairs too (tests/bench/gemm.sh).
+// The columns go kPanelBlock panels at a time through all of k, so that
+// their block of C (up to 288 rows x 256 columns, 288 KB) stays in L2 from
+// one k block to the next: swept whole (5.8 MB for an expert's W1|W3 at 256
+// rows), C came back from L3 at every k block, and the serving benchmark's
+// prefill step ran 3-4% slower (docs/benchmarks.md, 2026-12-02).
 constexpr std::size_t kKBlock = 256;
 constexpr std::size_t kRowBlock = 288;
+constexpr std::size_t kPanelBlock = 16;
 constexpr std::size_t kMaxTileRows = 12;  // the largest tile_rows of a kernel
 
 float* allocate_floats(std::size_t count) {
@@ -67,6 +73,63 @@ void portable_tile(const float* a, std::size_t rows, const float* panel, std::si
     for (std::size_t kk = 0; kk < kc; ++kk)
       for (std::size_t j = 0; j < kP; ++j) acc[j] = std::fma(a[kk * rows + r], panel[kk * kP + j], acc[j]);
     for (std::size_t j = 0; j < kP; ++j) c[r * ldc + j] = acc[j];
+  }
+}
+
+// A's rows [0, rows) packed for the kernel: for each k block, each tile's
+// rows k-major (dst[kk * tile + r]), the blocks one after the other.
+void pack_row_block(const float* a, std::size_t lda, std::size_t rows, std::size_t k, std::size_t tile_rows,
+                    float* dst) {
+  for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
+    const std::size_t kc = std::min(kKBlock, k - k0);
+    for (std::size_t i = 0; i < rows; i += tile_rows) {
+      const std::size_t tile = std::min(tile_rows, rows - i);
+      for (std::size_t r = 0; r < tile; ++r) {
+        const float* src = a + (i + r) * lda + k0;
+        for (std::size_t kk = 0; kk < kc; ++kk) dst[kk * tile + r] = src[kk];
+      }
+      dst += tile * kc;
+    }
+  }
+}
+
+// Panels [p_begin, p_end) over the kc steps of k from k0 (W's own column),
+// continuing C's chains or (first) starting them.
+struct PanelBlock {
+  std::size_t p_begin, p_end, k0, kc;
+  bool first;
+};
+
+// One row block's tiles against one block of panels and k: C[rows, those
+// panels' columns] (c points at the row block's first row).
+void run_panel_block(const detail::FixedOrderKernel& kernel, const float* a_block, std::size_t rows_in_block,
+                     const PackedWeights& w, const PanelBlock& b, float* c, std::size_t ldc) {
+  const std::size_t n = w.n();
+  std::size_t p = b.p_begin;
+  if (kernel.pair)  // pairs of whole panels first
+    for (; p + 2 <= b.p_end && (p + 2) * kP <= n; p += 2)
+      for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
+        const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
+        kernel.pair(a_block + i * b.kc, rows, w.panel(p) + b.k0 * kP, w.panel(p + 1) + b.k0 * kP, b.kc,
+                    c + i * ldc + p * kP, ldc, b.first);
+      }
+  float edge[kMaxTileRows * kP];  // a tile whose panel runs past n: computed here, then copied
+  for (; p < b.p_end; ++p) {
+    const float* panel = w.panel(p) + b.k0 * kP;
+    const std::size_t j0 = p * kP, cols = std::min(kP, n - j0);
+    for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
+      const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
+      const float* at = a_block + i * b.kc;
+      float* ct = c + i * ldc + j0;
+      if (cols == kP) {
+        kernel.tile(at, rows, panel, b.kc, ct, ldc, b.first);
+        continue;
+      }
+      if (!b.first)
+        for (std::size_t r = 0; r < rows; ++r) std::copy(ct + r * ldc, ct + r * ldc + cols, edge + r * kP);
+      kernel.tile(at, rows, panel, b.kc, edge, kP, b.first);
+      for (std::size_t r = 0; r < rows; ++r) std::copy(edge + r * kP, edge + r * kP + cols, ct + r * ldc);
+    }
   }
 }
 
@@ -155,53 +218,21 @@ void gemm_fixed_order_range(const float* a, std::size_t m, const PackedWeights& 
   }
   const detail::FixedOrderKernel kernel = kernel_of(g_isa);
   const std::size_t row_block = kRowBlock / kernel.tile_rows * kernel.tile_rows;
-  // A's block, packed tile by tile, k-major inside a tile: the kernel reads it
-  // in order instead of from rows lda apart (which collide in L1 when lda is
-  // a multiple of 4 KB).
+  // A's row block, packed once for all of k: k block after k block, tile by
+  // tile inside one, k-major inside a tile. The kernel reads it in order
+  // instead of from rows lda apart (which collide in L1 when lda is a
+  // multiple of 4 KB). At most kRowBlock x the largest k (3.2 MB at k 2816).
   thread_local std::vector<float> packed_a;
-  packed_a.resize(row_block * std::min(kKBlock, k));
-  float edge[kMaxTileRows * kP];  // a tile whose panel runs past n: computed here, then copied
-  for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
-    const std::size_t kc = std::min(kKBlock, k - k0);
-    const bool first = k0 == 0;
-    for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
-      const std::size_t rows_in_block = std::min(row_block, m - i0);
-      for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
-        const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
-        float* dst = packed_a.data() + i * kc;
-        for (std::size_t r = 0; r < rows; ++r) {
-          const float* src = a + (i0 + i + r) * lda + k0;
-          for (std::size_t kk = 0; kk < kc; ++kk) dst[kk * rows + r] = src[kk];
-        }
+  packed_a.resize(row_block * k);
+  for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
+    const std::size_t rows_in_block = std::min(row_block, m - i0);
+    pack_row_block(a + i0 * lda, lda, rows_in_block, k, kernel.tile_rows, packed_a.data());
+    for (std::size_t p_begin = 0; p_begin < w.panels(); p_begin += kPanelBlock)
+      for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
+        const PanelBlock block{p_begin, std::min(w.panels(), p_begin + kPanelBlock), k_begin + k0,
+                               std::min(kKBlock, k - k0), k0 == 0};
+        run_panel_block(kernel, packed_a.data() + k0 * rows_in_block, rows_in_block, w, block, c + i0 * ldc, ldc);
       }
-      std::size_t p = 0;
-      if (kernel.pair)  // pairs of whole panels first
-        for (; (p + 2) * kP <= n; p += 2) {
-          const float* panel0 = w.panel(p) + (k_begin + k0) * kP;
-          const float* panel1 = w.panel(p + 1) + (k_begin + k0) * kP;
-          for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
-            const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
-            kernel.pair(packed_a.data() + i * kc, rows, panel0, panel1, kc, c + (i0 + i) * ldc + p * kP, ldc, first);
-          }
-        }
-      for (; p < w.panels(); ++p) {
-        const float* panel = w.panel(p) + (k_begin + k0) * kP;
-        const std::size_t j0 = p * kP, cols = std::min(kP, n - j0);
-        for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
-          const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
-          const float* at = packed_a.data() + i * kc;
-          float* ct = c + (i0 + i) * ldc + j0;
-          if (cols == kP) {
-            kernel.tile(at, rows, panel, kc, ct, ldc, first);
-            continue;
-          }
-          if (!first)
-            for (std::size_t r = 0; r < rows; ++r) std::copy(ct + r * ldc, ct + r * ldc + cols, edge + r * kP);
-          kernel.tile(at, rows, panel, kc, edge, kP, first);
-          for (std::size_t r = 0; r < rows; ++r) std::copy(edge + r * kP, edge + r * kP + cols, ct + r * ldc);
-        }
-      }
-    }
   }
 }
 

@@ -85,6 +85,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{7, 16, 16, 0, 0}, Shape{13, 33, 65, 0, 0},
                                          Shape{6, 17, 300, 310, 20}, Shape{12, 64, 256, 0, 0},
                                          Shape{25, 48, 257, 0, 0}, Shape{300, 40, 513, 0, 0}, Shape{14, 80, 530, 0, 90},
+                                         Shape{30, 533, 300, 0, 0}, Shape{300, 290, 260, 0, 0},
+                                         Shape{13, 300, 40, 310, 310},
                                          Shape{4, 3, 0, 0, 0})),
     [](const auto& info) {
       const Shape& s = std::get<1>(info.param);
