@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
           "  moed            {:9.0f} tokens/s   step p50 {:8.2f} ms  (wall time of a whole step; the engine alone {:.2f} ms)\n"
           "  compute bound   {:9.0f} tokens/s   step p50 {:8.2f} ms  (OpenBLAS sgemm, W1/W3/W2 per expert)\n"
           "  ratio           {:9.3f}            (bound / moed step wall time, median over steps)\n"
-          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the calls moed issued in each step, replayed alone, {}; ratio {:.3f})\n"
+          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the calls moed issued in each step, replayed alone, {}; {:.3f} of the step's wall time)\n"
           "  overhead        {:9.2f} ms per step  (step wall time minus its served GEMMs, median over steps)\n"
           "  phases per step route {:.2f} | plan {:.2f} | experts {:.2f} | other {:.2f} | idle for rows {:.2f} | idle for answers {:.2f} ms  (mean; each maxed over ranks)\n"
           "  copies          {:.1f} MB per step  (all ranks: rows packed into messages, gathered for GEMMs, fp32 answers)\n",
