@@ -9,24 +9,27 @@
 # statistics of a first run of the same workload. Prints figures, asserts
 # nothing (the machines are shared and noisy).
 #
-#   tests/bench/emulated.sh [--rate RATE] [--repeats N] [--keep DIR] [BUILD_DIR]
+#   tests/bench/emulated.sh [--rate RATE] [--repeats N] [--keep DIR] [--placement FILE] [BUILD_DIR]
 #
 # --rate: tc rate of the inter-host link (default 1gbit; `none` for no limit,
 # which shows what the step costs without the network). --repeats: runs per
 # case; the table shows the median of their p50s. --keep DIR: keep the config,
-# stats, placement, reports and logs there. Needs root (network namespaces).
+# stats, placement, reports and logs there. --placement FILE: the optimised
+# cases serve FILE instead of the placement fitted here (to tell the step
+# loop's figures from the optimiser's). Needs root (network namespaces).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 emu=$root/launch/emulated-cluster
 
-rate=1gbit repeats=1 keep="" build=$root/build
+rate=1gbit repeats=1 keep="" given="" build=$root/build
 while [ $# -gt 0 ]; do
   case "$1" in
   --rate) rate=${2:?--rate needs a value}; shift 2 ;;
   --repeats) repeats=${2:?--repeats needs a value}; shift 2 ;;
   --keep) keep=${2:?--keep needs a directory}; shift 2 ;;
-  -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --placement) given=${2:?--placement needs a file}; shift 2 ;;
+  -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "emulated.sh: unknown option $1" >&2; exit 2 ;;
   *) build=$1; shift ;;
   esac
@@ -95,9 +98,14 @@ echo "workload: $(grep -E '^(layers|experts|top_k|hidden|ffn|tokens_per_step|ste
   { cat "$work/stats.log" >&2; echo "emulated.sh: the statistics run failed" >&2; exit 1; }
 "$place" optimize --config "$cfg" --stats "$work/fit.stats" --ranks 4 --ranks-per-island 2 \
   --out "$work/optimised.toml" >"$work/optimised.txt"
+if [ -n "$given" ]; then  # served as "optimised" in its stead (not priced: the cost model needs a trace)
+  "$place" check "$given" >/dev/null
+  cp "$given" "$work/optimised.toml"
+  echo "the optimised cases serve the given placement $given" >"$work/optimised.txt"
+fi
 "$place" optimize --config "$cfg" --stats "$work/fit.stats" --ranks 4 --ranks-per-island 2 \
   --policy contiguous --out "$work/contiguous.toml" >"$work/contiguous.txt"
-copies() { grep 'cross-island copies per token' "$1" | awk '{ print $NF }'; }
+copies() { grep 'cross-island copies per token' "$1" | awk '{ print $NF }' | grep . || echo "n/a (given)"; }
 echo "moe-place cost model: cross-island copies per token per layer: contiguous $(copies "$work/contiguous.txt"), optimised $(copies "$work/optimised.txt")"
 
 # 2. The cases.
