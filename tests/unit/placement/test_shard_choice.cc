@@ -81,7 +81,9 @@ TEST(ShardChoice, AReoptimisationKeepsTheCurrentSplits) {
   EXPECT_EQ(kept.shards(1, 2), 2);
   for (int l = 0; l < 2; ++l)
     for (int e = 0; e < 4; ++e)
-      if (l != 1 || e != 2) EXPECT_EQ(kept.replicas(l, e), next.replicas(l, e));
+      if (l != 1 || e != 2) {
+        EXPECT_EQ(kept.replicas(l, e), next.replicas(l, e));
+      }
   for (const Move& m : moves(current, kept)) EXPECT_FALSE(m.layer == 1 && m.expert == 2) << "the split moved";
 }
 

@@ -573,7 +573,9 @@ TEST_F(AdminServerTest, TricklingClientsCannotLockTheOperatorOut) {
   EXPECT_EQ(evicted, 1);
   // The others keep their slots and can finish their lines.
   for (auto& t : tricklers)
-    if (t) EXPECT_EQ(t->call(R"("cmd":"status"})")["ok"], true);
+    if (t) {
+      EXPECT_EQ(t->call(R"("cmd":"status"})")["ok"], true);
+    }
   // (Clients without an unfinished line are never evicted: HundredClientsAtOnce...)
 }
 

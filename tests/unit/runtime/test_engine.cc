@@ -633,8 +633,12 @@ TEST_P(EnginePolicies, EveryJobHasTheOneRankJobsBitsAndCounts) {
     RouterCounters sum;
     for (const RankRun& run : here) sum.add(run.steps[i].rec.router);
     EXPECT_EQ(sum.words(), one[0].steps[i].rec.router.words()) << "step " << kSteps[i];
-    if (c.router.load_policy != "none") EXPECT_EQ(sum.tokens, kTokens * kLayers);
-    if (c.router.measure_jitter) EXPECT_EQ(sum.jitter_tested, kTokens * kLayers);
+    if (c.router.load_policy != "none") {
+      EXPECT_EQ(sum.tokens, kTokens * kLayers);
+    }
+    if (c.router.measure_jitter) {
+      EXPECT_EQ(sum.jitter_tested, kTokens * kLayers);
+    }
     // The router's own pairs the balancing policies changed: a drop loses
     // exactly the pairs it drops; a demotion at most the pairs it moves.
     const bool rebalances = c.router.load_policy != "none" || c.router.bias_gamma > 0;
