@@ -39,5 +39,33 @@ INSTANTIATE_TEST_SUITE_P(
         // Nothing replicated: nothing pooled.
         PooledCase{{5, 1}, {1, 1}, 0.5, {0, 0}}));
 
+struct ConcentrationCase {
+  std::vector<double> row;
+  int islands;
+  double expected;
+};
+class CoactivationConcentration : public testing::TestWithParam<ConcentrationCase> {};
+
+TEST_P(CoactivationConcentration, TheShareOnAsManyPartnersAsOneIslandHoldsBesideIt) {
+  const ConcentrationCase& c = GetParam();
+  EXPECT_DOUBLE_EQ(coactivation_concentration(c.row, c.islands), c.expected);
+}
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CoactivationConcentration,
+    testing::Values(
+        // 8 experts, 2 islands: 3 partners fit beside expert 0 (diagonal 0).
+        // Uniform: 3 of 7 equal shares.
+        ConcentrationCase{{0, 1, 1, 1, 1, 1, 1, 1}, 2, 3.0 / 7.0},
+        // A group of four: all of it on the 3 strongest, wherever they sit.
+        ConcentrationCase{{0, 0, 5, 0, 9, 0, 2, 0}, 2, 1.0},
+        // Mostly the group, a little outside: 18 of 20.
+        ConcentrationCase{{0, 6, 6, 6, 1, 1, 0, 0}, 2, 18.0 / 20.0},
+        // 4 islands of 2: one partner fits.
+        ConcentrationCase{{0, 4, 3, 3, 0, 0, 0, 0}, 4, 0.4},
+        // One island: everything fits.
+        ConcentrationCase{{0, 4, 3, 3}, 1, 1.0},
+        // An island per expert: no partner fits; an empty row: nothing to share.
+        ConcentrationCase{{0, 4, 3, 3}, 4, 0.0}, ConcentrationCase{{0, 0, 0, 0}, 2, 0.0}));
+
 }  // namespace
 }  // namespace moed::placement
