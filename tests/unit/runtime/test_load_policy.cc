@@ -191,17 +191,24 @@ TEST_P(LoadPolicyRandom, TokensKeepDistinctExpertsWeightsSumToOneAndLoadsRespect
   for (std::size_t t = 0; t < kTokens; ++t) {
     const auto e = out.experts_of(t);
     EXPECT_EQ(std::set<std::uint32_t>(e.begin(), e.end()).size(), e.size()) << "token " << t;
-    if (GetParam().policy != LoadPolicy::drop) EXPECT_EQ(e.size(), all.chosen[t]) << "token " << t;
+    if (GetParam().policy != LoadPolicy::drop) {
+      EXPECT_EQ(e.size(), all.chosen[t]) << "token " << t;
+    }
     double sum = 0;
     for (float w : out.weights_of(t)) sum += w;
-    if (!e.empty()) EXPECT_NEAR(sum, 1.0, 1e-6) << "token " << t;
+    if (!e.empty()) {
+      EXPECT_NEAR(sum, 1.0, 1e-6) << "token " << t;
+    }
     for (std::uint32_t x : e) ++load[x];
   }
   EXPECT_EQ(out.pairs() + o.dropped, chosen);
-  if (GetParam().policy == LoadPolicy::drop)
+  if (GetParam().policy == LoadPolicy::drop) {
     for (std::size_t e = 0; e < kExperts; ++e)
       EXPECT_LE(double(load[e]), expert_room(params(), chosen, kExperts, replicas()[e])) << "expert " << e;
-  if (GetParam().policy != LoadPolicy::none) EXPECT_GT(o.moved + o.dropped, 0u) << "the step is skewed: some pair must go";
+  }
+  if (GetParam().policy != LoadPolicy::none) {
+    EXPECT_GT(o.moved + o.dropped, 0u) << "the step is skewed: some pair must go";
+  }
 }
 
 TEST_P(LoadPolicyRandom, ADemotedPairLandsOnlyUnderItsTargetsRoom) {
@@ -220,7 +227,9 @@ TEST_P(LoadPolicyRandom, ADemotedPairLandsOnlyUnderItsTargetsRoom) {
       arrived[e] += std::find(first.begin(), first.end(), e) == first.end();
     }
   for (std::size_t e = 0; e < kExperts; ++e)
-    if (arrived[e]) EXPECT_LE(double(load[e]), expert_room(params(), chosen, kExperts, replicas()[e])) << "expert " << e;
+    if (arrived[e]) {
+      EXPECT_LE(double(load[e]), expert_room(params(), chosen, kExperts, replicas()[e])) << "expert " << e;
+    }
 }
 
 TEST_P(LoadPolicyRandom, CountingByRanksAddsUpAndDecidesTheSame) {

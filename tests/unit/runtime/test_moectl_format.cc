@@ -111,8 +111,9 @@ TEST(MoectlCommandLine, HelpAndVersionExitZero) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_FALSE(help.invocation);
   for (const auto& c : commands())
-    if (c.name != "trace_follow")  // moectl trace --follow
+    if (c.name != "trace_follow") {  // moectl trace --follow
       EXPECT_NE(help.out.find(c.name), std::string::npos) << c.name;
+    }
   CommandLine version = parse({"--version"});
   EXPECT_EQ(version.exit_code, 0);
   EXPECT_NE(version.out.find("moectl"), std::string::npos);

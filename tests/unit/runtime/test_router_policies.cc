@@ -378,7 +378,9 @@ TEST(RouterPolicies, RanksDecideAsOneWithEveryPolicyOn) {
       ASSERT_EQ(a.weights, b.weights) << "step " << step << " layer " << layer;
       EXPECT_EQ(na.words(), nb.words());
       EXPECT_EQ(na.pairs, T * 2);
-      if (step > 0) EXPECT_EQ(na.flip_tested, T) << "every request's previous position is known";
+      if (step > 0) {
+        EXPECT_EQ(na.flip_tested, T) << "every request's previous position is known";
+      }
     }
     for (auto& p : one) p.end_step();
     for (auto& p : three) p.end_step();

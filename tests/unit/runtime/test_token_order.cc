@@ -33,7 +33,9 @@ TEST_P(ShuffledOrder, EachStepServesItsOwnTokensOnceInAnotherOrder) {
   std::vector<std::uint64_t> want(T);
   std::iota(want.begin(), want.end(), step * T);
   EXPECT_EQ(sorted, want) << "a permutation of the step's tokens";
-  if (T > 8) EXPECT_NE(all, want) << "not the identity";
+  if (T > 8) {
+    EXPECT_NE(all, want) << "not the identity";
+  }
 
   // A rank's share is the same slice of the step's permutation.
   std::vector<std::uint64_t> part;
