@@ -37,8 +37,8 @@ struct LayerGraph {
             stats.coactivation(layer, a, b);
     for (int e = 0; e < experts; ++e) {
       if (!pooled[std::size_t(e)]) continue;
-      const auto row = coactivation.begin() + std::ptrdiff_t(e) * experts;
-      if (coactivation_concentration(std::vector<double>(row, row + experts), islands) >= kConcentratedShare)
+      const std::span<const double> row(coactivation.data() + std::size_t(e) * experts, std::size_t(experts));
+      if (coactivation_concentration(row, islands) >= kConcentratedShare)
         pooled[std::size_t(e)] = 0;
     }
   }
@@ -298,10 +298,10 @@ std::vector<char> pooled_experts(const std::vector<ExpertSlot>& slots, const std
   return pooled;
 }
 
-double coactivation_concentration(const std::vector<double>& row, int islands) {
+double coactivation_concentration(std::span<const double> row, int islands) {
   const int partners = islands > 0 ? int(row.size()) / islands - 1 : 0;
   if (partners <= 0) return 0;
-  std::vector<double> sorted = row;
+  std::vector<double> sorted(row.begin(), row.end());
   std::sort(sorted.begin(), sorted.end(), std::greater<>());
   double total = 0, strongest = 0;
   for (std::size_t k = 0; k < sorted.size(); ++k) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "placement/slot_packing.h"
@@ -35,7 +36,7 @@ inline constexpr double kPooledShare = 0.5;
 // [experts x experts] matrix, 0 on the diagonal) falls on its strongest
 // experts / islands - 1 partners: as many as fit on one island beside it.
 // 0 when no partner fits (an island per expert) or the row is empty. Pure.
-double coactivation_concentration(const std::vector<double>& row, int islands);
+double coactivation_concentration(std::span<const double> row, int islands);
 // metis never pools an expert whose concentration reaches this: its group
 // can sit whole on one island, and a replica elsewhere then carries load off
 // that island without splitting the group. Pooled, the replicas of a hot

@@ -14,7 +14,7 @@ build=${1:-$root/build}
 steps=${2:-100000}
 moed=$build/apps/moed moectl=$build/apps/moectl
 [ -x "$moed" ] && [ -x "$moectl" ] || { echo "build first: $moed or $moectl is missing (ci/build.sh)" >&2; exit 2; }
-work=$(mktemp -d)
+work=$(mktemp -d) pid=""
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 flags=(--oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
