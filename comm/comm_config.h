@@ -13,6 +13,7 @@ struct CommConfig {
   std::string backend;
   std::int64_t timeout_ms = 0;
   bool hierarchical = true;
+  bool narrow_answers = true;
   std::int64_t wait_spin_polls = 32, wait_yield_polls = 2048, wait_sleep_us = 20, wait_sleep_max_us = 1000;
 };
 

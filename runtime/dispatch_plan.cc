@@ -287,56 +287,132 @@ std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent
   return bytes;
 }
 
+void lay_out_answers(std::byte* block, const std::uint32_t* pairs_per_row, std::size_t rows, AnswerFormat f) {
+  const std::uint32_t full_width = 8;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::size_t bytes = combine_row_bytes(pairs_per_row[r], f);
+    std::memset(block, 0, bytes);
+    if (!f.fp32(pairs_per_row[r])) std::memcpy(block, &full_width, sizeof full_width);
+    block += bytes;
+  }
+}
+
+std::size_t narrow_answers(std::byte* block, const std::uint32_t* pairs_per_row, std::size_t rows, AnswerFormat f) {
+  std::size_t in = 0, out = 0;  // rows only move towards the front
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::size_t full = combine_row_bytes(pairs_per_row[r], f);
+    if (f.fp32(pairs_per_row[r])) {
+      if (out != in) std::memmove(block + out, block + in, full);
+      out += full;
+    } else {
+      const std::int64_t* sums = fixed_row_sums(block + in);
+      const std::uint32_t width = std::uint32_t(kernels::fixed_width_bytes(sums, std::size_t(f.hidden)));
+      const std::uint32_t header[2] = {width, 0};
+      std::memcpy(block + out, header, sizeof header);
+      kernels::narrow_fixed(block + in + kFixedRowHeaderBytes, std::size_t(f.hidden), int(width),
+                            block + out + kFixedRowHeaderBytes);
+      const std::size_t narrowed = fixed_row_bytes(f.hidden, int(width));
+      std::memset(block + out + kFixedRowHeaderBytes + std::size_t(f.hidden) * width, 0,
+                  narrowed - kFixedRowHeaderBytes - std::size_t(f.hidden) * width);  // padding
+      out += narrowed;
+    }
+    in += full;
+  }
+  return out;
+}
+
 GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, AnswerFormat f) {
   GatewayAnswers g;
   g.layout.send_bytes = combine_message_bytes(hop1, f);
   g.layout.send_offsets = comm::ExchangeLayout::prefix_offsets(g.layout.send_bytes);
-  g.send.assign(g.layout.send_total(), std::byte{0});  // sums start at 0
+  g.send.resize(g.layout.send_total());
+  g.first_slot.push_back(0);
   for (std::size_t s = 0; s < hop1.from.size(); ++s) {
+    const ReceivedRows::Source& from = hop1.from[s];
+    lay_out_answers(g.send.data() + g.layout.send_offsets[s], from.pairs_per_row, from.rows, f);  // sums start at 0
     std::size_t at = g.layout.send_offsets[s];
-    for (std::uint32_t r = 0; r < hop1.from[s].rows; ++r) {
-      const std::uint32_t pairs = hop1.from[s].pairs_per_row[r];
+    for (std::uint32_t r = 0; r < from.rows; ++r) {
+      const std::uint32_t pairs = from.pairs_per_row[r];
       g.slot_offset.push_back(at);
       g.slot_pairs.push_back(pairs);
       at += combine_row_bytes(pairs, f);
     }
+    g.first_slot.push_back(g.slot_pairs.size());
   }
   return g;
 }
 
+void narrow_gateway_answers(GatewayAnswers& g, AnswerFormat f) {
+  for (std::size_t s = 0; s + 1 < g.first_slot.size(); ++s)
+    g.layout.send_bytes[s] = narrow_answers(g.send.data() + g.layout.send_offsets[s], g.slot_pairs.data() + g.first_slot[s],
+                                            g.first_slot[s + 1] - g.first_slot[s], f);
+}
+
+namespace {
+
+// One answer row as it arrived: fp32 outputs, or narrow sums of `width` bytes.
+struct AnswerRow {
+  const std::byte* data = nullptr;
+  int width = 0;  // 0: fp32
+  std::size_t bytes = 0;
+};
+
+AnswerRow read_answer_row(const std::byte* block, std::size_t bytes, std::size_t at, std::uint32_t pairs,
+                          AnswerFormat f, int from, std::size_t r) {
+  AnswerRow row;
+  if (f.fp32(pairs)) {
+    row.data = block + at;
+    row.bytes = combine_row_bytes(pairs, f);
+  } else {
+    std::uint32_t header[2] = {0, 0};
+    if (at + sizeof header <= bytes) std::memcpy(header, block + at, sizeof header);
+    MOED_CHECK(at + sizeof header <= bytes && header[0] >= 1 && header[0] <= 8 && header[1] == 0,
+               "answers from rank {}: row {} (a sum of {} pairs at byte {} of {}) has no valid header "
+               "(bytes per element {}, reserved {})",
+               from, r, pairs, at, bytes, header[0], header[1]);
+    row.data = block + at + kFixedRowHeaderBytes;
+    row.width = int(header[0]);
+    row.bytes = fixed_row_bytes(f.hidden, row.width);
+  }
+  MOED_CHECK(at + row.bytes <= bytes, "answers from rank {}: row {} ends at byte {}, past the message's {}", from, r,
+             at + row.bytes, bytes);
+  return row;
+}
+
+}  // namespace
+
 std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, std::size_t bytes, AnswerFormat f,
-                                    std::int64_t* acc, GatewayAnswers* gateway, int from) {
+                                    std::int64_t* acc, GatewayAnswers* gateway, int from,
+                                    std::vector<std::uint32_t>* row_bytes) {
   const int hidden = f.hidden;
-  std::size_t saturated = 0;
-  const std::byte* p = block;
-  std::size_t expected = 0;
-  for (std::size_t r = 0; r < b.rows(); ++r) expected += combine_row_bytes(b.pairs_of(r), f);
-  MOED_CHECK(expected == bytes, "answers from rank {}: {} bytes, expected {}", from, bytes, expected);
+  std::size_t saturated = 0, at = 0;
+  if (row_bytes) row_bytes->clear();
   for (std::size_t r = 0; r < b.rows(); ++r) {
-    const std::uint32_t pairs = b.pairs_of(r);
-    const float* y = reinterpret_cast<const float*>(p);
-    const auto* partial = reinterpret_cast<const std::int64_t*>(p);
+    const AnswerRow row = read_answer_row(block, bytes, at, b.pairs_of(r), f, from, r);
+    if (row_bytes) row_bytes->push_back(std::uint32_t(row.bytes));
+    const float* y = reinterpret_cast<const float*>(row.data);
     const float weight = b.weights[b.pair_offsets[r]];
+    std::int64_t* sums = nullptr;  // where the row adds up
     if (b.origin[r] >= 0) {
-      // A local token: weight a single expert's output here, as the expert rank would have.
-      std::int64_t* a = acc + std::size_t(b.origin[r]) * hidden;
-      if (f.fp32(pairs))
-        saturated += kernels::add_weighted_fixed(a, y, weight, hidden);
-      else
-        kernels::add_fixed(a, partial, hidden);
+      sums = acc + std::size_t(b.origin[r]) * hidden;
     } else {
       MOED_CHECK(gateway, "an answer for a gateway slot on a rank that forwarded nothing");
       const std::size_t slot = std::size_t(-(b.origin[r] + 1));
       std::byte* out = gateway->send.data() + gateway->slot_offset.at(slot);
-      if (f.fp32(gateway->slot_pairs[slot]))  // the hop-1 row had this one pair: pass y on
+      if (f.fp32(gateway->slot_pairs[slot])) {  // the hop-1 row had this one pair: pass y on
         std::memcpy(out, y, std::size_t(hidden) * sizeof(float));
-      else if (f.fp32(pairs))
-        saturated += kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(out), y, weight, hidden);
-      else
-        kernels::add_fixed(reinterpret_cast<std::int64_t*>(out), partial, hidden);
+        at += row.bytes;
+        continue;
+      }
+      sums = fixed_row_sums(out);
     }
-    p += combine_row_bytes(pairs, f);
+    if (row.width == 0)  // one expert's output: weighted here, as the expert rank would have
+      saturated += kernels::add_weighted_fixed(sums, y, weight, hidden);
+    else
+      kernels::add_narrow_fixed(sums, row.data, row.width, hidden);
+    at += row.bytes;
   }
+  MOED_CHECK(at == bytes, "answers from rank {}: {} bytes, its rows take {}", from, bytes, at);
   return saturated;
 }
 

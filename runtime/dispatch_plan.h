@@ -167,11 +167,16 @@ void plan_forward(const ReceivedRows& hop1, int hidden, DispatchPlan& plan);
 
 // Combine wire format: each row is answered in the order it was received,
 // as fp32 (the expert output, unweighted) when the row carried one pair and
-// the experts have one canonical F-chunk, or as the int64 fixed-point
-// gate-weighted sum of its pairs otherwise (with more chunks an expert's
-// output is a sum of chunk terms on the fixed grid, kernels/cpu/expert_ffn.h,
-// which no fp32 value carries). Rows are padded to 8 bytes so the int64 rows
-// stay aligned.
+// the experts have one canonical F-chunk, or as the fixed-point gate-weighted
+// sum of its pairs otherwise (with more chunks an expert's output is a sum of
+// chunk terms on the fixed grid, kernels/cpu/expert_ffn.h, which no fp32
+// value carries). A fixed-point row is an 8-byte header (u32 bytes per
+// element, 1 to 8; u32 zero), then the hidden sums, each as its low bytes
+// (kernels/cpu/fixed_combine.h: narrow rows). Rows are padded to 8 bytes.
+//
+// Answers are laid out at full width (8 bytes per sum: what the experts
+// write into, and what a receiver sizes for) and narrowed in place before
+// they travel, so a message is at most its full-width size.
 struct AnswerFormat {
   int hidden = 0;
   bool fp32_singles = true;  // [experts].ffn_chunks = 1
@@ -180,10 +185,24 @@ struct AnswerFormat {
       : hidden(hidden_size), fp32_singles(fp32_single_answers) {}
   bool fp32(std::uint32_t pairs) const { return pairs == 1 && fp32_singles; }
 };
-inline std::size_t combine_row_bytes(std::uint32_t pairs, AnswerFormat f) {
-  return f.fp32(pairs) ? (std::size_t(f.hidden) * sizeof(float) + 7) & ~std::size_t(7)
-                       : std::size_t(f.hidden) * sizeof(std::int64_t);
+inline constexpr std::size_t kFixedRowHeaderBytes = 8;
+inline std::size_t fixed_row_bytes(int hidden, int width) {
+  return kFixedRowHeaderBytes + ((std::size_t(hidden) * std::size_t(width) + 7) & ~std::size_t(7));
 }
+// A row's bytes at full width.
+inline std::size_t combine_row_bytes(std::uint32_t pairs, AnswerFormat f) {
+  return f.fp32(pairs) ? (std::size_t(f.hidden) * sizeof(float) + 7) & ~std::size_t(7) : fixed_row_bytes(f.hidden, 8);
+}
+// The sums of a full-width fixed-point row that starts at `row`.
+inline std::int64_t* fixed_row_sums(std::byte* row) {
+  return reinterpret_cast<std::int64_t*>(row + kFixedRowHeaderBytes);
+}
+// Lays out the answers to `rows` rows of pairs_per_row[r] pairs at `block`:
+// fp32 rows zero, fixed-point rows at full width with sums zero.
+void lay_out_answers(std::byte* block, const std::uint32_t* pairs_per_row, std::size_t rows, AnswerFormat f);
+// Narrows the fixed-point rows of a full-width message in place; returns the
+// message's bytes now.
+std::size_t narrow_answers(std::byte* block, const std::uint32_t* pairs_per_row, std::size_t rows, AnswerFormat f);
 // Bytes of the answers to received rows, per source, and to sent rows, per destination.
 std::vector<std::size_t> combine_message_bytes(const ReceivedRows& received, AnswerFormat f);
 std::vector<std::size_t> combine_message_bytes(const std::vector<RowBatch>& sent, AnswerFormat f);
@@ -195,18 +214,24 @@ struct GatewayAnswers {
   comm::ExchangeLayout layout;             // send half
   std::vector<std::size_t> slot_offset;    // gateway slot -> byte offset in `send`
   std::vector<std::uint32_t> slot_pairs;   // gateway slot -> pairs of its hop-1 row
+  std::vector<std::size_t> first_slot;     // per source, and one past the last: its slots
 };
 GatewayAnswers prepare_gateway_answers(const ReceivedRows& hop1, AnswerFormat f);
+// Narrows each source's block in place (send_bytes shrink; offsets stay).
+void narrow_gateway_answers(GatewayAnswers& g, AnswerFormat f);
 
 // Adds the answers to rows this rank sent (`sent`, one batch per rank; the
-// answers in `recv` laid out by `layout`): rows of local tokens into
-// acc[local token][hidden], rows forwarded for a gateway slot into `gateway`.
-// Returns the count of saturated fixed-point terms.
+// answers in `recv` laid out by `layout`, full width or narrowed): rows of
+// local tokens into acc[local token][hidden], rows forwarded for a gateway
+// slot into `gateway`. Returns the count of saturated fixed-point terms; a
+// message that does not parse as the answers to `sent` is an error.
 std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,
                                const comm::ExchangeLayout& layout, AnswerFormat f, std::int64_t* acc,
                                GatewayAnswers* gateway);
-// The same for the answers from one rank: `block` holds `bytes` of answers to `sent`.
+// The same for the answers from one rank: `block` holds `bytes` of answers to
+// `sent`; `row_bytes`, if given, gets each row's bytes as it came.
 std::size_t accumulate_answer_block(const RowBatch& sent, const std::byte* block, std::size_t bytes, AnswerFormat f,
-                                    std::int64_t* acc, GatewayAnswers* gateway, int from);
+                                    std::int64_t* acc, GatewayAnswers* gateway, int from,
+                                    std::vector<std::uint32_t>* row_bytes = nullptr);
 
 }  // namespace moed::runtime

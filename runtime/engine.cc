@@ -47,6 +47,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
   setup_.executor = &executor_;
   setup_.hierarchical = hierarchical_;
   setup_.overlap = config.engine.overlap;
+  setup_.narrow_answers = config.comm.narrow_answers;
   setup_.any_rows_per_call = config.experts.gemm == "fixed-order";
   setup_.split_rows = std::size_t(config.engine.split_rows);
   setup_.poll = [this] {

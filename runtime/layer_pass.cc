@@ -206,7 +206,8 @@ void LayerPass::on_rows(int id, int source, ReceivedRows::Source src) {
   std::size_t bytes = 0;
   for (std::uint32_t r = 0; r < f.rows; ++r) bytes += combine_row_bytes(f.pairs_per_row[r], answer_format_);
   std::vector<std::byte>& answer = s.answer[source];
-  answer.assign(bytes, std::byte{0});  // sums start at 0
+  answer.resize(bytes);
+  lay_out_answers(answer.data(), f.pairs_per_row, f.rows, answer_format_);  // sums start at 0
   std::byte* out = answer.data();
   for (std::uint32_t r = 0; r < f.rows; ++r) {
     const std::uint32_t pairs = f.pairs_per_row[r];
@@ -229,7 +230,9 @@ void LayerPass::on_rows(int id, int source, ReceivedRows::Source src) {
         trace_->out->visits.push_back(v);
         trace_->visit_streams.emplace_back(std::size_t(visit), id, source);
       }
-      rows_[slot_of_[e]][home].push_back({f.row(r, H_), out, f.weights[p], answer_format_.fp32(pairs), visit});
+      const bool single = answer_format_.fp32(pairs);
+      rows_[slot_of_[e]][home].push_back(
+          {f.row(r, H_), single ? out : reinterpret_cast<std::byte*>(fixed_row_sums(out)), f.weights[p], single, visit});
     }
     out += combine_row_bytes(pairs, answer_format_);
   }
@@ -354,13 +357,17 @@ void LayerPass::send_answers() {
       if (!setup_.overlap && tasks_left_ > 0) continue;
       s.answered[source] = 1;
       if (trace_) trace_answers_sent(id, source);
-      const std::vector<std::byte>& answer = s.answer[source];
-      if (source == me()) {
+      std::vector<std::byte>& answer = s.answer[source];
+      if (source == me()) {  // answered in place, at full width
         on_answer(id, source, answer.data(), answer.size());
         continue;
       }
-      s.answers->send(source, answer.data(), answer.size());
-      counters_.bytes_sent[int(setup_.topology->link(me(), source))] += answer.size();
+      const ReceivedRows::Source& rows = s.from[source];
+      const std::size_t bytes =
+          setup_.narrow_answers ? narrow_answers(answer.data(), rows.pairs_per_row, rows.rows, answer_format_)
+                                : answer.size();
+      s.answers->send(source, answer.data(), bytes);
+      counters_.bytes_sent[int(setup_.topology->link(me(), source))] += bytes;
     }
   }
 }
@@ -369,7 +376,6 @@ void LayerPass::on_answer(int id, int source, const std::byte* block, std::size_
   Stream& s = streams_[id];
   --s.answers_awaited;
   moved_ = true;
-  if (trace_) trace_answer_back(id, source);
   if (id == kForward) {
     counters_.saturated += accumulate_answer_block(forward_.hop2[source], block, bytes, answer_format_, nullptr, &gateway_,
                                                  source);
@@ -377,7 +383,9 @@ void LayerPass::on_answer(int id, int source, const std::byte* block, std::size_
     return;
   }
   const RowBatch& sent = id == kDirect ? plan_.hop2[source] : plan_.hop1[source];
-  counters_.saturated += accumulate_answer_block(sent, block, bytes, answer_format_, acc_, nullptr, source);
+  counters_.saturated += accumulate_answer_block(sent, block, bytes, answer_format_, acc_, nullptr, source,
+                                                 trace_ ? &answer_row_bytes_ : nullptr);
+  if (trace_) trace_answer_back(id, source, sent);
 }
 
 void LayerPass::poll_answers(int id) {
@@ -389,6 +397,7 @@ void LayerPass::poll_answers(int id) {
 
 void LayerPass::send_gateway_answers() {
   Stream& hop1 = streams_[kHop1];
+  if (setup_.narrow_answers) narrow_gateway_answers(gateway_, answer_format_);
   for (int h = 0; h < ranks(); ++h) {
     if (h == me()) continue;
     const std::size_t bytes = gateway_.layout.send_bytes[h];  // one per rank: prepared from hop 1's sources
@@ -474,7 +483,7 @@ void LayerPass::record_legs() {
           if (d != me()) {
             leg.row_bytes = sizeof(std::uint64_t) + sizeof(std::uint32_t) + leg.pairs * bytes_per_pair +
                             std::size_t(H_) * sizeof(float);
-            leg.answer_bytes = combine_row_bytes(leg.pairs, H_);
+            leg.answer_bytes = combine_row_bytes(leg.pairs, H_);  // at most: the bytes as sent on arrival
           }
           trace_->leg_streams.emplace_back(trace_->out->legs.size(), id, d);
           trace_->out->legs.push_back(leg);
@@ -489,9 +498,16 @@ void LayerPass::trace_answers_sent(int id, int source) {
     if (stream == id && from == source) trace_->out->visits[visit].answered_us = trace_->now_us();
 }
 
-void LayerPass::trace_answer_back(int id, int source) {
-  for (const auto& [leg, stream, to] : trace_->leg_streams)
-    if (stream == id && to == source) trace_->out->legs[leg].back_us = trace_->now_us();
+// Also the bytes the leg's answer came in (answers narrow on the wire).
+void LayerPass::trace_answer_back(int id, int source, const RowBatch& sent) {
+  for (const auto& [leg, stream, to] : trace_->leg_streams) {
+    if (stream != id || to != source) continue;
+    trace::LegRecord& l = trace_->out->legs[leg];
+    l.back_us = trace_->now_us();
+    if (source == me()) continue;  // answered in place: no bytes
+    for (std::size_t r = 0; r < sent.rows() && r < answer_row_bytes_.size(); ++r)
+      if (sent.token[r] == l.at.key) l.answer_bytes = answer_row_bytes_[r];
+  }
 }
 
 void LayerPass::finish() {

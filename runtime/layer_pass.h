@@ -56,6 +56,7 @@ class LayerPass {
     ExpertExecutor* executor = nullptr;
     bool hierarchical = false;
     bool overlap = true;          // [engine].overlap
+    bool narrow_answers = true;   // [comm].narrow_answers
     bool any_rows_per_call = true;  // the fixed-order GEMM: tasks may be cut and merged
     std::size_t split_rows = 256;   // [engine].split_rows
     // Between the blocks of a long expert call: take in what has landed
@@ -143,7 +144,7 @@ class LayerPass {
   void send_gateway_answers();
   void record_legs();
   void trace_answers_sent(int id, int source);
-  void trace_answer_back(int id, int source);
+  void trace_answer_back(int id, int source, const RowBatch& sent);
 
   Setup setup_;
   PlanInput in_;
@@ -170,6 +171,7 @@ class LayerPass {
   bool moved_ = false;                            // something happened in this advance()
   std::vector<ExpertRow> call_;
   std::vector<std::int32_t> call_visits_;  // traced rows of the call
+  std::vector<std::uint32_t> answer_row_bytes_;  // traced passes: each answer row's bytes as it came
   trace::PassTrace* trace_ = nullptr;
   PassCounters counters_;
 };

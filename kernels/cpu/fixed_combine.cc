@@ -1,7 +1,10 @@
 #include "kernels/cpu/fixed_combine.h"
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 
+#include "common/error.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 
 namespace moed::kernels {
@@ -54,6 +57,75 @@ void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h) {
                                                        static_cast<std::uint64_t>(partial[i]));
     acc[i] = acc[i] == kFixedNaN || partial[i] == kFixedNaN ? kFixedNaN : sum;
   }
+}
+
+int fixed_width_bytes(const std::int64_t* v, std::size_t h) {
+  // Bits a value needs beyond its sign: those of v for v >= 0, of ~v below.
+  std::uint64_t magnitude = 0;
+  for (std::size_t i = 0; i < h; ++i) magnitude |= static_cast<std::uint64_t>(v[i] ^ (v[i] >> 63));
+  const int bits = 64 - std::countl_zero(magnitude) + 1;  // and the sign
+  return (bits + 7) / 8;
+}
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "narrow rows are the low bytes of each value");
+
+// One width at compile time, so that each element is a fixed-size copy.
+template <int W>
+void narrow_fixed_w(const std::byte* in, std::size_t h, std::byte* out) {
+  for (std::size_t i = 0; i < h; ++i) {
+    std::int64_t v;
+    std::memcpy(&v, in + i * 8, 8);  // read before the write, which may reach into it
+    std::memcpy(out + i * W, &v, W);
+  }
+}
+
+template <int W>
+void add_narrow_fixed_w(std::int64_t* acc, const std::byte* in, std::size_t h) {
+  for (std::size_t i = 0; i < h; ++i) {
+    std::uint64_t u = 0;
+    std::memcpy(&u, in + i * W, W);
+    const std::int64_t v = static_cast<std::int64_t>(u << (64 - 8 * W)) >> (64 - 8 * W);
+    const std::int64_t sum =
+        static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) + static_cast<std::uint64_t>(v));
+    acc[i] = acc[i] == kFixedNaN || v == kFixedNaN ? kFixedNaN : sum;
+  }
+}
+
+template <template <int> class Op, class... Args>
+void by_width(int width, Args... args) {
+  switch (width) {
+    case 1: return Op<1>::run(args...);
+    case 2: return Op<2>::run(args...);
+    case 3: return Op<3>::run(args...);
+    case 4: return Op<4>::run(args...);
+    case 5: return Op<5>::run(args...);
+    case 6: return Op<6>::run(args...);
+    case 7: return Op<7>::run(args...);
+    case 8: return Op<8>::run(args...);
+  }
+  MOED_THROW(Internal, "a narrow fixed-point row of {} bytes per element (1 to 8 are valid)", width);
+}
+
+template <int W>
+struct Narrow {
+  static void run(const std::byte* in, std::size_t h, std::byte* out) { narrow_fixed_w<W>(in, h, out); }
+};
+template <int W>
+struct AddNarrow {
+  static void run(std::int64_t* acc, const std::byte* in, std::size_t h) { add_narrow_fixed_w<W>(acc, in, h); }
+};
+
+}  // namespace
+
+void narrow_fixed(const std::byte* in, std::size_t h, int width, std::byte* out) {
+  if (width == 8 && in == out) return;
+  by_width<Narrow>(width, in, h, out);
+}
+
+void add_narrow_fixed(std::int64_t* acc, const std::byte* in, int width, std::size_t h) {
+  by_width<AddNarrow>(width, acc, in, h);
 }
 
 void residual_from_fixed(const float* x, const std::int64_t* acc, std::size_t h, float* out) {

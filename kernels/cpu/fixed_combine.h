@@ -39,4 +39,20 @@ void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h);
 // where acc[i] is kFixedNaN.
 void residual_from_fixed(const float* x, const std::int64_t* acc, std::size_t h, float* out);
 
+// Narrow fixed-point rows, for the wire. A partial sum spends most of its 64
+// bits on the sign (a term of magnitude below 2^7 needs 40 bits), so a row
+// travels as each element's low `width` bytes, little-endian two's
+// complement, with `width` the fewest bytes that hold every element of the
+// row: the same integers, in 5/8 of the bytes for typical activations.
+// kFixedNaN needs all 8.
+//
+// The fewest bytes, 1 to 8, that hold each of v[0..h) (1 for an empty row).
+int fixed_width_bytes(const std::int64_t* v, std::size_t h);
+// Writes the h int64 values at `in` as `width` bytes each to `out`, which
+// may be `in` itself or start before it (rows narrow in place, front to
+// back). Every value must fit (fixed_width_bytes).
+void narrow_fixed(const std::byte* in, std::size_t h, int width, std::byte* out);
+// acc[i] += the sign-extended width-byte value i of `in`, by add_fixed's rule.
+void add_narrow_fixed(std::int64_t* acc, const std::byte* in, int width, std::size_t h);
+
 }  // namespace moed::kernels

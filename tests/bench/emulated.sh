@@ -4,7 +4,9 @@
 # each way per host) serving a co-activation-heavy synthetic workload, in
 # these cases: contiguous or optimised placement, flat or hierarchical
 # dispatch, each phase waiting for the whole previous one ("serial",
-# [engine].overlap = false) or overlapped (the default). The
+# [engine].overlap = false) or overlapped (the default); the last case sends
+# its answers at full width ([comm].narrow_answers = false), to show what
+# narrowing them saves. The
 # optimised placement is moe-place's METIS placement, fitted on the routing
 # statistics of a first run of the same workload. Prints figures, asserts
 # nothing (the machines are shared and noisy).
@@ -112,28 +114,30 @@ echo "moe-place cost model: cross-island copies per token per layer: contiguous 
 # 2. The cases.
 cases=("contiguous flat serial" "contiguous flat overlap" "optimised flat overlap"
   "optimised hierarchical serial" "optimised hierarchical overlap")
+grep -q '^narrow_answers' "$work/print-config.toml" && cases+=("optimised hierarchical overlap full-width")
 [ "$have_hier" = 1 ] || {
   echo "note: this moed has no [comm].hierarchical key yet: only the flat cases run"
   cases=("contiguous flat serial" "optimised flat serial")
 }
-run_case() { # PLACEMENT DISPATCH ENGINE REPEAT
-  local name="$1-$2-$3-$4" args=(--config "$cfg")
+run_case() { # PLACEMENT DISPATCH ENGINE ANSWERS REPEAT
+  local name="$1-$2-$3${4:+-$4}-$5" args=(--config "$cfg")
+  [ "$4" != full-width ] || args+=(--set comm.narrow_answers=false)
   [ "$1" = contiguous ] || args+=(--placement "$work/optimised.toml")
   [ "$have_hier" = 0 ] || args+=(--set "comm.hierarchical=$([ "$2" = hierarchical ] && echo true || echo false)")
   [ "$have_hier" = 0 ] || args+=(--set "engine.overlap=$([ "$3" = overlap ] && echo true || echo false)")
   if ! "$emu" --hosts 2 --ranks-per-host 2 --rate "$rate" -- "$moed" "${args[@]}" \
     --report-json "$work/$name.json" >"$work/$name.log" 2>&1; then
-    echo "  $1 + $2 + $3: failed; the end of its log:" >&2
+    echo "  $1 + $2 + $3${4:+ + $4}: failed; the end of its log:" >&2
     tail -5 "$work/$name.log" >&2
     rm -f "$work/$name.json"
   fi
 }
 for ((r = 1; r <= repeats; r++)); do
   for c in "${cases[@]}"; do
-    read -r p d e <<<"$c"
+    read -r p d e a <<<"$c"
     start=$SECONDS
-    run_case "$p" "$d" "$e" "$r"
-    echo "  ran $p + $d + $e ($r of $repeats) in $((SECONDS - start)) s" >&2
+    run_case "$p" "$d" "$e" "${a:-}" "$r"
+    echo "  ran ${c// / + } ($r of $repeats) in $((SECONDS - start)) s" >&2
   done
 done
 
@@ -143,10 +147,9 @@ import json, os, statistics, sys
 work, repeats, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows = {}
 for c in cases:
-    p, d, e = c.split()
     reports = []
     for r in range(1, repeats + 1):
-        f = os.path.join(work, f"{p}-{d}-{e}-{r}.json")
+        f = os.path.join(work, f"{c.replace(' ', '-')}-{r}.json")
         if os.path.exists(f):
             reports.append(json.load(open(f)))
     if not reports:
@@ -164,16 +167,16 @@ for c in cases:
         "islands": reports[0]["islands"],
     }
 print()
-print(f"{'case':<36} {'step p50':>9} {'step p99':>9} {'idle for':>9} {'idle for':>9} {'cross-island':>13} {'same-island':>12}  speedup")
-print(f"{'':<36} {'ms':>9} {'ms':>9} {'rows ms':>9} {'answers':>9} {'MB/step':>13} {'MB/step':>12}")
+print(f"{'case':<49} {'step p50':>9} {'step p99':>9} {'idle for':>9} {'idle for':>9} {'cross-island':>13} {'same-island':>12}  speedup")
+print(f"{'':<49} {'ms':>9} {'ms':>9} {'rows ms':>9} {'answers':>9} {'MB/step':>13} {'MB/step':>12}")
 base = rows.get("contiguous flat serial")
 for c in cases:
     if c not in rows:
-        print(f"{c.replace(' ', ' + '):<36} (failed)")
+        print(f"{c.replace(' ', ' + '):<49} (failed)")
         continue
     x = rows[c]
     sp = f"{base['p50'] / x['p50']:.2f}x" if base else "-"
-    print(f"{c.replace(' ', ' + '):<36} {x['p50']:9.1f} {x['p99']:9.1f} {x['rows_wait']:9.1f} {x['answers_wait']:9.1f} "
+    print(f"{c.replace(' ', ' + '):<49} {x['p50']:9.1f} {x['p99']:9.1f} {x['rows_wait']:9.1f} {x['answers_wait']:9.1f} "
           f"{x['cross']:13.1f} {x['island']:12.1f}  {sp}")
 bad = [c for c in rows if rows[c]["islands"] != 2]
 if bad:

@@ -113,6 +113,9 @@ engine)
       same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[engine].$engine, [comm].$comm, 4 ranks in 2 islands vs 1"
     done
   done
+  # Every run above narrows its answers on the wire (the default); at full width too.
+  moed_on 4 "${base[@]}" "${islands[@]}" --set comm.narrow_answers=false --dump-output "$SCRATCH/n4.bin"
+  same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[comm].narrow_answers = false, 4 ranks in 2 islands vs 1"
   moed_on 3 "${base[@]}" --set engine.microbatches=4 --set workload.tokens_per_step=7 \
     --dump-output "$SCRATCH/few.bin"
   moed_on 0 "${base[@]}" --set workload.tokens_per_step=7 --dump-output "$SCRATCH/few-ref.bin"

@@ -72,6 +72,18 @@ for l in tok["layers"]:
     assert home in l["ranks"], where
     remote = [e for e in experts if e["rank"] != home]
     assert (l["bytes"]["rows"] > 0) == bool(remote), (where, l["bytes"], experts)
+    # Answers as they came: none from the home itself; from elsewhere one expert's
+    # fp32 output (small.toml: H = 64), or a sum of several narrowed below its full
+    # width (8 + 8 H bytes).
+    H = 64
+    for g in l["legs"]:
+        if g["rank"] == home:
+            assert g["answer_bytes"] == 0, (where, g)
+        elif g["pairs"] == 1:
+            assert g["answer_bytes"] == 4 * H, (where, g)
+        else:
+            assert 8 < g["answer_bytes"] < 8 + 8 * H, (where, g)
+    assert l["bytes"]["answers"] == sum(g["answer_bytes"] for g in l["legs"]), (where, l["bytes"], l["legs"])
     p = l["phases_us"]
     parts = [p[k] for k in ("route", "plan", "dispatch", "wait", "combine")]
     assert all(v >= 0 for v in parts), (where, p)

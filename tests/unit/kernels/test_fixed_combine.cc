@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/error.h"
 #include "common/rng.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 
@@ -244,6 +245,89 @@ TEST(AddWeightedFixed, EveryInstructionSetGivesThePortableSums) {
   }
   set_gemm_isa(before);
   if (tried == 0) GTEST_SKIP() << "no vector instruction set here";
+}
+
+// ---------------------------------------------------------------- narrow rows
+
+struct WidthCase {
+  std::vector<std::int64_t> values;
+  int width;
+};
+
+void PrintTo(const WidthCase& c, std::ostream* os) {
+  *os << c.values.size() << " values, width " << c.width;
+  for (std::int64_t v : c.values) *os << " " << v;
+}
+
+class FixedWidthBytes : public ::testing::TestWithParam<WidthCase> {};
+
+// The fewest bytes of two's complement that hold every value.
+TEST_P(FixedWidthBytes, IsTheFewestBytesThatHoldEveryValue) {
+  EXPECT_EQ(fixed_width_bytes(GetParam().values.data(), GetParam().values.size()), GetParam().width);
+}
+
+constexpr std::int64_t k2p39 = std::int64_t(1) << 39;
+
+INSTANTIATE_TEST_SUITE_P(
+    Boundaries, FixedWidthBytes,
+    ::testing::Values(WidthCase{{}, 1}, WidthCase{{0}, 1}, WidthCase{{127, -128}, 1}, WidthCase{{128}, 2},
+                      WidthCase{{-129}, 2}, WidthCase{{0, 0, -1, 32767}, 2}, WidthCase{{32768}, 3},
+                      WidthCase{{k2p39 - 1, -k2p39}, 5}, WidthCase{{k2p39}, 6}, WidthCase{{1, -k2p39 - 1}, 6},
+                      WidthCase{{k2p32}, 5}, WidthCase{{std::numeric_limits<std::int64_t>::max()}, 8},
+                      WidthCase{{3, kFixedNaN, 4}, 8}, WidthCase{{(std::int64_t(1) << 55) - 1}, 7}));
+
+// Rows of every width, narrowed in place and added back: the same integers as
+// add_fixed of the full-width row, the NaN rule included.
+TEST(NarrowFixed, InPlaceRoundTripAddsTheSameIntegersAtEveryWidth) {
+  Rng g(41);
+  for (int width = 1; width <= 8; ++width) {
+    for (std::size_t h : {std::size_t(1), std::size_t(7), std::size_t(64), std::size_t(2049)}) {
+      const int bits = 8 * width;
+      std::vector<std::int64_t> row(h);
+      for (std::size_t i = 0; i < h; ++i) {  // uniform over the width's range, ends included
+        const std::uint64_t raw = g.next();
+        row[i] = bits == 64 ? std::int64_t(raw) : std::int64_t(raw << (64 - bits)) >> (64 - bits);
+      }
+      row[0] = width == 8 ? std::numeric_limits<std::int64_t>::min() + 1 : -(std::int64_t(1) << (bits - 1));
+      if (h > 1) row[h - 1] = width == 8 ? std::numeric_limits<std::int64_t>::max() : (std::int64_t(1) << (bits - 1)) - 1;
+      ASSERT_EQ(fixed_width_bytes(row.data(), h), width) << "h " << h;
+      std::vector<std::int64_t> want(h), acc(h);
+      for (std::size_t i = 0; i < h; ++i) want[i] = acc[i] = std::int64_t(g.next() >> 2) - (std::int64_t(1) << 61);
+      acc[h / 2] = want[h / 2] = kFixedNaN;  // stays poisoned
+      add_fixed(want.data(), row.data(), h);
+
+      std::vector<std::byte> bytes(h * 8);
+      std::memcpy(bytes.data(), row.data(), h * 8);
+      narrow_fixed(bytes.data(), h, width, bytes.data());
+      add_narrow_fixed(acc.data(), bytes.data(), width, h);
+      ASSERT_EQ(acc, want) << "width " << width << " h " << h;
+      // Into a separate buffer, and from its tail towards its front, the same bytes.
+      std::vector<std::byte> apart(h * width), shifted(h * 8 + 24);
+      std::memcpy(shifted.data() + 24, row.data(), h * 8);
+      narrow_fixed(shifted.data() + 24, h, width, shifted.data());
+      std::memcpy(bytes.data(), row.data(), h * 8);
+      narrow_fixed(bytes.data(), h, width, apart.data());
+      EXPECT_EQ(std::memcmp(apart.data(), shifted.data(), h * width), 0) << "width " << width << " h " << h;
+    }
+  }
+}
+
+TEST(NarrowFixed, PoisonedSumsTravelAtFullWidth) {
+  const std::vector<std::int64_t> row = {5, kFixedNaN, -5};
+  ASSERT_EQ(fixed_width_bytes(row.data(), row.size()), 8);
+  std::vector<std::int64_t> acc = {1, 2, kFixedNaN};
+  add_narrow_fixed(acc.data(), reinterpret_cast<const std::byte*>(row.data()), 8, row.size());
+  EXPECT_EQ(acc, (std::vector<std::int64_t>{6, kFixedNaN, kFixedNaN}));
+}
+
+TEST(NarrowFixed, RefusesAWidthOutsideOneToEight) {
+  std::int64_t acc = 0;
+  const std::byte in[16] = {};
+  for (int width : {0, 9, -1}) {
+    EXPECT_THROW(add_narrow_fixed(&acc, in, width, 1), Error) << width;
+    std::byte out[16];
+    EXPECT_THROW(narrow_fixed(in, 1, width, out), Error) << width;
+  }
 }
 
 }  // namespace

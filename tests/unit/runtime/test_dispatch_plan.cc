@@ -651,14 +651,31 @@ struct RowBytes {
 
 class CombineRowBytes : public ::testing::TestWithParam<RowBytes> {};
 
-TEST_P(CombineRowBytes, Fp32PaddedTo8ForOnePairInt64ForMore) {
+TEST_P(CombineRowBytes, Fp32PaddedTo8ForOnePairHeaderAndFullWidthSumsForMore) {
   EXPECT_EQ(combine_row_bytes(GetParam().pairs, GetParam().hidden), GetParam().bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CombineRowBytes,
                          ::testing::Values(RowBytes{1, 5, 24}, RowBytes{1, 4, 16}, RowBytes{1, 1, 8},
-                                           RowBytes{2, 5, 40}, RowBytes{3, 4, 32}, RowBytes{2, 1, 8},
-                                           RowBytes{8, 3, 24}));
+                                           RowBytes{2, 5, 48}, RowBytes{3, 4, 40}, RowBytes{2, 1, 16},
+                                           RowBytes{8, 3, 32}));
+
+struct NarrowRowBytes {
+  int hidden, width;
+  std::size_t bytes;
+};
+
+class FixedRowBytes : public ::testing::TestWithParam<NarrowRowBytes> {};
+
+TEST_P(FixedRowBytes, HeaderThenWidthBytesPerSumPaddedTo8) {
+  EXPECT_EQ(fixed_row_bytes(GetParam().hidden, GetParam().width), GetParam().bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, FixedRowBytes,
+                         ::testing::Values(NarrowRowBytes{3, 1, 16}, NarrowRowBytes{8, 1, 16},
+                                           NarrowRowBytes{9, 1, 24}, NarrowRowBytes{3, 5, 24},
+                                           NarrowRowBytes{2048, 5, 8 + 10240}, NarrowRowBytes{3, 8, 32},
+                                           NarrowRowBytes{0, 4, 8}));
 
 // Home rank 0 of two ranks: two rows went to rank 1, global token 20 (local 0) with one
 // pair (expert 2, weight 0.25), token 21 (local 1) with two pairs.
@@ -673,18 +690,21 @@ std::vector<RowBatch> hand_sent() {
 
 TEST(CombineWire, MessageBytesByPairCountOnBothSides) {
   const int H = 3;
-  // An fp32 row (12 bytes, padded to 16) and an int64 row (24).
-  EXPECT_EQ(combine_message_bytes(hand_sent(), H), (std::vector<std::size_t>{0, 16 + 24}));
+  // An fp32 row (12 bytes, padded to 16) and a fixed-point row at full width (8 + 24).
+  EXPECT_EQ(combine_message_bytes(hand_sent(), H), (std::vector<std::size_t>{0, 16 + 32}));
   Received at;  // the same rows as rank 1 received them (here indexed by destination)
   receive(hand_sent(), H, at);
-  EXPECT_EQ(combine_message_bytes(at.rows, H), (std::vector<std::size_t>{0, 16 + 24}));
+  EXPECT_EQ(combine_message_bytes(at.rows, H), (std::vector<std::size_t>{0, 16 + 32}));
 }
 
-// The answers from rank 1: an fp32 row (3 floats + 4 bytes padding), then an int64 row.
+// The answers from rank 1 at full width: an fp32 row (3 floats + 4 bytes padding), then a
+// fixed-point row (header: 8 bytes per sum; then the sums).
 std::vector<std::byte> hand_answers(const float y[3], const std::int64_t partial[3]) {
-  std::vector<std::byte> buf(40, std::byte{0xFF});  // padding bytes are garbage on purpose
+  std::vector<std::byte> buf(48, std::byte{0xFF});  // padding bytes are garbage on purpose
+  const std::uint32_t header[2] = {8, 0};
   std::memcpy(buf.data(), y, 12);
-  std::memcpy(buf.data() + 16, partial, 24);
+  std::memcpy(buf.data() + 16, header, 8);
+  std::memcpy(buf.data() + 24, partial, 24);
   return buf;
 }
 
@@ -701,7 +721,7 @@ TEST(CombineWire, AccumulateAnswersWeightsAtHomeAndAddsPartials) {
   const std::int64_t partial[3] = {5, -7, std::int64_t(1) << 40};
   const std::vector<std::byte> recv = hand_answers(y, partial);
   std::vector<std::int64_t> acc = {1, 2, 3, 4, 5, 6};
-  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(40), H, acc.data(), nullptr), 0u);
+  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), H, acc.data(), nullptr), 0u);
   // Local token 0: 0.25 * y * 2^32 = {2^30, -2^31, 0.75 -> rounds to 1}, added to {1, 2, 3}.
   EXPECT_EQ(acc[0], 1 + (std::int64_t(1) << 30));
   EXPECT_EQ(acc[1], 2 - (std::int64_t(1) << 31));
@@ -719,7 +739,7 @@ TEST(CombineWire, AccumulateAnswersCountsSaturatedTerms) {
   const std::int64_t partial[3] = {0, 0, 0};
   const std::vector<std::byte> recv = hand_answers(y, partial);
   std::vector<std::int64_t> acc(6, 0);
-  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(40), H, acc.data(), nullptr), 2u);
+  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), H, acc.data(), nullptr), 2u);
   EXPECT_EQ(acc[0], std::int64_t(1) << 62);
   EXPECT_EQ(acc[1], -(std::int64_t(1) << 62));
   EXPECT_EQ(acc[2], std::int64_t(1) << 30);
@@ -733,8 +753,99 @@ TEST(CombineWire, AccumulateAnswersRefusesAWrongSize) {
   recv.resize(64);
   std::vector<std::int64_t> acc(6, 0);
   expect_error(
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(56), H, acc.data(), nullptr); },
+      ErrorKind::Internal, {"rank 1", "56 bytes", "rows take 48"});
+}
+
+// Narrowed in place: the fp32 row stays, the sums {5, -7, 100} fit in one byte each
+// (header + 3 bytes padded to 8), and the home adds the same integers.
+TEST(CombineWire, NarrowedAnswersAddTheSameIntegers) {
+  const int H = 3;
+  const float y[3] = {1.0f, -2.0f, 0.5f};
+  const std::int64_t partial[3] = {5, -7, 100};
+  std::vector<std::byte> full = hand_answers(y, partial), narrow = full;
+  const std::uint32_t pairs[2] = {1, 2};
+  ASSERT_EQ(narrow_answers(narrow.data(), pairs, 2, H), 16u + 16u);
+  std::uint32_t header[2];
+  std::memcpy(header, narrow.data() + 16, sizeof header);
+  EXPECT_EQ(header[0], 1u);
+  EXPECT_EQ(header[1], 0u);
+  EXPECT_EQ(std::memcmp(narrow.data(), y, 12), 0);
+  const std::int8_t bytes[8] = {5, -7, 100, 0, 0, 0, 0, 0};  // padding zeroed
+  EXPECT_EQ(std::memcmp(narrow.data() + 24, bytes, 8), 0);
+  std::vector<std::int64_t> from_full = {1, 2, 3, 4, 5, 6}, from_narrow = from_full;
+  accumulate_answers(hand_sent(), full.data(), answers_from_rank1(48), H, from_full.data(), nullptr);
+  accumulate_answers(hand_sent(), narrow.data(), answers_from_rank1(32), H, from_narrow.data(), nullptr);
+  EXPECT_EQ(from_narrow, from_full);
+  EXPECT_EQ(from_narrow[3], 4 + 5);
+  EXPECT_EQ(from_narrow[4], 5 - 7);
+}
+
+// Each row narrows to its own width; rows move to the front of the message.
+TEST(CombineWire, EachRowNarrowsToItsOwnWidth) {
+  const int H = 2;
+  // Rows at full width: fixed {1, -1} (24 bytes, narrowed 16: 1 byte per sum), fp32 (8),
+  // fixed {2^40, -3} (24, narrowed 24: 6 bytes), fixed {kFixedNaN, 0} (24, still 24: 8 bytes).
+  const std::uint32_t pairs[4] = {2, 1, 3, 2};
+  std::vector<std::byte> message(24 + 8 + 24 + 24);
+  lay_out_answers(message.data(), pairs, 4, H);
+  std::byte* row = message.data();
+  const std::int64_t sums[3][2] = {{1, -1}, {std::int64_t(1) << 40, -3}, {kernels::kFixedNaN, 0}};
+  const float y[2] = {0.25f, -8.0f};
+  std::memcpy(fixed_row_sums(row), sums[0], 16);
+  std::memcpy(row + 24, y, 8);
+  std::memcpy(fixed_row_sums(row + 32), sums[1], 16);
+  std::memcpy(fixed_row_sums(row + 56), sums[2], 16);
+  const std::size_t bytes = narrow_answers(message.data(), pairs, 4, H);
+  EXPECT_EQ(bytes, std::size_t(16 + 8 + 24 + 24));
+  RowBatch sent;  // the same rows as sent: local tokens 0-3
+  const float data[2] = {0, 0};
+  sent.add(0, 0, data, 0, 1, 1);
+  sent.add(0, 0, data, 1, 1, 1);
+  sent.add(1, 1, data, 0, 0.5f, 1);
+  for (std::uint32_t e : {0u, 1u, 2u}) sent.add(2, 2, data, e, 1, 1);
+  sent.add(3, 3, data, 0, 1, 1);
+  sent.add(3, 3, data, 1, 1, 1);
+  std::vector<std::int64_t> acc(8, 10);
+  EXPECT_EQ(accumulate_answer_block(sent, message.data(), bytes, H, acc.data(), nullptr, 1), 0u);
+  EXPECT_EQ(acc, (std::vector<std::int64_t>{11, 9, 10 + (std::int64_t(1) << 29), 10 - (std::int64_t(1) << 34),
+                                            10 + (std::int64_t(1) << 40), 7, kernels::kFixedNaN, 10}));
+}
+
+class AnswerHeaderErrors : public ::testing::TestWithParam<std::pair<std::uint32_t, std::uint32_t>> {};
+
+// A fixed-point row whose header is not (1-8 bytes per sum, 0) is refused, naming the row.
+TEST_P(AnswerHeaderErrors, AreRefusedNamingTheRow) {
+  const int H = 3;
+  const float y[3] = {0, 0, 0};
+  const std::int64_t partial[3] = {0, 0, 0};
+  std::vector<std::byte> recv = hand_answers(y, partial);
+  const std::uint32_t header[2] = {GetParam().first, GetParam().second};
+  std::memcpy(recv.data() + 16, header, sizeof header);
+  std::vector<std::int64_t> acc(6, 0);
+  expect_error(
       [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), H, acc.data(), nullptr); },
-      ErrorKind::Internal, {"rank 1", "48"});
+      ErrorKind::Internal, {"rank 1", "row 1", "no valid header"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Headers, AnswerHeaderErrors,
+                         ::testing::Values(std::pair{0u, 0u}, std::pair{9u, 0u}, std::pair{8u, 1u},
+                                           std::pair{0xFFFFFFFFu, 0u}));
+
+TEST(CombineWire, ARowPastTheMessageIsRefused) {
+  const int H = 3;
+  const float y[3] = {0, 0, 0};
+  const std::int64_t partial[3] = {0, 0, 0};
+  const std::vector<std::byte> recv = hand_answers(y, partial);
+  std::vector<std::int64_t> acc(6, 0);
+  // The header says 8 bytes per sum, 32 for the row; 24 of them came.
+  expect_error(
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(40), H, acc.data(), nullptr); },
+      ErrorKind::Internal, {"rank 1", "row 1", "ends at byte 48", "40"});
+  // Not even the header.
+  expect_error(
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(20), H, acc.data(), nullptr); },
+      ErrorKind::Internal, {"rank 1", "row 1", "no valid header"});
 }
 
 // ---------------------------------------------------------------- at a gateway
@@ -768,20 +879,22 @@ class AtTheGateway : public ::testing::Test {
   }
 
   // The island's answers to rank 3's hop-2 rows, as ExpertExecutor writes them:
-  //   rank 3 (itself): token 40 fp32 y_own, token 10 fp32 y_a, token 30 int64 partial;
+  //   rank 3 (itself): token 40 fp32 y_own, token 10 fp32 y_a, token 30 fixed-point partial;
   //   rank 4:          token 10 fp32 y_b, token 11 fp32 y_c, token 30 fp32 y_d.
   // Padding bytes are garbage on purpose.
   void answer_island() {
-    answers.assign(56 + 48, std::byte{0xFF});
+    answers.assign(64 + 48, std::byte{0xFF});
     auto put = [&](std::size_t at, const void* p, std::size_t n) { std::memcpy(answers.data() + at, p, n); };
+    const std::uint32_t full_width[2] = {8, 0};
     put(0, y_own, 12);
     put(16, y_a, 12);
-    put(32, partial, 24);  // int64: 2 pairs
-    put(56, y_b, 12);
-    put(72, y_c, 12);
-    put(88, y_d, 12);
-    layout.recv_bytes = {0, 0, 0, 56, 48};
-    layout.recv_offsets = {0, 0, 0, 0, 56};
+    put(32, full_width, 8);  // fixed point: 2 pairs
+    put(40, partial, 24);
+    put(64, y_b, 12);
+    put(80, y_c, 12);
+    put(96, y_d, 12);
+    layout.recv_bytes = {0, 0, 0, 64, 48};
+    layout.recv_offsets = {0, 0, 0, 0, 64};
   }
 
   const Topology topology{{0, 0, 0, 1, 1}};
@@ -840,13 +953,15 @@ TEST_F(AtTheGateway, PlanForwardRefusesADestOutsideThePlan) {
 
 TEST_F(AtTheGateway, PreparesOneSlotPerHop1RowInReceivedOrder) {
   const GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
-  // Slot 0: 2 pairs, int64 (24); slot 1: 1 pair, fp32 (16); slot 2: 3 pairs, int64 (24).
-  EXPECT_EQ(g.layout.send_bytes, (std::vector<std::size_t>{40, 0, 24, 0, 0}));
-  EXPECT_EQ(g.layout.send_offsets, (std::vector<std::size_t>{0, 40, 40, 64, 64}));
-  EXPECT_EQ(g.slot_offset, (std::vector<std::size_t>{0, 24, 40}));
+  // Slot 0: 2 pairs, fixed point (8 + 24); slot 1: 1 pair, fp32 (16); slot 2: 3 pairs (32).
+  EXPECT_EQ(g.layout.send_bytes, (std::vector<std::size_t>{48, 0, 32, 0, 0}));
+  EXPECT_EQ(g.layout.send_offsets, (std::vector<std::size_t>{0, 48, 48, 80, 80}));
+  EXPECT_EQ(g.slot_offset, (std::vector<std::size_t>{0, 32, 48}));
   EXPECT_EQ(g.slot_pairs, (std::vector<std::uint32_t>{2, 1, 3}));
-  ASSERT_EQ(g.send.size(), 64u);
-  for (std::byte b : g.send) EXPECT_EQ(b, std::byte{0});  // sums start at 0
+  EXPECT_EQ(g.first_slot, (std::vector<std::size_t>{0, 2, 2, 3, 3, 3}));
+  ASSERT_EQ(g.send.size(), 80u);
+  for (std::size_t i = 0; i < g.send.size(); ++i)  // full-width headers; sums start at 0
+    EXPECT_EQ(g.send[i], std::byte(i == 0 || i == 48 ? 8 : 0)) << "byte " << i;
 }
 
 TEST_F(AtTheGateway, SumsItsIslandsAnswersExactly) {
@@ -861,7 +976,7 @@ TEST_F(AtTheGateway, SumsItsIslandsAnswersExactly) {
   //   .75 * {1, -2, .5} * 2^32 = {3 2^30, -12 2^29, 3 2^29}
   //   .25 * {4, .5, -1} * 2^32 = {4 2^30,      2^29, -2 2^29}
   std::int64_t slot[3];
-  std::memcpy(slot, g.send.data() + g.slot_offset[0], sizeof slot);
+  std::memcpy(slot, fixed_row_sums(g.send.data() + g.slot_offset[0]), sizeof slot);
   EXPECT_EQ(slot[0], 7 * (std::int64_t(1) << 30));
   EXPECT_EQ(slot[1], -11 * (std::int64_t(1) << 29));
   EXPECT_EQ(slot[2], std::int64_t(1) << 29);
@@ -869,22 +984,30 @@ TEST_F(AtTheGateway, SumsItsIslandsAnswersExactly) {
   EXPECT_EQ(std::memcmp(g.send.data() + g.slot_offset[1], y_c, sizeof y_c), 0);
   for (std::size_t i = 12; i < 16; ++i) EXPECT_EQ(g.send[g.slot_offset[1] + i], std::byte{0});
   // Slot 2 (3 pairs): rank 3's int64 partial plus rank 4's .25 * {8, -4, .25} * 2^32.
-  std::memcpy(slot, g.send.data() + g.slot_offset[2], sizeof slot);
+  std::memcpy(slot, fixed_row_sums(g.send.data() + g.slot_offset[2]), sizeof slot);
   EXPECT_EQ(slot[0], 5 + (std::int64_t(1) << 33));
   EXPECT_EQ(slot[1], -7 - kOne);
   EXPECT_EQ(slot[2], (std::int64_t(1) << 40) + (std::int64_t(1) << 28));
 }
 
 TEST_F(AtTheGateway, HomesAddTheGatewaysAnswers) {
+ for (const bool narrow : {false, true}) {
+  SCOPED_TRACE(narrow ? "narrowed" : "full width");
   answer_island();
   GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
   std::vector<std::int64_t> acc3(H, 0);
   accumulate_answers(plan.hop2, answers.data(), layout, H, acc3.data(), &g);
+  if (narrow) {
+    narrow_gateway_answers(g, H);
+    // Slot 0's sums need 5 bytes (8 + 15, padded: 24), slot 2's 6 (8 + 18: 32).
+    EXPECT_EQ(g.layout.send_bytes, (std::vector<std::size_t>{24 + 16, 0, 32, 0, 0}));
+  } else {
+    EXPECT_EQ(combine_message_bytes(home0, H)[3], g.layout.send_bytes[0]);
+  }
   // Home 0 receives block 0 of the gateway's hop-1 answers (from rank 3).
   comm::ExchangeLayout back0;
   back0.recv_bytes = {0, 0, 0, g.layout.send_bytes[0], 0};
   back0.recv_offsets = {0, 0, 0, 0, g.layout.send_bytes[0]};
-  EXPECT_EQ(combine_message_bytes(home0, H), back0.recv_bytes);
   std::vector<std::int64_t> acc0(2 * H, 0);
   const std::byte* block0 = g.send.data() + g.layout.send_offsets[0];
   EXPECT_EQ(accumulate_answers(home0, block0, back0, H, acc0.data(), nullptr), 0u);
@@ -895,12 +1018,12 @@ TEST_F(AtTheGateway, HomesAddTheGatewaysAnswers) {
   comm::ExchangeLayout back2;
   back2.recv_bytes = {0, 0, 0, g.layout.send_bytes[2], 0};
   back2.recv_offsets = {0, 0, 0, 0, g.layout.send_bytes[2]};
-  EXPECT_EQ(combine_message_bytes(home2, H), back2.recv_bytes);
   std::vector<std::int64_t> acc2(H, 0);
   const std::byte* block2 = g.send.data() + g.layout.send_offsets[2];
   EXPECT_EQ(accumulate_answers(home2, block2, back2, H, acc2.data(), nullptr), 0u);
   EXPECT_EQ(acc2, (std::vector<std::int64_t>{5 + (std::int64_t(1) << 33), -7 - kOne,
                                              (std::int64_t(1) << 40) + (std::int64_t(1) << 28)}));
+ }
 }
 
 TEST_F(AtTheGateway, AnAnswerForASlotNeedsTheGatewaysAnswers) {
@@ -1209,20 +1332,24 @@ const ExpertStore& all_experts(int layers, int experts, int hidden) {
 }
 
 // The hop-2 answers, written by the ExpertExecutor: one answer per received row, task by
-// task (fp32 unweighted for a single pair, int64 fixed-point weighted sums otherwise).
-void run_experts(RankSide& s, const LayerRun& run) {
+// task (fp32 unweighted for a single pair, fixed-point weighted sums otherwise), then
+// narrowed when `narrow`.
+void run_experts(RankSide& s, const LayerRun& run, bool narrow) {
   const int H = run.hidden;
   const ReceivedRows& received = s.hop2.received;
   comm::ExchangeLayout& layout = s.hop2.back;
   layout.send_bytes = combine_message_bytes(received, H);
   layout.send_offsets = comm::ExchangeLayout::prefix_offsets(layout.send_bytes);
-  s.hop2.back_send.assign(layout.send_total(), std::byte{0});
+  s.hop2.back_send.resize(layout.send_total());
   std::vector<std::vector<std::size_t>> row_at(received.from.size());
   for (std::size_t src = 0; src < received.from.size(); ++src) {
+    const ReceivedRows::Source& from = received.from[src];
+    lay_out_answers(s.hop2.back_send.data() + layout.send_offsets[src], from.pairs_per_row, from.rows, H);
     std::size_t at = layout.send_offsets[src];
-    for (std::uint32_t row = 0; row < received.from[src].rows; ++row) {
-      row_at[src].push_back(at);
-      at += combine_row_bytes(received.from[src].pairs_per_row[row], H);
+    for (std::uint32_t row = 0; row < from.rows; ++row) {
+      const bool single = from.pairs_per_row[row] == 1;
+      row_at[src].push_back(at + (single ? 0 : kFixedRowHeaderBytes));
+      at += combine_row_bytes(from.pairs_per_row[row], H);
     }
   }
   const ExpertStore& store = all_experts(run.placement->layers(), run.counts.experts(), H);
@@ -1239,20 +1366,35 @@ void run_experts(RankSide& s, const LayerRun& run) {
       }
     EXPECT_EQ(executor.run(store.expert(run.layer, s.schedule.experts[t.slot]), rows).saturated, 0u) << "saturated";
   }
+  if (!narrow) return;
+  for (std::size_t src = 0; src < received.from.size(); ++src)
+    layout.send_bytes[src] = narrow_answers(s.hop2.back_send.data() + layout.send_offsets[src],
+                                            received.from[src].pairs_per_row, received.from[src].rows, H);
+}
+
+// What a sender gets back: its full-width answers' size, or less once narrowed.
+void expect_answer_bytes(const std::vector<std::size_t>& got, const std::vector<std::size_t>& full, bool narrow) {
+  if (!narrow) {
+    EXPECT_EQ(got, full);
+    return;
+  }
+  ASSERT_EQ(got.size(), full.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_LE(got[i], full[i]) << "from rank " << i;
 }
 
 // The whole layer: dispatch, experts, hop-2 answers into homes and gateways,
 // [hop-1 answers into homes], residual. Returns the global outputs; `traffic` gets the counts.
+// `narrow`: answers travel narrowed, as the engine sends them by default.
 std::vector<float> run_layer(const Tokens& tokens, const Placement& placement, const Topology& topology,
                              bool hierarchical, int layer, std::uint64_t chunk_rows, std::uint64_t step,
-                             Traffic* traffic = nullptr) {
+                             Traffic* traffic = nullptr, bool narrow = true) {
   LayerRun run = dispatch_layer(tokens, placement, topology, hierarchical, layer, chunk_rows, step);
   const int H = tokens.hidden;
-  for (RankSide& s : run.side) run_experts(s, run);
+  for (RankSide& s : run.side) run_experts(s, run, narrow);
   all_to_all(run, &RankSide::hop2, true);
   for (RankSide& s : run.side) {
     // What a sender expects back agrees with what the experts sent.
-    EXPECT_EQ(s.hop2.back.recv_bytes, combine_message_bytes(s.plan.hop2, H));
+    expect_answer_bytes(s.hop2.back.recv_bytes, combine_message_bytes(s.plan.hop2, H), narrow);
     if (run.two_hops()) s.gateway = prepare_gateway_answers(s.hop1.received, H);
     s.acc.assign(s.count * H, 0);
     EXPECT_EQ(accumulate_answers(s.plan.hop2, s.hop2.back_recv.data(), s.hop2.back, H, s.acc.data(),
@@ -1261,12 +1403,13 @@ std::vector<float> run_layer(const Tokens& tokens, const Placement& placement, c
   }
   if (run.two_hops()) {
     for (RankSide& s : run.side) {
+      if (narrow) narrow_gateway_answers(s.gateway, H);
       s.hop1.back_send = s.gateway.send;
       s.hop1.back = s.gateway.layout;
     }
     all_to_all(run, &RankSide::hop1, true);
     for (RankSide& s : run.side) {
-      EXPECT_EQ(s.hop1.back.recv_bytes, combine_message_bytes(s.plan.hop1, H));
+      expect_answer_bytes(s.hop1.back.recv_bytes, combine_message_bytes(s.plan.hop1, H), narrow);
       EXPECT_EQ(
           accumulate_answers(s.plan.hop1, s.hop1.back_recv.data(), s.hop1.back, H, s.acc.data(), nullptr),
           0u);
@@ -1569,8 +1712,9 @@ TEST_P(LayerInMemory, OutputMatchesAPlainSum) {
 
 TEST_P(LayerInMemory, OutputBitsEqualTheOneRankRun) {
   const PlacementCase& one = placement_cases()[0];
+  // At full width; every other case narrows its answers.
   const std::vector<float> reference =
-      run_layer(tokens, one.make(), one.topology(), false, kLayer, kChunk, kStep);
+      run_layer(tokens, one.make(), one.topology(), false, kLayer, kChunk, kStep, nullptr, false);
   const std::vector<float> here = run_layer(tokens, p, topology, hierarchical(), kLayer, kChunk, kStep);
   ASSERT_EQ(reference.size(), here.size());
   for (std::size_t i = 0; i < reference.size(); ++i)
@@ -1620,8 +1764,9 @@ TEST_P(LayerTraffic, HierarchicalCrossesIslandsOncePerTokenAndIsland) {
   EXPECT_EQ(hier.rows[0][kCross], remote_islands);
   EXPECT_EQ(hier.rows[1][kCross], 0u);
   EXPECT_LE(hier.rows[0][kCross], flat.rows[1][kCross]);  // strictly fewer: by hand, below
-  // The answers crossing back are never more bytes either: one per hop-1 row, int64 where
-  // flat had two or more answers of at least 4 H bytes each.
+  // The answers crossing back are not more bytes either: one per hop-1 row, a narrowed sum
+  // (under 8 bytes an element here) where flat had two or more answers of at least 4 H
+  // bytes each.
   EXPECT_LE(hier.combine_bytes[kCross], flat.combine_bytes[kCross]);
   // Each token reaches the same ranks either way: hop 2 holds the same rows in total.
   std::size_t flat_rows = 0, hier_rows = 0;
@@ -1657,8 +1802,9 @@ INSTANTIATE_TEST_SUITE_P(Placements, LayerTraffic, ::testing::Range<std::size_t>
 //     1 row 2 pairs (48 + 256 = 304); 4 empty: 592 + 3 * 304 + 4 * 16 = 1568; hop 2 sends
 //     8 empty messages across: 128. In all 1696.
 //   combine, flat: 9 fp32 answers of 256 = 2304; hierarchical: tokens 0, 2, 4, 7 answered
-//     in int64 (512), token 1 in fp32 (256): 2304 too. Two fp32 answers weigh as much as
-//     one int64 sum: the combine saves bytes only for three or more ranks per island.
+//     in fixed point, token 1 in fp32 (256). At full width a sum is 8 + 512 = 520 bytes
+//     (2336 in all, more than flat); narrowed, these sums (|sum| < 2^39) need 5 bytes an
+//     element, 8 + 320 = 328: 1568.
 TEST(LayerTraffic, TwoExpertsOnTwoRanksOfARemoteIslandCrossOnce) {
   const int H = 64;
   Tokens tokens{8, H, 4, {}, make_routing({{{2, .5f}, {3, .5f}},
@@ -1691,7 +1837,11 @@ TEST(LayerTraffic, TwoExpertsOnTwoRanksOfARemoteIslandCrossOnce) {
   EXPECT_EQ(flat.dispatch_bytes[kCross], 2592u);
   EXPECT_EQ(hier.dispatch_bytes[kCross], 1504u);  // 12 empty hop-1 batches send nothing
   EXPECT_EQ(flat.combine_bytes[kCross], 2304u);
-  EXPECT_EQ(hier.combine_bytes[kCross], 2304u);
+  EXPECT_EQ(hier.combine_bytes[kCross], 1568u);
+  Traffic full_width;
+  const std::vector<float> c = run_layer(tokens, p, t, true, 0, 4, 0, &full_width, false);
+  EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(full_width.combine_bytes[kCross], 2336u);
 }
 
 }  // namespace
@@ -1750,7 +1900,7 @@ TEST(SplitExpert, AnswersAreInt64WhenExpertsHaveSeveralChunks) {
   EXPECT_TRUE(one_chunk.fp32(1));
   EXPECT_FALSE(chunks.fp32(1));
   EXPECT_EQ(combine_row_bytes(1, one_chunk), 32u);
-  EXPECT_EQ(combine_row_bytes(1, chunks), 64u);
+  EXPECT_EQ(combine_row_bytes(1, chunks), 72u);
   EXPECT_EQ(combine_row_bytes(2, chunks), combine_row_bytes(2, one_chunk));
 }
 
