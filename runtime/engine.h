@@ -47,7 +47,7 @@ struct StepRecord {
   double total = 0, route = 0, plan = 0, rows_wait = 0, experts = 0, answers_wait = 0, other = 0;
   // The same two waits, per layer.
   std::vector<double> rows_wait_per_layer, answers_wait_per_layer;
-  std::uint64_t bytes_copied = 0;  // rows packed into messages, gathered for GEMMs, fp32 answers
+  std::uint64_t bytes_copied = 0;  // rows packed into messages, gathered for GEMMs, fp32 answers, answers narrowed
   std::array<std::uint64_t, placement::kLinkClasses> bytes_sent{};  // by link class
   std::vector<std::uint64_t> expert_load;  // [layer * experts + e], whole job (all-gathered)
   std::uint64_t pairs = 0;                 // (token, expert) pairs over layers, whole job

@@ -363,9 +363,11 @@ void LayerPass::send_answers() {
         continue;
       }
       const ReceivedRows::Source& rows = s.from[source];
-      const std::size_t bytes =
-          setup_.narrow_answers ? narrow_answers(answer.data(), rows.pairs_per_row, rows.rows, answer_format_)
-                                : answer.size();
+      std::size_t bytes = answer.size();
+      if (setup_.narrow_answers) {
+        bytes = narrow_answers(answer.data(), rows.pairs_per_row, rows.rows, answer_format_);
+        counters_.bytes_copied += bytes;  // rewritten in place
+      }
       s.answers->send(source, answer.data(), bytes);
       counters_.bytes_sent[int(setup_.topology->link(me(), source))] += bytes;
     }
@@ -397,7 +399,10 @@ void LayerPass::poll_answers(int id) {
 
 void LayerPass::send_gateway_answers() {
   Stream& hop1 = streams_[kHop1];
-  if (setup_.narrow_answers) narrow_gateway_answers(gateway_, answer_format_);
+  if (setup_.narrow_answers) {
+    narrow_gateway_answers(gateway_, answer_format_);
+    counters_.bytes_copied += gateway_.layout.send_total();  // rewritten in place
+  }
   for (int h = 0; h < ranks(); ++h) {
     if (h == me()) continue;
     const std::size_t bytes = gateway_.layout.send_bytes[h];  // one per rank: prepared from hop 1's sources
@@ -483,7 +488,7 @@ void LayerPass::record_legs() {
           if (d != me()) {
             leg.row_bytes = sizeof(std::uint64_t) + sizeof(std::uint32_t) + leg.pairs * bytes_per_pair +
                             std::size_t(H_) * sizeof(float);
-            leg.answer_bytes = combine_row_bytes(leg.pairs, H_);  // at most: the bytes as sent on arrival
+            leg.answer_bytes = combine_row_bytes(leg.pairs, H_);  // full width; what came, on arrival
           }
           trace_->leg_streams.emplace_back(trace_->out->legs.size(), id, d);
           trace_->out->legs.push_back(leg);

@@ -41,7 +41,7 @@ namespace moed::runtime {
 struct PassCounters {
   double experts_s = 0;  // in expert calls
   std::array<std::uint64_t, placement::kLinkClasses> bytes_sent{};
-  std::uint64_t bytes_copied = 0;  // rows packed into messages, gateway pass-throughs
+  std::uint64_t bytes_copied = 0;  // rows packed into messages (forwarded ones too), answers narrowed
   std::uint64_t saturated = 0;
   // Expert calls whose output held NaN or inf terms: (expert, terms).
   std::vector<std::pair<int, std::uint64_t>> nonfinite;

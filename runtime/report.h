@@ -62,7 +62,7 @@ struct Summary {
   double answers_wait_p50_ms = 0, answers_wait_p99_ms = 0;
   double engine_ms = 0;  // mean per step; its phases (see StepRecord):
   double route_ms = 0, plan_ms = 0, rows_wait_ms = 0, experts_ms = 0, answers_wait_ms = 0, other_ms = 0;
-  double bytes_copied = 0;  // per step, all ranks: rows packed, gathered for GEMMs, fp32 answers
+  double bytes_copied = 0;  // per step, all ranks: rows packed, gathered for GEMMs, fp32 answers, answers narrowed
   double activation_rate = 0;          // experts run per token over all experts
   double experts_per_token = 0;        // per layer
   double rows_per_step = 0;            // rows served per step over all layers and ranks (mean)

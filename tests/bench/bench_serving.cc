@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
           "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the calls moed issued in each step, replayed alone, {}; {:.3f} of the step's wall time)\n"
           "  overhead        {:9.2f} ms per step  (step wall time minus its served GEMMs, median over steps)\n"
           "  phases per step route {:.2f} | plan {:.2f} | experts {:.2f} | other {:.2f} | idle for rows {:.2f} | idle for answers {:.2f} ms  (mean; each maxed over ranks)\n"
-          "  copies          {:.1f} MB per step  (all ranks: rows packed into messages, gathered for GEMMs, fp32 answers)\n",
+          "  copies          {:.1f} MB per step  (all ranks: rows packed into messages, gathered for GEMMs, fp32 answers, answers narrowed)\n",
           label, mpi.size(), config.workload.tokens_per_step,
           config.workload.tokens_per_step / mpi.size(), moed_ms.size(), moed_tokens_per_s,
           percentile(moed_ms, 0.5), percentile(engine_ms, 0.5), tokens / (percentile(bound_ms, 0.5) / 1e3),
