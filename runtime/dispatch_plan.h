@@ -186,12 +186,13 @@ struct AnswerFormat {
   bool fp32(std::uint32_t pairs) const { return pairs == 1 && fp32_singles; }
 };
 inline constexpr std::size_t kFixedRowHeaderBytes = 8;
+inline std::size_t pad8(std::size_t n) { return (n + 7) & ~std::size_t(7); }
 inline std::size_t fixed_row_bytes(int hidden, int width) {
-  return kFixedRowHeaderBytes + ((std::size_t(hidden) * std::size_t(width) + 7) & ~std::size_t(7));
+  return kFixedRowHeaderBytes + pad8(std::size_t(hidden) * std::size_t(width));
 }
 // A row's bytes at full width.
 inline std::size_t combine_row_bytes(std::uint32_t pairs, AnswerFormat f) {
-  return f.fp32(pairs) ? (std::size_t(f.hidden) * sizeof(float) + 7) & ~std::size_t(7) : fixed_row_bytes(f.hidden, 8);
+  return f.fp32(pairs) ? pad8(std::size_t(f.hidden) * sizeof(float)) : fixed_row_bytes(f.hidden, 8);
 }
 // The sums of a full-width fixed-point row that starts at `row`.
 inline std::int64_t* fixed_row_sums(std::byte* row) {

@@ -51,12 +51,18 @@ std::size_t add_weighted_fixed(std::int64_t* acc, const float* y, float weight, 
   return detail::add_weighted_fixed_scalar(acc, y, w, h);
 }
 
+namespace {
+
+// a + b, wrapping (exact when the whole sum ends in range); kFixedNaN on either side stays.
+std::int64_t fixed_sum(std::int64_t a, std::int64_t b) {
+  const auto sum = static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
+  return a == kFixedNaN || b == kFixedNaN ? kFixedNaN : sum;
+}
+
+}  // namespace
+
 void add_fixed(std::int64_t* acc, const std::int64_t* partial, std::size_t h) {
-  for (std::size_t i = 0; i < h; ++i) {
-    const std::int64_t sum = static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) +
-                                                       static_cast<std::uint64_t>(partial[i]));
-    acc[i] = acc[i] == kFixedNaN || partial[i] == kFixedNaN ? kFixedNaN : sum;
-  }
+  for (std::size_t i = 0; i < h; ++i) acc[i] = fixed_sum(acc[i], partial[i]);
 }
 
 int fixed_width_bytes(const std::int64_t* v, std::size_t h) {
@@ -86,46 +92,35 @@ void add_narrow_fixed_w(std::int64_t* acc, const std::byte* in, std::size_t h) {
   for (std::size_t i = 0; i < h; ++i) {
     std::uint64_t u = 0;
     std::memcpy(&u, in + i * W, W);
-    const std::int64_t v = static_cast<std::int64_t>(u << (64 - 8 * W)) >> (64 - 8 * W);
-    const std::int64_t sum =
-        static_cast<std::int64_t>(static_cast<std::uint64_t>(acc[i]) + static_cast<std::uint64_t>(v));
-    acc[i] = acc[i] == kFixedNaN || v == kFixedNaN ? kFixedNaN : sum;
+    acc[i] = fixed_sum(acc[i], static_cast<std::int64_t>(u << (64 - 8 * W)) >> (64 - 8 * W));  // sign-extended
   }
 }
 
-template <template <int> class Op, class... Args>
-void by_width(int width, Args... args) {
+// op.template operator()<W>() for the run-time width W.
+template <class Op>
+void by_width(int width, Op&& op) {
   switch (width) {
-    case 1: return Op<1>::run(args...);
-    case 2: return Op<2>::run(args...);
-    case 3: return Op<3>::run(args...);
-    case 4: return Op<4>::run(args...);
-    case 5: return Op<5>::run(args...);
-    case 6: return Op<6>::run(args...);
-    case 7: return Op<7>::run(args...);
-    case 8: return Op<8>::run(args...);
+    case 1: return op.template operator()<1>();
+    case 2: return op.template operator()<2>();
+    case 3: return op.template operator()<3>();
+    case 4: return op.template operator()<4>();
+    case 5: return op.template operator()<5>();
+    case 6: return op.template operator()<6>();
+    case 7: return op.template operator()<7>();
+    case 8: return op.template operator()<8>();
   }
   MOED_THROW(Internal, "a narrow fixed-point row of {} bytes per element (1 to 8 are valid)", width);
 }
-
-template <int W>
-struct Narrow {
-  static void run(const std::byte* in, std::size_t h, std::byte* out) { narrow_fixed_w<W>(in, h, out); }
-};
-template <int W>
-struct AddNarrow {
-  static void run(std::int64_t* acc, const std::byte* in, std::size_t h) { add_narrow_fixed_w<W>(acc, in, h); }
-};
 
 }  // namespace
 
 void narrow_fixed(const std::byte* in, std::size_t h, int width, std::byte* out) {
   if (width == 8 && in == out) return;
-  by_width<Narrow>(width, in, h, out);
+  by_width(width, [&]<int W>() { narrow_fixed_w<W>(in, h, out); });
 }
 
 void add_narrow_fixed(std::int64_t* acc, const std::byte* in, int width, std::size_t h) {
-  by_width<AddNarrow>(width, acc, in, h);
+  by_width(width, [&]<int W>() { add_narrow_fixed_w<W>(acc, in, h); });
 }
 
 void residual_from_fixed(const float* x, const std::int64_t* acc, std::size_t h, float* out) {

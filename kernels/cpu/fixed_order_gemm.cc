@@ -224,7 +224,8 @@ void gemm_fixed_order_range(const float* a, std::size_t m, const PackedWeights& 
   // multiple of 4 KB). At most kRowBlock x the largest k (3.2 MB at k 2816).
   thread_local std::vector<float> packed_a;
   // Grown, never shrunk: resizing up within the capacity would zero it again.
-  if (packed_a.size() < std::min(row_block, m) * k) packed_a.resize(std::min(row_block, m) * k);
+  const std::size_t packed_floats = std::min(row_block, m) * k;
+  if (packed_a.size() < packed_floats) packed_a.resize(packed_floats);
   for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
     const std::size_t rows_in_block = std::min(row_block, m - i0);
     pack_row_block(a + i0 * lda, lda, rows_in_block, k, kernel.tile_rows, packed_a.data());
