@@ -30,6 +30,7 @@
 #include "runtime/http/dashboard_routes.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/stop_signal.h"
+#include "runtime/workload/token_order.h"
 
 namespace moed::runtime {
 
@@ -557,7 +558,7 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
-  follow_requests();
+  follow_requests(step);
   maybe_inject(fault_, rank_, step);
   StepRecord rec = reduce_record(control_, engine_->run_step(step, hidden_), step);
   if (!options_.dump_output.empty()) {
@@ -573,7 +574,7 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
-  follow_requests();
+  follow_requests(step);
   // With no work anywhere, every rank waits a little longer each time (up to
   // [ingress].idle_wait_us), so an idle daemon sleeps instead of spinning.
   const auto idle = std::min<std::int64_t>(config_.ingress.idle_wait_us, std::int64_t(50) << std::min(idle_turns_, 20));
@@ -620,8 +621,19 @@ void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::s
   if (reduced) *reduced = std::move(rec);
 }
 
-void Daemon::follow_requests() {
+void Daemon::follow_requests(std::uint64_t step) {
   for (std::uint64_t id : control_plane_->follow_now()) {
+    // A built-in workload knows when each request is served: one whose last
+    // position is behind us is answered at once (every rank decides alike).
+    if (workload_) {
+      const std::uint64_t last = last_step_of_request(id, std::uint64_t(config_.workload.tokens_per_step),
+                                                      std::uint64_t(config_.workload.positions_per_request));
+      if (last < step) {
+        if (tracer_) tracer_->note_too_late(id, last, step);
+        if (rank_ == 0) spdlog::info("not tracing request {}: served by step {}, before step {}", id, last, step);
+        continue;
+      }
+    }
     trace_selector_->follow(id);
     if (rank_ == 0) spdlog::info("tracing request {} from this step on (moectl trace --follow)", id);
   }

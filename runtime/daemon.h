@@ -67,8 +67,9 @@ class Daemon {
   Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
   const std::byte* in_token_order(std::uint64_t step, const std::vector<std::byte>& rows);
   bool serve_front_door_step(std::uint64_t step, StepRecord* reduced);
-  // Every rank: the request ids the boundary said to follow join the trace selector.
-  void follow_requests();
+  // Every rank: the request ids the boundary before `step` said to follow
+  // join the trace selector (or, already served, are answered as such).
+  void follow_requests(std::uint64_t step);
   void after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
                   StepRecord rec, StepRecord* reduced);
 

@@ -193,11 +193,14 @@ class Run {
     return client.call(request, timeout_, &line);
   }
 
+  static std::string error_code(const json& answer) {
+    const json& error = answer.contains("error") ? answer["error"] : json();
+    return error.is_object() ? error.value("code", std::string()) : "";
+  }
+
   int report_error(const json& answer) {
     if (!inv_.as_json) err_ << format_error(answer) << "\n";
-    const json& error = answer.contains("error") ? answer["error"] : json();
-    const std::string code = error.is_object() ? error.value("code", std::string()) : "";
-    return is_connection_refusal(code) ? kExitConnect : kExitError;
+    return is_connection_refusal(error_code(answer)) ? kExitConnect : kExitError;
   }
 
   // Polls `migration` until the migration is committed or aborted.
@@ -246,6 +249,10 @@ class Run {
       std::string line;
       const json answer = call(client, json{{"cmd", "trace"}, {"request_id", request_id}}, line);
       const bool found = answer_ok_flag(answer);
+      if (!found && error_code(answer) == code::kAlreadyServed) {  // too late: it will not come
+        if (inv_.as_json) out_ << line << "\n" << std::flush;
+        return report_error(answer);
+      }
       bool complete = false;
       if (found)
         for (const json& t : answer.value("tokens", json::array())) complete = complete || t.value("complete", false);

@@ -41,6 +41,7 @@ inline constexpr std::string_view kNotCoordinator = "not_coordinator";
 inline constexpr std::string_view kBusy = "busy";                   // another migration runs
 inline constexpr std::string_view kRefused = "refused";             // e.g. no memory
 inline constexpr std::string_view kNotFound = "not_found";          // e.g. no trace of that request
+inline constexpr std::string_view kAlreadyServed = "already_served";  // followed after its last step was served
 inline constexpr std::string_view kInternal = "internal";
 inline constexpr std::string_view kShuttingDown = "shutting_down";
 // Connection-level refusals, sent as the only line before the server closes.

@@ -12,6 +12,11 @@ TokenTag request_of_token(std::uint64_t id, std::uint64_t tokens_per_step, std::
   return {step / positions_per_request * tokens_per_step + slot, std::uint32_t(step % positions_per_request)};
 }
 
+std::uint64_t last_step_of_request(std::uint64_t request, std::uint64_t tokens_per_step,
+                                   std::uint64_t positions_per_request) {
+  return request / tokens_per_step * positions_per_request + positions_per_request - 1;
+}
+
 TokenOrder::TokenOrder(std::uint64_t tokens_per_step, bool shuffled, std::uint64_t seed)
     : tokens_per_step_(tokens_per_step), shuffled_(shuffled), seed_(seed) {}
 

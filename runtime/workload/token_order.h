@@ -19,6 +19,10 @@ namespace moed::runtime {
 // one position per step, as in decoding. P = 1: every token is request = its
 // id, at position 0. Pure: every rank count sees the same requests.
 TokenTag request_of_token(std::uint64_t id, std::uint64_t tokens_per_step, std::uint64_t positions_per_request);
+// The step that serves request `request`'s last position (its slot of the P
+// consecutive steps of its block): the inverse of request_of_token.
+std::uint64_t last_step_of_request(std::uint64_t request, std::uint64_t tokens_per_step,
+                                   std::uint64_t positions_per_request);
 
 class TokenOrder {
  public:

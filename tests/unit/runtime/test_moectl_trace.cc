@@ -81,7 +81,8 @@ class MoectlTraceRun : public ::testing::Test {
     };
     h.submit = [this](Request r, Reply reply) {
       reply(answer_ok(r.id, {{"following", r.params.at("request_id")}}));
-      if (serve_followed_) tracer_.absorb(traced_token(r.params.at("request_id").get<std::uint64_t>(), 2));
+      if (already_served_) tracer_.note_too_late(r.params.at("request_id").get<std::uint64_t>(), 4, 10);
+      else if (serve_followed_) tracer_.absorb(traced_token(r.params.at("request_id").get<std::uint64_t>(), 2));
     };
     server_ = std::make_unique<AdminServer>(tmp_.file("run"), 0, 0, h);
   }
@@ -99,7 +100,7 @@ class MoectlTraceRun : public ::testing::Test {
 
   test::TempDir tmp_{"moed_moectl_trace"};
   trace::Tracer tracer_{8, 2, 0.001};
-  std::atomic<bool> serve_followed_{true};
+  std::atomic<bool> serve_followed_{true}, already_served_{false};
   std::unique_ptr<AdminServer> server_;
   std::ostringstream out_, err_;
 };
@@ -133,6 +134,15 @@ TEST_F(MoectlTraceRun, FollowOfARequestNeverServedTimesOut) {
   EXPECT_EQ(run({"trace", "--follow", "12"}), kExitError);
   EXPECT_NE(err_.str().find("request 12 was not served within 1 s; it stays followed"), std::string::npos)
       << err_.str();
+}
+
+TEST_F(MoectlTraceRun, FollowOfARequestAlreadyServedAnswersAtOnce) {
+  already_served_ = true;
+  EXPECT_EQ(run({"trace", "--follow", "13"}), kExitError);
+  EXPECT_NE(err_.str().find("moectl: already_served: request 13 was served by step 4"), std::string::npos)
+      << err_.str();
+  EXPECT_EQ(err_.str().find("was not served within"), std::string::npos) << "said at once, not a timeout: "
+                                                                         << err_.str();
 }
 
 }  // namespace

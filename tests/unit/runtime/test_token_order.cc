@@ -62,5 +62,26 @@ TEST(TokenOrder, ShuffledDiffersByStepAndSeedButNotByCall) {
   EXPECT_NE(a, d);
 }
 
+// last_step_of_request inverts request_of_token: every token of a request is
+// served at or before its last step, and that step serves one of them.
+struct RequestShape {
+  std::uint64_t tokens_per_step, positions_per_request;
+};
+class LastStepOfRequest : public ::testing::TestWithParam<RequestShape> {};
+
+TEST_P(LastStepOfRequest, IsTheStepOfTheRequestsLastPosition) {
+  const auto [T, P] = GetParam();
+  for (std::uint64_t id = 0; id < 12 * T * P; ++id) {
+    const TokenTag tag = request_of_token(id, T, P);
+    const std::uint64_t step = id / T, last = last_step_of_request(tag.request, T, P);
+    EXPECT_LE(step, last) << "token " << id;
+    EXPECT_EQ(last - step, P - 1 - tag.position) << "token " << id << " at position " << tag.position;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LastStepOfRequest,
+                         ::testing::Values(RequestShape{1, 1}, RequestShape{100, 1}, RequestShape{64, 4},
+                                           RequestShape{7, 3}));
+
 }  // namespace
 }  // namespace moed::runtime

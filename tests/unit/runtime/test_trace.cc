@@ -236,5 +236,23 @@ TEST(Tracer, AnUnknownIdIsAClearNotFound) {
   EXPECT_NE(message.find("--follow 6"), std::string::npos) << message;
 }
 
+TEST(Tracer, AFollowThatCameTooLateIsSaidAtOnceAndBounded) {
+  Tracer tracer(8, 2, 0.001);
+  tracer.note_too_late(7, 3, 9);
+  const nlohmann::json late = tracer.answer(7);
+  EXPECT_EQ(late["error"]["code"], "already_served");
+  const std::string message = late["error"]["message"];
+  EXPECT_NE(message.find("request 7 was served by step 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("at step 9"), std::string::npos) << message;
+  EXPECT_EQ(tracer.answer(8)["error"]["code"], "not_found") << "only the id noted";
+  // A token of it traced after all (another position) is shown, not the error.
+  tracer.absorb(token_layer(7, 0));
+  EXPECT_TRUE(tracer.answer(7).contains("tokens"));
+  // Bounded: the oldest notes go first.
+  for (std::uint64_t id = 100; id < 300; ++id) tracer.note_too_late(id, 1, 2);
+  EXPECT_EQ(tracer.answer(100)["error"]["code"], "not_found");
+  EXPECT_EQ(tracer.answer(299)["error"]["code"], "already_served");
+}
+
 }  // namespace
 }  // namespace moed::runtime::trace
