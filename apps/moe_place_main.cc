@@ -20,7 +20,7 @@
 #include "routing/routing_stats.h"
 #include "routing/routing_trace.h"
 #include "routing/stats_file.h"
-#include "runtime/config.h"
+#include "runtime/config/config.h"
 
 namespace {
 

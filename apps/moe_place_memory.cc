@@ -13,8 +13,8 @@
 #include "placement/model_facts.h"
 #include "placement/placement.h"
 #include "placement/placement_file.h"
-#include "runtime/config.h"
-#include "runtime/memory_estimate.h"
+#include "runtime/config/config.h"
+#include "runtime/config/memory_estimate.h"
 
 namespace moed::apps {
 

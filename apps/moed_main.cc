@@ -7,9 +7,9 @@
 #include "comm/mpi/mpi_session.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "runtime/config.h"
-#include "runtime/daemon.h"
-#include "runtime/memory_estimate.h"
+#include "runtime/config/config.h"
+#include "runtime/daemon/daemon.h"
+#include "runtime/config/memory_estimate.h"
 #include "runtime/weights/synthetic_model.h"
 
 namespace {

@@ -30,7 +30,7 @@ class Error : public std::runtime_error {
   int line() const { return line_; }
   // 2 for what the operator must fix, 1 for everything else.
   int exit_code() const { return kind_ == ErrorKind::Usage || kind_ == ErrorKind::Input ? 2 : 1; }
-  // "message (at runtime/engine.cc:120)" for Runtime/Internal, the bare message otherwise.
+  // "message (at runtime/engine/engine.cc:120)" for Runtime/Internal, the bare message otherwise.
   std::string describe() const;
 
  private:

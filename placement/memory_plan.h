@@ -1,6 +1,6 @@
 // The memory one rank holds, line by line: moed's single model of memory.
 // The daemon refuses at start a config its host cannot hold with it
-// (runtime/memory_estimate.h maps a config onto these inputs), and
+// (runtime/config/memory_estimate.h maps a config onto these inputs), and
 // `moe-place memory` plans a deployment with it, for moed's CPU path or for
 // GPUs. The formula of every line: docs/memory-planning.md.
 //

@@ -1,6 +1,6 @@
 // The traced tokens of one layer pass, as every rank learns them from the
 // counts' all-gather, and where this rank writes what it sees of them. The
-// layer pass (runtime/layer_pass.h) records legs on the home rank and visits
+// layer pass (runtime/engine/layer_pass.h) records legs on the home rank and visits
 // on the ranks that compute; it does nothing when it has no PassTrace.
 #pragma once
 

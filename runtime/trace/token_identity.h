@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "runtime/router.h"
+#include "runtime/router/router.h"
 
 namespace moed::runtime::trace {
 

@@ -1,5 +1,5 @@
 // What the ranks record of a traced token, as flat records that travel to
-// rank 0 with each step's figures (runtime/daemon.cc reduce_record), so that
+// rank 0 with each step's figures (runtime/daemon/daemon.cc reduce_record), so that
 // tracing adds no collective: a step with nothing traced sends one empty
 // count. A token's life in one layer is spread over ranks: its home rank
 // routes it and sums its answers (HomeRecord, ChoiceRecord, LegRecord), the

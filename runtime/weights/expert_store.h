@@ -14,8 +14,8 @@
 
 #include "kernels/cpu/expert_ffn.h"
 #include "placement/placement.h"
-#include "runtime/config.h"
-#include "runtime/model.h"
+#include "runtime/config/config.h"
+#include "runtime/weights/model.h"
 
 namespace moed::runtime {
 

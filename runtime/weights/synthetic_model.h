@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model.h"
+#include "runtime/weights/model.h"
 #include "runtime/weights/safetensors_format.h"
 
 namespace moed::runtime {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/router.h"
+#include "runtime/router/router.h"
 
 namespace moed::runtime {
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/config.h"
-#include "runtime/router.h"
+#include "runtime/config/config.h"
+#include "runtime/router/router.h"
 
 namespace moed::runtime {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "client/client.h"
-#include "runtime/config.h"
+#include "runtime/config/config.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/synthetic_model.h"
 #include "runtime/workload/workload.h"

@@ -1,14 +1,14 @@
 // The router policies on the Mixtral trace's expert popularity, offline: the
 // trace fixes, per layer, how popular each expert is; tokens get logits
 // log(popularity) + N(0, 1) noise (so the router's top-2 keeps the trace's
-// skew), and the policies' pure functions (runtime/router_policies/) decide
+// skew), and the policies' pure functions (runtime/router/policies/) decide
 // steps of them. Prints, per policy against none: expert load std/mean and
 // max/mean (per step and layer, mean over the measured steps), the share of
 // the router's own pairs changed (moved or dropped: those of the plain top-k
 // the final routing lacks, as the daemon's changed_rate) and dropped, their
 // gate-weight mass, and the lower bound: the fewest pairs ANY re-routing must
 // move to bring none's loads to the target std/mean
-// (runtime/router_policies/spread_bound.h). No experts run here: step time is
+// (runtime/router/policies/spread_bound.h). No experts run here: step time is
 // the daemon's (tests/bench/router_policies.sh).
 //   bench_router_policies TRACE [--steps N] [--tokens T] [--warmup W] [--target S]
 //   bench_router_policies --bound-of REPORT.json [--target S | --at-share X]
@@ -29,11 +29,11 @@
 #include "common/rng.h"
 #include "common/summary_stats.h"
 #include "routing/routing_trace.h"
-#include "runtime/router.h"
-#include "runtime/router_policies/bias_balancer.h"
-#include "runtime/router_policies/load_policy.h"
-#include "runtime/router_policies/router_policies.h"
-#include "runtime/router_policies/spread_bound.h"
+#include "runtime/router/router.h"
+#include "runtime/router/policies/bias_balancer.h"
+#include "runtime/router/policies/load_policy.h"
+#include "runtime/router/policies/router_policies.h"
+#include "runtime/router/policies/spread_bound.h"
 
 using namespace moed;
 using namespace moed::runtime;

@@ -22,7 +22,7 @@
 #include "common/summary_stats.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
-#include "runtime/daemon.h"
+#include "runtime/daemon/daemon.h"
 
 namespace {
 

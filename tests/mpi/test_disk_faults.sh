@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A full or read-only disk never stops serving (runtime/write_retry.h):
+# A full or read-only disk never stops serving (common/write_retry.h):
 #   - an output folder that cannot be written is refused at start (exit 2);
 #   - [stats].file on a full 1 MB tmpfs: the write fails, serving goes on,
 #     the failure is logged, shown in status alerts and in the metrics, the

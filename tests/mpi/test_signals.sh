@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SIGTERM and SIGINT drain a serving job (runtime/stop_signal.h): the step in
+# SIGTERM and SIGINT drain a serving job (runtime/daemon/stop_signal.h): the step in
 # flight finishes, a migration before its switch aborts, the report, the
 # statistics and the output dump are written whole, the admin sockets go, and
 # every rank exits 0 with a line saying so. Under

@@ -15,9 +15,9 @@
 
 #include "common/error.h"
 #include "routing/routing_trace.h"
-#include "runtime/config.h"
-#include "runtime/model.h"
-#include "runtime/output_dump.h"
+#include "runtime/config/config.h"
+#include "runtime/weights/model.h"
+#include "runtime/daemon/output_dump.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/synthetic_model.h"
 #include "runtime/workload/workload.h"

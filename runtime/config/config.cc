@@ -1,0 +1,388 @@
+#include "runtime/config/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/listen_address.h"
+#include "common/log.h"
+
+namespace moed::runtime {
+
+namespace {
+
+using config::choice;
+using config::flag;
+using config::integer;
+using config::real;
+using config::text;
+
+const config::Section<ModelConfig>& model_section() {
+  using C = ModelConfig;
+  static const config::Section<C> s(
+      "model", "the MoE layers served",
+      {
+          integer<C>("layers", &C::layers, 4, 1, 4096, "MoE layers served per step"),
+          integer<C>("experts", &C::experts, 8, 1, 65536, "experts per layer"),
+          integer<C>("top_k", &C::top_k, 2, 1, 64, "experts chosen per token (top-k mode)"),
+          integer<C>("hidden", &C::hidden, 512, 1, 1 << 20, "hidden size H of a token row"),
+          integer<C>("ffn", &C::ffn, 1024, 1, 1 << 22, "FFN size F of one expert"),
+          choice<C>("dtype", &C::dtype, "f32", {"f32", "bf16"},
+                    "dtype of the weights file (computed in fp32 on CPU)"),
+          text<C>("weights", &C::weights, "",
+                  "safetensors file, index.json or folder; empty = synthetic weights made in "
+                  "memory from seed (the values --generate-weights writes)"),
+          flag<C>("check_finite", &C::check_finite, true,
+                  "refuse weights holding NaN or inf at load (one pass over each tensor)"),
+          integer<C>("seed", &C::seed, 42, 0, INT64_MAX, "seed of the synthetic weights"),
+          real<C>("norm_eps", &C::norm_eps, 1e-5, 0, 1, "epsilon of the RMSNorm before each MoE block"),
+      });
+  return s;
+}
+
+const config::Section<RouterConfig>& router_section() {
+  using C = RouterConfig;
+  static const config::Section<C> s(
+      "router", "expert choice per token (fp32, deterministic; ties go to the lower expert id)",
+      {
+          choice<C>("mode", &C::mode, "topk", {"topk", "topp"},
+                    "topk: the top_k most probable experts; topp: the fewest whose probability "
+                    "reaches top_p, within [min_k, max_k]"),
+          real<C>("temperature", &C::temperature, 1.0, 1e-3, 1e3, "softmax temperature of the gate"),
+          real<C>("top_p", &C::top_p, 0.7, 1e-6, 1.0, "probability mass to cover in topp mode"),
+          integer<C>("min_k", &C::min_k, 1, 1, 64, "fewest experts per token in topp mode"),
+          integer<C>("max_k", &C::max_k, 0, 0, 64, "most experts per token in topp mode; 0 = top_k"),
+          real<C>("smoothing_beta", &C::smoothing_beta, 0, 0, 1e3,
+                  "smoothing: bonus added, for selection only, to the logits of the experts the same "
+                  "request's previous position chose at the same layer; 0 = off"),
+          integer<C>("smoothing_max_requests", &C::smoothing_max_requests, 65536, 1, 1 << 24,
+                     "smoothing (and the flip rate): requests remembered at most; the least recently "
+                     "seen leaves first"),
+          integer<C>("smoothing_idle_steps", &C::smoothing_idle_steps, 64, 1, 1 << 30,
+                     "smoothing (and the flip rate): a request unseen for this many steps is forgotten"),
+          choice<C>("load_policy", &C::load_policy, "none", {"none", "drop", "demote"},
+                    "none; drop: pairs over an expert's capacity are dropped (DeepSpeed/Tutel); demote: "
+                    "pairs over demotion_threshold of it move to the token's next-ranked expert under it"),
+          real<C>("capacity_factor", &C::capacity_factor, 1.25, 0.01, 1e3,
+                  "drop/demote: an expert's capacity is capacity_factor x pairs / experts per replica "
+                  "(pairs = tokens x k of the step's layer, all ranks)"),
+          real<C>("demotion_threshold", &C::demotion_threshold, 0.85, 0.01, 1e3,
+                  "demote: the share of its capacity an expert keeps (its highest gate weights)"),
+          integer<C>("demotion_candidates", &C::demotion_candidates, 2, 1, 64,
+                     "demote: next-ranked experts a demoted pair may move to (each token sends this "
+                     "many more candidates in the step's gather)"),
+          real<C>("bias_gamma", &C::bias_gamma, 0, 0, 1e3,
+                  "online bias balancing (DeepSeek-V3): each step every expert's selection bias moves "
+                  "by this toward the mean load; 0 = off"),
+          flag<C>("measure_jitter", &C::measure_jitter, false,
+                  "measure the routing jitter (top-k set changes under hidden-state noise 1e-4 and "
+                  "1e-3, and across a request's consecutive positions): two more gate GEMMs per layer"),
+      });
+  return s;
+}
+
+const config::Section<WorkloadConfig>& workload_section() {
+  using C = WorkloadConfig;
+  static const config::Section<C> s(
+      "workload", "the tokens the daemon serves without an external client",
+      {
+          choice<C>("kind", &C::kind, "synthetic", {"synthetic", "trace", "ingress"},
+                    "synthetic: topic-mixture tokens routed by the router; trace: routing "
+                    "replayed from a trace file; ingress: model processes send their tokens "
+                    "through the front door ([ingress]) until moectl shutdown"),
+          integer<C>("tokens_per_step", &C::tokens_per_step, 512, 1, 1 << 24,
+                     "tokens per step over all ranks (split evenly by rank)"),
+          choice<C>("order", &C::order, "sequential", {"sequential", "shuffled"},
+                    "sequential: step s serves tokens s*T .. s*T+T-1 in order; shuffled: the same "
+                    "tokens in a permutation drawn per step (dumps stay in token order)"),
+          integer<C>("steps", &C::steps, 16, 1, 1 << 30, "steps to serve, then exit (synthetic and trace)"),
+          integer<C>("warmup_steps", &C::warmup_steps, 1, 0, 1 << 20,
+                     "steps served first and left out of the figures"),
+          integer<C>("seed", &C::seed, 7, 0, INT64_MAX, "seed of the token generator"),
+          real<C>("hot_ratio", &C::hot_ratio, 2.75, 1, 1e6,
+                  "synthetic: load of the hottest expert over the mean (OLMoE: 2.5-3)"),
+          integer<C>("topic_size", &C::topic_size, 0, 0, 65536,
+                     "synthetic: experts per topic (co-routed group); 0 = 2 x top_k"),
+          real<C>("cross_topic", &C::cross_topic, 0.1, 0, 1,
+                  "synthetic: chance that a choice leaves the token's topic"),
+          text<C>("trace", &C::trace, "", "trace: routing trace file (moed-trace v1 or JSONL)"),
+          integer<C>("positions_per_request", &C::positions_per_request, 1, 1, 1 << 20,
+                     "synthetic and trace: a request holds this many positions, one per step at the "
+                     "same slot of consecutive steps (1: every token is its own request)"),
+          real<C>("position_drift", &C::position_drift, 0.1, 0, 1,
+                  "synthetic: a position is sqrt(1 - d^2) x its request's token + d x a token of its "
+                  "own, so a request's consecutive positions are near-identical tokens"),
+      });
+  return s;
+}
+
+const config::Section<IngressConfig>& ingress_section() {
+  using C = IngressConfig;
+  static const config::Section<C> s(
+      "ingress", "the front door: model processes on this host hand moed their MoE layers",
+      {
+          text<C>("dir", &C::dir, "",
+                  "directory of the front-door sockets, moed-ingress-RANK.sock (mode 0600); needed "
+                  "by [workload].kind = \"ingress\""),
+          integer<C>("max_clients", &C::max_clients, 64, 1, 4096, "clients served at once per rank"),
+          integer<C>("max_slots", &C::max_slots, 8, 1, 1024,
+                     "most submits a client may have in flight (slots of shared memory)"),
+          integer<C>("max_rows", &C::max_rows, 1024, 1, 1 << 20, "most rows in one submit"),
+          integer<C>("max_tokens_per_step", &C::max_tokens_per_step, 4096, 1, 1 << 24,
+                     "most rows a rank takes per layer per step; the rest waits for the next step"),
+          integer<C>("max_wait_us", &C::max_wait_us, 100, 0, 10'000'000,
+                     "once some rows are queued, wait at most this long for a layer's budget to fill"),
+          integer<C>("idle_wait_us", &C::idle_wait_us, 2000, 10, 10'000'000,
+                     "with no work anywhere, ranks check again after 50 us, doubling up to this: "
+                     "the most delay before idle ranks pick up work"),
+          integer<C>("max_client_mb", &C::max_client_mb, 256, 1, 1 << 20,
+                     "shared memory per client at most (fewer slots are granted beyond it)"),
+      });
+  return s;
+}
+
+const config::Section<ExpertsConfig>& experts_section() {
+  using C = ExpertsConfig;
+  static const config::Section<C> s(
+      "experts", "expert computation on CPU",
+      {
+          choice<C>("gemm", &C::gemm, "fixed-order", {"fixed-order", "openblas"},
+                    "fixed-order: moed's GEMM, whose every output is one fma chain in k order, so a "
+                    "token's bits do not depend on its batch, rank or CPU; openblas: sgemm on "
+                    "canonical chunks, bit-exact across ranks and placements but not batches"),
+          choice<C>("isa", &C::isa, "auto", {"auto", "avx512", "avx2", "portable"},
+                    "fixed-order GEMM kernel: auto = the widest this CPU runs (all give the same bits)"),
+          integer<C>("chunk_rows", &C::chunk_rows, 512, 1, 1 << 20,
+                     "rows per expert GEMM call; an expert's rows of a step are cut into chunks of "
+                     "this size in token order, and replicas share an expert's chunks (an expert "
+                     "with fewer rows in a step goes whole to one replica; with gemm = openblas, "
+                     "runs compare bit for bit only with equal values)"),
+          integer<C>("blas_threads", &C::blas_threads, 1, 1, 1024,
+                     "OpenBLAS threads per rank (the fixed-order GEMM runs on one thread)"),
+          integer<C>("ffn_chunks", &C::ffn_chunks, 1, 1, 1 << 16,
+                     "canonical chunks of an expert's F: its output is the sum of the chunks' "
+                     "gate-weighted terms on the fixed grid, so an expert split into S shards "
+                     "(S must divide this) gives the same bits; must divide [model].ffn; above 1, "
+                     "single-expert answers travel as int64, not fp32 (part of the numerics: runs "
+                     "compare bit for bit only with equal values)"),
+      });
+  return s;
+}
+
+const config::Section<EngineConfig>& engine_section() {
+  using C = EngineConfig;
+  static const config::Section<C> s(
+      "engine", "the step loop of a layer",
+      {
+          flag<C>("overlap", &C::overlap, true,
+                  "experts start on the rows that have arrived (own rank first) while the rest "
+                  "travel, and each source's answers leave as soon as they are complete; false = "
+                  "every phase waits for the whole previous one (same bits either way)"),
+          integer<C>("microbatches", &C::microbatches, 1, 1, 64,
+                     "split each rank's rows of a layer into this many micro-batches, each with its "
+                     "own exchanges, so that one's rows travel while another's experts run (needs "
+                     "[experts].gemm = \"fixed-order\" above 1; same bits)"),
+          integer<C>("split_rows", &C::split_rows, 256, 1, 1 << 24,
+                     "with overlap and the fixed-order GEMM, an expert whose rows have not all arrived "
+                     "runs the arrived ones early only if they are at least this many (each call reads "
+                     "the expert's weights once: small early calls would read them again)"),
+      });
+  return s;
+}
+
+const config::Section<MetricsConfig>& metrics_section() {
+  using C = MetricsConfig;
+  static const config::Section<C> s(
+      "metrics", "figures of the report, the Prometheus endpoint and the alerts (docs/metrics.md)",
+      {
+          integer<C>("load_window_steps", &C::load_window_steps, 8, 1, 1 << 20,
+                     "steps in the window of the expert load spread (std/mean) and the activation rate per layer"),
+          integer<C>("recent_steps", &C::recent_steps, 32, 1, 4096,
+                     "steps in the recent window of tokens/s, step latency and all-to-all latency (beside "
+                     "the figures since start); the latency alerts look at it"),
+          integer<C>("hot_experts", &C::hot_experts, 3, 0, 64,
+                     "hottest experts per layer in /metrics (their ids and load over the mean)"),
+          text<C>("listen", &C::listen, "",
+                  "HTTP endpoint of rank 0 serving /metrics (Prometheus text) and the dashboard at /: \"127.0.0.1:9464\", a bare "
+                  "port (loopback only), or \"0.0.0.0:9464\" to listen beyond this host; port 0 = any free "
+                  "port (logged); empty = off"),
+          integer<C>("heatmap_columns", &C::heatmap_columns, 60, 1, 4096,
+                     "columns of the dashboard's expert heatmap (a ring on rank 0: columns x layers x experts "
+                     "counts, kept only with the endpoint on)"),
+          integer<C>("heatmap_column_steps", &C::heatmap_column_steps, 8, 1, 1 << 20,
+                     "measured steps summed into one column of the expert heatmap"),
+          real<C>("alert_load_std_over_mean", &C::alert_load_std_over_mean, 0.15, 0, 1e6,
+                  "alert when the expert load spread (std/mean) exceeds this; 0 = never"),
+          real<C>("alert_activation_band", &C::alert_activation_band, 0.25, 0, 1e6,
+                  "alert when a layer's activation rate is further than this fraction of k/E from k/E "
+                  "(routing collapse or drift); 0 = never"),
+          real<C>("alert_alltoall_p99_ms", &C::alert_alltoall_p99_ms, 0, 0, 1e9,
+                  "alert when the recent p99 of an all-to-all wait (dispatch or combine) exceeds this many ms; "
+                  "0 = never"),
+          real<C>("alert_step_p99_ms", &C::alert_step_p99_ms, 0, 0, 1e9,
+                  "alert when the recent step latency p99 exceeds this many ms; 0 = never"),
+          real<C>("alert_for_s", &C::alert_for_s, 30, 0, 1e6,
+                  "seconds a condition must hold without a break before its alert fires"),
+      });
+  return s;
+}
+
+const config::Section<TraceConfig>& trace_section() {
+  using C = TraceConfig;
+  static const config::Section<C> s(
+      "trace", "single-token traces (moectl trace): every layer's experts, ranks, bytes and phase times",
+      {
+          real<C>("sample", &C::sample, 0.001, 0, 1,
+                  "fraction of requests traced, chosen by a hash of the request id (every rank agrees); "
+                  "0 = none (moectl trace --follow still traces the ids it names)"),
+          integer<C>("ring", &C::ring, 256, 1, 1 << 20, "traced tokens rank 0 keeps; the oldest go first"),
+          integer<C>("follow_max", &C::follow_max, 16, 1, 4096,
+                     "request ids followed at once (moectl trace --follow); the oldest go first"),
+      });
+  return s;
+}
+
+const config::Section<AdminConfig>& admin_section() {
+  using C = AdminConfig;
+  static const config::Section<C> s(
+      "admin", "the admin socket (moectl)",
+      {
+          text<C>("dir", &C::dir, "",
+                  "directory of the admin sockets, moed-RANK.sock (mode 0600); empty = no socket"),
+      });
+  return s;
+}
+
+const config::Section<MigrationConfig>& migration_section() {
+  using C = MigrationConfig;
+  static const config::Section<C> s(
+      "migration", "live migration of expert weights while serving",
+      {
+          real<C>("chunk_mb", &C::chunk_mb, 64, 0.0001, 1e6,
+                  "most weight bytes a source sends per step boundary (the bandwidth cap: "
+                  "chunk_mb per step)"),
+          real<C>("memory_mb", &C::memory_mb, 0, 0, 1e9,
+                  "expert weight memory per rank; a destination over it refuses; 0 = unlimited"),
+          flag<C>("keep_window", &C::keep_window, true,
+                  "keep the registered transfer window for the next migration (warm puts; costs its memory)"),
+      });
+  return s;
+}
+
+const config::Section<LogConfig>& log_section() {
+  using C = LogConfig;
+  static const config::Section<C> s(
+      "log", "logging (stderr, the rank in every line)",
+      {
+          choice<C>("level", &C::level, "info", {std::begin(kLogLevels), std::end(kLogLevels)},
+                    "log level"),
+          flag<C>("per_step", &C::per_step, true, "log one line of figures per step (rank 0)"),
+      });
+  return s;
+}
+
+const config::Schema<Config>& schema() {
+  static const config::Schema<Config> s = [] {
+    config::Schema<Config> s;
+    s.add(model_section(), &Config::model);
+    s.add(router_section(), &Config::router);
+    s.add(workload_section(), &Config::workload);
+    s.add(ingress_section(), &Config::ingress);
+    s.add(experts_section(), &Config::experts);
+    s.add(engine_section(), &Config::engine);
+    s.add(placement::cluster_config_section(), &Config::cluster);
+    s.add(comm::comm_config_section(), &Config::comm);
+    s.add(placement::placement_config_section(), &Config::placement);
+    s.add(placement::stats_config_section(), &Config::stats);
+    s.add(admin_section(), &Config::admin);
+    s.add(migration_section(), &Config::migration);
+    s.add(metrics_section(), &Config::metrics);
+    s.add(trace_section(), &Config::trace);
+    s.add(log_section(), &Config::log);
+    return s;
+  }();
+  return s;
+}
+
+}  // namespace
+
+Config default_config() { return schema().defaults(); }
+
+void validate_config(const Config& c) {
+  const auto& m = c.model;
+  if (m.top_k > m.experts)
+    MOED_THROW(Usage, "config: [model].top_k = {} exceeds [model].experts = {}", m.top_k, m.experts);
+  if (c.router.max_k > m.experts)
+    MOED_THROW(Usage, "config: [router].max_k = {} exceeds [model].experts = {}", c.router.max_k,
+               m.experts);
+  std::int64_t max_k = c.router.max_k ? c.router.max_k : m.top_k;
+  if (c.router.mode == "topp" && c.router.min_k > max_k)
+    MOED_THROW(Usage, "config: [router].min_k = {} exceeds the largest k ({} from {})",
+               c.router.min_k, max_k, c.router.max_k ? "[router].max_k" : "[model].top_k");
+  if (c.workload.kind == "ingress" && c.ingress.dir.empty())
+    MOED_THROW(Usage, "config: [workload].kind = \"ingress\" needs [ingress].dir, the directory of the front-door sockets");
+  if (c.workload.kind == "trace" && c.workload.trace.empty())
+    MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
+  if (c.workload.kind == "synthetic" && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))
+    MOED_THROW(Usage,
+               "config: [workload].hot_ratio = {} is unreachable: the hottest expert can carry at "
+               "most every token, {} = [model].experts / [model].top_k times the mean",
+               c.workload.hot_ratio, double(m.experts) / double(m.top_k));
+  if (m.ffn % c.experts.ffn_chunks != 0)
+    MOED_THROW(Usage, "config: [experts].ffn_chunks = {} does not divide [model].ffn = {}", c.experts.ffn_chunks,
+               m.ffn);
+  if (c.engine.microbatches > 1 && c.experts.gemm != "fixed-order")
+    MOED_THROW(Usage,
+               "config: [engine].microbatches = {} needs [experts].gemm = \"fixed-order\": with \"{}\" a "
+               "row's bits depend on the chunk it is computed in, and micro-batches change the chunks",
+               c.engine.microbatches, c.experts.gemm);
+  if (!c.metrics.listen.empty()) parse_listen_address(c.metrics.listen, "config: [metrics].listen");
+  const RouterConfig& r = c.router;
+  if (c.workload.kind == "trace" &&
+      (r.smoothing_beta > 0 || r.bias_gamma > 0 || r.load_policy == "demote" || r.measure_jitter))
+    MOED_THROW(Usage,
+               "config: [workload].kind = \"trace\" replays routing without logits, so [router].{} cannot "
+               "apply (only load_policy = \"drop\" can)",
+               r.smoothing_beta > 0 ? "smoothing_beta" : r.bias_gamma > 0 ? "bias_gamma"
+               : r.measure_jitter ? "measure_jitter" : "load_policy = \"demote\"");
+  if (c.workload.topic_size > m.experts)
+    MOED_THROW(Usage, "config: [workload].topic_size = {} exceeds [model].experts = {}",
+               c.workload.topic_size, m.experts);
+}
+
+Config load_config_text(const std::string& toml_text, const std::string& origin,
+                        const std::vector<std::string>& overrides) {
+  Config c = schema().defaults();
+  if (!toml_text.empty()) schema().load(config::detail::parse_toml(toml_text, origin), c, origin);
+  for (const auto& o : overrides) schema().set(c, o);
+  validate_config(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string text;
+  if (!path.empty()) {
+    // A directory opens as a stream that reads nothing: it would load as
+    // the defaults, silently.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      MOED_THROW(Usage, "config: {} is a directory, not a config file", path);
+    std::ifstream in(path);
+    if (!in) MOED_THROW(Usage, "config: cannot open {}", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (in.bad()) MOED_THROW(Usage, "config: cannot read {}", path);
+    text = ss.str();
+  }
+  return load_config_text(text, path.empty() ? "defaults" : path, overrides);
+}
+
+void print_config(std::ostream& os, const Config& c) {
+  os << "# moed effective configuration: every key with its doc, allowed values and default.\n"
+        "# Load it back with: moed --config FILE\n";
+  schema().print(os, c);
+}
+
+}  // namespace moed::runtime

@@ -1,0 +1,437 @@
+#include "runtime/control/control_plane.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "placement/placement_diff.h"
+#include "placement/placement_file.h"
+#include "routing/stats_file.h"
+#include "runtime/control/control_views.h"
+#include "runtime/observe/prometheus_text.h"
+
+namespace moed::runtime {
+
+using nlohmann::json;
+
+namespace {
+
+AlertThresholds alert_thresholds(const Config& c) {
+  const MetricsConfig& m = c.metrics;
+  return {.load_std_over_mean = m.alert_load_std_over_mean,
+          .activation_band = m.alert_activation_band,
+          .expected_activation = double(c.model.top_k) / double(c.model.experts),
+          .alltoall_p99_ms = m.alert_alltoall_p99_ms,
+          .step_p99_ms = m.alert_step_p99_ms,
+          .for_s = m.alert_for_s};
+}
+
+// The alerts look at the recent window: a figure since start would keep an
+// alert firing long after the cause has gone.
+AlertSignals alert_signals(const Summary& s) {
+  AlertSignals a;
+  a.load_std_over_mean = s.load_std_over_mean;
+  for (const Summary::Layer& layer : s.layers) a.layer_activation.push_back(layer.activation_rate);
+  a.rows_wait_p99_ms = s.recent_rows_wait_p99_ms;
+  a.answers_wait_p99_ms = s.recent_answers_wait_p99_ms;
+  a.step_p99_ms = s.recent_step_p99_ms;
+  return a;
+}
+
+}  // namespace
+
+ControlPlane::ControlPlane(ControlContext context)
+    : c_(context),
+      coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr),
+      alert_book_(alert_thresholds(context.config)),
+      stats_writes_("the statistics file " + context.config.stats.file),
+      windows_(context.transport),
+      faults_(MigrationFaults::from_env()),
+      heatmap_(int(context.config.model.layers), int(context.config.model.experts),
+               context.rank == 0 && !context.config.metrics.listen.empty() ? int(context.config.metrics.heatmap_columns) : 0,
+               int(context.config.metrics.heatmap_column_steps)) {
+  // The committed placement is written before the switch: a file that cannot
+  // be written aborts the migration while every rank is on the old epoch.
+  coordinator_.set_before_commit([this](const MigrationRecord& m, std::uint64_t epoch) -> std::optional<std::string> {
+    const std::string& path = c_.config.placement.committed;
+    if (path.empty()) return std::nullopt;
+    placement::Placement next = placement::apply_moves(c_.placement, m.moves);
+    next.set_epoch(epoch);
+    try {
+      placement::write_placement_file(next, path);
+    } catch (const std::exception& e) {
+      ++committed_write_failures_;
+      return fmt::format("[placement].committed {} cannot be written: {}", path, e.what());
+    }
+    return std::nullopt;
+  });
+  std::lock_guard lock(snapshot_mu_);
+  placement_json_ = placement_json(c_.placement);
+}
+
+ControlPlane::~ControlPlane() = default;
+
+void ControlPlane::save_stats(const routing::RoutingStats& merged, bool last) {
+  const double now = now_seconds();
+  if (!last && !stats_writes_.due(now)) return;  // backing off; the next gather tries again
+  try {
+    routing::write_stats_file(merged, c_.config.stats.file);
+  } catch (const std::exception& e) {
+    const std::string line = stats_writes_.failed(now, e.what());
+    if (last) spdlog::error("{}", line); else spdlog::warn("{}", line);
+    return;
+  }
+  if (const std::string line = stats_writes_.succeeded(); !line.empty()) spdlog::info("{}", line);
+  spdlog::info("wrote {} ({} steps, {} sampled tokens)", c_.config.stats.file, merged.steps(), merged.sample_size());
+}
+
+void ControlPlane::submit(admin::Request request, admin::Reply reply) {
+  std::lock_guard lock(queue_mu_);
+  queue_.emplace_back(std::move(request), std::move(reply));
+}
+
+std::optional<routing::RoutingStats> ControlPlane::gather_stats(const std::string& what) {
+  routing::RoutingStats merged = *c_.stats;
+  merged.normalize();
+  c_.control.reduce_sum(merged.raw().data(), merged.raw().size(), what);
+  std::vector<std::uint32_t> mine = c_.stats->sample_cells();
+  std::vector<std::byte> all = c_.control.gather(mine.data(), mine.size() * sizeof(std::uint32_t), what);
+  if (c_.rank != 0) return std::nullopt;
+  // Rank 0's own paths are in `merged` already; the others' follow, in rank order.
+  std::span<const std::uint32_t> cells(reinterpret_cast<const std::uint32_t*>(all.data()),
+                                       all.size() / sizeof(std::uint32_t));
+  merged.append_sample_cells(cells.subspan(mine.size()));
+  auto shared = std::make_shared<const routing::RoutingStats>(merged);
+  std::lock_guard lock(snapshot_mu_);
+  last_stats_ = std::move(shared);
+  return merged;
+}
+
+bool ControlPlane::boundary(std::uint64_t step) {
+  std::string text;
+  if (c_.rank == 0) {
+    text = encode_actions(decide());
+    if (!text.empty()) publish_migration();  // an abort shows at once, also at the last boundary
+  }
+  c_.control.broadcast_text(text, fmt::format("control actions of step {}", step));
+  const BoundaryActions actions = decode_actions(text);
+  follow_now_ = actions.follow;
+  apply(actions);
+  return !actions.stop;
+}
+
+BoundaryActions ControlPlane::decide() {
+  std::deque<std::pair<admin::Request, admin::Reply>> requests;
+  {
+    std::lock_guard lock(queue_mu_);
+    requests.swap(queue_);
+  }
+  coordinator_.begin_boundary();
+  if (const int signal = c_.stop_signal ? c_.stop_signal() : 0; signal != 0 && !coordinator_.stopping()) {
+    spdlog::warn("rank 0: {}: draining: the step in flight finishes, a migration before its switch aborts, "
+                 "then the report and statistics are written (the same signal again ends it at once)",
+                 c_.signal_name ? c_.signal_name(signal) : "a signal");
+    coordinator_.shutdown();
+    stopped_by_ = signal;
+  }
+  for (auto& [request, reply] : requests) {
+    const json& p = request.params;
+    const std::string& cmd = request.cmd;
+    Verdict verdict;
+    json body;
+    if (cmd == "shutdown") {
+      verdict = coordinator_.shutdown();
+      body = {{"state", "stopping"}};
+    } else if (cmd == "drain") {
+      verdict = coordinator_.drain();
+      body = {{"state", "draining"}};
+    } else if (cmd == "migrate") {
+      const std::optional<int> from = p.contains("from") ? std::optional<int>(p.at("from")) : std::nullopt;
+      verdict = coordinator_.migrate(c_.placement, p.at("layer"), p.at("expert"), p.at("to"), from, &c_.topology);
+      if (verdict.ok()) {
+        publish_migration();
+        body = {{"migration", migration_json()}};
+      }
+    } else if (cmd == "trace_follow") {
+      follow_asked_.push_back(p.at("request_id").get<std::uint64_t>());
+      body = {{"following", p.at("request_id")}, {"sample", c_.config.trace.sample}};
+    } else if (cmd == "reoptimize") {
+      verdict = coordinator_.reoptimize();
+      if (verdict.ok()) {  // answered when its plan is made
+        reoptimize_.emplace(std::move(request), std::move(reply));
+        continue;
+      }
+    } else {
+      verdict = coordinator_.unknown_command(cmd);
+    }
+    reply(verdict.ok() ? admin::answer_ok(request.id, body)
+                       : admin::answer_error(request.id, verdict.code, verdict.message));
+  }
+  if (optimizing_.valid() && optimizing_.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+    finish_reoptimize();
+  BoundaryActions out;
+  out.actions = coordinator_.end_boundary(c_.placement.epoch());
+  out.stop = coordinator_.stop();
+  out.follow = std::move(follow_asked_);
+  follow_asked_.clear();
+  return out;
+}
+
+void ControlPlane::finish_reoptimize() {
+  ReoptimizePlan plan = optimizing_.get();
+  auto [request, reply] = std::move(*reoptimize_);
+  reoptimize_.reset();
+  if (!plan.error.empty()) {
+    coordinator_.plan_failed();
+    reply(admin::answer_error(request.id, admin::code::kInternal, plan.error));
+    return;
+  }
+  json answer = {{"dry_run", request.params.value("dry_run", false)},
+                 {"predicted", predicted_json(plan.now, plan.after)},
+                 {"moves", json::array()},
+                 {"migration", nullptr}};
+  for (const auto& m : plan.moves)
+    answer["moves"].push_back({{"layer", m.layer}, {"expert", m.expert}, {"from", m.from}, {"to", m.to}, {"drop", m.drop}});
+  if (coordinator_.plan_ready(std::move(plan.moves), answer["dry_run"])) {
+    publish_migration();
+    answer["migration"] = migration_json();
+  }
+  reply(admin::answer_ok(request.id, answer));
+}
+
+void ControlPlane::apply(const BoundaryActions& actions) {
+  using K = ControlAction::Kind;
+  bool report = false;
+  send_seconds_ = 0;
+  for (const ControlAction& op : actions.actions) {
+    switch (op.kind) {
+      case K::gather_stats: {
+        std::optional<routing::RoutingStats> merged = gather_stats("routing statistics for reoptimize");
+        if (c_.rank == 0 && reoptimize_ && !optimizing_.valid()) {
+          // Plan on a thread of rank 0's own: steps go on meanwhile.
+          const json& asked = reoptimize_->first.params;
+          ReoptimizeRequest params;
+          params.policy = asked.value("policy", std::string("metis"));
+          if (asked.contains("max_moves")) params.max_moves = asked["max_moves"].get<int>();
+          params.slots_per_rank = int(c_.config.placement.layer_slots_per_rank);
+          params.redundant_slots = int(c_.config.placement.redundant_slots);
+          optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
+                                                        topology = c_.topology, params] {
+            return plan_reoptimization(stats, current, topology, params);
+          });
+        }
+        break;
+      }
+      case K::prepare:
+        refusal_.reset();
+        failure_.reset();
+        bad_checksums_.clear();
+        transfer_ = std::make_unique<MigrationTransfer>(op.migration, op.moves, c_.rank, c_.store, c_.transport,
+                                                        windows_, faults_);
+        refusal_ = transfer_->prepare(std::size_t(c_.config.migration.memory_mb * 1e6));
+        report = true;
+        break;
+      case K::transfer:
+        if (!failure_) {
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            transfer_->send(std::size_t(c_.config.migration.chunk_mb * 1e6));
+            send_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          } catch (const std::exception& e) {
+            failure_ = fmt::format("rank {}: {}", c_.rank, e.what());
+          }
+        }
+        report = true;
+        break;
+      case K::verify:
+        bad_checksums_ = transfer_->verify(op.expected);
+        report = true;
+        break;
+      case K::commit: {
+        transfer_->install();  // the new slots serve before the placement names them
+        placement::Placement next = placement::apply_moves(c_.placement, transfer_->moves());
+        next.set_epoch(op.epoch);
+        c_.placement = std::move(next);
+        commit_placement();
+        break;
+      }
+      case K::release:
+        transfer_->release();
+        transfer_.reset();
+        if (!c_.config.migration.keep_window) windows_.drop();  // collective, like every op
+        break;
+      case K::abort:
+        transfer_.reset();
+        windows_.drop();  // it may hold a refusing rank's empty part, or corrupted bytes
+        break;
+    }
+  }
+  if (!report) return;
+  std::vector<std::string> all = c_.control.all_gather_strings(encode_report(my_report()), "migration reports");
+  if (c_.rank != 0) return;
+  std::vector<StageReport> reports;
+  for (const auto& text : all) reports.push_back(decode_report(text));
+  coordinator_.absorb(reports);
+}
+
+StageReport ControlPlane::my_report() const {
+  StageReport r;
+  r.sent_bytes = transfer_ ? transfer_->sent_bytes() : 0;
+  r.send_seconds = send_seconds_;
+  r.refused = refusal_;
+  r.failed = failure_;
+  if (transfer_ && transfer_->sent_bytes() == transfer_->bytes_to_send()) r.checksums = transfer_->source_checksums();
+  r.bad_moves = bad_checksums_;
+  return r;
+}
+
+void ControlPlane::commit_placement() {
+  if (c_.rank == 0) {  // the file was written before the switch (set_before_commit)
+    spdlog::info("placement epoch {} committed{}", c_.placement.epoch(),
+                 c_.config.placement.committed.empty() ? "" : " to " + c_.config.placement.committed);
+  }
+  std::lock_guard lock(snapshot_mu_);
+  placement_json_ = placement_json(c_.placement);
+}
+
+json ControlPlane::migration_json() const { return runtime::migration_json(coordinator_.migration()); }
+
+// Visible at once: a client that polls right after an answer finds it.
+void ControlPlane::publish_migration() {
+  json snapshot = migration_json();
+  std::lock_guard lock(snapshot_mu_);
+  migration_snapshot_ = std::move(snapshot);
+}
+
+void ControlPlane::note_loaded() {
+  memory_after_load_ = process_memory();
+  peak_since_load_ = reset_peak_memory();
+}
+
+void ControlPlane::publish(std::uint64_t step, const Summary* summary, double step_wall_ms) {
+  if (c_.rank == 0) coordinator_.note_step(step_wall_ms);
+  json status = {{"rank", c_.rank},
+                 {"epoch", c_.placement.epoch()},
+                 {"step", step},
+                 {"state", coordinator_.stopping() ? "stopping" : coordinator_.draining() ? "draining" : "serving"},
+                 {"migration", c_.rank == 0 ? migration_json() : json(nullptr)}};
+  json alerts = json::array();
+  std::string metrics;
+  if (summary) {
+    status["tokens_per_s"] = summary->tokens_per_s;
+    status["recent_tokens_per_s"] = summary->recent_tokens_per_s;
+    const double now = now_seconds();
+    for (std::string& text : alert_book_.update(alert_signals(*summary), now)) alerts.push_back(std::move(text));
+    const MigrationRecord* migration = coordinator_.migration();
+    if (stats_writes_.failing()) alerts.push_back(stats_writes_.alert(now));
+    ControlFigures figures;
+    figures.epoch = c_.placement.epoch();
+    figures.alerts = alerts.size();
+    figures.migration_done_bytes = migration ? migration->done : 0;
+    figures.migration_bytes = migration ? migration->bytes : 0;
+    if (migration) figures.migration_state = std::string(state_name(migration->state));
+    figures.stats_write_failures = stats_writes_.failures();
+    figures.committed_write_failures = committed_write_failures_;
+    for (int k = 0; k < kAlertKinds; ++k) figures.firing[std::size_t(k)] = alert_book_.firing(AlertKind(k));
+    figures.stats_file_alert = stats_writes_.failing();
+    figures.thresholds = alert_book_.limits();
+    metrics = prometheus_text(*summary, figures);
+  }
+  status["alerts"] = alerts;
+  status["memory"] = memory_json(memory_after_load_, process_memory(), peak_since_load_);
+  json migration = c_.rank == 0 ? migration_json() : json(nullptr);
+  std::lock_guard lock(snapshot_mu_);
+  status_ = std::move(status);
+  if (summary) metrics_ = std::move(metrics), summary_ = *summary;
+  migration_snapshot_ = std::move(migration);
+}
+
+std::optional<std::string> ControlPlane::metrics_text() const {
+  std::lock_guard lock(snapshot_mu_);
+  if (metrics_.empty()) return std::nullopt;
+  return metrics_;
+}
+
+ControlPlane::DashboardView ControlPlane::dashboard_view() const {
+  std::lock_guard lock(snapshot_mu_);
+  return {summary_, status_, placement_json_, migration_snapshot_, alert_book_.limits()};
+}
+
+std::vector<LoadHeatmap::Column> ControlPlane::heatmap_layer(int layer) const {
+  std::lock_guard lock(snapshot_mu_);
+  return heatmap_.layer(layer);
+}
+
+std::shared_ptr<const routing::RoutingStats> ControlPlane::last_stats() const {
+  std::lock_guard lock(snapshot_mu_);
+  return last_stats_;
+}
+
+void ControlPlane::record_loads(const std::vector<std::uint64_t>& expert_load) {
+  std::lock_guard lock(snapshot_mu_);
+  heatmap_.add_step(expert_load);
+}
+
+json ControlPlane::snapshot_answer(const admin::Request& request) {
+  const std::string& cmd = request.cmd;
+  if (cmd == "stats") {
+    // Summarised and dumped outside the mutex: a slow disk never holds up the
+    // step thread's publish().
+    std::shared_ptr<const routing::RoutingStats> stats;
+    {
+      std::lock_guard lock(snapshot_mu_);
+      stats = last_stats_;
+    }
+    if (!stats)
+      return admin::error_body(admin::code::kRefused,
+                               "no statistics gathered yet (rank 0 gathers every [stats].every_steps)");
+    json answer = stats_summary(*stats);
+    if (request.params.contains("dump")) {
+      const std::string path = request.params["dump"];
+      try {
+        routing::write_stats_file(*stats, path);
+      } catch (const Error& e) {
+        return admin::error_body(admin::code::kRefused, e.what());
+      }
+      answer["dump"] = path;
+    }
+    return answer;
+  }
+  std::lock_guard lock(snapshot_mu_);
+  if (cmd == "status") return status_.is_null() ? json{{"rank", c_.rank}, {"state", "starting"}} : status_;
+  if (cmd == "metrics") {
+    if (metrics_.empty())
+      return admin::error_body(admin::code::kRefused, "no figures yet: metrics come from rank 0 after the warm-up");
+    return {{"text", metrics_}};
+  }
+  if (cmd == "placement") return placement_json_;
+  if (cmd == "migration") {
+    if (migration_snapshot_.is_null()) return admin::error_body(admin::code::kRefused, "no migration has run (ask rank 0)");
+    if (request.params.contains("migration_id") && request.params["migration_id"] != migration_snapshot_["id"])
+      return admin::error_body(admin::code::kRefused,
+                               fmt::format("the last migration is {}", migration_snapshot_["id"].dump()));
+    return {{"migration", migration_snapshot_}};
+  }
+  return admin::error_body(admin::code::kInternal, "command " + cmd + " has no snapshot");
+}
+
+void ControlPlane::finish() {
+  reply_all_pending(admin::code::kShuttingDown, "the daemon has stopped");
+  if (optimizing_.valid()) optimizing_.wait();
+}
+
+void ControlPlane::reply_all_pending(std::string_view code, const std::string& message) {
+  std::deque<std::pair<admin::Request, admin::Reply>> requests;
+  {
+    std::lock_guard lock(queue_mu_);
+    requests.swap(queue_);
+  }
+  for (auto& [request, reply] : requests) reply(admin::answer_error(request.id, code, message));
+  if (reoptimize_) reoptimize_->second(admin::answer_error(reoptimize_->first.id, code, message));
+  reoptimize_.reset();
+}
+
+}  // namespace moed::runtime

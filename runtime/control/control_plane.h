@@ -1,0 +1,162 @@
+// The control plane: decisions taken at step boundaries, in the same order on
+// every rank.
+//
+// Rank 0, the coordinator, queues the admin socket's control requests
+// (reoptimize, migrate, stats, drain, shutdown) and, at each boundary, turns
+// them and the progress of the running migration into a list of actions (the
+// decisions are runtime/control/migration_coordinator.h's, a pure state machine). The
+// list is broadcast; every rank applies it in order (the collective ones, a
+// statistics gather or an RMA window, together). A migration's ranks then
+// report to rank 0, which decides the next stage at the next boundary. So
+// nothing a client does reaches the step loop between boundaries, and a slow
+// decision (the optimiser) runs on a thread of rank 0's own while steps go on.
+//
+// Every rank also publishes a snapshot (status, metrics, placement, the
+// migration's progress) that the admin socket's thread answers from.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/control_channel.h"
+#include "common/process_memory.h"
+#include "comm/transport.h"
+#include "placement/placement.h"
+#include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "runtime/control/admin_server.h"
+#include "runtime/observe/alerts.h"
+#include "runtime/config/config.h"
+#include "runtime/observe/load_heatmap.h"
+#include "runtime/control/control_messages.h"
+#include "runtime/control/migration.h"
+#include "runtime/control/migration_coordinator.h"
+#include "runtime/control/reoptimizer.h"
+#include "common/write_retry.h"
+#include "runtime/observe/report.h"
+#include "runtime/weights/expert_store.h"
+
+namespace moed::runtime {
+
+// What the control plane works on; owned by the daemon.
+struct ControlContext {
+  const Config& config;
+  int rank, ranks;
+  comm::ControlChannel& control;
+  comm::Transport& transport;
+  ExpertStore& store;
+  placement::Placement& placement;
+  const placement::Topology& topology;
+  routing::RoutingStats* stats;  // null when none is kept
+  // The first stop signal received, or 0, and its name for the log: the
+  // daemon owns the handlers (runtime/daemon/stop_signal.h). Null: none.
+  int (*stop_signal)() = nullptr;
+  const char* (*signal_name)(int) = nullptr;
+};
+
+class ControlPlane {
+ public:
+  explicit ControlPlane(ControlContext context);
+  ~ControlPlane();
+
+  // The admin socket's handlers (any thread).
+  void submit(admin::Request request, admin::Reply reply);  // control requests, rank 0
+  nlohmann::json snapshot_answer(const admin::Request& request);
+  // Rank 0's figures in Prometheus text (runtime/observe/prometheus_text.h), as last
+  // published; none before the first measured step and on other ranks. Any thread.
+  std::optional<std::string> metrics_text() const;
+  // What the dashboard shows (runtime/observe/http/dashboard_routes.h), as last
+  // published; any thread. The summary is empty before the first measured step.
+  struct DashboardView {
+    std::optional<Summary> summary;
+    nlohmann::json status, placement, migration;
+    AlertThresholds thresholds;
+  };
+  DashboardView dashboard_view() const;
+  std::vector<LoadHeatmap::Column> heatmap_layer(int layer) const;
+  int heatmap_column_steps() const { return heatmap_.column_steps(); }
+  std::shared_ptr<const routing::RoutingStats> last_stats() const;
+  const placement::Topology& topology() const { return c_.topology; }
+  // Rank 0, after each measured step: its expert loads into the heatmap.
+  void record_loads(const std::vector<std::uint64_t>& expert_load);
+
+  // At the boundary before step `step`, on every rank (collective). Returns
+  // false when the daemon must stop (shutdown, or a drain that has finished).
+  bool boundary(std::uint64_t step);
+  // After a step: the figures the snapshot shows (rank 0 has the run's
+  // summary), and the step's wall time from its boundary on (the migration
+  // figures compare the steps during a migration with the steps before it).
+  void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
+  // Once start-up has loaded everything: the resident memory then, and the
+  // peak reset so that status shows the peak of serving (and migrating).
+  void note_loaded();
+  // At exit: answers whatever is still waiting.
+  void finish();
+  // The request ids the last boundary asked every rank to trace (moectl trace --follow).
+  const std::vector<std::uint64_t>& follow_now() const { return follow_now_; }
+  // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.
+  int stopped_by() const { return stopped_by_; }
+
+  // Gathers every rank's statistics on rank 0 (collective); rank 0 gets the
+  // merged copy, the others an empty optional.
+  std::optional<routing::RoutingStats> gather_stats(const std::string& what);
+  // Rank 0: writes the merged statistics to [stats].file. A failure is
+  // logged, shown in status alerts and metrics, and retried with backoff;
+  // it never stops serving. `last`: the write at exit (tried even while
+  // backing off).
+  void save_stats(const routing::RoutingStats& merged, bool last);
+
+ private:
+  using json = nlohmann::json;
+
+  BoundaryActions decide();                    // rank 0
+  void apply(const BoundaryActions& actions);  // every rank
+  StageReport my_report() const;               // every rank, while a migration runs
+  void finish_reoptimize();
+  void commit_placement();
+  json migration_json() const;
+  void publish_migration();
+  void reply_all_pending(std::string_view code, const std::string& message);
+
+  ControlContext c_;
+  // Requests from the socket thread, taken at the next boundary (rank 0).
+  std::mutex queue_mu_;
+  std::deque<std::pair<admin::Request, admin::Reply>> queue_;
+  // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
+  MigrationCoordinator coordinator_;
+  AlertBook alert_book_;  // rank 0: the [metrics] alerts
+  int stopped_by_ = 0;
+  std::vector<std::uint64_t> follow_asked_, follow_now_;  // rank 0: asked since the last boundary; every rank: applied
+  WriteRetry stats_writes_;
+  std::uint64_t committed_write_failures_ = 0;
+  std::optional<ProcessMemory> memory_after_load_;
+  bool peak_since_load_ = false;
+  std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
+  std::future<ReoptimizePlan> optimizing_;  // the plan, made on a thread of rank 0's own
+  // This rank's side of the running migration.
+  MigrationWindows windows_;
+  std::unique_ptr<MigrationTransfer> transfer_;
+  std::optional<std::string> refusal_, failure_;
+  std::vector<std::size_t> bad_checksums_;
+  double send_seconds_ = 0;  // this boundary's time in MigrationTransfer::send
+  MigrationFaults faults_;
+  // The snapshot the socket thread reads. The statistics are shared, not
+  // copied, so that a dump writes its file without holding the mutex the
+  // step thread takes.
+  mutable std::mutex snapshot_mu_;
+  json status_, placement_json_, migration_snapshot_;
+  std::string metrics_;
+  std::shared_ptr<const routing::RoutingStats> last_stats_;  // rank 0: the last merged statistics
+  std::optional<Summary> summary_;  // rank 0: the last published figures
+  LoadHeatmap heatmap_;              // rank 0 with the endpoint on; empty elsewhere
+};
+
+}  // namespace moed::runtime

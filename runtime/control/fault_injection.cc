@@ -1,0 +1,42 @@
+#include "runtime/control/fault_injection.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <regex>
+#include <thread>
+
+#include "common/error.h"
+
+namespace moed::runtime {
+
+std::optional<Fault> parse_fault(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  static const std::regex stall(R"(stall:rank=(\d{1,9}),step=(\d{1,18}))");
+  static const std::regex migrate(R"(migrate-(fail|corrupt|kill):rank=(\d{1,9}))");
+  std::smatch m;
+  if (std::regex_match(text, m, stall)) return Fault{Fault::Kind::Stall, std::stoi(m[1]), std::stoull(m[2])};
+  if (std::regex_match(text, m, migrate)) {
+    const Fault::Kind kind = m[1] == "fail"      ? Fault::Kind::MigrateFail
+                             : m[1] == "corrupt" ? Fault::Kind::MigrateCorrupt
+                                                 : Fault::Kind::MigrateKill;
+    return Fault{kind, std::stoi(m[2]), 0};
+  }
+  MOED_THROW(Usage,
+             "MOED_FAULT=\"{}\": expected stall:rank=R,step=S or migrate-fail|migrate-corrupt|migrate-kill:rank=R",
+             text);
+}
+
+std::optional<Fault> fault_from_env() {
+  const char* text = std::getenv("MOED_FAULT");
+  return parse_fault(text ? text : "");
+}
+
+void maybe_inject(const std::optional<Fault>& fault, int rank, std::uint64_t step) {
+  if (!fault || fault->kind != Fault::Kind::Stall || fault->rank != rank || fault->step != step) return;
+  spdlog::warn("MOED_FAULT: rank {} stalls at step {} on purpose", rank, step);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // until the job is aborted
+}
+
+}  // namespace moed::runtime

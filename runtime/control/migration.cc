@@ -1,0 +1,190 @@
+#include "runtime/control/migration.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+#include "runtime/control/fault_injection.h"
+
+namespace moed::runtime {
+
+std::uint64_t weights_checksum(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001B3ull;
+  }
+  for (; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+  return h ^ bytes;
+}
+
+std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, std::size_t slot_bytes,
+                                        int ranks, std::vector<std::size_t>* bytes_per_rank) {
+  std::vector<std::size_t> next(ranks, 0), offsets(moves.size(), 0);
+  for (std::size_t i = 0; i < moves.size(); ++i) {
+    if (moves[i].to < 0) continue;
+    offsets[i] = next[moves[i].to];
+    next[moves[i].to] += slot_bytes / std::size_t(moves[i].shards);
+  }
+  if (bytes_per_rank) *bytes_per_rank = next;
+  return offsets;
+}
+
+MigrationFaults MigrationFaults::from_env() {
+  MigrationFaults f;
+  const std::optional<Fault> fault = fault_from_env();
+  if (!fault) return f;
+  if (fault->kind == Fault::Kind::MigrateFail) f.fail_source = fault->rank;
+  if (fault->kind == Fault::Kind::MigrateCorrupt) f.corrupt_destination = fault->rank;
+  if (fault->kind == Fault::Kind::MigrateKill) f.killed_source = fault->rank;
+  return f;
+}
+
+comm::RmaWindow& MigrationWindows::get(const std::vector<std::size_t>& need, std::size_t mine,
+                                       const std::string& what) {
+  bool fits = window_ && sizes_.size() == need.size();
+  for (std::size_t r = 0; fits && r < need.size(); ++r) fits = need[r] <= sizes_[r];
+  if (!fits) {
+    // Grown to cover both the old and the new needs, so that migrations that
+    // go back and forth between ranks settle on one window.
+    std::vector<std::size_t> sizes = need;
+    for (std::size_t r = 0; r < sizes.size() && r < sizes_.size(); ++r) sizes[r] = std::max(sizes[r], sizes_[r]);
+    const int me = transport_.rank();
+    if (mine < need[std::size_t(me)]) sizes[std::size_t(me)] = mine;  // a refusing rank takes nothing
+    window_.reset();  // collective, before the new one takes its memory
+    window_ = transport_.create_window(sizes[std::size_t(me)], what);
+    sizes_ = std::move(sizes);
+  }
+  return *window_;
+}
+
+MigrationTransfer::MigrationTransfer(std::uint64_t id, std::vector<placement::Move> moves, int rank,
+                                     ExpertStore& store, comm::Transport& transport, MigrationWindows& windows,
+                                     MigrationFaults faults)
+    : id_(id),
+      moves_(std::move(moves)),
+      rank_(rank),
+      store_(store),
+      transport_(transport),
+      faults_(faults),
+      slot_bytes_(store.slot_floats() * sizeof(float)),
+      windows_(windows) {}
+
+MigrationTransfer::~MigrationTransfer() {
+  // An abort may come with puts in flight: they land before the window can
+  // be reused or freed.
+  if (issued_ > sent_ && window_) {
+    try {
+      window_->flush(fmt::format("puts of migration {} at its end", id_));
+    } catch (const std::exception& e) {
+      spdlog::warn("migration {}: {}", id_, e.what());
+    }
+  }
+}
+
+std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_bytes) {
+  std::vector<std::size_t> incoming;
+  offsets_ = window_offsets(moves_, slot_bytes_, transport_.size(), &incoming);
+  // Every rank takes part in the window's creation, refusing or not.
+  std::optional<std::string> refusal;
+  std::size_t want = incoming[rank_];
+  if (memory_budget_bytes > 0 && store_.expert_bytes() + want > memory_budget_bytes) {
+    // In MB with enough digits that the sum visibly exceeds the budget.
+    refusal = fmt::format("rank {} has {:.6g} MB of experts; {:.6g} MB more exceed its budget of {:.6g} MB "
+                          "([migration].memory_mb)",
+                          rank_, double(store_.expert_bytes()) / 1e6, double(want) / 1e6,
+                          double(memory_budget_bytes) / 1e6);
+    want = 0;
+  }
+  // Each rank's part of the window: the slots it receives, then its own
+  // outgoing slots, staged there because registered memory is what UCX puts
+  // from fastest (zero-copy where the transport has it).
+  std::vector<std::size_t> need = incoming;
+  for (const auto& m : moves_)
+    if (m.from >= 0 && m.to >= 0) need[std::size_t(m.from)] += move_bytes(m);
+  const std::size_t staging = incoming[rank_];
+  window_ = &windows_.get(need, want + need[rank_] - incoming[rank_], fmt::format("window of migration {}", id_));
+  std::size_t at = refusal ? 0 : staging;
+  for (std::size_t i = 0; i < moves_.size(); ++i) {
+    const placement::Move& m = moves_[i];
+    if (m.from != rank_ || m.to < 0) continue;
+    MOED_CHECK(store_.shard_of(m.layer, m.expert) == std::pair(m.shard, m.shards),
+               "migration {}: rank {} is to send shard {} of {} of layer {} expert {}, which it does not hold", id_,
+               rank_, m.shard, m.shards, m.layer, m.expert);
+    store_.copy_slot(m.layer, m.expert, reinterpret_cast<float*>(window_->local() + at));
+    outgoing_.emplace_back(i, at);
+    at += move_bytes(m);
+    to_send_ += move_bytes(m);
+  }
+  return refusal;
+}
+
+void MigrationTransfer::send(std::size_t budget) {
+  if (faults_.killed_source == rank_ && !outgoing_.empty()) {
+    spdlog::warn("MOED_FAULT: rank {} dies during migration {}", rank_, id_);
+    std::raise(SIGKILL);
+  }
+  // The puts of the last boundary have had a whole step to land (an RDMA
+  // NIC, or UCX progress in the step's own waits, moves them meanwhile).
+  if (issued_ > sent_) {
+    window_->flush(fmt::format("transfer of migration {}", id_));
+    sent_ = issued_;
+    if (faults_.fail_source == rank_)
+      MOED_THROW(Runtime, "MOED_FAULT: rank {} fails its transfer after {} of {} bytes", rank_, sent_, to_send_);
+  }
+  std::size_t left = budget;
+  std::size_t position = 0;  // byte position over all outgoing slots
+  for (const auto& [i, staged] : outgoing_) {
+    const std::size_t bytes = move_bytes(moves_[i]), end = position + bytes;
+    if (issued_ < end && left > 0) {
+      const std::size_t within = issued_ - position;
+      const std::size_t n = std::min(left, bytes - within);
+      transport_.progress();
+      window_->put(moves_[i].to, offsets_[i] + within, window_->local() + staged + within, n);
+      issued_ += n;
+      left -= n;
+    }
+    position = end;
+  }
+}
+
+std::vector<std::pair<std::size_t, std::uint64_t>> MigrationTransfer::source_checksums() const {
+  std::vector<std::pair<std::size_t, std::uint64_t>> sums;
+  for (const auto& [i, staged] : outgoing_)
+    sums.emplace_back(i, weights_checksum(window_->local() + staged, move_bytes(moves_[i])));
+  return sums;
+}
+
+std::vector<std::size_t> MigrationTransfer::verify(const std::vector<std::uint64_t>& expected) {
+  std::vector<std::size_t> bad;
+  for (std::size_t i = 0; i < moves_.size(); ++i) {
+    if (moves_[i].to != rank_) continue;
+    std::byte* landed = window_->local() + offsets_[i];
+    const std::size_t bytes = move_bytes(moves_[i]);
+    if (faults_.corrupt_destination == rank_) landed[bytes / 2] ^= std::byte{0x40};
+    if (weights_checksum(landed, bytes) != expected.at(i)) bad.push_back(i);
+  }
+  return bad;
+}
+
+void MigrationTransfer::install() {
+  for (std::size_t i = 0; i < moves_.size(); ++i)
+    if (moves_[i].to == rank_)
+      store_.add_slot(moves_[i].layer, moves_[i].expert,
+                      reinterpret_cast<const float*>(window_->local() + offsets_[i]), moves_[i].shard,
+                      moves_[i].shards);
+}
+
+void MigrationTransfer::release() {
+  for (const auto& m : moves_)
+    if (m.drop == rank_) store_.drop_slot(m.layer, m.expert);
+}
+
+}  // namespace moed::runtime

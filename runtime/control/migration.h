@@ -1,0 +1,114 @@
+// Live migration of expert weights, one rank's side of it.
+//
+// A migration is a list of slot moves (placement/placement_diff.h: a copy of
+// (layer, expert) from rank `from` to rank `to`, releasing `drop`). Every rank
+// runs the same stages at the same step boundaries, told by the coordinator
+// (runtime/control/control_plane.h):
+//   prepare   each destination reserves room (its share of one RMA window,
+//             created collectively) or refuses (over [migration].memory_mb);
+//   transfer  each source puts its slots into the destinations' windows, at
+//             most [migration].chunk_mb per boundary, and flushes them;
+//   verify    each destination checksums what landed against the source's sum;
+//   commit    every rank switches to the new placement at one boundary (the
+//             destinations install the slots first, so old and new are valid);
+//   release   the sources free the slots they gave up.
+// Any failure before commit aborts: the window goes, nothing else changed.
+// Outputs do not depend on where experts sit, so serving goes on throughout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/transport.h"
+#include "placement/placement_diff.h"
+#include "runtime/weights/expert_store.h"
+
+namespace moed::runtime {
+
+// 64-bit checksum of a byte range (FNV-1a over 8-byte words, then the tail).
+std::uint64_t weights_checksum(const void* data, std::size_t bytes);
+
+// Where each destination's incoming slots sit in its window: for move i,
+// the byte offset in window of moves[i].to (0 for moves without a destination).
+// slot_bytes is a whole expert's; a shard's move carries 1/shards of it.
+std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, std::size_t slot_bytes,
+                                        int ranks, std::vector<std::size_t>* bytes_per_rank = nullptr);
+
+// Test hooks (runtime/control/fault_injection.h): the ranks that fail as a source,
+// corrupt what lands as a destination, or die when they first send.
+struct MigrationFaults {
+  int fail_source = -1;
+  int corrupt_destination = -1;
+  int killed_source = -1;
+  static MigrationFaults from_env();
+};
+
+// The RMA windows migrations land in, kept from one migration to the next.
+// A fresh window is fresh registered memory on every rank, and the first puts
+// into it pay for mapping it on the source (a cold 34.6 MB put runs at a
+// fraction of a warm one's bandwidth). A window is reused when every rank's
+// part is large enough; a new one covers the old parts too. Collective: every rank calls get() and drop() at the
+// same boundary with the same arguments.
+class MigrationWindows {
+ public:
+  explicit MigrationWindows(comm::Transport& transport) : transport_(transport) {}
+  // A window with at least need[r] bytes on rank r; this rank's part is
+  // `mine` bytes when one must be created (0 for a rank that refuses).
+  comm::RmaWindow& get(const std::vector<std::size_t>& need, std::size_t mine, const std::string& what);
+  void drop() { window_.reset(), sizes_.clear(); }
+
+ private:
+  comm::Transport& transport_;
+  std::unique_ptr<comm::RmaWindow> window_;
+  std::vector<std::size_t> sizes_;  // every rank's part of window_, as asked for
+};
+
+class MigrationTransfer {
+ public:
+  MigrationTransfer(std::uint64_t id, std::vector<placement::Move> moves, int rank, ExpertStore& store,
+                    comm::Transport& transport, MigrationWindows& windows, MigrationFaults faults);
+  ~MigrationTransfer();
+
+  std::uint64_t id() const { return id_; }
+  const std::vector<placement::Move>& moves() const { return moves_; }
+
+  // Collective. Returns why this rank refuses, if it does.
+  std::optional<std::string> prepare(std::size_t memory_budget_bytes);
+  // Source side, once per boundary: completes (flushes) the puts the last
+  // call started, then starts up to `budget` more bytes, which land while
+  // the next step runs. Throws a Runtime error on failure (the caller
+  // reports it and the migration aborts).
+  void send(std::size_t budget);
+  std::size_t sent_bytes() const { return sent_; }  // landed (flushed)
+  std::size_t bytes_to_send() const { return to_send_; }
+  // Checksums of this rank's outgoing slots, by move index (the sources').
+  std::vector<std::pair<std::size_t, std::uint64_t>> source_checksums() const;
+  // Destination side: moves whose landed bytes do not match `expected` (by move index).
+  std::vector<std::size_t> verify(const std::vector<std::uint64_t>& expected);
+  // Destination side: the slots become servable (before the placement switches).
+  void install();
+  // Source side, after commit: frees the slots given up.
+  void release();
+
+ private:
+  std::uint64_t id_;
+  std::vector<placement::Move> moves_;
+  int rank_;
+  ExpertStore& store_;
+  comm::Transport& transport_;
+  MigrationFaults faults_;
+  std::size_t move_bytes(const placement::Move& m) const { return slot_bytes_ / std::size_t(m.shards); }
+
+  std::size_t slot_bytes_;  // a whole expert's
+  std::vector<std::size_t> offsets_;
+  MigrationWindows& windows_;
+  comm::RmaWindow* window_ = nullptr;  // from windows_
+  // This rank's outgoing slots, staged once in its window: (move index, byte offset).
+  std::vector<std::pair<std::size_t, std::size_t>> outgoing_;
+  std::size_t to_send_ = 0, sent_ = 0, issued_ = 0;
+};
+
+}  // namespace moed::runtime

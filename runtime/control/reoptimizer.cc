@@ -1,0 +1,34 @@
+#include "runtime/control/reoptimizer.h"
+
+#include <exception>
+
+#include "placement/optimizer.h"
+#include "placement/shard_choice.h"
+
+namespace moed::runtime {
+
+ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const placement::Placement& current,
+                                   const placement::Topology& topology, const ReoptimizeRequest& request) {
+  try {
+    placement::OptimizeOptions options;
+    options.policy = request.policy;
+    options.slots_per_rank = request.slots_per_rank;
+    options.redundant_slots = request.redundant_slots;
+    placement::Placement next = placement::optimize(stats, topology, options);
+    next = placement::relabel_to_minimise_moves(current, next, topology);
+    next = placement::keep_splits(current, std::move(next));
+    const routing::RoutingTrace sample = stats.sample_trace();
+    if (request.max_moves) next = placement::limit_moves(current, next, *request.max_moves, sample, topology);
+    ReoptimizePlan plan;
+    plan.moves = placement::moves(current, next);
+    plan.now = placement::evaluate(sample, current, topology);
+    plan.after = placement::evaluate(sample, next, topology);
+    return plan;
+  } catch (const std::exception& e) {
+    ReoptimizePlan failed;
+    failed.error = e.what();
+    return failed;
+  }
+}
+
+}  // namespace moed::runtime

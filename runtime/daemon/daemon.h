@@ -1,0 +1,116 @@
+// The moed daemon on one rank: start-up (islands, placement, weights,
+// transport, workload) checked on every rank before any step, then the step
+// loop driven by rank 0, the coordinator, then the report.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/control_channel.h"
+#include "comm/mpi/mpi_session.h"
+#include "comm/transport.h"
+#include "placement/placement.h"
+#include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "runtime/control/admin_server.h"
+#include "runtime/config/config.h"
+#include "runtime/control/control_plane.h"
+#include "runtime/engine/engine.h"
+#include "runtime/control/fault_injection.h"
+#include "runtime/observe/http/http_server.h"
+#include "runtime/ingress/front_door.h"
+#include "runtime/daemon/output_dump.h"
+#include "runtime/observe/report.h"
+#include "runtime/trace/trace_selector.h"
+#include "runtime/trace/tracer.h"
+#include "runtime/weights/expert_store.h"
+#include "runtime/workload/workload.h"
+
+namespace moed::runtime {
+
+struct ServeOptions {
+  std::string dump_output;  // --dump-output
+  std::string report_json;  // --report-json
+};
+
+class Daemon {
+ public:
+  // Start-up on every rank. Returns nullptr when it failed on any rank (each
+  // failing rank has logged why) with the worst exit code in `exit_code`.
+  static std::unique_ptr<Daemon> start(const Config& config, const ServeOptions& options,
+                                       comm::MpiSession& mpi, int& exit_code);
+  ~Daemon();
+
+  // Serves step `step` unless it is past the configured steps or the
+  // coordinator says stop (returns false then).
+  // `reduced`, if given, receives the step's figures over all ranks (rank 0).
+  bool serve_step(std::uint64_t step, StepRecord* reduced = nullptr);
+  // Rank 0: finishes the output dump, prints the summary, writes the JSON report
+  // (and, with [stats].file, the statistics once more).
+  void finish();
+  // Gathers every rank's routing statistics on rank 0 and writes [stats].file.
+  void write_stats(bool last);  // last: the write at exit
+
+  const Config& config() const { return config_; }
+  comm::ControlChannel& control() { return control_; }
+  const placement::Placement& placement() const { return placement_; }
+  ControlPlane& control_plane() { return *control_plane_; }
+  const ExpertStore& store() const { return *store_; }
+  const Engine& engine() const { return *engine_; }
+  const Report& report() const { return *report_; }
+
+ private:
+  Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+  const std::byte* in_token_order(std::uint64_t step, const std::vector<std::byte>& rows);
+  bool serve_front_door_step(std::uint64_t step, StepRecord* reduced);
+  // Every rank: the request ids the boundary before `step` said to follow
+  // join the trace selector (or, already served, are answered as such).
+  void follow_requests(std::uint64_t step);
+  void after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
+                  StepRecord rec, StepRecord* reduced);
+
+  const Config& config_;
+  ServeOptions options_;
+  int rank_;
+  comm::ControlChannel control_;
+  std::optional<Fault> fault_;
+  std::optional<placement::Topology> topology_;
+  placement::Placement placement_;
+  std::string start_placement_;  // as the report describes it
+  std::uint64_t start_epoch_ = 0;
+  std::unique_ptr<comm::Transport> transport_;
+  std::optional<ExpertStore> store_;
+  std::unique_ptr<Workload> workload_;
+  std::unique_ptr<OutputDump> dump_;  // rank 0, with --dump-output
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Report> report_;
+  std::optional<routing::RoutingStats> stats_;  // with [stats].file or [admin].dir
+  std::uint64_t stats_written_at_ = 0;            // steps seen at the last write
+  std::unique_ptr<ControlPlane> control_plane_;
+  std::unique_ptr<admin::AdminServer> admin_;     // with [admin].dir
+  std::unique_ptr<http::Server> http_;            // rank 0, with [metrics].listen
+  std::optional<trace::TraceSelector> trace_selector_;  // which requests are traced (alike on every rank)
+  std::unique_ptr<trace::Tracer> tracer_;               // rank 0: the traces, for moectl trace
+  std::string islands_source_;
+  std::vector<float> hidden_;  // the local tokens' final hidden states of the last step
+  std::vector<std::byte> reordered_;  // rank 0: a shuffled step's rows in token order
+  std::unique_ptr<ingress::FrontDoor> front_door_;  // [workload].kind = "ingress"
+  std::vector<ingress::LayerBatch> batches_;        // the front door's rows of this step, per layer
+  std::uint64_t served_ = 0;                        // front door: steps that had work
+  int idle_turns_ = 0;                              // front door: turns in a row without work anywhere
+};
+
+// moed's main loop: start, serve every configured step, finish. Returns the
+// exit code; errors during steps are thrown (the caller aborts the job, since
+// peers may be blocked on this rank).
+int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+
+// `moed --print-topology`: every rank reads its host with hwloc; rank 0
+// prints the islands found (and where from) and every host's GPUs.
+int print_topology(const Config& config, comm::MpiSession& mpi);
+
+}  // namespace moed::runtime

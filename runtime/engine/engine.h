@@ -1,0 +1,168 @@
+// The step loop of one rank: for every MoE layer, route -> plan -> dispatch ->
+// experts -> combine, over a Transport. Every rank runs the same sequence of
+// collectives, so no rank needs to be told what to do mid-step.
+//
+// Two ways to be fed: a built-in workload's tokens pass through every layer
+// in one step (run_step), or the front door's tokens come with their layer,
+// each layer's own rows in the same step (agree_layer_counts, run_layers).
+#pragma once
+
+#include <array>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "comm/transport.h"
+#include "kernels/cpu/fixed_order_gemm.h"
+#include "placement/placement.h"
+#include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/token_paths.h"
+#include "runtime/engine/dispatch_plan.h"
+#include "runtime/engine/expert_executor.h"
+#include "runtime/engine/layer_pass.h"
+#include "runtime/engine/step_record.h"
+#include "runtime/router/router.h"
+#include "runtime/router/policies/router_policies.h"
+#include "runtime/trace/pass_trace.h"
+#include "runtime/trace/token_identity.h"
+#include "runtime/trace/trace_selector.h"
+#include "runtime/weights/expert_store.h"
+#include "runtime/workload/token_order.h"
+#include "runtime/workload/workload.h"
+
+namespace moed::runtime {
+
+class Engine {
+ public:
+  // `workload`: the built-in tokens of run_step (none with the front door).
+  Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
+         const placement::Placement& placement, const ExpertStore& store, const Workload* workload);
+
+  // This rank's positions in every step: [first, first + count) of the step's
+  // tokens_per_step, split evenly by rank ([workload].order says which token
+  // sits at each position).
+  std::uint64_t first_token() const { return first_; }
+  std::size_t local_tokens() const { return count_; }
+
+  // Serves step `step` of the workload; `hidden` receives the final hidden
+  // states of the local tokens.
+  StepRecord run_step(std::uint64_t step, std::vector<float>& hidden);
+
+  // One layer's rows on this rank, served in place: x [rows, hidden] holds
+  // h and receives h + MoE(RMSNorm(h)). Request ids and positions (rows
+  // each) key the routing statistics.
+  struct LayerRows {
+    float* x = nullptr;
+    std::size_t rows = 0;
+    const std::uint64_t* request_ids = nullptr;
+    const std::uint32_t* positions = nullptr;
+  };
+  // Every rank's row count per layer, [rank * layers + layer] (collective).
+  std::vector<std::uint32_t> agree_layer_counts(const std::vector<LayerRows>& mine, std::uint64_t step);
+  // Serves every layer that has rows on some rank, in layer order (collective).
+  StepRecord run_layers(std::uint64_t step, std::vector<LayerRows>& layers, const std::vector<std::uint32_t>& counts);
+
+  // Routing statistics to feed with this rank's tokens after every step
+  // (none: nullptr). Front-door tokens are followed across layers by
+  // (request id, position), at most `follow_tokens` at once.
+  void record_stats_into(routing::RoutingStats* stats, std::size_t follow_tokens);
+
+  // Online bias balancing's biases, [layer * experts + e] (empty when off);
+  // set: resumed from the statistics file (the same values on every rank).
+  std::vector<double> router_biases() const { return policies_.biases(); }
+  void set_router_biases(std::vector<double> values) { policies_.set_biases(std::move(values)); }
+  const RouterPolicies& router_policies() const { return policies_; }
+  // Traces the tokens `selector` wants (none: nullptr); the selector must
+  // decide alike on every rank.
+  void trace_with(const trace::TraceSelector* selector) { selector_ = selector; }
+
+  // Rows per expert call in the last step, all layers (for the benchmark's bound).
+  const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
+
+ private:
+  // Serves `count` rows x of `layer`; first_position orders them step-wide.
+  // tags: the rows' requests; rows_of_rank: every rank's row count (the
+  // router policies' gather).
+  void run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
+                 std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank, StepRecord& rec);
+  // The router's choice for the rows (route stage), with the policies.
+  void choose_experts(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
+                      std::span<const std::uint32_t> rows_of_rank, const std::string& where, StepRecord& rec);
+  // The jitter measurement: the rows' choices again under relative noise.
+  void measure_jitter(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
+                      const double* adjust, StepRecord& rec);
+  // The router's own selection of the rows (no bias, no load policy) into
+  // plain_routing_, to count the pairs the balancing policies change.
+  void plain_selection(int layer, std::size_t count, std::span<const TokenTag> tags);
+  // Every rank's candidates, then the policies' one decision (into `routing`).
+  void share_and_decide(int layer, std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
+                        const std::string& where, Routing& routing, StepRecord& rec);
+  // An expert call of `layer` gave `terms` NaN or inf terms.
+  void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
+  void start_rank_figures(StepRecord& rec) const;
+  // Runs the passes until all are done, timing the waits.
+  void drive_passes(std::size_t passes, double& rows_wait, double& answers_wait);
+  void record_stats();
+  // The rows of the next run_layer that are traced, by local row.
+  void select_traced(std::size_t count, const std::function<trace::TokenIdentity(std::size_t)>& identity);
+  // From the all-gathered census: every rank's traced tokens of pass m.
+  void prepare_pass_trace(std::size_t m, std::size_t census_width, int experts, double sync_s);
+  void record_home(int layer, std::uint64_t step, std::uint64_t first_position, const Routing& routing,
+                   double t0, double t1, double sync_s, double t2, double sent, double t3);
+  // The workload's tokens (and replayed routing) for this rank's positions.
+  void fetch_tokens(std::uint64_t step, float* x);
+  void fetch_routing(int layer, Routing& routing) const;
+
+  const Config& config_;
+  comm::Transport& transport_;
+  const placement::Topology& topology_;
+  const placement::Placement& placement_;
+  const ExpertStore& store_;
+  const Workload* workload_;
+  ModelShape shape_;
+  RouterParams router_;
+  std::uint64_t tokens_per_step_;
+  std::uint64_t first_ = 0;
+  std::size_t count_ = 0;
+  TokenOrder order_;
+  std::vector<std::uint64_t> ids_;  // this step's tokens at this rank's positions
+  std::vector<kernels::PackedWeights> gate_;  // per layer: the gate [experts, hidden], packed
+  ExpertExecutor executor_;
+
+  // Buffers reused from layer to layer.
+  std::vector<float> xn_, logits_;
+  RouterPolicies policies_;
+  std::uint64_t positions_per_request_ = 1;
+  std::vector<TokenTag> tags_;                 // built-in tokens' requests, this step
+  std::vector<std::uint32_t> rows_of_rank_;    // built-in: every rank's tokens per step
+  std::vector<double> adjust_, plain_adjust_;
+  Ranked ranked_, noisy_ranked_, all_ranked_, plain_ranked_;
+  Routing plain_routing_;
+  std::vector<TokenTag> all_tags_;
+  std::vector<std::uint32_t> records_, all_records_, replicas_;
+  std::vector<float> noisy_, noisy_xn_, noisy_logits_;
+  std::vector<Routing> routing_;  // per layer, this step's local tokens
+  routing::RoutingStats* stats_ = nullptr;
+  std::optional<routing::TokenPaths> paths_;  // front-door tokens' layers, for stats_
+  bool hierarchical_ = false;
+  std::size_t microbatches_ = 1;
+  LayerPass::Setup setup_;
+  std::vector<std::uint32_t> census_;       // the all-gather: per rank, per pass
+  std::vector<ExpertCounts> counts_;        // per pass
+  std::vector<LayerPass::Homes> homes_;     // per pass
+  std::vector<LayerPass> passes_;
+  std::vector<std::int64_t> acc_;
+  std::vector<char> warned_nonfinite_;
+  // Tracing: the selector, this layer's traced rows (local row, identity),
+  // each pass's traced tokens, and this step's records.
+  const trace::TraceSelector* selector_ = nullptr;
+  std::vector<std::pair<std::uint32_t, trace::TokenIdentity>> traced_rows_;
+  std::vector<trace::PassTrace> pass_traces_;
+  trace::TraceFragments fragments_;  // [layer * experts + e]: its first NaN/inf was logged
+};
+
+}  // namespace moed::runtime

@@ -1,0 +1,121 @@
+#include "runtime/router/policies/load_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/error.h"
+
+namespace moed::runtime {
+
+LoadPolicy load_policy_from(const std::string& name) {
+  if (name == "none") return LoadPolicy::none;
+  if (name == "drop") return LoadPolicy::drop;
+  if (name == "demote") return LoadPolicy::demote;
+  MOED_THROW(Usage, "[router].load_policy = \"{}\": expected none, drop or demote", name);
+}
+
+double expert_room(const LoadParams& params, std::uint64_t pairs, std::size_t experts, std::uint32_t replicas) {
+  const double capacity = params.capacity_factor * double(pairs) / double(experts) * double(replicas);
+  return params.policy == LoadPolicy::demote ? capacity * params.threshold : capacity;
+}
+
+namespace {
+
+struct Pair {
+  double weight;  // the gate weight: the token's probability renormalised over its choice
+  std::uint32_t token, slot;
+};
+
+}  // namespace
+
+LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> replicas, const LoadParams& params,
+                              std::size_t counted_first, std::size_t counted, Routing& out) {
+  const std::size_t E = replicas.size(), T = all.tokens();
+  MOED_CHECK(counted_first + counted <= T, "load policy: counting tokens [{}, {}) of {}", counted_first,
+             counted_first + counted, T);
+  LoadOutcome outcome;
+  // Where each chosen pair ends: its candidate slot, or kDropped.
+  constexpr std::uint32_t kDropped = UINT32_MAX;
+  std::vector<std::uint32_t> first(T + 1, 0);
+  for (std::size_t t = 0; t < T; ++t) first[t + 1] = first[t] + all.chosen[t];
+  std::vector<std::uint32_t> fate(first[T]);
+  std::vector<Pair> pairs;
+  pairs.reserve(first[T]);
+  for (std::size_t t = 0; t < T; ++t) {
+    const auto probs = all.probs_of(t);
+    double sum = 0;
+    for (std::uint32_t i = 0; i < all.chosen[t]; ++i) sum += probs[i];
+    for (std::uint32_t i = 0; i < all.chosen[t]; ++i) {
+      pairs.push_back({probs[i] / sum, std::uint32_t(t), i});
+      fate[first[t] + i] = i;
+    }
+  }
+  if (params.policy != LoadPolicy::none) {
+    std::sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) {
+      if (a.weight != b.weight) return a.weight > b.weight;
+      return a.token != b.token ? a.token < b.token : a.slot < b.slot;
+    });
+    std::vector<double> room(E);
+    for (std::size_t e = 0; e < E; ++e) room[e] = expert_room(params, pairs.size(), E, replicas[e]);
+    std::vector<std::uint64_t> load(E, 0);
+    const auto fits = [&](std::uint32_t e) { return double(load[e] + 1) <= room[e]; };
+    std::vector<const Pair*> over;
+    for (const Pair& p : pairs) {
+      const std::uint32_t e = all.experts_of(p.token)[p.slot];
+      MOED_CHECK(e < E, "load policy: expert {} of {}", e, E);
+      if (fits(e))
+        ++load[e];
+      else
+        over.push_back(&p);
+    }
+    for (const Pair* p : over) {
+      const auto experts = all.experts_of(p->token);
+      std::uint32_t& f = fate[first[p->token] + p->slot];
+      if (params.policy == LoadPolicy::drop) {
+        f = kDropped;
+        continue;
+      }
+      // The next-ranked candidate under its threshold that the token does not already use.
+      const auto taken = [&](std::uint32_t e) {
+        for (std::uint32_t i = 0; i < all.chosen[p->token]; ++i)
+          if (fate[first[p->token] + i] != kDropped && experts[fate[first[p->token] + i]] == e) return true;
+        return false;
+      };
+      for (std::uint32_t c = all.chosen[p->token]; c < experts.size(); ++c)
+        if (!taken(experts[c]) && fits(experts[c])) {
+          f = c;
+          break;
+        }
+      ++load[experts[f]];
+    }
+  }
+  std::vector<std::uint32_t> final_experts;
+  std::vector<double> final_probs;
+  for (std::size_t t = 0; t < T; ++t) {
+    const auto experts = all.experts_of(t);
+    const auto probs = all.probs_of(t);
+    const bool counted_token = t >= counted_first && t < counted_first + counted;
+    double sum = 0;
+    for (std::uint32_t i = 0; i < all.chosen[t]; ++i) sum += probs[i];
+    final_experts.clear();
+    final_probs.clear();
+    for (std::uint32_t i = 0; i < all.chosen[t]; ++i) {
+      const std::uint32_t f = fate[first[t] + i];
+      if (counted_token) {
+        const auto weight = std::uint64_t(std::llround(probs[i] / sum * kWeightUnit));
+        ++outcome.pairs;
+        if (f == kDropped) ++outcome.dropped, outcome.weight_dropped += weight;
+        else if (f != i) ++outcome.moved, outcome.weight_moved += weight;
+      }
+      if (f == kDropped) continue;
+      final_experts.push_back(experts[f]);
+      final_probs.push_back(probs[f]);
+    }
+    add_renormalised(final_experts, final_probs, out);
+    out.end_token();
+  }
+  return outcome;
+}
+
+}  // namespace moed::runtime

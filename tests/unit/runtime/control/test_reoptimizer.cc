@@ -1,0 +1,96 @@
+// Re-optimisation's plan (runtime/control/reoptimizer.h) and the control plane's JSON
+// views (runtime/control/control_views.h).
+#include <gtest/gtest.h>
+
+#include "placement/placement.h"
+#include "placement/placement_diff.h"
+#include "placement/topology.h"
+#include "routing/routing_stats.h"
+#include "routing/synthetic_routing.h"
+#include "runtime/control/control_views.h"
+#include "runtime/control/reoptimizer.h"
+
+namespace moed::runtime {
+namespace {
+
+const routing::RoutingStats& stats() {
+  static const routing::RoutingStats s = [] {
+    routing::SyntheticRoutingSpec spec;
+    spec.layers = 2;
+    spec.experts = 16;
+    spec.top_k = 2;
+    const routing::RoutingTrace trace = routing::synthetic_routing(spec, 0, 2000);
+    return routing::RoutingStats::from_trace(trace, 0, trace.tokens());
+  }();
+  return s;
+}
+
+TEST(Reoptimizer, PlansMovesThatLowerThePredictedCrossIslandTraffic) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::shuffled(4, 2, 16, 7);
+  const ReoptimizePlan plan = plan_reoptimization(stats(), current, topology, {});
+  ASSERT_TRUE(plan.error.empty()) << plan.error;
+  EXPECT_FALSE(plan.moves.empty());
+  EXPECT_LT(plan.after.cross_island_copies_per_token, plan.now.cross_island_copies_per_token);
+  // Applying the moves gives a valid placement of the same shape.
+  const placement::Placement next = placement::apply_moves(current, plan.moves);
+  EXPECT_NO_THROW(next.validate("the planned placement"));
+}
+
+class MoveLimit : public ::testing::TestWithParam<int> {};
+
+TEST_P(MoveLimit, IsHeld) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::shuffled(4, 2, 16, 7);
+  ReoptimizeRequest request;
+  request.max_moves = GetParam();
+  const ReoptimizePlan plan = plan_reoptimization(stats(), current, topology, request);
+  ASSERT_TRUE(plan.error.empty()) << plan.error;
+  EXPECT_LE(int(plan.moves.size()), GetParam());
+  EXPECT_LE(plan.after.cross_island_copies_per_token, plan.now.cross_island_copies_per_token);
+}
+INSTANTIATE_TEST_SUITE_P(Limits, MoveLimit, ::testing::Values(0, 1, 3, 8));
+
+TEST(Reoptimizer, AFailureComesBackAsTheError) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  ReoptimizeRequest request;
+  request.policy = "no-such-policy";
+  const ReoptimizePlan plan = plan_reoptimization(stats(), placement::contiguous(4, 2, 16), topology, request);
+  EXPECT_NE(plan.error.find("no-such-policy"), std::string::npos) << plan.error;
+  EXPECT_TRUE(plan.moves.empty());
+}
+
+TEST(ControlViews, PlacementAndMigrationJson) {
+  placement::Placement p = placement::contiguous(2, 1, 4);
+  p.set_epoch(3);
+  const auto j = placement_json(p);
+  EXPECT_EQ(j["epoch"], 3);
+  EXPECT_EQ(j["slots"][0][3], nlohmann::json::array({1}));
+  EXPECT_EQ(j["split"], nlohmann::json::array({nlohmann::json::array()}));
+  p.set_shards(0, 2, {0, 1});
+  const auto split = placement_json(p);
+  EXPECT_EQ(split["split"][0], nlohmann::json::array({2}));
+  EXPECT_EQ(split["slots"][0][2], nlohmann::json::array({0, 1}));
+  EXPECT_TRUE(migration_json(nullptr).is_null());
+  MigrationRecord m;
+  m.id = 4;
+  m.moves = {{0, 3, 1, 0, 1}};
+  m.state = MigrationState::aborted;
+  m.error = "refused: rank 0";
+  m.bytes = 10;
+  const auto mj = migration_json(&m);
+  EXPECT_EQ(mj["state"], "aborted");
+  EXPECT_EQ(mj["error"], "refused: rank 0");
+  EXPECT_EQ(mj["from"], 1);
+  EXPECT_EQ(mj["steps_during"], 0);
+  EXPECT_FALSE(mj.contains("step_ms_p99_during"));
+}
+
+TEST(ControlViews, StatsSummaryNamesTheHottestExpert) {
+  const auto j = stats_summary(stats());
+  EXPECT_EQ(j["per_layer"].size(), 2u);
+  for (const auto& layer : j["per_layer"]) EXPECT_GE(layer["hottest_over_mean"].get<double>(), 1.0);
+}
+
+}  // namespace
+}  // namespace moed::runtime
