@@ -5,8 +5,9 @@
 # expert run on a rank holding it per `moectl placement`, islands per
 # [cluster].ranks_per_island, times non-negative, phases summing to the
 # home's total); ids sampled by [trace].sample are found by the same hash
-# the daemon uses; an unknown id is not_found (exit 1); rank 1 sends the
-# operator to rank 0.
+# the daemon uses; an unknown id is not_found (exit 1); following a request
+# already served is answered already_served at once (exit 1); rank 1 sends
+# the operator to rank 0.
 source "$(dirname "$0")/lib.sh"
 : "${MOECTL:?}"
 RANKS=4
@@ -142,6 +143,14 @@ if [ "$rc" != skip ]; then
     || { cat "$run/none" >&2; fail "unknown id: exit $rc"; }
   echo "ok: unknown id -> exit 1: $(head -1 "$run/none" | cut -c1-120)"
 fi
+# A request whose step the daemon has served (status says so): --follow
+# answers already_served at once, naming the steps, and exits 1.
+for _ in $(seq 600); do [ "$(step)" -ge 2 ] && break; sleep 0.1; done
+old=$(( ($(step) - 1) * TOKENS + 5 ))
+rc=0; ctl trace --follow "$old" --timeout 120 >"$run/old" 2>&1 || rc=$?
+[ "$rc" = 1 ] && grep -q "moectl: already_served: request $old was served by step $((old / TOKENS))" "$run/old" \
+  || { cat "$run/old" >&2; fail "follow of an already served request: exit $rc"; }
+echo "ok: follow of an already served request -> exit 1: $(head -1 "$run/old" | cut -c1-140)"
 rc=0; ctl --rank 1 trace "$id" >"$run/rank1" 2>&1 || rc=$?
 [ "$rc" = 1 ] && grep -q "not_coordinator: traces are assembled on rank 0" "$run/rank1" \
   || { cat "$run/rank1" >&2; fail "trace on rank 1: exit $rc"; }
