@@ -98,7 +98,34 @@ def check_file(rel, text, problems):
     return checked
 
 
+def self_test():
+    """The rule catches what it must: an upward include, another room's
+    internal header, a narrowed room, and passes what is allowed."""
+    cases = [
+        ("runtime/router/router.cc", '#include "runtime/engine/engine.h"', "may include only from"),
+        ("runtime/daemon/daemon.cc", '#include "runtime/engine/layer_pass.h"', "an internal header of runtime/engine"),
+        ("runtime/observe/report.cc", '#include "runtime/engine/engine.h"', "may take from runtime/engine only"),
+        ("common/x.cc", '#include "kernels/cpu/gemm.h"', "may include only from: nothing else"),
+        ("runtime/daemon/daemon.cc", '#include "runtime/engine/engine.h"', None),
+        ("runtime/engine/engine.cc", '#include "runtime/engine/layer_pass.h"', None),
+        ("runtime/observe/report.cc", '#include "runtime/engine/step_record.h"', None),
+        ("apps/moed_main.cc", '#include "runtime/daemon/daemon.h"', None),
+    ]
+    failed = 0
+    for rel, line, expect in cases:
+        problems = []
+        check_file(rel, line, problems)
+        ok = (not problems) if expect is None else (len(problems) == 1 and expect in problems[0])
+        if not ok:
+            print(f"self-test: {rel} with {line}: expected {expect or 'no problem'}, got {problems}")
+            failed += 1
+    print(f"self-test: {len(cases) - failed} of {len(cases)} cases as expected")
+    return 1 if failed else 0
+
+
 def main():
+    if sys.argv[1:2] == ["--self-test"]:
+        return self_test()
     root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[2]
     problems, checked = [], 0
     for top in sorted({f.split("/")[0] for f in LAYERS}):
