@@ -1,9 +1,7 @@
 #include "runtime/control/admin_server.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,16 +9,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <optional>
-#include <cstring>
 #include <deque>
 #include <mutex>
-#include <thread>
+#include <optional>
 #include <vector>
 
-#include "common/error.h"
-#include "common/unix_socket.h"
-#include "common/unique_fd.h"
+#include "common/socket_service.h"
 
 namespace moed::runtime::admin {
 namespace {
@@ -30,8 +24,6 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t kReadChunk = 16 * 1024;
 constexpr int kLinesPerTurn = 32;    // lines handled per client per loop turn (fairness)
 constexpr int kMaxPollWaitMs = 1000;
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 // ---- Replies from other threads ------------------------------------------
 
@@ -45,10 +37,7 @@ class Mailbox {
     std::string line;
   };
 
-  Mailbox() : event_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-    if (!event_) MOED_THROW(Runtime, "eventfd(): {}", errno_text(errno));
-  }
-  int fd() const { return event_.get(); }
+  explicit Mailbox(std::shared_ptr<const WakeUp> wake_up) : wake_up_(std::move(wake_up)) {}
 
   void post(Letter letter) {
     {
@@ -56,17 +45,9 @@ class Mailbox {
       if (closed_) return;
       letters_.push_back(std::move(letter));
     }
-    wake();
+    wake_up_->wake();
   }
-  void wake() {
-    const std::uint64_t one = 1;
-    // Fails only when the counter would overflow, i.e. a wake-up is pending anyway.
-    [[maybe_unused]] auto n = ::write(event_.get(), &one, sizeof one);
-  }
-  // Resets the eventfd and takes every letter.
   std::vector<Letter> take() {
-    std::uint64_t count;
-    [[maybe_unused]] auto n = ::read(event_.get(), &count, sizeof count);
     std::lock_guard lock(mutex_);
     std::vector<Letter> out;
     out.swap(letters_);
@@ -79,7 +60,7 @@ class Mailbox {
   }
 
  private:
-  UniqueFd event_;
+  std::shared_ptr<const WakeUp> wake_up_;
   std::mutex mutex_;
   bool closed_ = false;
   std::vector<Letter> letters_;
@@ -94,9 +75,8 @@ struct Slot {
   std::string line;
 };
 
-struct Client {
-  UniqueFd fd;
-  std::uint64_t serial = 0;
+struct Client : SocketConnection {
+  using SocketConnection::SocketConnection;
   std::string in;        // bytes read, not yet handled
   std::size_t scan = 0;  // in[..scan) past the first unhandled line holds no '\n'
   std::string out;       // bytes to write
@@ -116,6 +96,9 @@ struct Client {
   bool drained() const { return slots.empty() && out_off == out.size(); }
 };
 
+// Every connection of the admin socket is a Client: admit makes them.
+Client& client(SocketConnection& c) { return static_cast<Client&>(c); }
+
 // Best effort, for a connection about to be closed: a fresh socket's buffer
 // takes a short line whole.
 void send_final_line(int fd, const std::string& line) {
@@ -132,189 +115,115 @@ std::string one_line(std::string line) {
 
 }  // namespace
 
-struct AdminServer::Impl {
+struct AdminServer::Impl final : SocketService::Handler {
   std::string dir, path;
   int rank, coordinator;
   Handlers handlers;
   Limits limits;
-  std::unique_ptr<ListeningSocket> listener;
-  std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
-  std::atomic<bool> stop{false};
-  std::vector<std::unique_ptr<Client>> clients;
-  std::uint64_t next_serial = 1;
-  Clock::time_point accept_paused_until{};
-  std::thread thread;
+  std::unique_ptr<SocketService> service;
+  std::shared_ptr<Mailbox> mailbox;
 
   struct AtomicCounters {
     std::atomic<std::uint64_t> accepted{0}, refused_uid{0}, refused_full{0}, requests{0},
-        lines_too_long{0}, dropped_slow{0}, closed_idle{0}, closed_slow_line{0}, evicted{0}, turns{0};
+        lines_too_long{0}, dropped_slow{0}, closed_idle{0}, closed_slow_line{0}, evicted{0};
   } counters;
 
-  void run();
-  void turn();
-  int poll_timeout_ms() const;
-  void accept_all();
-  void admit(UniqueFd fd);
-  bool evict_oldest_partial_line();
+  // SocketService::Handler, on the server thread.
+  void refuse(int fd, Refusal why, const PeerCredentials& peer) override;
+  SocketConnection* evictee(const SocketConnections& all) override;
+  std::shared_ptr<SocketConnection> admit(UniqueFd fd, std::uint64_t serial, const PeerCredentials& peer) override;
+  short events(SocketConnection& c) override;
+  bool serve(SocketConnection& c, short revents) override;
+  int poll_timeout_ms(const SocketConnections& all) override;
+  void woken(const SocketConnections& all) override { deliver(all, mailbox->take()); }
+
   void read_from(Client& c);
   void handle_lines(Client& c);
   void handle_line(Client& c, std::string_view line);
   void answer_now(Client& c, std::string line);
   void submit(Client& c, Request request);
-  void deliver(std::vector<Mailbox::Letter> letters);
+  void deliver(const SocketConnections& all, std::vector<Mailbox::Letter> letters);
   void release_ready(Client& c);
   void write_to(Client& c);
-  void reap();
+  bool stays_open(Client& c);
   void shut_down_clients();
 };
 
-void AdminServer::Impl::run() {
-  while (!stop.load()) {
-    try {
-      turn();
-    } catch (const std::exception& e) {
-      // Nothing here may take the daemon down; pause so a persistent failure
-      // does not spin.
-      spdlog::error("admin socket: {}", e.what());
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    } catch (...) {
-      spdlog::error("admin socket: unknown exception");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-  try {
-    deliver(mailbox->take());
-    shut_down_clients();
-  } catch (const std::exception& e) {
-    spdlog::error("admin socket: {}", e.what());
-  }
-}
-
-int AdminServer::Impl::poll_timeout_ms() const {
+int AdminServer::Impl::poll_timeout_ms(const SocketConnections& all) {
   const auto now = Clock::now();
   auto wait = std::chrono::milliseconds(kMaxPollWaitMs);
-  if (now < accept_paused_until)
-    wait = std::chrono::duration_cast<std::chrono::milliseconds>(accept_paused_until - now) +
-           std::chrono::milliseconds(1);
-  for (const auto& c : clients) {
-    if (c->backlog) return 0;
-    if (c->line_started) {
-      const auto deadline = *c->line_started + std::chrono::milliseconds(limits.line_timeout_ms);
+  for (const auto& connection : all) {
+    const Client& c = client(*connection);
+    if (c.backlog) return 0;
+    if (c.line_started) {
+      const auto deadline = *c.line_started + std::chrono::milliseconds(limits.line_timeout_ms);
       wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
                                 std::chrono::milliseconds(1));
     }
-    if (c->in_flight > 0) continue;
-    const auto deadline = c->last_activity + std::chrono::milliseconds(limits.idle_timeout_ms);
+    if (c.in_flight > 0) continue;
+    const auto deadline = c.last_activity + std::chrono::milliseconds(limits.idle_timeout_ms);
     wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
                               std::chrono::milliseconds(1));
   }
   return static_cast<int>(std::max<std::int64_t>(0, wait.count()));
 }
 
-// One poll and everything that follows from it.
-void AdminServer::Impl::turn() {
-  std::vector<pollfd> fds;
-  fds.push_back({mailbox->fd(), POLLIN, 0});
-  // While accept() fails for lack of fds, the listener stays readable: leave
-  // it out of the poll for a moment rather than spin.
-  const bool accepting = Clock::now() >= accept_paused_until;
-  fds.push_back({listener->fd(), static_cast<short>(accepting ? POLLIN : 0), 0});
-  for (const auto& c : clients) {
-    short events = 0;
-    if (!c->read_closed && !c->closing && !c->backlog) events |= POLLIN;
-    if (c->out_off < c->out.size()) events |= POLLOUT;
-    fds.push_back({c->fd.get(), events, 0});
-  }
-  const int ready = ::poll(fds.data(), fds.size(), poll_timeout_ms());
-  if (ready < 0) {
-    if (errno == EINTR) return;
-    MOED_THROW(Runtime, "poll(): {}", errno_text(errno));
-  }
-  ++counters.turns;
-  if (stop.load()) return;
-
-  if (fds[0].revents & POLLIN) deliver(mailbox->take());
-  // Clients first (their indices match fds), then new connections.
-  const std::size_t known = fds.size() - 2;
-  for (std::size_t i = 0; i < known; ++i) {
-    Client& c = *clients[i];
-    const short revents = fds[i + 2].revents;
-    if (revents & (POLLIN | POLLHUP | POLLERR)) read_from(c);
-    if (c.backlog || !c.in.empty()) handle_lines(c);
-    // POLLHUP: the peer closed both ways, so nothing can reach it any more.
-    // What it sent has been handled (a fire-and-forget control command still
-    // counts); without this, poll would report POLLHUP again at once, forever.
-    if ((revents & (POLLHUP | POLLERR)) && !c.backlog && (c.read_closed || c.closing))
-      c.dead = true;
-  }
-  if (fds[1].revents & POLLIN) accept_all();
-  for (const auto& c : clients) write_to(*c);
-  reap();
+short AdminServer::Impl::events(SocketConnection& connection) {
+  const Client& c = client(connection);
+  short events = 0;
+  if (!c.read_closed && !c.closing && !c.backlog) events |= POLLIN;
+  if (c.out_off < c.out.size()) events |= POLLOUT;
+  return events;
 }
 
-void AdminServer::Impl::accept_all() {
-  for (;;) {
-    int error = 0;
-    UniqueFd fd = listener->accept(error);
-    if (!fd) {
-      if (error == 0) return;
-      // EMFILE and the like: leave the rest in the backlog for a later turn.
-      spdlog::warn("admin socket: accept(): {}", errno_text(error));
-      accept_paused_until = Clock::now() + std::chrono::milliseconds(200);
-      return;
-    }
-    admit(std::move(fd));
-  }
+// One turn of a client: what it sent, the answers it is owed, and whether it stays.
+bool AdminServer::Impl::serve(SocketConnection& connection, short revents) {
+  Client& c = client(connection);
+  if (revents & (POLLIN | POLLHUP | POLLERR)) read_from(c);
+  if (c.backlog || !c.in.empty()) handle_lines(c);
+  // POLLHUP: the peer closed both ways, so nothing can reach it any more.
+  // What it sent has been handled (a fire-and-forget control command still
+  // counts); without this, poll would report POLLHUP again at once, forever.
+  if ((revents & (POLLHUP | POLLERR)) && !c.backlog && (c.read_closed || c.closing)) c.dead = true;
+  write_to(c);
+  return stays_open(c);
 }
 
-void AdminServer::Impl::admit(UniqueFd fd) {
-  PeerCredentials cred;
-  try {
-    cred = peer_credentials(fd.get());
-  } catch (const Error& e) {
-    spdlog::warn("admin socket: {}", e.what());
-    return;
-  }
-  const uid_t self = ::geteuid();
-  if (!peer_may_connect(cred.uid)) {
+void AdminServer::Impl::refuse(int fd, Refusal why, const PeerCredentials& peer) {
+  if (why == Refusal::forbidden) {
     ++counters.refused_uid;
-    spdlog::warn("admin socket {}: refused a connection from uid {} (pid {}): only uid {} or root",
-                 path, cred.uid, cred.pid, self);
-    send_final_line(fd.get(), answer_error(nullptr, code::kForbidden,
-                                           fmt::format("uid {} may not use this admin socket; "
-                                                       "only uid {} or root may",
-                                                       cred.uid, self)));
+    send_final_line(fd, answer_error(nullptr, code::kForbidden,
+                                     fmt::format("uid {} may not use this admin socket; only uid {} or root may",
+                                                 peer.uid, ::geteuid())));
     return;
   }
-  if (static_cast<int>(clients.size()) >= limits.max_clients && !evict_oldest_partial_line()) {
-    ++counters.refused_full;
-    send_final_line(fd.get(), answer_error(nullptr, code::kTooManyClients,
-                                           fmt::format("the admin socket serves at most {} "
-                                                       "clients at once; try again later",
-                                                       limits.max_clients)));
-    return;
-  }
+  ++counters.refused_full;
+  send_final_line(fd, answer_error(nullptr, code::kTooManyClients,
+                                   fmt::format("the admin socket serves at most {} clients at once; try again later",
+                                               limits.max_clients)));
+}
+
+std::shared_ptr<SocketConnection> AdminServer::Impl::admit(UniqueFd fd, std::uint64_t serial,
+                                                           const PeerCredentials& peer) {
   ++counters.accepted;
-  auto client = std::make_unique<Client>();
-  client->fd = std::move(fd);
-  client->serial = next_serial++;
-  clients.push_back(std::move(client));
+  return std::make_shared<Client>(std::move(fd), serial, peer);
 }
 
 // Frees a slot by closing the client whose unfinished line started first;
-// false when no client is in the middle of a line.
-bool AdminServer::Impl::evict_oldest_partial_line() {
+// nullptr when no client is in the middle of a line.
+SocketConnection* AdminServer::Impl::evictee(const SocketConnections& all) {
   Client* oldest = nullptr;
-  for (const auto& c : clients)
-    if (c->line_started && !c->dead && (!oldest || *c->line_started < *oldest->line_started)) oldest = c.get();
-  if (!oldest) return false;
+  for (const auto& connection : all) {
+    Client& c = client(*connection);
+    if (c.line_started && !c.dead && (!oldest || *c.line_started < *oldest->line_started)) oldest = &c;
+  }
+  if (!oldest) return nullptr;
   ++counters.evicted;
-  send_final_line(oldest->fd.get(),
+  send_final_line(oldest->fd(),
                   answer_error(nullptr, code::kEvicted,
                                "every admin slot was taken: this connection's unfinished line gave its "
                                "slot to a new client"));
-  std::erase_if(clients, [&](const std::unique_ptr<Client>& c) { return c.get() == oldest; });
-  return true;
+  return oldest;
 }
 
 void AdminServer::Impl::read_from(Client& c) {
@@ -322,7 +231,7 @@ void AdminServer::Impl::read_from(Client& c) {
   char buffer[kReadChunk];
   // A bounded number of reads per turn, so one fast client cannot starve others.
   for (int reads = 0; reads < 4 && c.in.size() <= limits.max_line; ++reads) {
-    const ssize_t n = ::recv(c.fd.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+    const ssize_t n = ::recv(c.fd(), buffer, sizeof buffer, MSG_DONTWAIT);
     if (n > 0) {
       if (c.in.empty()) c.line_started = Clock::now();
       c.in.append(buffer, static_cast<std::size_t>(n));
@@ -457,15 +366,15 @@ void AdminServer::Impl::submit(Client& c, Request request) {
   c.slots.push_back(Slot{ticket, false, {}});
   ++c.in_flight;
   const json id = request.id;
-  Reply reply = [mailbox = mailbox, client = c.serial, ticket](std::string line) {
+  Reply reply = [mailbox = mailbox, client = c.serial(), ticket](std::string line) {
     mailbox->post({client, ticket, std::move(line)});
   };
   try {
     handlers.submit(std::move(request), std::move(reply));
   } catch (const std::exception& e) {
-    mailbox->post({c.serial, ticket, answer_error(id, code::kInternal, e.what())});
+    mailbox->post({c.serial(), ticket, answer_error(id, code::kInternal, e.what())});
   } catch (...) {
-    mailbox->post({c.serial, ticket, answer_error(id, code::kInternal, "the daemon refused to queue it")});
+    mailbox->post({c.serial(), ticket, answer_error(id, code::kInternal, "the daemon refused to queue it")});
   }
 }
 
@@ -475,12 +384,11 @@ void AdminServer::Impl::answer_now(Client& c, std::string line) {
   release_ready(c);
 }
 
-void AdminServer::Impl::deliver(std::vector<Mailbox::Letter> letters) {
+void AdminServer::Impl::deliver(const SocketConnections& all, std::vector<Mailbox::Letter> letters) {
   for (auto& letter : letters) {
-    auto it = std::find_if(clients.begin(), clients.end(),
-                           [&](const auto& c) { return c->serial == letter.client; });
-    if (it == clients.end()) continue;  // the client has gone: drop the reply
-    Client& c = **it;
+    auto it = std::find_if(all.begin(), all.end(), [&](const auto& c) { return c->serial() == letter.client; });
+    if (it == all.end()) continue;  // the client has gone: drop the reply
+    Client& c = client(**it);
     for (auto& slot : c.slots) {
       if (slot.ticket != letter.ticket || slot.ready) continue;
       slot.ready = true;
@@ -514,7 +422,7 @@ void AdminServer::Impl::release_ready(Client& c) {
 
 void AdminServer::Impl::write_to(Client& c) {
   while (!c.dead && c.out_off < c.out.size()) {
-    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off,
+    const ssize_t n = ::send(c.fd(), c.out.data() + c.out_off, c.out.size() - c.out_off,
                              MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c.out_off += static_cast<std::size_t>(n);
@@ -534,74 +442,80 @@ void AdminServer::Impl::write_to(Client& c) {
   }
 }
 
-void AdminServer::Impl::reap() {
+// Whether a client stays after its turn: not once it has gone, finished, idled or dribbled too long.
+bool AdminServer::Impl::stays_open(Client& c) {
+  if (c.dead) return false;
+  if ((c.closing || c.read_closed) && !c.backlog && c.drained()) return false;
   const auto now = Clock::now();
-  const auto idle = std::chrono::milliseconds(limits.idle_timeout_ms);
-  const auto line_limit = std::chrono::milliseconds(limits.line_timeout_ms);
-  std::erase_if(clients, [&](const std::unique_ptr<Client>& c) {
-    if (c->dead) return true;
-    if ((c->closing || c->read_closed) && !c->backlog && c->drained()) return true;
-    if (c->in_flight == 0 && now - c->last_activity > idle) {
-      ++counters.closed_idle;
-      return true;
-    }
-    if (c->line_started && !c->backlog && now - *c->line_started > line_limit) {
-      ++counters.closed_slow_line;
-      send_final_line(c->fd.get(), answer_error(nullptr, code::kLineTimeout,
-                                                fmt::format("a request line must end (newline) within {} ms of "
-                                                            "its first byte",
-                                                            limits.line_timeout_ms)));
-      return true;
-    }
+  if (c.in_flight == 0 && now - c.last_activity > std::chrono::milliseconds(limits.idle_timeout_ms)) {
+    ++counters.closed_idle;
     return false;
-  });
+  }
+  if (c.line_started && !c.backlog && now - *c.line_started > std::chrono::milliseconds(limits.line_timeout_ms)) {
+    ++counters.closed_slow_line;
+    send_final_line(c.fd(), answer_error(nullptr, code::kLineTimeout,
+                                         fmt::format("a request line must end (newline) within {} ms of its first byte",
+                                                     limits.line_timeout_ms)));
+    return false;
+  }
+  return true;
 }
 
+// After the loop has stopped: control requests still waiting get shutting_down.
 void AdminServer::Impl::shut_down_clients() {
-  for (auto& c : clients) {
-    for (auto& slot : c->slots) {
+  for (const auto& connection : service->connections()) {
+    Client& c = client(*connection);
+    for (auto& slot : c.slots) {
       if (slot.ready) continue;
       slot.ready = true;
-      slot.line = answer_error(nullptr, code::kShuttingDown,
-                               "the daemon stopped before deciding this request");
-      c->held_bytes += slot.line.size() + 1;
+      slot.line = answer_error(nullptr, code::kShuttingDown, "the daemon stopped before deciding this request");
+      c.held_bytes += slot.line.size() + 1;
     }
-    release_ready(*c);
-    if (!c->dead) write_to(*c);
+    release_ready(c);
+    if (!c.dead) write_to(c);
   }
-  clients.clear();
 }
 
 AdminServer::AdminServer(const std::string& dir, int rank, int coordinator_rank, Handlers handlers,
                          Limits limits)
     : impl_(std::make_unique<Impl>()) {
-  impl_->dir = dir;
-  impl_->path = socket_path(dir, rank);
-  impl_->rank = rank;
-  impl_->coordinator = coordinator_rank;
-  impl_->handlers = std::move(handlers);
-  impl_->limits = limits;
-  impl_->listener = std::make_unique<ListeningSocket>(dir, impl_->path, SocketNames{"admin socket", "[admin].dir"});
-  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
-  spdlog::debug("admin socket: listening on {}", impl_->path);
+  Impl& m = *impl_;
+  m.dir = dir;
+  m.path = socket_path(dir, rank);
+  m.rank = rank;
+  m.coordinator = coordinator_rank;
+  m.handlers = std::move(handlers);
+  m.limits = limits;
+  m.service = std::make_unique<SocketService>(dir, m.path, SocketNames{"admin socket", "[admin].dir"}, m,
+                                              limits.max_clients);
+  m.mailbox = std::make_shared<Mailbox>(m.service->wake_up());
+  m.service->start();
+  spdlog::debug("admin socket: listening on {}", m.path);
 }
 
 AdminServer::~AdminServer() {
-  impl_->stop.store(true);
-  impl_->mailbox->wake();
-  if (impl_->thread.joinable()) impl_->thread.join();
-  impl_->mailbox->close();
-  impl_->listener.reset();  // closes it and removes the socket file
+  Impl& m = *impl_;
+  m.service->stop();
+  try {
+    m.deliver(m.service->connections(), m.mailbox->take());
+    m.shut_down_clients();
+  } catch (const std::exception& e) {
+    spdlog::error("admin socket: {}", e.what());
+  } catch (...) {
+    spdlog::error("admin socket: an exception that is not a std::exception while shutting down");
+  }
+  m.mailbox->close();
+  m.service.reset();  // closes every connection and removes the socket file
 }
 
 const std::string& AdminServer::path() const { return impl_->path; }
 
 AdminCounters AdminServer::counters() const {
   const auto& a = impl_->counters;
-  return AdminCounters{a.accepted.load(),       a.refused_uid.load(),   a.refused_full.load(),
+  return AdminCounters{a.accepted.load(),       a.refused_uid.load(),    a.refused_full.load(),
                        a.requests.load(),       a.lines_too_long.load(), a.dropped_slow.load(),
                        a.closed_idle.load(),    a.closed_slow_line.load(), a.evicted.load(),
-                       a.turns.load()};
+                       impl_->service->counters().turns};
 }
 
 std::string AdminServer::socket_path(const std::string& dir, int rank) {

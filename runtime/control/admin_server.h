@@ -1,5 +1,6 @@
 // The admin socket of one daemon rank: a Unix stream socket <dir>/moed-<rank>.sock,
-// mode 0600, served by its own thread with one poll() loop.
+// mode 0600, served by its own thread with one poll() loop (a SocketService,
+// common/socket_service.h: the listener, peer check, admission and wake-up).
 //
 // The server never blocks or slows the daemon: it owns its thread, every fd is
 // non-blocking, each client has a bounded input line and a bounded output

@@ -1,9 +1,7 @@
 #include "runtime/ingress/front_door.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <spdlog/spdlog.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,10 +15,9 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "common/error.h"
-#include "common/unix_socket.h"
+#include "common/socket_service.h"
 #include "runtime/ingress/intake.h"
 
 namespace moed::runtime::ingress {
@@ -32,21 +29,42 @@ namespace {
 std::string errno_text(int err) { return std::strerror(err); }
 
 constexpr std::size_t kReadPerTurn = 64 * 1024;  // bytes read per client per poll turn (fairness)
+constexpr int kMaxPollWaitMs = 1000;             // the longest poll: hello deadlines are checked each turn
+
+// Sends a frame whole, with an fd to pass if any, without blocking; false
+// when it could not (the peer does not read, or has gone).
+bool send_frame(int fd, const std::vector<std::byte>& frame, int memfd = -1) {
+  iovec iov{const_cast<std::byte*>(frame.data()), frame.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (memfd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof memfd);
+  }
+  ssize_t n;
+  do n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  return n == ssize_t(frame.size());
+}
 
 }  // namespace
 
 // One connected client: its socket, its shared memory and its slots.
-class Session {
+class Session : public SocketConnection, public std::enable_shared_from_this<Session> {
  public:
-  Session(UniqueFd fd, std::uint64_t id, PeerCredentials peer)
-      : fd_(std::move(fd)), id_(id), peer_(peer), connected_(Clock::now()) {}
-  ~Session() {
+  Session(UniqueFd fd, std::uint64_t serial, PeerCredentials peer)
+      : SocketConnection(std::move(fd), serial, peer), connected_(Clock::now()) {}
+  ~Session() override {
     if (region_) ::munmap(region_, layout_.region_bytes());
   }
 
-  int fd() const { return fd_.get(); }
-  std::uint64_t id() const { return id_; }
-  const PeerCredentials& peer() const { return peer_; }
   Clock::time_point connected() const { return connected_; }
   bool welcomed() const { return region_ != nullptr; }
   const wire::Layout& layout() const { return layout_; }
@@ -78,24 +96,7 @@ class Session {
   void send(const std::vector<std::byte>& frame, int memfd = -1) {
     std::lock_guard lock(send_mutex_);
     if (dead_) return;
-    iovec iov{const_cast<std::byte*>(frame.data()), frame.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (memfd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &memfd, sizeof memfd);
-    }
-    ssize_t n;
-    do n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
-    if (n != ssize_t(frame.size())) kill();
+    if (!send_frame(fd(), frame, memfd)) kill();
   }
   void send_error(std::uint64_t tag, std::uint32_t slot, wire::Status status, const std::string& message) {
     send(wire::encode(wire::ErrorReply{tag, slot, status, message}));
@@ -106,9 +107,9 @@ class Session {
     // Read what the client sent and we will not handle: a Unix socket closed
     // with unread bytes resets the peer, which would lose our last answer.
     std::byte sink[4096];
-    while (::recv(fd_.get(), sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    while (::recv(fd(), sink, sizeof sink, MSG_DONTWAIT) > 0) {
     }
-    ::shutdown(fd_.get(), SHUT_RDWR);
+    ::shutdown(fd(), SHUT_RDWR);
   }
   bool dead() const { return dead_; }
 
@@ -116,9 +117,7 @@ class Session {
   std::vector<bool>& in_flight() { return in_flight_; }
 
  private:
-  UniqueFd fd_, memfd_;
-  std::uint64_t id_;
-  PeerCredentials peer_;
+  UniqueFd memfd_;
   Clock::time_point connected_;
   wire::FrameReader reader_;
   wire::Layout layout_;
@@ -135,16 +134,17 @@ void LayerBatch::clear() {
   pieces.clear();
 }
 
-struct FrontDoor::Impl {
+namespace {
+
+// Every connection of the front door is a Session: admit makes them.
+Session& session(SocketConnection& c) { return static_cast<Session&>(c); }
+
+}  // namespace
+
+struct FrontDoor::Impl final : SocketService::Handler {
   int rank = 0, ranks = 1, hidden = 0, layers = 0;
   Limits limits;
-  std::unique_ptr<ListeningSocket> listener;
-  UniqueFd wake;  // eventfd: stop
-  std::atomic<bool> stop{false};
-  std::thread thread;
-  std::uint64_t next_id = 1;
-  std::vector<std::shared_ptr<Session>> connections;  // server thread only
-  Clock::time_point accept_paused_until{};           // server thread only
+  std::unique_ptr<SocketService> service;
 
   // Shared with the step thread.
   mutable std::mutex mutex;
@@ -160,130 +160,87 @@ struct FrontDoor::Impl {
   std::size_t round = 0;
   FrontDoorCounters counts;
 
-  void run();
-  void turn();
-  void accept_all();
-  void admit(UniqueFd fd);
-  void read_from(const std::shared_ptr<Session>& s);
-  void handle(const std::shared_ptr<Session>& s, const wire::Frame& f);
-  void welcome(const std::shared_ptr<Session>& s, const wire::Hello& hello);
-  void queue_submit(const std::shared_ptr<Session>& s, const wire::Submit& m);
-  void drop(const std::shared_ptr<Session>& s, const char* why);
-  void refuse(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status, const std::string& message);
+  // SocketService::Handler, on the server thread.
+  void refuse(int fd, Refusal why, const PeerCredentials& peer) override;
+  std::shared_ptr<SocketConnection> admit(UniqueFd fd, std::uint64_t serial, const PeerCredentials& peer) override {
+    return std::make_shared<Session>(std::move(fd), serial, peer);
+  }
+  bool serve(SocketConnection& c, short revents) override;
+  void closed(SocketConnection& c) override { drop(session(c), "its connection ended"); }
+  int poll_timeout_ms(const SocketConnections&) override { return kMaxPollWaitMs; }
+
+  void read_from(Session& s);
+  void handle(Session& s, const wire::Frame& f);
+  void welcome(Session& s, const wire::Hello& hello);
+  void queue_submit(Session& s, const wire::Submit& m);
+  void drop(Session& s, const char* why);
+  void reject(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status, const std::string& message);
+  void count_refusal();
 };
 
-void FrontDoor::Impl::refuse(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status,
+void FrontDoor::Impl::count_refusal() {
+  std::lock_guard lock(mutex);
+  ++counts.refused;
+}
+
+// An error answer to one of a client's messages.
+void FrontDoor::Impl::reject(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status,
                              const std::string& message) {
-  {
-    std::lock_guard lock(mutex);
-    ++counts.refused;
-  }
+  count_refusal();
   s.send_error(tag, slot, status, message);
 }
 
-void FrontDoor::Impl::run() {
-  while (!stop.load()) {
-    try {
-      turn();
-    } catch (const std::exception& e) {
-      spdlog::error("front door: {}", e.what());
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
+void FrontDoor::Impl::refuse(int fd, Refusal why, const PeerCredentials& peer) {
+  count_refusal();
+  const auto [status, message] =
+      why == Refusal::forbidden
+          ? std::pair(wire::Status::forbidden,
+                      fmt::format("uid {} may not use this daemon; only uid {} or root may", peer.uid, ::geteuid()))
+          : std::pair(wire::Status::too_many_clients,
+                      fmt::format("this rank serves at most {} clients ([ingress].max_clients); try again later",
+                                  limits.max_clients));
+  send_frame(fd, wire::encode(wire::ErrorReply{0, wire::kNoSlot, status, message}));
 }
 
-void FrontDoor::Impl::turn() {
-  std::vector<pollfd> fds;
-  fds.push_back({wake.get(), POLLIN, 0});
-  const bool accepting = Clock::now() >= accept_paused_until;
-  fds.push_back({listener->fd(), short(accepting ? POLLIN : 0), 0});
-  for (const auto& s : connections) fds.push_back({s->fd(), POLLIN, 0});
-  ::poll(fds.data(), fds.size(), accepting ? 1000 : 200);
-  if (stop.load()) return;
-  if (fds[1].revents & POLLIN) accept_all();
-  const auto now = Clock::now();
-  // Copy: read_from may drop connections.
-  std::vector<std::shared_ptr<Session>> polled(connections.begin(), connections.end());
-  for (std::size_t i = 0; i < polled.size(); ++i) {
-    const auto& s = polled[i];
-    if (fds[2 + i].revents) read_from(s);
-    if (!s->welcomed() && !s->dead() && now - s->connected() > limits.hello_timeout) {
-      refuse(0, wire::kNoSlot, *s, wire::Status::bad_request, "no hello within the time allowed");
-      drop(s, "sent no hello");
-    }
-    if (s->dead()) drop(s, "its connection ended");
+bool FrontDoor::Impl::serve(SocketConnection& c, short revents) {
+  Session& s = session(c);
+  if (revents) read_from(s);
+  if (!s.welcomed() && !s.dead() && Clock::now() - s.connected() > limits.hello_timeout) {
+    reject(0, wire::kNoSlot, s, wire::Status::bad_request, "no hello within the time allowed");
+    return false;
   }
+  return !s.dead();
 }
 
-void FrontDoor::Impl::accept_all() {
-  for (;;) {
-    int error = 0;
-    UniqueFd fd = listener->accept(error);
-    if (!fd) {
-      if (error == 0) return;
-      // Out of fds: the listener stays readable, so stop polling it a while.
-      spdlog::warn("front door: accept(): {}", errno_text(error));
-      accept_paused_until = Clock::now() + std::chrono::milliseconds(200);
-      return;
-    }
-    admit(std::move(fd));
-  }
-}
-
-void FrontDoor::Impl::admit(UniqueFd fd) {
-  PeerCredentials peer;
-  try {
-    peer = peer_credentials(fd.get());
-  } catch (const Error& e) {
-    spdlog::warn("front door: {}", e.what());
-    return;
-  }
-  auto s = std::make_shared<Session>(std::move(fd), next_id++, peer);
-  if (!peer_may_connect(peer.uid)) {
-    spdlog::warn("front door {}: refused a client of uid {} (pid {}): only uid {} or root", listener->path(),
-                 peer.uid, peer.pid, ::geteuid());
-    refuse(0, wire::kNoSlot, *s, wire::Status::forbidden,
-           fmt::format("uid {} may not use this daemon; only uid {} or root may", peer.uid, ::geteuid()));
-    return;
-  }
-  if (int(connections.size()) >= limits.max_clients) {
-    refuse(0, wire::kNoSlot, *s, wire::Status::too_many_clients,
-           fmt::format("this rank serves at most {} clients ([ingress].max_clients); try again later",
-                       limits.max_clients));
-    return;
-  }
-  connections.push_back(std::move(s));
-}
-
-void FrontDoor::Impl::read_from(const std::shared_ptr<Session>& s) {
+void FrontDoor::Impl::read_from(Session& s) {
   std::byte buffer[8192];
-  for (std::size_t got = 0; got < kReadPerTurn && !s->dead();) {
-    const ssize_t n = ::recv(s->fd(), buffer, sizeof buffer, MSG_DONTWAIT);
+  for (std::size_t got = 0; got < kReadPerTurn && !s.dead();) {
+    const ssize_t n = ::recv(s.fd(), buffer, sizeof buffer, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (n <= 0) {
-      s->kill();
+      s.kill();
       break;
     }
     got += std::size_t(n);
-    s->reader().feed({buffer, std::size_t(n)});
+    s.reader().feed({buffer, std::size_t(n)});
     std::string error;
-    while (auto f = s->reader().next(error)) handle(s, *f);
+    while (auto f = s.reader().next(error)) handle(s, *f);
     if (!error.empty()) {
-      refuse(0, wire::kNoSlot, *s, wire::Status::bad_request, error);
-      s->kill();
+      reject(0, wire::kNoSlot, s, wire::Status::bad_request, error);
+      s.kill();
     }
   }
 }
 
-void FrontDoor::Impl::handle(const std::shared_ptr<Session>& s, const wire::Frame& f) {
+void FrontDoor::Impl::handle(Session& s, const wire::Frame& f) {
   std::string error;
-  if (!s->welcomed()) {
+  if (!s.welcomed()) {
     auto hello = f.type == wire::Type::hello ? wire::decode_hello(f.payload, error) : std::nullopt;
     if (!hello) {
-      refuse(0, wire::kNoSlot, *s, wire::Status::bad_request,
+      reject(0, wire::kNoSlot, s, wire::Status::bad_request,
              error.empty() ? "the first message must be a hello" : error);
-      s->kill();
+      s.kill();
       return;
     }
     welcome(s, *hello);
@@ -291,14 +248,14 @@ void FrontDoor::Impl::handle(const std::shared_ptr<Session>& s, const wire::Fram
   }
   auto submit = f.type == wire::Type::submit ? wire::decode_submit(f.payload, error) : std::nullopt;
   if (!submit) {
-    refuse(0, wire::kNoSlot, *s, wire::Status::bad_request, error.empty() ? "expected a submit" : error);
-    s->kill();
+    reject(0, wire::kNoSlot, s, wire::Status::bad_request, error.empty() ? "expected a submit" : error);
+    s.kill();
     return;
   }
   queue_submit(s, *submit);
 }
 
-void FrontDoor::Impl::welcome(const std::shared_ptr<Session>& s, const wire::Hello& hello) {
+void FrontDoor::Impl::welcome(Session& s, const wire::Hello& hello) {
   std::uint32_t slots = std::clamp<std::uint32_t>(hello.slots, 1, limits.max_slots);
   const std::uint32_t rows = std::clamp<std::uint32_t>(
       hello.max_rows, 1, std::min<std::uint32_t>(limits.max_rows, std::uint32_t(limits.max_tokens_per_step)));
@@ -306,34 +263,34 @@ void FrontDoor::Impl::welcome(const std::shared_ptr<Session>& s, const wire::Hel
   while (layout.slots > 1 && layout.region_bytes() > limits.max_client_bytes)
     layout = wire::make_layout(std::uint32_t(hidden), rows, layout.slots - 1);
   if (layout.region_bytes() > limits.max_client_bytes) {
-    refuse(0, wire::kNoSlot, *s, wire::Status::bad_request,
+    reject(0, wire::kNoSlot, s, wire::Status::bad_request,
            fmt::format("one slot of {} rows of {} floats ({} bytes) exceeds [ingress].max_client_mb", rows, hidden,
                        layout.slot_bytes));
-    s->kill();
+    s.kill();
     return;
   }
-  const int memfd = s->map_region(layout);
+  const int memfd = s.map_region(layout);
   // Counted before the welcome goes: a client that has its welcome is
   // connected in the counters too.
   {
     std::lock_guard lock(mutex);
-    clients.push_back({s, {}});
+    clients.push_back({s.shared_from_this(), {}});
     ++counts.clients;
     ++counts.accepted;
   }
-  s->send(wire::encode(wire::Welcome{std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(layers), layout}),
+  s.send(wire::encode(wire::Welcome{std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(layers), layout}),
           memfd);
-  s->forget_memfd();
-  if (s->dead()) {
+  s.forget_memfd();
+  if (s.dead()) {
     drop(s, "the welcome could not be sent");
     return;
   }
-  spdlog::debug("front door: client {} (pid {}) connected: {} slots of {} rows", s->id(), s->peer().pid,
+  spdlog::debug("front door: client {} (pid {}) connected: {} slots of {} rows", s.serial(), s.peer().pid,
                 layout.slots, layout.max_rows);
 }
 
-void FrontDoor::Impl::queue_submit(const std::shared_ptr<Session>& s, const wire::Submit& m) {
-  const wire::Layout& l = s->layout();
+void FrontDoor::Impl::queue_submit(Session& s, const wire::Submit& m) {
+  const wire::Layout& l = s.layout();
   std::string problem;
   if (m.slot >= l.slots)
     problem = fmt::format("slot {} does not exist (this client has {})", m.slot, l.slots);
@@ -342,17 +299,17 @@ void FrontDoor::Impl::queue_submit(const std::shared_ptr<Session>& s, const wire
                           layers - 1);
   else if (m.rows == 0 || m.rows > l.max_rows)
     problem = fmt::format("{} rows: a submit holds 1 to {} rows", m.rows, l.max_rows);
-  if (!problem.empty()) return refuse(m.tag, m.slot, *s, wire::Status::bad_request, problem);
+  if (!problem.empty()) return reject(m.tag, m.slot, s, wire::Status::bad_request, problem);
   std::lock_guard lock(mutex);
-  if (s->in_flight()[m.slot]) {
+  if (s.in_flight()[m.slot]) {
     ++counts.refused;
-    s->send_error(m.tag, m.slot, wire::Status::busy,
+    s.send_error(m.tag, m.slot, wire::Status::busy,
                   fmt::format("slot {} already has a submit in flight; wait for it first", m.slot));
     return;
   }
-  auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session == s; });
+  auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session.get() == &s; });
   if (it == clients.end()) return;  // going away
-  s->in_flight()[m.slot] = true;
+  s.in_flight()[m.slot] = true;
   const std::uint64_t ticket = next_ticket++;
   tickets[ticket] = m;
   it->queue.push_back({0, m.layer, m.rows, ticket});
@@ -360,11 +317,12 @@ void FrontDoor::Impl::queue_submit(const std::shared_ptr<Session>& s, const wire
   work.notify_one();
 }
 
-void FrontDoor::Impl::drop(const std::shared_ptr<Session>& s, const char* why) {
-  s->kill();
-  connections.erase(std::remove(connections.begin(), connections.end(), s), connections.end());
+// A client leaves: its queued submits go with it; a step that took one
+// keeps the session (and its memory) until it lets go.
+void FrontDoor::Impl::drop(Session& s, const char* why) {
+  s.kill();
   std::lock_guard lock(mutex);
-  auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session == s; });
+  auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session.get() == &s; });
   if (it == clients.end()) return;
   for (const QueuedSubmit& q : it->queue) {
     queued_rows[q.layer] -= q.rows;
@@ -372,7 +330,7 @@ void FrontDoor::Impl::drop(const std::shared_ptr<Session>& s, const char* why) {
   }
   clients.erase(it);
   --counts.clients;
-  spdlog::debug("front door: client {} (pid {}) gone: {}", s->id(), s->peer().pid, why);
+  spdlog::debug("front door: client {} (pid {}) gone: {}", s.serial(), s.peer().pid, why);
 }
 
 FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, int layers, Limits limits)
@@ -381,18 +339,15 @@ FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, in
   m.rank = rank, m.ranks = ranks, m.hidden = hidden, m.layers = layers;
   m.limits = limits;
   m.queued_rows.assign(std::size_t(layers), 0);
-  m.wake.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!m.wake) MOED_THROW(Runtime, "eventfd(): {}", errno_text(errno));
-  m.listener = std::make_unique<ListeningSocket>(dir, socket_path(dir, rank), SocketNames{"front-door socket", "[ingress].dir"});
-  m.thread = std::thread([&m] { m.run(); });
+  m.service = std::make_unique<SocketService>(dir, socket_path(dir, rank),
+                                              SocketNames{"front-door socket", "[ingress].dir"}, m,
+                                              limits.max_clients);
+  m.service->start();
 }
 
 FrontDoor::~FrontDoor() {
   Impl& m = *impl_;
-  m.stop = true;
-  const std::uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(m.wake.get(), &one, sizeof one);
-  if (m.thread.joinable()) m.thread.join();
+  m.service->stop();
   std::lock_guard lock(m.mutex);
   for (auto& c : m.clients)
     for (const QueuedSubmit& q : c.queue) {
@@ -400,10 +355,10 @@ FrontDoor::~FrontDoor() {
       c.session->send_error(submit.tag, submit.slot, wire::Status::shutting_down,
                             "the daemon is shutting down; this layer was not served");
     }
-  for (auto& s : m.connections) s->kill();
+  for (const auto& c : m.service->connections()) session(*c).kill();
 }
 
-const std::string& FrontDoor::path() const { return impl_->listener->path(); }
+const std::string& FrontDoor::path() const { return impl_->service->path(); }
 
 std::string FrontDoor::socket_path(const std::string& dir, int rank) {
   return fmt::format("{}/moed-ingress-{}.sock", dir, rank);

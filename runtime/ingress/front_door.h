@@ -1,9 +1,10 @@
 // The front door of one moed rank: model processes on this host connect to
 // <[ingress].dir>/moed-ingress-<rank>.sock (mode 0600, peer uid checked) and
 // submit one MoE layer's rows at a time; the rows travel in shared memory
-// (client/protocol.h). A thread of its own accepts clients, hands each a
-// sealed memfd of slots, and queues their submits; the step thread takes
-// them (take), serves them, and answers (complete).
+// (client/protocol.h). A thread of its own (a SocketService,
+// common/socket_service.h) accepts clients, hands each a sealed memfd of
+// slots, and queues their submits; the step thread takes them (take),
+// serves them, and answers (complete).
 //
 // Nothing a client does can stop the daemon or reach another client's
 // tokens: every field of a submit is checked before it is queued, rows are
