@@ -14,17 +14,19 @@ namespace moed::runtime {
 std::optional<Fault> parse_fault(const std::string& text) {
   if (text.empty()) return std::nullopt;
   static const std::regex stall(R"(stall:rank=(\d{1,9}),step=(\d{1,18}))");
-  static const std::regex migrate(R"(migrate-(fail|corrupt|kill):rank=(\d{1,9}))");
+  static const std::regex migrate(R"(migrate-(fail|corrupt|kill|hold):rank=(\d{1,9}))");
   std::smatch m;
   if (std::regex_match(text, m, stall)) return Fault{Fault::Kind::Stall, std::stoi(m[1]), std::stoull(m[2])};
   if (std::regex_match(text, m, migrate)) {
     const Fault::Kind kind = m[1] == "fail"      ? Fault::Kind::MigrateFail
                              : m[1] == "corrupt" ? Fault::Kind::MigrateCorrupt
-                                                 : Fault::Kind::MigrateKill;
+                             : m[1] == "kill"    ? Fault::Kind::MigrateKill
+                                                 : Fault::Kind::MigrateHold;
     return Fault{kind, std::stoi(m[2]), 0};
   }
   MOED_THROW(Usage,
-             "MOED_FAULT=\"{}\": expected stall:rank=R,step=S or migrate-fail|migrate-corrupt|migrate-kill:rank=R",
+             "MOED_FAULT=\"{}\": expected stall:rank=R,step=S or "
+             "migrate-fail|migrate-corrupt|migrate-kill|migrate-hold:rank=R",
              text);
 }
 
@@ -33,8 +35,12 @@ std::optional<Fault> fault_from_env() {
   return parse_fault(text ? text : "");
 }
 
+bool fault_applies(const std::optional<Fault>& fault, int rank, std::uint64_t step, Fault::Kind kind) {
+  return fault && fault->kind == kind && fault->rank == rank && (kind != Fault::Kind::Stall || fault->step == step);
+}
+
 void maybe_inject(const std::optional<Fault>& fault, int rank, std::uint64_t step) {
-  if (!fault || fault->kind != Fault::Kind::Stall || fault->rank != rank || fault->step != step) return;
+  if (!fault_applies(fault, rank, step, Fault::Kind::Stall)) return;
   spdlog::warn("MOED_FAULT: rank {} stalls at step {} on purpose", rank, step);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // until the job is aborted
 }

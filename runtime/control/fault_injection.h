@@ -7,6 +7,9 @@
 //   migrate-corrupt:rank=R  rank R, as a migration destination, flips a byte
 //                           of what landed before verifying it
 //   migrate-kill:rank=R     rank R dies (SIGKILL) when it first sends weights
+//   migrate-hold:rank=R     rank R, as a migration source, sends nothing: the
+//                           migration stays in transfer until it is aborted
+//                           (a shutdown or a signal), whatever the step time
 // Unset in production; an unparsable value is a Usage error, never ignored.
 #pragma once
 
@@ -17,7 +20,7 @@
 namespace moed::runtime {
 
 struct Fault {
-  enum class Kind { Stall, MigrateFail, MigrateCorrupt, MigrateKill } kind = Kind::Stall;
+  enum class Kind { Stall, MigrateFail, MigrateCorrupt, MigrateKill, MigrateHold } kind = Kind::Stall;
   int rank = -1;
   std::uint64_t step = 0;  // stall only
 };
@@ -26,7 +29,10 @@ struct Fault {
 std::optional<Fault> parse_fault(const std::string& text);
 // The fault from the environment, if any.
 std::optional<Fault> fault_from_env();
-// Acts on a stall that matches (rank, step); returns otherwise.
+// Whether `fault` is of `kind` and acts on `rank` (a stall: at `step` too; the
+// migration faults at any step). The one matching rule of maybe_inject.
+bool fault_applies(const std::optional<Fault>& fault, int rank, std::uint64_t step, Fault::Kind kind);
+// Acts on a stall that applies to (rank, step); returns otherwise.
 void maybe_inject(const std::optional<Fault>& fault, int rank, std::uint64_t step);
 
 }  // namespace moed::runtime

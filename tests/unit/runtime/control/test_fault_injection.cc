@@ -1,4 +1,5 @@
-// MOED_FAULT parsing: each kind, and every malformed value is a Usage error.
+// MOED_FAULT parsing: each kind, and every malformed value is a Usage error;
+// which (rank, step) each fault applies to.
 #include "runtime/control/fault_injection.h"
 
 #include "tests/unit/test_support.h"
@@ -32,7 +33,8 @@ TEST_P(MigrateFaults, ParseToTheirKindAndRank) {
 INSTANTIATE_TEST_SUITE_P(Kinds, MigrateFaults,
                          ::testing::Values(MigrateCase{"migrate-fail:rank=1", Fault::Kind::MigrateFail, 1},
                                            MigrateCase{"migrate-corrupt:rank=0", Fault::Kind::MigrateCorrupt, 0},
-                                           MigrateCase{"migrate-kill:rank=12", Fault::Kind::MigrateKill, 12}));
+                                           MigrateCase{"migrate-kill:rank=12", Fault::Kind::MigrateKill, 12},
+                                           MigrateCase{"migrate-hold:rank=2", Fault::Kind::MigrateHold, 2}));
 
 class BadFaults : public ::testing::TestWithParam<const char*> {};
 TEST_P(BadFaults, AreUsageErrorsThatQuoteTheValue) {
@@ -42,16 +44,39 @@ TEST_P(BadFaults, AreUsageErrorsThatQuoteTheValue) {
 INSTANTIATE_TEST_SUITE_P(Malformed, BadFaults,
                          ::testing::Values("sometimes", "stall:rank=1", "stall:rank=x,step=2", "migrate-fail",
                                            "migrate-explode:rank=1", "migrate-fail:rank=1,step=2",
-                                           "stall:rank=99999999999,step=1"));
+                                           "migrate-hold:rank=-1", "stall:rank=99999999999,step=1"));
 
-TEST(FaultInjection, MaybeInjectIgnoresOtherRanksStepsAndKinds) {
-  // A stall that matched would sleep forever: these must all return.
-  maybe_inject(parse_fault("stall:rank=1,step=5"), 0, 5);
-  maybe_inject(parse_fault("stall:rank=1,step=5"), 1, 4);
-  maybe_inject(parse_fault("migrate-kill:rank=1"), 1, 0);
-  maybe_inject(std::nullopt, 0, 0);
-  SUCCEED();
+// fault_applies is maybe_inject's whole decision (a stall that applies sleeps
+// until the job is aborted), and the rule the migration hooks follow.
+struct ApplyCase {
+  const char* name;
+  const char* fault;  // MOED_FAULT; "" for none
+  int rank;
+  std::uint64_t step;
+  Fault::Kind kind;
+  bool applies;
+};
+class FaultApplies : public ::testing::TestWithParam<ApplyCase> {};
+
+TEST_P(FaultApplies, OnlyToItsKindRankAndStallStep) {
+  const ApplyCase& c = GetParam();
+  EXPECT_EQ(fault_applies(parse_fault(c.fault), c.rank, c.step, c.kind), c.applies);
 }
+INSTANTIATE_TEST_SUITE_P(
+    Cases, FaultApplies,
+    ::testing::Values(
+        ApplyCase{"StallAtItsRankAndStep", "stall:rank=1,step=5", 1, 5, Fault::Kind::Stall, true},
+        ApplyCase{"StallOnAnotherRank", "stall:rank=1,step=5", 0, 5, Fault::Kind::Stall, false},
+        ApplyCase{"StallTheStepBefore", "stall:rank=1,step=5", 1, 4, Fault::Kind::Stall, false},
+        ApplyCase{"StallTheStepAfter", "stall:rank=1,step=5", 1, 6, Fault::Kind::Stall, false},
+        ApplyCase{"StallAskedAsAnotherKind", "stall:rank=1,step=5", 1, 5, Fault::Kind::MigrateKill, false},
+        ApplyCase{"MigrationFaultIsNoStall", "migrate-kill:rank=1", 1, 0, Fault::Kind::Stall, false},
+        ApplyCase{"MigrationFaultAtAnyStep", "migrate-kill:rank=1", 1, 123, Fault::Kind::MigrateKill, true},
+        ApplyCase{"MigrationFaultOnAnotherRank", "migrate-kill:rank=1", 2, 0, Fault::Kind::MigrateKill, false},
+        ApplyCase{"HoldAtItsRank", "migrate-hold:rank=2", 2, 7, Fault::Kind::MigrateHold, true},
+        ApplyCase{"HoldIsNoFailure", "migrate-hold:rank=2", 2, 7, Fault::Kind::MigrateFail, false},
+        ApplyCase{"NoFaultNever", "", 0, 0, Fault::Kind::Stall, false}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace moed::runtime
