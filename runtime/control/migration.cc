@@ -44,6 +44,7 @@ MigrationFaults MigrationFaults::from_env() {
   if (fault->kind == Fault::Kind::MigrateFail) f.fail_source = fault->rank;
   if (fault->kind == Fault::Kind::MigrateCorrupt) f.corrupt_destination = fault->rank;
   if (fault->kind == Fault::Kind::MigrateKill) f.killed_source = fault->rank;
+  if (fault->kind == Fault::Kind::MigrateHold) f.held_source = fault->rank;
   return f;
 }
 
@@ -131,6 +132,7 @@ void MigrationTransfer::send(std::size_t budget) {
     spdlog::warn("MOED_FAULT: rank {} dies during migration {}", rank_, id_);
     std::raise(SIGKILL);
   }
+  if (faults_.held_source == rank_) return;  // nothing sent: the migration stays in transfer
   // The puts of the last boundary have had a whole step to land (an RDMA
   // NIC, or UCX progress in the step's own waits, moves them meanwhile).
   if (issued_ > sent_) {

@@ -38,11 +38,12 @@ std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& move
                                         int ranks, std::vector<std::size_t>* bytes_per_rank = nullptr);
 
 // Test hooks (runtime/control/fault_injection.h): the ranks that fail as a source,
-// corrupt what lands as a destination, or die when they first send.
+// corrupt what lands as a destination, die when they first send, or send nothing.
 struct MigrationFaults {
   int fail_source = -1;
   int corrupt_destination = -1;
   int killed_source = -1;
+  int held_source = -1;
   static MigrationFaults from_env();
 };
 

@@ -187,6 +187,15 @@ TEST_F(Migration, AFailingSourceThrowsWhenItsFirstChunkHasLanded) {
   test::expect_error([&] { ranks[1]->transfer->send(16); }, ErrorKind::Runtime, {"MOED_FAULT", "rank 1"});
 }
 
+TEST_F(Migration, AHeldSourceSendsNothingWhateverItsBudget) {
+  MigrationFaults faults;
+  faults.held_source = 1;
+  prepare({{1, 2, 1, 0, 1}}, 1, 0, faults);
+  for (int boundary = 0; boundary < 3; ++boundary) ranks[1]->transfer->send(1 << 20);
+  EXPECT_EQ(ranks[1]->transfer->bytes_to_send(), slot_bytes());
+  EXPECT_EQ(ranks[1]->transfer->sent_bytes(), 0u) << "the migration must stay in transfer";
+}
+
 TEST_F(Migration, WindowsAreKeptAndGrownNotRemadeEachTime) {
   auto run = [&](const std::vector<placement::Move>& moves, std::uint64_t id) {
     prepare(moves, id);
