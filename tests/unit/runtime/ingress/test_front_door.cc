@@ -430,7 +430,7 @@ TEST_F(FrontDoorTest, AClientGivesUpAfterReconnectMs) {
   door_.reset();  // and nobody brings it back
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    c.wait(s, 5000);
+    c.wait(s, 60'000);  // far beyond reconnect_ms: giving up must be reconnect_ms's doing
     ADD_FAILURE() << "served with no daemon";
   } catch (const client::Error& e) {
     const std::string what = e.what();
@@ -440,7 +440,7 @@ TEST_F(FrontDoorTest, AClientGivesUpAfterReconnectMs) {
   }
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GE(took, std::chrono::milliseconds(300));
-  EXPECT_LT(took, std::chrono::milliseconds(3000));
+  EXPECT_LT(took, std::chrono::seconds(10));
   EXPECT_EQ(c.reconnects(), 0u);
   // The slot holds its rows again, ready to be submitted or released.
   EXPECT_EQ(std::memcmp(c.rows(s), x.data(), x.size() * sizeof(float)), 0);
@@ -463,11 +463,11 @@ TEST_F(FrontDoorTest, ADaemonThatKeepsFallingDoesNotStretchReconnectMs) {
     }
   });
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_THROW(c.wait(s, 5000), client::Error);
+  EXPECT_THROW(c.wait(s, 60'000), client::Error);  // a stretched reconnect_ms would run to this timeout
   const auto took = std::chrono::steady_clock::now() - t0;
   cycling = false;
   flapping.join();
-  EXPECT_LT(took, std::chrono::milliseconds(2000));
+  EXPECT_LT(took, std::chrono::seconds(10));
   EXPECT_GE(c.reconnects(), 1u);
 }
 
