@@ -23,6 +23,12 @@ RankSignals::RankSignals(int ranks, int layers, int experts, int load_window_ste
   }
 }
 
+std::size_t RankSignals::retained_samples() const {
+  std::size_t n = load_ring_.size() + rows_ring_.size();
+  for (int r = 0; r < ranks_; ++r) n += rows_wait_[std::size_t(r)].size() + answers_wait_[std::size_t(r)].size();
+  return n;
+}
+
 void RankSignals::add_step(const StepRecord& rec) {
   if (rec.routed_rows_by_rank.empty()) return;
   MOED_CHECK(rec.routed_rows_by_rank.size() == rows_sum_.size() && rec.routed_load_by_rank.size() == load_sum_.size(),

@@ -33,6 +33,8 @@ class RankSignals {
   void add_step(const StepRecord& rec);
   // One per rank; empty before the first step with per-rank figures.
   std::vector<RankFigures> figures() const;
+  // The steps and waits held in the windows: at most their sizes.
+  std::size_t retained_samples() const;
 
  private:
   int ranks_, layers_, experts_, window_;

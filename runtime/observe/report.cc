@@ -39,6 +39,11 @@ Report::Report(RunInfo info, int load_window_steps, int recent_steps, int hot_ex
       rank_signals_(std::max(1, info_.ranks), info_.shape.layers, info_.shape.experts, load_window_steps,
                     recent_steps) {}
 
+std::size_t Report::retained_samples() const {
+  return ring_.size() + ring_tokens_.size() + recent_wall_.size() + recent_tokens_.size() + recent_rows_wait_.size() +
+         recent_answers_wait_.size() + rank_signals_.retained_samples();
+}
+
 void Report::boundary(double now) {
   if (open_.open && open_.measured) {
     const double wall = now - open_.start;
@@ -343,6 +348,7 @@ nlohmann::json Report::to_json() const {
       {"expert_load_std_over_mean", s.load_std_over_mean},
       {"expert_load_max_over_mean", s.load_max_over_mean},
       {"load_window_steps", window_},
+      {"retained_samples", retained_samples()},
       {"expert_load_window", window_load_json()},
       {"bytes_sent", bytes},
       {"fixed_point_saturated", s.saturated},

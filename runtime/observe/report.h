@@ -122,6 +122,10 @@ class Report {
   std::string step_line(std::uint64_t step, const StepRecord& rec) const;
   Summary summary() const;
   std::uint64_t steps_served() const { return served_; }  // the warm-up included
+  // The steps and samples held in the windows (load, recent, per rank): once
+  // they are full, the same on the thousandth step and the millionth (in the
+  // JSON as retained_samples, which mpi.long_run compares).
+  std::size_t retained_samples() const;
   void print(std::ostream& os) const;
   nlohmann::json to_json() const;
   void write_json(const std::string& path) const;

@@ -339,10 +339,30 @@ TEST(Report, MemoryDoesNotGrowWithSteps) {
   };
   feed(0, 100);
   const std::size_t early = test::heap_in_use();
+  const std::size_t retained = r.retained_samples();
   feed(100, 100000);
   // Keeping even 100 bytes a step would show as 10 MB; allow allocator noise.
   EXPECT_LE(test::heap_in_use(), early + 64 * 1024) << "the report keeps something per step";
   EXPECT_EQ(r.summary().measured_steps, 100000u);
+  EXPECT_EQ(r.retained_samples(), retained) << "the windows were full after 100 steps";
+  EXPECT_EQ(r.to_json().at("retained_samples").get<std::size_t>(), retained);
+}
+
+TEST(Report, RetainedSamplesFillTheWindowsThenStop) {
+  // A load window of 4 steps and recent windows of 32 (steps, and waits of
+  // each of the 2 layers).
+  Report r(run_info(0), 4);
+  auto step = [&](std::uint64_t s) {
+    r.boundary(double(s));
+    r.add_step(s, record(0.001, {0.001, 0.002}, {0.003, 0.001}, {1, 1, 1}, std::vector<std::uint64_t>(8, 1), 8));
+  };
+  EXPECT_EQ(r.retained_samples(), 0u);
+  step(0);
+  // The load window's step (loads and rows) and one wait per layer and kind;
+  // the wall time of a step is closed by the next boundary.
+  EXPECT_EQ(r.retained_samples(), 2u + 2u * 2u);
+  for (std::uint64_t s = 1; s < 1000; ++s) step(s);
+  EXPECT_EQ(r.retained_samples(), 2u * 4u + 2u * 32u + 2u * 2u * 32u);
 }
 
 TEST(Report, OnlyWarmUpGivesZerosNotNaN) {
