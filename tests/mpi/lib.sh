@@ -35,6 +35,18 @@ end_daemon() {
   kill -9 "$1" 2>/dev/null || true
 }
 
+# wait_until SECONDS COMMAND...: runs COMMAND every 0.1 s until it succeeds;
+# returns 1 when SECONDS pass first. Tests wait for states this way, with
+# deadlines that a loaded machine cannot reach where nothing is wrong.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.1
+  done
+}
+
 # same_bits A B WHAT: the two output dumps are identical byte for byte.
 same_bits() {
   cmp -s "$1" "$2" || fail "$3: outputs differ ($(cmp "$1" "$2" 2>&1 | head -1))"

@@ -92,9 +92,7 @@ same_as_reference() {
 
 case $part in
 live)
-  # Small chunks (200 B per boundary) keep a migration running for a few
-  # hundred steps, long enough to ask for another operation meanwhile.
-  start_daemon live --set migration.chunk_mb=0.0002 --set "placement.committed=\"$SCRATCH/committed.toml\""
+  start_daemon live --set "placement.committed=\"$SCRATCH/committed.toml\""
   [ "$(stat -c %a "$run/moed-0.sock")" = 600 ] || fail "the admin socket is not mode 0600"
   echo "ok: admin sockets are mode 0600"
   expect_ctl 0 'committed' "migrate layer 1 expert 3 to rank 0" -- migrate 1 3 0
@@ -103,11 +101,32 @@ live)
   grep -q 'slots = \[\[0\], \[0\], \[1\], \[0\],' "$SCRATCH/committed.toml" ||
     fail "layer 1 expert 3 is not on rank 0 in the committed placement"
 
-  ctl --json migrate 0 0 3 >"$run/busy-migrate.out" 2>&1 &
-  migrate_pid=$!
-  for _ in $(seq 100); do grep -q '"started"\|"migration"' "$run/busy-migrate.out" && break; sleep 0.05; done
-  expect_ctl 1 'busy' "reoptimize while migration 2 runs" -- reoptimize --apply
-  wait "$migrate_pid" || { cat "$run/busy-migrate.out" >&2; fail "migration 2 did not commit"; }
+  # A reoptimize right behind a migrate, in one write on one socket: it lands
+  # at the migrate's boundary or the next, while migration 2 is in one of its
+  # five stages (prepare, transfer, verify, commit, release), so it is busy
+  # whatever the step time.
+  python3 - "$run/moed-0.sock" >"$run/busy.out" <<'PY' || { cat "$run/busy.out" >&2; fail "migrate + reoptimize in one write"; }
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(60)
+s.connect(sys.argv[1])
+s.sendall(b'{"id":1,"cmd":"migrate","layer":0,"expert":0,"to":3}\n{"id":2,"cmd":"reoptimize","dry_run":false}\n')
+f = s.makefile()
+answers = {a["id"]: a for a in (json.loads(f.readline()) for _ in range(2))}
+print(json.dumps(answers))
+started, refused = answers[1], answers[2]
+assert started["ok"] and started["migration"]["id"] == 2, "migration 2 did not start"
+assert not refused["ok"] and refused["error"]["code"] == "busy", "the reoptimize was not refused as busy"
+print(f"ok: reoptimize while migration 2 runs: busy: {refused['error']['message'][:100]}")
+PY
+  tail -1 "$run/busy.out"
+  state=""
+  settled() {
+    state=$(ctl --json migration | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["migration"]["state"])')
+    [ "$state" = committed ] || [ "$state" = aborted ]
+  }
+  { wait_until 120 settled && [ "$state" = committed ]; } ||
+    { cat "$run/log" >&2; fail "migration 2 did not commit within 120 s (state $state)"; }
 
   expect_ctl 0 'committed' "reoptimize --apply --max-moves 4 from the live statistics" -- reoptimize --apply --max-moves 4
   grep -Eq 'move layer' "$run/ctl.out" || fail "reoptimize listed no moves"
@@ -150,11 +169,13 @@ faults)
 
   # A shutdown while moectl follows a migration: the migration aborts before
   # its commit, and moectl says so (exit 1), not "cannot connect" (exit 3).
-  start_daemon shutdown --set migration.chunk_mb=0.0002
+  # Its source (rank 1) holds it in transfer until then (migrate-hold).
+  MOED_FAULT=migrate-hold:rank=1 start_daemon shutdown
   rc=0
   ctl migrate 1 3 0 >"$run/follow.out" 2>&1 &
   follower=$!
-  for _ in $(seq 100); do grep -q 'transfer' "$run/follow.out" 2>/dev/null && break; sleep 0.1; done
+  wait_until 60 grep -q 'transfer' "$run/follow.out" ||
+    { cat "$run/follow.out" >&2; fail "the held migration did not show its transfer within 60 s"; }
   ctl shutdown >/dev/null
   wait "$follower" || rc=$?
   wait_daemon

@@ -13,7 +13,6 @@ source "$(dirname "$0")/lib.sh"
 LAUNCH=$MOED_SOURCE_DIR/launch
 
 pid=""
-shape=()  # flags that change the outputs, given to the job and its reference alike
 cleanup() {
   [ -z "$pid" ] || end_daemon "$pid"
   rm -rf "$SCRATCH"
@@ -29,10 +28,14 @@ start() {
   mkdir -p "$run"
   local args=(--config "$SMALL" --set workload.steps=1000000 --set "admin.dir=\"$run/admin\""
     --set "stats.file=\"$run/stats.bin\"" --set stats.every_steps=1000000
-    --dump-output "$run/out.bin" --report-json "$run/report.json" "${shape[@]}" "$@")
+    --dump-output "$run/out.bin" --report-json "$run/report.json" "$@")
   case $how in
     single) "$MOED" "${args[@]}" >"$run/log" 2>&1 & ;;
-    mpirun) mpirun --bind-to none -np 4 "$MOED" "${args[@]}" >"$run/log" 2>&1 & ;;
+    # On SIGTERM, Open MPI's mpirun sends the ranks SIGCONT, waits
+    # odls_base_sigkill_timeout seconds (default 1), sends SIGTERM, waits as
+    # long again, then SIGKILL: 10 s is the time the ranks have to drain,
+    # whatever the load (and mpirun ends 20 s after the signal).
+    mpirun) mpirun --bind-to none --mca odls_base_sigkill_timeout 10 -np 4 "$MOED" "${args[@]}" >"$run/log" 2>&1 & ;;
     moed-mpirun) "$LAUNCH/moed-mpirun" --hosts localhost --gpus-per-host 4 --moed "$MOED" -- "${args[@]}" \
       >"$run/log" 2>&1 & ;;
   esac
@@ -45,10 +48,18 @@ start() {
   fail "$name: not serving within 60 s"
 }
 
-# signal_and_wait SIGNAL: sends it to the job's launcher (or the process);
-# the job must end within 60 s. Its exit code in $rc.
+# served_some: rank 0 has served a few steps.
+served_some() {
+  local step
+  step=$("$MOECTL" --dir "$run/admin" --json status 2>/dev/null |
+    python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["step"])' 2>/dev/null) || return 1
+  [ "${step:-0}" -ge 3 ]
+}
+
+# signal_and_wait SIGNAL: once a few steps are served, sends it to the job's
+# launcher (or the process); the job must end within 60 s. Its exit code in $rc.
 signal_and_wait() {
-  sleep 0.3  # a few steps served
+  wait_until 60 served_some || { cat "$run/log" >&2; fail "not 3 steps served within 60 s"; }
   kill -s "$1" "$pid"
   for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -0 "$pid" 2>/dev/null && { cat "$run/log" >&2; fail "still running 60 s after $1"; }
@@ -69,7 +80,7 @@ drained() {
   [ -z "$(ls -A "$run/admin" 2>/dev/null)" ] || fail "$what: sockets left: $(ls "$run/admin")"
   steps=$(od -An -tu8 -j24 -N8 "$run/out.bin" | tr -d ' ')
   [ "${steps:-0}" -gt 0 ] || fail "$what: the output dump holds no steps"
-  moed_on 0 --config "$SMALL" "${shape[@]}" --set workload.steps="$steps" --dump-output "$run/reference.bin" >/dev/null
+  moed_on 0 --config "$SMALL" --set workload.steps="$steps" --dump-output "$run/reference.bin" >/dev/null
   same_bits "$run/reference.bin" "$run/out.bin" "$what: the outputs of the $steps steps served"
   echo "ok: $what: $(grep -m1 'stopped by' "$run/log" | cut -c1-140)"
 }
@@ -96,13 +107,13 @@ signal_and_wait TERM
 [ "$rc" = 0 ] || { cat "$run/log" >&2; fail "moed-mpirun, SIGTERM: exit $rc, expected 0"; }
 drained "moed-mpirun, SIGTERM" "SIGUSR2"
 
-# A migration running when the signal comes aborts before its switch: 100 B
-# per boundary of a 74 kB slot, at steps 20 times the usual size.
-shape=(--set workload.tokens_per_step=2000)
-start migrating moed-mpirun --set migration.chunk_mb=0.0001 --set "placement.committed=\"$SCRATCH/committed.toml\""
+# A migration running when the signal comes aborts before its switch: its
+# source (rank 1) holds it in transfer until then (migrate-hold).
+MOED_FAULT=migrate-hold:rank=1 start migrating moed-mpirun --set "placement.committed=\"$SCRATCH/committed.toml\""
 "$MOECTL" --dir "$run/admin" migrate 1 3 0 >"$run/ctl.out" 2>&1 &
 follower=$!
-for _ in $(seq 100); do grep -q transfer "$run/ctl.out" 2>/dev/null && break; sleep 0.1; done
+wait_until 60 grep -q transfer "$run/ctl.out" ||
+  { cat "$run/ctl.out" >&2; fail "the held migration did not show its transfer within 60 s"; }
 signal_and_wait TERM
 ctl_rc=0
 wait "$follower" || ctl_rc=$?
