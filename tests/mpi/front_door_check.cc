@@ -5,6 +5,7 @@
 //
 //   front_door_check --dir DIR --ranks R --mode serial|concurrent|shuffled --out FILE
 //                    [--requests N] [--seed S] [--clients-per-rank C]
+//                    [--pause-after N --resume-file F]
 //   front_door_check --dir DIR --ranks R --mode decode --positions P --out FILE [--drift D]
 //   front_door_check --dir DIR --mode hold      (submits, then waits to be killed)
 //
@@ -13,7 +14,10 @@
 // client on rank 0, one request at a time. concurrent: C clients per rank,
 // each on its own thread, request r on client r mod (C x R), as many in
 // flight as the client has slots. shuffled: the same, each client's requests
-// in a shuffled order.
+// in a shuffled order. --pause-after N: once N requests are answered in all,
+// every client stops before its next wait, with its submits in flight; when
+// all have stopped, "paused" is printed, and they go on once the file F
+// exists. A test acts there (kills a rank) mid-run by construction.
 //
 // decode: every request is a sequence of P positions, and position p of a
 // request goes through every layer before its position p + 1, as a model
@@ -26,10 +30,14 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -61,8 +69,57 @@ std::vector<Request> make_requests(int count, std::uint64_t seed, int layers, in
   return out;
 }
 
+// The pause point of --pause-after (above), shared by the client threads.
+class Pause {
+ public:
+  Pause(int after, std::string resume_file, int clients)
+      : after_(after), resume_file_(std::move(resume_file)), active_(clients) {}
+  void answered() { ++answered_; }
+  // Before each wait: blocks while the run is paused.
+  void point() {
+    if (after_ < 0 || answered_ < after_) return;
+    std::unique_lock lock(mu_);
+    if (resumed_) return;
+    ++stopped_;
+    resume_when_all_stopped();
+    resumed_cv_.wait(lock, [&] { return resumed_; });
+  }
+  // One client's part, for its whole run: when it ends (its share done, or
+  // failed), the others do not wait for it.
+  class Member {
+   public:
+    explicit Member(Pause& pause) : pause_(pause) {}
+    ~Member() {
+      std::unique_lock lock(pause_.mu_);
+      --pause_.active_;
+      pause_.resume_when_all_stopped();
+    }
+
+   private:
+    Pause& pause_;
+  };
+
+ private:
+  // With mu_ held: the last client to stop says so and waits for the file.
+  void resume_when_all_stopped() {
+    if (resumed_ || stopped_ == 0 || stopped_ < active_) return;
+    std::cout << "paused after " << answered_ << " requests" << std::endl;
+    while (!std::filesystem::exists(resume_file_)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    resumed_ = true;
+    resumed_cv_.notify_all();
+  }
+
+  const int after_;
+  const std::string resume_file_;
+  std::atomic<int> answered_{0};
+  std::mutex mu_;
+  std::condition_variable resumed_cv_;
+  int active_, stopped_ = 0;
+  bool resumed_ = false;
+};
+
 // One client serving its share, keeping up to its slots in flight.
-void serve(Client& c, std::vector<Request>& requests, const std::vector<int>& mine) {
+void serve(Client& c, std::vector<Request>& requests, const std::vector<int>& mine, Pause& pause) {
   std::vector<int> in_slot(std::size_t(c.slots()), -1);
   std::size_t next = 0, done = 0;
   while (done < mine.size()) {
@@ -76,6 +133,7 @@ void serve(Client& c, std::vector<Request>& requests, const std::vector<int>& mi
       c.submit(slot, int(q.layer), q.rows);
       in_slot[std::size_t(slot)] = r;
     }
+    pause.point();
     for (int s = 0; s < c.slots(); ++s) {
       const int r = in_slot[std::size_t(s)];
       if (r < 0) continue;
@@ -84,6 +142,7 @@ void serve(Client& c, std::vector<Request>& requests, const std::vector<int>& mi
       c.release(s);
       in_slot[std::size_t(s)] = -1;
       ++done;
+      pause.answered();
       break;  // refill before waiting again: keep the slots busy
     }
   }
@@ -159,6 +218,12 @@ int main(int argc, char** argv) {
   app.add_option("--requests", count, "requests to serve");
   app.add_option("--seed", seed, "seed of the requests");
   app.add_option("--clients-per-rank", per_rank, "clients per rank (concurrent, shuffled)");
+  int pause_after = -1;
+  std::string resume_file;
+  auto* pause_opt = app.add_option("--pause-after", pause_after, "pause once this many requests are answered")
+                        ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume-file", resume_file, "go on from the pause once this file exists")->needs(pause_opt);
+  pause_opt->needs(app.get_option("--resume-file"));
   CLI11_PARSE(app, argc, argv);
   try {
     if (mode == "hold") {
@@ -193,11 +258,17 @@ int main(int argc, char** argv) {
     }
     std::vector<Request> requests = make_requests(count, seed, clients[0]->layers(), clients[0]->hidden());
     if (mode == "serial") {
-      for (int r = 0; r < count; ++r) serve(*clients[0], requests, {r});
+      Pause pause(pause_after, resume_file, 1);
+      const Pause::Member member(pause);
+      for (int r = 0; r < count; ++r) serve(*clients[0], requests, {r}, pause);
     } else if (mode == "concurrent" || mode == "shuffled") {
       if (mode == "shuffled")
         for (std::size_t i = 0; i < share.size(); ++i) std::shuffle(share[i].begin(), share[i].end(), std::mt19937(unsigned(seed + i)));
-      on_threads(n_clients, [&](int i) { serve(*clients[std::size_t(i)], requests, share[std::size_t(i)]); });
+      Pause pause(pause_after, resume_file, n_clients);
+      on_threads(n_clients, [&](int i) {
+        const Pause::Member member(pause);
+        serve(*clients[std::size_t(i)], requests, share[std::size_t(i)], pause);
+      });
     } else {
       std::cerr << "front_door_check: unknown mode " << mode << "\n";
       return 2;

@@ -7,8 +7,9 @@
 #            serves again on epoch 1 with its statistics; the time from the
 #            kill to serving again is printed
 #   clients  4 ranks serving the front door to 2 clients per rank, a rank
-#            killed midway: every call completes (no failed call), and the
-#            outputs are the bits of a run without the failure
+#            killed midway (while the clients pause with submits in flight):
+#            every call completes (no failed call), and the outputs are the
+#            bits of a run without the failure
 source "$(dirname "$0")/lib.sh"
 : "${MOECTL:?}"
 mode=${1:?usage: test_recovery.sh builtin|clients}
@@ -41,25 +42,22 @@ start() {
   fail "not serving within 60 s"
 }
 
-# kill_a_rank: SIGKILL to rank 2's process; waits until the relaunched job
-# serves (its step count starts again); prints and sets $recovery_s.
+serving() { [ "$(status_of | cut -d' ' -f1)" = serving ]; }
+
+# kill_a_rank [COMMAND...]: SIGKILL to rank 2's process, then COMMAND; waits
+# until moed-mpirun has relaunched the job (the old job is gone once it says
+# so) and the relaunch serves; prints and sets $recovery_s.
 kill_a_rank() {
-  local before victim t0 s
-  before=$(status_of | cut -d' ' -f2)
+  local victim t0
   victim=$(pgrep -f -- "apps/moed .*$run/admin|moed --config .*$run/admin" | sed -n 3p)
   [ -n "$victim" ] || fail "no rank process to kill"
   t0=$(date +%s.%N)
   kill -9 "$victim"
-  for _ in $(seq 600); do
-    s=$(status_of)
-    if [ "${s%% *}" = serving ] && [ -n "$(pgrep -f -- "$run/admin" | grep -vx "$victim" || true)" ]; then
-      local step=$(echo "$s" | cut -d' ' -f2)
-      [ "$step" -lt "${before:-0}" ] && break
-    fi
-    sleep 0.05
-  done
+  "$@"
+  wait_until 120 grep -q "relaunching (restart 1 of 2)" "$run/log" ||
+    { cat "$run/log" >&2; fail "moed-mpirun did not relaunch within 120 s"; }
+  wait_until 120 serving || { cat "$run/log" >&2; fail "the relaunched job did not serve within 120 s"; }
   recovery_s=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
-  grep -q "relaunching (restart 1 of 2)" "$run/log" || { cat "$run/log" >&2; fail "moed-mpirun did not relaunch"; }
   echo "ok: a rank killed (SIGKILL): serving again after $recovery_s s ($(grep -m1 'relaunching' "$run/log" | cut -c1-100))"
 }
 
@@ -77,7 +75,7 @@ builtin)
   start --set workload.steps=100000000 --log-level info --set log.per_step=false
   ctl migrate 1 3 0 >/dev/null || fail "the migration before the failure did not commit"
   grep -q '^epoch = 1' "$run/committed.toml" || fail "no committed epoch 1"
-  for _ in $(seq 100); do [ -s "$run/stats.bin" ] && break; sleep 0.1; done
+  wait_until 120 test -s "$run/stats.bin" || fail "no statistics written within 120 s"
   kill_a_rank
   epoch=$(status_of | cut -d' ' -f3)
   [ "$epoch" = 1 ] || fail "the relaunched job serves epoch $epoch, expected the committed 1"
@@ -90,18 +88,20 @@ clients)
   start --set workload.kind=ingress --set "ingress.dir=\"$run/sock\""
   "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 64 --out "$SCRATCH/ref.bin" ||
     fail "the reference run of the clients"
-  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 40000 --clients-per-rank 2 \
-    --out "$SCRATCH/long.bin" >"$run/clients.log" 2>&1 &
+  # The clients pause after 500 of 2,000 requests with submits in flight; the
+  # rank is killed there, and they go on while the job is relaunched.
+  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 2000 --clients-per-rank 2 \
+    --pause-after 500 --resume-file "$run/resume" --out "$SCRATCH/long.bin" >"$run/clients.log" 2>&1 &
   clients=$!
-  sleep 1
-  kill -0 "$clients" 2>/dev/null || { cat "$run/clients.log" >&2; fail "the clients finished before the failure"; }
-  kill_a_rank
+  wait_until 120 grep -q paused "$run/clients.log" ||
+    { cat "$run/clients.log" >&2; fail "the clients did not pause within 120 s"; }
+  kill_a_rank touch "$run/resume"
   crc=0
   wait "$clients" || crc=$?
   [ "$crc" = 0 ] || { cat "$run/clients.log" >&2; fail "a client call failed across the recovery (exit $crc)"; }
-  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 40000 --clients-per-rank 2 \
+  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 2000 --clients-per-rank 2 \
     --out "$SCRATCH/again.bin" || fail "the run without a failure"
-  same_bits "$SCRATCH/again.bin" "$SCRATCH/long.bin" "40000 requests across a lost rank vs without"
+  same_bits "$SCRATCH/again.bin" "$SCRATCH/long.bin" "2000 requests across a lost rank vs without"
   stop
   ;;
 esac
