@@ -47,6 +47,33 @@ wait_until() {
   done
 }
 
+# deadline_soon_after_stall: in the last expect_failure's output, a deadline
+# fired within 30 s of the stalled rank's "MOED_FAULT: rank R stalls" line,
+# by the HH:MM:SS.mmm stamps that moed's log lines start with (the start-up,
+# however slow, is not in it; expect_failure bounds the whole run).
+deadline_soon_after_stall() {
+  local out="$SCRATCH/last-failure.txt" gap
+  gap=$(python3 - "$out" <<'PY'
+import re, sys
+stamp = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) ")
+stalled = None
+for line in open(sys.argv[1], errors="replace"):
+    m = stamp.match(line)
+    if not m:
+        continue
+    t = int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
+    if stalled is None and "MOED_FAULT: rank" in line and "stalls" in line:
+        stalled = t
+    elif stalled is not None and "deadline of" in line:
+        print(f"{(t - stalled) % 86400:.1f}")  # across midnight too
+        sys.exit(0)
+sys.exit(f"{sys.argv[1]}: no stamped stall line followed by a deadline line")
+PY
+  ) || { cat "$out" >&2; fail "no stall, then a deadline, in the log"; }
+  awk -v gap="$gap" 'BEGIN { exit !(gap < 30) }' || fail "the deadline fired ${gap} s after the stall"
+  echo "ok: the deadline fired ${gap} s after the stall"
+}
+
 # same_bits A B WHAT: the two output dumps are identical byte for byte.
 same_bits() {
   cmp -s "$1" "$2" || fail "$3: outputs differ ($(cmp "$1" "$2" 2>&1 | head -1))"
