@@ -29,29 +29,40 @@ mpirun --bind-to none -np 4 "$MOED" --config "$SMALL" --set workload.steps=10000
   --set "admin.dir=\"$run/admin\"" --set "stats.file=\"$disk/stats.bin\"" --set stats.every_steps=20 \
   --set "placement.committed=\"$disk/committed.toml\"" --log-level info >"$run/log" 2>&1 &
 pid=$!
-for _ in $(seq 600); do [ -s "$disk/stats.bin" ] && break; kill -0 "$pid" || fail "moed exited at start"; sleep 0.1; done
-[ -s "$disk/stats.bin" ] || { cat "$run/log" >&2; fail "no statistics file written"; }
+written() { kill -0 "$pid" || fail "moed exited at start"; [ -s "$disk/stats.bin" ]; }
+wait_until 120 written || { cat "$run/log" >&2; fail "no statistics file written within 120 s"; }
 
 # Fill the disk: the next writes fail.
 dd if=/dev/zero of="$disk/fill" bs=64k >/dev/null 2>&1 || true
-for _ in $(seq 300); do grep -q "cannot write the statistics file" "$run/log" && break; sleep 0.1; done
-grep -q "cannot write the statistics file.*the last good file is kept, serving goes on" "$run/log" ||
+wait_until 120 grep -q "cannot write the statistics file.*the last good file is kept, serving goes on" "$run/log" ||
   { cat "$run/log" >&2; fail "no log of the failed statistics write"; }
 good=$(md5sum <"$disk/stats.bin")  # the last good file, from before the failures
 step1=$(field '["step"]')
-sleep 1
-step2=$(field '["step"]')
-[ "$step2" -gt "$step1" ] || fail "serving stopped on a full disk (step $step1 -> $step2)"
+served_on() { step2=$(field '["step"]') && [ "$step2" -gt "$step1" ]; }
+wait_until 60 served_on || fail "serving stopped on a full disk (step $step1 -> $step2 in 60 s)"
 [ "$(md5sum <"$disk/stats.bin")" = "$good" ] || fail "the last good statistics file changed"
-for _ in $(seq 100); do field '["alerts"]' | grep -q "cannot write the statistics file" && break; sleep 0.1; done
-field '["alerts"]' | grep -q "cannot write the statistics file" || { ctl status; fail "no alert in status"; }
+alerted() { field '["alerts"]' | grep -q "cannot write the statistics file"; }
+wait_until 60 alerted || { ctl status; fail "no alert in status"; }
 ctl metrics | grep -Eq '^moed_file_write_failures_total\{file="stats"\} [1-9]' ||
   { ctl metrics | grep write_failures; fail "the metrics do not count the failed writes"; }
 echo "ok: a full disk: serving goes on (step $step1 -> $step2), alert: $(field '["alerts"][0]' | cut -c1-100)"
 
-# Room again: the next try (backoff 1, 2, 4 s ...) writes it.
+# Room again: the next try (backoff 1, 2, 4 s ...) writes it. As long as
+# the status alert names a next try, the wait lasts until 30 s after it.
 rm -f "$disk/fill"
-for _ in $(seq 150); do grep -q "written again after" "$run/log" && break; sleep 0.1; done
+next_try_s() {
+  ctl --json status | python3 -c 'import json, re, sys
+alerts = " ".join(json.loads(sys.stdin.readline()).get("alerts") or [])
+m = re.search(r"statistics file.*?next try in (\d+) s", alerts)
+print(m.group(1) if m else "")'
+}
+deadline=$((SECONDS + 30))
+until grep -q "written again after" "$run/log"; do
+  next=$(next_try_s) || next=""
+  [ -z "$next" ] || [ $((SECONDS + next + 30)) -le "$deadline" ] || deadline=$((SECONDS + next + 30))
+  [ "$SECONDS" -lt "$deadline" ] || { tail -5 "$run/log" >&2; fail "not written again 30 s after its next try"; }
+  sleep 0.2
+done
 grep -q "the statistics file .* written again after" "$run/log" || { tail -5 "$run/log" >&2; fail "not written again"; }
 echo "ok: $(grep -m1 'written again' "$run/log" | cut -c1-140)"
 
