@@ -117,13 +117,15 @@ no_residue "$SCRATCH/setup.txt" "after a setup that failed halfway"
 # 4. SIGTERM while moed serves: mpirun is stopped, everything is removed.
 "$emu" "${cluster[@]}" -- "$MOED" --config "$SMALL" --set workload.steps=1000000 >"$SCRATCH/term.txt" 2>&1 &
 pid=$!
-for _ in $(seq 200); do # up to 20 s for moed to be serving on both hosts
-  grep -q 'emulated-cluster: mpirun' "$SCRATCH/term.txt" && sleep 1 && break
-  sleep 0.1
-done
-ns=$(grep -oE '\bmoed2-[0-9]+-h2\b' "$SCRATCH/term.txt" | head -1)
-{ [ -n "$ns" ] && [ -n "$(ip netns pids "$ns" 2>/dev/null)" ]; } ||
-  { kill -TERM "$pid"; cat "$SCRATCH/term.txt" >&2; fail "no process runs in the second host's namespace"; }
+# Until a process runs in the second host's namespace (the remote launch
+# done), up to 60 s.
+ns=""
+h2_runs() {
+  [ -n "$ns" ] || ns=$(grep -oE '\bmoed2-[0-9]+-h2\b' "$SCRATCH/term.txt" | head -1) || true
+  [ -n "$ns" ] && [ -n "$(ip netns pids "$ns" 2>/dev/null)" ]
+}
+wait_until 60 h2_runs ||
+  { kill -TERM "$pid"; cat "$SCRATCH/term.txt" >&2; fail "no process runs in the second host's namespace within 60 s"; }
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?

@@ -35,14 +35,14 @@ start() {
     --set "admin.dir=\"$run/admin\"" "$@" >"$run/out.txt" 2>"$run/err.txt" &
   daemon=$!
   local ranks=$((n == 0 ? 1 : n))
-  for _ in $(seq 300); do
+  for _ in $(seq 1200); do
     local up=0
     for r in $(seq 0 $((ranks - 1))); do [ -S "$run/sock/moed-ingress-$r.sock" ] && up=$((up + 1)); done
     [ "$up" = "$ranks" ] && return 0
     kill -0 $daemon 2>/dev/null || { cat "$run/err.txt" >&2; fail "$name: moed stopped before its sockets appeared"; }
     sleep 0.1
   done
-  fail "$name: the front-door sockets did not appear"
+  fail "$name: the front-door sockets did not appear within 120 s"
 }
 stop() {
   "$MOECTL" --dir "$run/admin" shutdown >/dev/null
@@ -102,8 +102,7 @@ faults)
   # A client killed while its request is queued or being served.
   "$FRONT_DOOR_CHECK" --dir "$run/sock" --mode hold >"$SCRATCH/hold.txt" &
   holder=$!
-  for _ in $(seq 100); do grep -q holding "$SCRATCH/hold.txt" && break; sleep 0.05; done
-  grep -q holding "$SCRATCH/hold.txt" || fail "the holding client did not submit"
+  wait_until 60 grep -q holding "$SCRATCH/hold.txt" || fail "the holding client did not submit within 60 s"
   kill -9 $holder
   wait $holder 2>/dev/null || true
   check 2 concurrent "$SCRATCH/after.bin"
@@ -124,8 +123,8 @@ faults)
     fail "Python client's bad inputs"
 
   # Nothing leaked: the daemons hold as many file descriptors as before.
-  for _ in $(seq 50); do [ "$(fds)" -le "$fds_before" ] && break; sleep 0.1; done
-  [ "$(fds)" -le "$fds_before" ] || fail "file descriptors leaked: $fds_before before, $(fds) after"
+  no_more_fds() { [ "$(fds)" -le "$fds_before" ]; }
+  wait_until 60 no_more_fds || fail "file descriptors leaked: $fds_before before, $(fds) after (60 s later)"
   echo "ok: no file descriptor leaked ($fds_before before, $(fds) after)"
 
   # Idle: no client work, so the ranks sleep between checks.
