@@ -32,11 +32,13 @@ mpirun "${flags[@]}" -np 4 "$build/apps/moed" --config "$here/moed.toml" \
   --weights "$work/tiny-mixtral.safetensors" --set "ingress.dir=\"$work/sock\"" \
   --set "admin.dir=\"$work/admin\"" >"$work/report.txt" 2>"$work/moed.log" &
 daemon=$!
-for _ in $(seq 600); do
-  [ "$(ls "$work/sock" 2>/dev/null | grep -c 'moed-ingress-.*\.sock')" = 4 ] && break
+sockets() { ls "$work/sock" 2>/dev/null | grep -c 'moed-ingress-.*\.sock' || true; }
+for _ in $(seq 1200); do
+  [ "$(sockets)" = 4 ] && break
   kill -0 $daemon 2>/dev/null || { cat "$work/moed.log" >&2; echo "moed stopped" >&2; exit 1; }
   sleep 0.1
 done
+[ "$(sockets)" = 4 ] || { cat "$work/moed.log" >&2; echo "the 4 front-door sockets did not appear within 120 s" >&2; exit 1; }
 echo "moed: 4 ranks serving the checkpoint's MoE layers, front door at $work/sock"
 rc=0
 (cd "$here" && "$python" compare.py --checkpoint "$work/tiny-mixtral.safetensors" --sockets "$work/sock" --ranks 4) || rc=$?

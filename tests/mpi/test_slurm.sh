@@ -286,6 +286,19 @@ run_too_small() {
   echo "ok: sbatch of $RANKS tasks with MOED_RANKS=8 -> exit 2: $(grep -m1 "fewer than" "$SCRATCH/small.log" | cut -c1-120)"
 }
 
+# serving ADMIN: rank 0 of the job whose admin sockets are in ADMIN serves.
+serving() { "$MOECTL" --dir "$1" status 2>/dev/null | grep -q 'state *serving'; }
+job_running() { [ "$(squeue -h -j "$1" -o %T 2>/dev/null)" = RUNNING ]; }
+job_gone() { ! squeue -h -j "$1" 2>/dev/null | grep -q .; }
+
+# job_serving JOBID ADMIN LOG: the batch job runs (squeue says RUNNING), then
+# its rank 0 serves, each within 120 s: a loaded machine starts jobs slowly.
+job_serving() {
+  wait_until 120 job_running "$1" ||
+    { cat "$3" >&2; fail "job $1 is not running 120 s after sbatch (state $(squeue -h -j "$1" -o %T 2>/dev/null))"; }
+  wait_until 120 serving "$2" || { cat "$3" >&2; fail "job $1 runs but does not serve within 120 s"; }
+}
+
 # scancel sends SIGTERM to every task: the job drains (the step in flight
 # ends, the report and statistics are written, the sockets go) and every
 # rank exits 0, with a line saying so.
@@ -296,16 +309,10 @@ run_scancel() {
     --output="$SCRATCH/scancel.log" "$LAUNCH/moed.sbatch" "${job[@]}" --set workload.steps=1000000 \
     --set "admin.dir=\"$admin\"" --set "stats.file=\"$SCRATCH/scancel-stats.bin\"" --set stats.every_steps=1000000 \
     --report-json "$SCRATCH/scancel.json") || fail "sbatch of the job to cancel failed"
-  local serving=0
-  for _ in $(seq 300); do
-    "$MOECTL" --dir "$admin" status 2>/dev/null | grep -q 'state *serving' && { serving=1; break; }
-    sleep 0.1
-  done
-  [ "$serving" = 1 ] || { cat "$SCRATCH/scancel.log" >&2; fail "the job to cancel did not serve"; }
+  job_serving "$jobid" "$admin" "$SCRATCH/scancel.log"
   sleep 0.5
   scancel "$jobid"
-  for _ in $(seq 300); do squeue -h -j "$jobid" 2>/dev/null | grep -q . || break; sleep 0.1; done
-  squeue -h -j "$jobid" 2>/dev/null | grep -q . && fail "job $jobid still queued 30 s after scancel"
+  wait_until 120 job_gone "$jobid" || fail "job $jobid still queued 120 s after scancel"
   grep -q "moed: stopped by SIGTERM after" "$SCRATCH/scancel.log" ||
     { cat "$SCRATCH/scancel.log" >&2; fail "scancel: no line saying the job drained"; }
   [ -s "$SCRATCH/scancel.json" ] || fail "scancel: no report written"
@@ -317,23 +324,22 @@ run_scancel() {
 # MOED_RESTARTS=1: a rank killed (SIGKILL) ends the step; the batch script
 # relaunches it in the allocation, which then serves again (and drains on scancel).
 run_restart() {
-  local admin=$SCRATCH/restart-admin jobid victim serving=0
+  local admin=$SCRATCH/restart-admin jobid victim
   jobid=$(env MOED="$MOED" MOED_RANKS=$RANKS MOED_RESTARTS=1 sbatch --parsable --chdir="$SCRATCH" \
     --nodes=1 --ntasks-per-node=$RANKS --gpus-per-node=$RANKS --time=5 \
     --output="$SCRATCH/restart.log" "$LAUNCH/moed.sbatch" "${job[@]}" --set workload.steps=1000000 \
     --set "admin.dir=\"$admin\"") || fail "sbatch of the job to restart failed"
-  for _ in $(seq 300); do "$MOECTL" --dir "$admin" status 2>/dev/null | grep -q 'state *serving' && break; sleep 0.1; done
+  job_serving "$jobid" "$admin" "$SCRATCH/restart.log"
   victim=$(pgrep -f -- "moed .*$admin" | sed -n 3p)
   [ -n "$victim" ] || { cat "$SCRATCH/restart.log" >&2; fail "no rank to kill"; }
   kill -9 "$victim"
-  for _ in $(seq 600); do
-    grep -q "relaunching (restart 1 of 1)" "$SCRATCH/restart.log" &&
-      "$MOECTL" --dir "$admin" status 2>/dev/null | grep -q 'state *serving' && { serving=1; break; }
-    sleep 0.1
-  done
-  [ "$serving" = 1 ] || { cat "$SCRATCH/restart.log" >&2; fail "MOED_RESTARTS=1: not serving again after a lost rank"; }
+  # The relaunch's line comes once the lost step has ended: what serves after it is the new step.
+  wait_until 120 grep -q "relaunching (restart 1 of 1)" "$SCRATCH/restart.log" ||
+    { cat "$SCRATCH/restart.log" >&2; fail "MOED_RESTARTS=1: no relaunch within 120 s of a lost rank"; }
+  wait_until 120 serving "$admin" ||
+    { cat "$SCRATCH/restart.log" >&2; fail "MOED_RESTARTS=1: not serving again within 120 s of the relaunch"; }
   scancel "$jobid"
-  for _ in $(seq 300); do squeue -h -j "$jobid" 2>/dev/null | grep -q . || break; sleep 0.1; done
+  wait_until 120 job_gone "$jobid" || fail "job $jobid still queued 120 s after scancel"
   echo "ok: sbatch with MOED_RESTARTS=1 serves again after a lost rank: $(grep -m1 relaunching "$SCRATCH/restart.log" | cut -c1-110)"
 }
 
