@@ -1,9 +1,9 @@
 #include "comm/control_channel.h"
 
 #include <array>
-#include <cstring>
-
 #include <climits>
+#include <cstring>
+#include <span>
 
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_wait.h"
@@ -11,46 +11,33 @@
 
 namespace moed::comm {
 
-ControlChannel::ControlChannel(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
-  check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-}
-
-ControlChannel::~ControlChannel() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Comm_free(&comm_);
+ControlChannel::ControlChannel(MPI_Comm comm, std::chrono::milliseconds timeout)
+    : comm_(comm), timeout_(timeout) {
+  MPI_Comm_rank(comm_.get(), &rank_);
+  MPI_Comm_size(comm_.get(), &size_);
 }
 
 void ControlChannel::wait(MPI_Request& request, const std::string& what) {
-  std::vector<MPI_Request> one{request};
-  wait_all_until(one, std::chrono::steady_clock::now() + timeout_, progress_, [&](const auto&) {
-    MOED_THROW(Runtime,
-               "rank {}: {}: deadline of {} ms expired in a collective over all {} ranks; a rank "
-               "is stuck or gone ([comm].timeout_ms)",
-               rank_, what, timeout_.count(), size_);
-  });
-  request = one[0];
+  wait_collective(request, comm_.get(), timeout_, progress_, what);
 }
 
 void ControlChannel::broadcast(void* data, std::size_t bytes, const std::string& what) {
   MPI_Request req;
-  check_mpi(MPI_Ibcast(data, int(bytes), MPI_BYTE, 0, comm_, &req), "MPI_Ibcast");
+  check_mpi(MPI_Ibcast(data, int(bytes), MPI_BYTE, 0, comm_.get(), &req), "MPI_Ibcast");
   wait(req, what);
 }
 
 void ControlChannel::reduce_max(double* values, std::size_t n, const std::string& what) {
   MPI_Request req;
   std::vector<double> in(values, values + n);
-  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_DOUBLE, MPI_MAX, 0, comm_, &req), "MPI_Ireduce");
+  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_DOUBLE, MPI_MAX, 0, comm_.get(), &req), "MPI_Ireduce");
   wait(req, what);
 }
 
 void ControlChannel::reduce_sum(std::uint64_t* values, std::size_t n, const std::string& what) {
   MPI_Request req;
   std::vector<std::uint64_t> in(values, values + n);
-  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_UINT64_T, MPI_SUM, 0, comm_, &req),
+  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_UINT64_T, MPI_SUM, 0, comm_.get(), &req),
             "MPI_Ireduce");
   wait(req, what);
 }
@@ -58,14 +45,14 @@ void ControlChannel::reduce_sum(std::uint64_t* values, std::size_t n, const std:
 void ControlChannel::reduce_sum(double* values, std::size_t n, const std::string& what) {
   MPI_Request req;
   std::vector<double> in(values, values + n);
-  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_DOUBLE, MPI_SUM, 0, comm_, &req), "MPI_Ireduce");
+  check_mpi(MPI_Ireduce(in.data(), values, int(n), MPI_DOUBLE, MPI_SUM, 0, comm_.get(), &req), "MPI_Ireduce");
   wait(req, what);
 }
 
 int ControlChannel::all_max(int value, const std::string& what) {
   MPI_Request req;
   int out = 0;
-  check_mpi(MPI_Iallreduce(&value, &out, 1, MPI_INT, MPI_MAX, comm_, &req), "MPI_Iallreduce");
+  check_mpi(MPI_Iallreduce(&value, &out, 1, MPI_INT, MPI_MAX, comm_.get(), &req), "MPI_Iallreduce");
   wait(req, what);
   return out;
 }
@@ -76,7 +63,7 @@ std::vector<std::byte> ControlChannel::gather(const void* data, std::size_t byte
   int mine = int(bytes);
   std::vector<int> sizes(rank_ == 0 ? size_ : 0), offsets;
   MPI_Request req;
-  check_mpi(MPI_Igather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, &req), "MPI_Igather");
+  check_mpi(MPI_Igather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_.get(), &req), "MPI_Igather");
   wait(req, what);
   std::vector<std::byte> out;
   if (rank_ == 0) {
@@ -86,7 +73,7 @@ std::vector<std::byte> ControlChannel::gather(const void* data, std::size_t byte
     out.resize(std::size_t(total));
   }
   check_mpi(MPI_Igatherv(data, mine, MPI_BYTE, out.data(), sizes.data(), offsets.data(), MPI_BYTE, 0,
-                         comm_, &req),
+                         comm_.get(), &req),
             "MPI_Igatherv");
   wait(req, what);
   return out;
@@ -97,7 +84,8 @@ std::vector<std::byte> ControlChannel::gather_equal(const void* data, std::size_
     MOED_THROW(Runtime, "{}: {} bytes x {} ranks exceed MPI's int count", what, bytes, size_);
   std::vector<std::byte> out(rank_ == 0 ? bytes * std::size_t(size_) : 0);
   MPI_Request req;
-  check_mpi(MPI_Igather(data, int(bytes), MPI_BYTE, out.data(), int(bytes), MPI_BYTE, 0, comm_, &req), "MPI_Igather");
+  check_mpi(MPI_Igather(data, int(bytes), MPI_BYTE, out.data(), int(bytes), MPI_BYTE, 0, comm_.get(), &req),
+            "MPI_Igather");
   wait(req, what);
   return out;
 }
@@ -120,20 +108,10 @@ void ControlChannel::broadcast_text(std::string& text, const std::string& what) 
 
 std::vector<std::string> ControlChannel::all_gather_strings(const std::string& mine,
                                                             const std::string& what) {
-  int len = int(mine.size());
-  std::vector<int> lens(size_), offsets(size_);
-  MPI_Request req;
-  check_mpi(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, &req), "MPI_Iallgather");
-  wait(req, what);
-  int total = 0;
-  for (int i = 0; i < size_; ++i) offsets[i] = total, total += lens[i];
-  std::string all(std::size_t(total), '\0');
-  check_mpi(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
-                            MPI_CHAR, comm_, &req),
-            "MPI_Iallgatherv");
-  wait(req, what);
+  const auto bytes = all_gather_varying(comm_.get(), std::as_bytes(std::span(mine)), what,
+                                        [&](MPI_Request& request) { wait(request, what); });
   std::vector<std::string> out;
-  for (int i = 0; i < size_; ++i) out.push_back(all.substr(std::size_t(offsets[i]), std::size_t(lens[i])));
+  for (const auto& b : bytes) out.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
   return out;
 }
 

@@ -13,12 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/mpi_session.h"
+
 namespace moed::comm {
 
 class ControlChannel {
  public:
   ControlChannel(MPI_Comm comm, std::chrono::milliseconds timeout);
-  ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
@@ -45,7 +46,7 @@ class ControlChannel {
  private:
   void wait(MPI_Request& request, const std::string& what);
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  DupComm comm_;
   int rank_ = 0, size_ = 1;
   std::chrono::milliseconds timeout_;
   std::function<void()> progress_;

@@ -4,8 +4,7 @@
 #include <numeric>
 #include <vector>
 
-#include "comm/control_channel.h"
-#include "comm/mpi/mpi_session.h"
+#include "comm/bootstrap.h"
 #include "comm/mpi/mpi_transport.h"
 #include "comm/ucx/ucx_transport.h"
 #include "common/error.h"
@@ -62,7 +61,7 @@ std::span<const TransportBackend> transport_backends() {
       {"ucx", "UCX (ucp) tagged messages and RMA puts (shared memory, tcp, InfiniBand, ...)",
        ucx_unavailable, create_ucx_transport},
       {"mpi", "MPI point-to-point over the job's communicator (any fabric Open MPI drives)",
-       [] { return std::optional<std::string>(); }, create_mpi_transport},
+       mpi_unavailable, create_mpi_transport},
   };
   return table;
 }
@@ -73,7 +72,7 @@ std::vector<std::string> transport_backend_names() {
   return names;
 }
 
-std::unique_ptr<Transport> create_transport(const CommConfig& config, MPI_Comm comm, ControlChannel& control) {
+std::unique_ptr<Transport> create_transport(const CommConfig& config, Bootstrap& bootstrap) {
   const auto backends = transport_backends();
   const bool automatic = config.backend == "auto";
   const auto named = [&](const TransportBackend& b) { return config.backend == b.name; };
@@ -87,17 +86,17 @@ std::unique_ptr<Transport> create_transport(const CommConfig& config, MPI_Comm c
   std::vector<int> usable(backends.size(), 0);
   for (std::size_t i = 0; i < backends.size(); ++i) {
     if (!automatic && !named(backends[i])) continue;
-    why_not[i] = backends[i].unavailable();
+    why_not[i] = backends[i].unavailable(bootstrap);
     usable[i] = why_not[i] ? 0 : 1;
   }
   for (std::size_t i = 0; i < backends.size(); ++i)
-    usable[i] = 1 - control.all_max(1 - usable[i], fmt::format("whether [comm].backend {} runs everywhere",
-                                                               backends[i].name));
+    usable[i] = 1 - int(bootstrap.all_max(1 - usable[i], fmt::format("whether [comm].backend {} runs everywhere",
+                                                                     backends[i].name)));
 
   for (std::size_t i = 0; i < backends.size(); ++i) {
     const TransportBackend& b = backends[i];
     if (!automatic && !named(b)) continue;
-    if (usable[i]) return b.create(config, comm);
+    if (usable[i]) return b.create(config, bootstrap);
     if (automatic) continue;
     if (why_not[i])
       MOED_THROW(Usage, "[comm].backend = \"{}\" cannot run here: {}", b.name, *why_not[i]);

@@ -5,10 +5,9 @@
 //
 // Every exchange is collective over the ranks of the job and carries a label
 // ("dispatch step 3 layer 1") so that a deadline that expires can say what
-// was being waited for.
+// was being waited for. A transport is made over a Bootstrap
+// (comm/bootstrap.h), which carries its set-up and teardown collectives.
 #pragma once
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +21,7 @@
 
 namespace moed::comm {
 
-class ControlChannel;
+class Bootstrap;
 
 // Byte blocks one rank sends to and receives from every rank.
 struct ExchangeLayout {
@@ -110,15 +109,19 @@ class Transport {
 struct TransportBackend {
   const char* name;
   const char* description;
-  // Why this backend cannot run in this process, or nullopt when it can.
-  std::optional<std::string> (*unavailable)();
-  std::unique_ptr<Transport> (*create)(const CommConfig&, MPI_Comm);
+  // Why this backend cannot run in this process over `bootstrap`, or nullopt
+  // when it can.
+  std::optional<std::string> (*unavailable)(const Bootstrap& bootstrap);
+  // Collective over the bootstrap's ranks, which must outlive the transport
+  // and its windows (their teardown is collective too).
+  std::unique_ptr<Transport> (*create)(const CommConfig&, Bootstrap&);
 };
 
 std::span<const TransportBackend> transport_backends();
 std::vector<std::string> transport_backend_names();
 // The backend named by config; a Usage error when it is unknown or cannot run
-// here. The ranks agree on it through `control` (whose waits have deadlines).
-std::unique_ptr<Transport> create_transport(const CommConfig& config, MPI_Comm comm, ControlChannel& control);
+// here. The ranks agree on it over `bootstrap` (whose waits have deadlines),
+// which must outlive the transport.
+std::unique_ptr<Transport> create_transport(const CommConfig& config, Bootstrap& bootstrap);
 
 }  // namespace moed::comm

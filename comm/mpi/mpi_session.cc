@@ -14,6 +14,14 @@ void check_mpi(int rc, const char* what) {
   MOED_THROW(Runtime, "{}: {}", what, std::string(text, len));
 }
 
+DupComm::DupComm(MPI_Comm comm) { check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup"); }
+
+DupComm::~DupComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
   int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);

@@ -1,5 +1,5 @@
-// RAII for MPI: initialisation and finalisation, and error checking that
-// names the call that failed.
+// RAII for MPI: initialisation and finalisation, duplicated communicators,
+// and error checking that names the call that failed.
 #pragma once
 
 #include <mpi.h>
@@ -10,6 +10,20 @@ namespace moed::comm {
 
 // Throws a Runtime error "what: MPI error text" unless rc is MPI_SUCCESS.
 void check_mpi(int rc, const char* what);
+
+// A duplicate of a communicator (MPI_Comm_dup, collective), freed on release
+// unless MPI is already finalised.
+class DupComm {
+ public:
+  explicit DupComm(MPI_Comm comm);
+  ~DupComm();
+  DupComm(const DupComm&) = delete;
+  DupComm& operator=(const DupComm&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
 
 class MpiSession {
  public:

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/idle_backoff.h"
+#include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_wait.h"
 #include "common/error.h"
@@ -346,8 +347,13 @@ class MpiTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> create_mpi_transport(const CommConfig& config, MPI_Comm comm) {
-  return std::make_unique<MpiTransport>(config, comm);
+std::unique_ptr<Transport> create_mpi_transport(const CommConfig& config, Bootstrap& bootstrap) {
+  return std::make_unique<MpiTransport>(config, mpi_communicator(bootstrap, "mpi"));
+}
+
+std::optional<std::string> mpi_unavailable(const Bootstrap& bootstrap) {
+  if (dynamic_cast<const MpiBootstrap*>(&bootstrap)) return std::nullopt;
+  return std::string("it runs only over the job's MPI (this bootstrap is not)");
 }
 
 }  // namespace moed::comm

@@ -4,11 +4,18 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "comm/transport.h"
 
 namespace moed::comm {
 
-std::unique_ptr<Transport> create_mpi_transport(const CommConfig& config, MPI_Comm comm);
+// Over the communicator of an MPI bootstrap (comm/mpi/mpi_bootstrap.h), which
+// it duplicates.
+std::unique_ptr<Transport> create_mpi_transport(const CommConfig& config, Bootstrap& bootstrap);
+
+// Why not: the bootstrap is not over MPI (nullopt when it is).
+std::optional<std::string> mpi_unavailable(const Bootstrap& bootstrap);
 
 }  // namespace moed::comm

@@ -13,8 +13,8 @@
 #include <span>
 #include <vector>
 
+#include "comm/bootstrap.h"
 #include "comm/idle_backoff.h"
-#include "comm/mpi/mpi_session.h"
 #include "comm/ucx/ucx_handles.h"
 #include "common/error.h"
 
@@ -31,30 +31,12 @@ ucp_tag_t message_tag(std::uint64_t sequence, int sender) {
   return (sequence << kRankBits) | ucp_tag_t(sender);
 }
 
-// A duplicate of the job's communicator, for the set-up and teardown
-// collectives; freed last, unless MPI is already finalised.
-class DupComm {
- public:
-  explicit DupComm(MPI_Comm comm) { check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup"); }
-  ~DupComm() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
-  }
-  DupComm(const DupComm&) = delete;
-  DupComm& operator=(const DupComm&) = delete;
-  MPI_Comm get() const { return comm_; }
-
- private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
-};
-
-// What the transport and its windows share: the communicator, the UCX
-// context, the worker and the endpoints. Members are declared in creation
-// order, so they are released endpoints first, communicator last.
+// What the transport and its windows share: the bootstrap, the UCX context,
+// the worker and the endpoints. Members are declared in creation order, so
+// they are released endpoints first.
 class UcxCore {
  public:
-  UcxCore(MPI_Comm comm, std::chrono::milliseconds timeout);
+  UcxCore(Bootstrap& bootstrap, std::chrono::milliseconds timeout);
   ~UcxCore();
   UcxCore(const UcxCore&) = delete;
   UcxCore& operator=(const UcxCore&) = delete;
@@ -88,9 +70,9 @@ class UcxCore {
     }
   }
 
-  // An MPI barrier during which the worker keeps progressing (a peer may
-  // need this rank's progress to finish its flush or close). False, with a
-  // warning, when the deadline passes.
+  // A barrier over the bootstrap during which the worker keeps progressing
+  // (a peer may need this rank's progress to finish its flush or close).
+  // False, with a warning, when the deadline passes.
   bool progressing_barrier(const char* what);
 
   // After a failure the teardown stays local: peers may be stuck or gone.
@@ -103,7 +85,7 @@ class UcxCore {
   void agree(const std::string& local_error, const char* step);
   void close_endpoints();
 
-  DupComm comm_;
+  Bootstrap& bootstrap_;
   int rank_ = 0, size_ = 1;
   std::chrono::milliseconds timeout_;
   ucx::Context context_;
@@ -112,10 +94,8 @@ class UcxCore {
   bool failed_ = false;
 };
 
-UcxCore::UcxCore(MPI_Comm comm, std::chrono::milliseconds timeout)
-    : comm_(comm), timeout_(timeout) {
-  MPI_Comm_rank(comm_.get(), &rank_);
-  MPI_Comm_size(comm_.get(), &size_);
+UcxCore::UcxCore(Bootstrap& bootstrap, std::chrono::milliseconds timeout)
+    : bootstrap_(bootstrap), rank_(bootstrap.rank()), size_(bootstrap.size()), timeout_(timeout) {
   if (size_ >= (1 << kRankBits))
     MOED_THROW(Runtime, "UCX transport: {} ranks exceed the {} the message tags can name", size_,
                1 << kRankBits);
@@ -131,24 +111,12 @@ UcxCore::UcxCore(MPI_Comm comm, std::chrono::milliseconds timeout)
   }
   agree(error, "start");
 
-  // All-gather the worker addresses over MPI (lengths first: they may differ).
-  const auto mine = address->bytes();
-  int my_length = int(mine.size());
-  std::vector<int> lengths(size_), offsets(size_, 0);
-  check_mpi(MPI_Allgather(&my_length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_.get()),
-            "MPI_Allgather");
-  for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
-  std::vector<std::byte> all(std::size_t(offsets.back() + lengths.back()));
-  check_mpi(MPI_Allgatherv(mine.data(), my_length, MPI_BYTE, all.data(), lengths.data(),
-                           offsets.data(), MPI_BYTE, comm_.get()),
-            "MPI_Allgatherv");
-
+  const std::vector<std::vector<std::byte>> addresses =
+      bootstrap_.all_gather(address->bytes(), "UCX transport: the worker addresses");
   try {
     endpoints_.resize(size_);
     for (int peer = 0; peer < size_; ++peer)
-      if (peer != rank_)
-        endpoints_[peer] = ucx::Endpoint(
-            worker_.get(), std::span(all).subspan(offsets[peer], std::size_t(lengths[peer])));
+      if (peer != rank_) endpoints_[peer] = ucx::Endpoint(worker_.get(), addresses[peer]);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -156,34 +124,23 @@ UcxCore::UcxCore(MPI_Comm comm, std::chrono::milliseconds timeout)
 }
 
 void UcxCore::agree(const std::string& local_error, const char* step) {
-  int ok = local_error.empty() ? 1 : 0;
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_.get()), "MPI_Allreduce");
-  if (ok) return;
+  const bool failed_somewhere =
+      bootstrap_.all_max(local_error.empty() ? 0 : 1, fmt::format("UCX transport: whether every rank could {}", step));
+  if (!failed_somewhere) return;
   failed_ = true;
   if (!local_error.empty()) MOED_THROW(Runtime, "UCX transport on rank {}: {}", rank_, local_error);
   MOED_THROW(Runtime, "UCX transport: failed to {} on another rank (see its error)", step);
 }
 
 bool UcxCore::progressing_barrier(const char* what) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  if (MPI_Ibarrier(comm_.get(), &request) != MPI_SUCCESS) return false;
-  const auto until = deadline();
-  int done = 0;
-  IdleBackoff backoff;
-  for (;;) {
-    const bool busy = progress() != 0;
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (done) return true;
-    if (busy)
-      backoff.reset();
-    else
-      backoff.idle();
-    if (Clock::now() > until) {
-      spdlog::warn("UCX transport: {}: not every rank arrived within {} ms; closing without them",
-                   what, timeout_.count());
-      failed_ = true;
-      return false;
-    }
+  try {
+    bootstrap_.barrier(fmt::format("UCX transport: {}", what), [this] { progress(); });
+    return true;
+  } catch (const Error&) {
+    spdlog::warn("UCX transport: {}: not every rank arrived within {} ms; closing without them",
+                 what, timeout_.count());
+    failed_ = true;
+    return false;
   }
 }
 
@@ -607,8 +564,8 @@ class UcxWindow final : public RmaWindow {
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(const CommConfig& config, MPI_Comm comm)
-      : core_(std::make_shared<UcxCore>(comm, std::chrono::milliseconds(config.timeout_ms))) {}
+  UcxTransport(const CommConfig& config, Bootstrap& bootstrap)
+      : core_(std::make_shared<UcxCore>(bootstrap, std::chrono::milliseconds(config.timeout_ms))) {}
   ~UcxTransport() override {
     if (std::uncaught_exceptions() > 0) core_->mark_failed();
   }
@@ -671,11 +628,11 @@ class UcxTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> create_ucx_transport(const CommConfig& config, MPI_Comm comm) {
-  return std::make_unique<UcxTransport>(config, comm);
+std::unique_ptr<Transport> create_ucx_transport(const CommConfig& config, Bootstrap& bootstrap) {
+  return std::make_unique<UcxTransport>(config, bootstrap);
 }
 
-std::optional<std::string> ucx_unavailable() {
+std::optional<std::string> ucx_unavailable(const Bootstrap&) {
   try {
     ucx::Context context = ucx::make_context(1);
     ucx::Worker worker = ucx::make_worker(context.get());

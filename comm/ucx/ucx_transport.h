@@ -1,5 +1,6 @@
 // The UCX backend of Transport (ucp): one context and one worker per rank,
-// an endpoint to every peer, worker addresses exchanged over MPI.
+// an endpoint to every peer, worker addresses exchanged over the Bootstrap
+// (MPI in the job, threads in a unit test: a worker per thread).
 //
 // - exchange: per peer one tagged receive posted straight into the receive
 //   buffer, then the tagged sends; the tag is the exchange's sequence number
@@ -21,7 +22,7 @@
 // a long computation) must call progress() in its wait loop.
 //
 // Lifetime: the transport and its windows are destroyed collectively (all
-// ranks, in the same order); the teardown synchronises over MPI while
+// ranks, in the same order); the teardown synchronises over the bootstrap while
 // progressing the worker, then closes the endpoints gracefully. After a
 // failure (a deadline, a UCX error, an exception unwinding) the teardown is
 // local and skips the peers, since the job is about to end.
@@ -35,12 +36,13 @@
 
 namespace moed::comm {
 
-// Collective over `comm`: every rank initialises UCX, and all agree before
-// any connects, so a rank where UCX fails cannot leave the others hanging.
-std::unique_ptr<Transport> create_ucx_transport(const CommConfig& config, MPI_Comm comm);
+// Collective over the bootstrap's ranks: every rank initialises UCX, and all
+// agree before any connects, so a rank where UCX fails cannot leave the
+// others hanging. The bootstrap must outlive the transport and its windows.
+std::unique_ptr<Transport> create_ucx_transport(const CommConfig& config, Bootstrap& bootstrap);
 
 // Why UCX cannot run in this process (ucp_init or a worker fails, e.g. no
-// usable transport in UCX_TLS), or nullopt when it can.
-std::optional<std::string> ucx_unavailable();
+// usable transport in UCX_TLS), or nullopt when it can; any bootstrap will do.
+std::optional<std::string> ucx_unavailable(const Bootstrap& bootstrap);
 
 }  // namespace moed::comm

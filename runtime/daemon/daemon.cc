@@ -386,7 +386,8 @@ Daemon::Daemon(const Config& config, const ServeOptions& options, comm::MpiSessi
     : config_(config),
       options_(options),
       rank_(mpi.rank()),
-      control_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)) {}
+      control_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)),
+      bootstrap_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)) {}
 
 Daemon::~Daemon() = default;
 
@@ -446,7 +447,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
       numerics = {false, "NOT batch-invariant: the start-up probe failed on another rank (see its log)"};
   }
   if (exit_code == 0)
-    exit_code = attempt("transport status", [&] { d->transport_ = comm::create_transport(c.comm, mpi.world(), d->control_); });
+    exit_code = attempt("transport status", [&] { d->transport_ = comm::create_transport(c.comm, d->bootstrap_); });
   if (exit_code != 0) return nullptr;
   // Waits of the control plane keep the transport progressing (a UCX put to
   // a rank that sits in a control collective needs that rank's progress).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/control_channel.h"
+#include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/transport.h"
 #include "placement/placement.h"
@@ -77,6 +78,7 @@ class Daemon {
   ServeOptions options_;
   int rank_;
   comm::ControlChannel control_;
+  comm::MpiBootstrap bootstrap_;  // the transport's; outlives it
   std::optional<Fault> fault_;
   std::optional<placement::Topology> topology_;
   placement::Placement placement_;

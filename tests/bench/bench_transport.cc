@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/control_channel.h"
+#include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/transport.h"
 #include "common/error.h"
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     if (mpi.rank() == 0) std::cerr << "bench_transport needs at least 2 ranks\n";
     return 2;
   }
-  comm::ControlChannel control(mpi.world(), std::chrono::milliseconds(120000));
+  comm::MpiBootstrap bootstrap(mpi.world(), std::chrono::milliseconds(120000));
   try {
     for (const std::string& name : backends) {
       comm::CommConfig config;
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       config.timeout_ms = 120000;
       std::unique_ptr<Transport> t;
       try {
-        t = comm::create_transport(config, mpi.world(), control);
+        t = comm::create_transport(config, bootstrap);
       } catch (const Error& e) {
         if (mpi.rank() == 0) std::cout << fmt::format("# {} skipped: {}\n", name, e.what());
         continue;

@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/control_channel.h"
+#include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/transport.h"
 #include "common/error.h"
@@ -385,13 +385,13 @@ int main(int argc, char** argv) {
   if (!explicit_list) wanted = comm::transport_backend_names();
 
   int failures = 0, checked = 0;
-  comm::ControlChannel control(mpi.world(), std::chrono::milliseconds(config.timeout_ms));
+  comm::MpiBootstrap bootstrap(mpi.world(), std::chrono::milliseconds(config.timeout_ms));
   try {
     for (const std::string& backend : wanted) {
       config.backend = backend;
       std::unique_ptr<Transport> transport;
       try {
-        transport = comm::create_transport(config, mpi.world(), control);
+        transport = comm::create_transport(config, bootstrap);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Usage) throw;
         // The same on every rank: create_transport agrees before it throws.

@@ -1,0 +1,161 @@
+// The UCX backend in one process: three ranks as threads, each with its own
+// UCX context and worker, connect over a ThreadBootstrap, run an exchange
+// (blocks of 0 bytes, a few bytes and rendezvous size, landing at their
+// offsets with the gaps between them untouched) and an RMA window's puts and
+// flush, then tear down together. Once with UCX's default transports here
+// (shared memory, cma) and once over tcp alone, where a put completes only
+// while its target progresses its worker (each thread progresses its own, in
+// its waits).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/transport.h"
+#include "common/error.h"
+#include "tests/unit/comm/run_ranks.h"
+
+namespace moed::comm {
+namespace {
+
+constexpr int kRanks = 3;
+constexpr std::size_t kGap = 16;  // untouched bytes before each receive block
+constexpr std::byte kPoison{0xAB};
+
+// The byte at `i` of what rank src sends rank dst (a window put, or an
+// exchange block): a stream only they make.
+std::byte pattern(int src, int dst, std::size_t i) {
+  return std::byte((std::size_t(src) * 131 + std::size_t(dst) * 17 + i * 7 + (i >> 9)) & 0xFF);
+}
+
+// 0 bytes, a few, or past UCX's rendezvous threshold, by pair.
+std::size_t block_bytes(int src, int dst) {
+  switch ((src + 2 * dst) % 3) {
+    case 0:
+      return 0;
+    case 1:
+      return 37;
+    default:
+      return 300000 + std::size_t(src) * 1000;
+  }
+}
+
+// Sets UCX_* variables for one test (ucp_init reads them), restoring them after.
+class UcxEnvironment {
+ public:
+  UcxEnvironment(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(name, value, 1);
+    }
+  }
+  ~UcxEnvironment() {
+    for (const auto& [name, old] : saved_)
+      if (old)
+        setenv(name.c_str(), old->c_str(), 1);
+      else
+        unsetenv(name.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+void exchange_exact_bytes(Transport& t) {
+  const int me = t.rank();
+  ExchangeLayout layout;
+  for (int peer = 0; peer < kRanks; ++peer) {
+    layout.send_bytes.push_back(block_bytes(me, peer));
+    layout.recv_bytes.push_back(block_bytes(peer, me));
+  }
+  layout.send_offsets = ExchangeLayout::prefix_offsets(layout.send_bytes);
+  layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.recv_bytes);
+  for (int peer = 0; peer < kRanks; ++peer) layout.recv_offsets[peer] += kGap * std::size_t(peer + 1);
+  std::vector<std::byte> send(layout.send_total());
+  for (int dst = 0; dst < kRanks; ++dst)
+    for (std::size_t i = 0; i < layout.send_bytes[dst]; ++i) send[layout.send_offsets[dst] + i] = pattern(me, dst, i);
+  std::vector<std::byte> recv(layout.recv_total() + kGap * kRanks, kPoison);
+
+  t.exchange(send.data(), layout, recv.data(), "in-process exchange");
+
+  for (int src = 0; src < kRanks; ++src) {
+    const std::byte* block = recv.data() + layout.recv_offsets[src];
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < layout.recv_bytes[src]; ++i) wrong += block[i] != pattern(src, me, i);
+    EXPECT_EQ(wrong, 0u) << "rank " << me << ": bytes from rank " << src << " differ";
+    for (std::size_t g = 1; g <= kGap; ++g)
+      EXPECT_EQ(block[-std::ptrdiff_t(g)], kPoison) << "rank " << me << ": the gap before rank " << src << "'s block";
+  }
+}
+
+// Every rank puts kRegion bytes at its own offset of every rank's window.
+void put_into_every_window(Transport& t) {
+  constexpr std::size_t kRegion = 200000;
+  const int me = t.rank();
+  auto window = t.create_window(kRanks * kRegion, "in-process window");
+  ASSERT_EQ(window->bytes(), kRanks * kRegion);
+  std::vector<std::vector<std::byte>> sources(kRanks, std::vector<std::byte>(kRegion));  // until the flush
+  for (int i = 0; i < kRanks; ++i) {
+    const int target = (me + i) % kRanks;  // every rank starts with another target
+    for (std::size_t b = 0; b < kRegion; ++b) sources[target][b] = pattern(me, target, b);
+    window->put(target, std::size_t(me) * kRegion, sources[target].data(), kRegion);
+  }
+  window->flush("in-process flush");
+  // Every rank's puts have landed once every rank has flushed; this
+  // exchange progresses the worker for the ranks still flushing.
+  std::uint64_t mine = 1, all[kRanks] = {};
+  t.all_gather(&mine, sizeof mine, all, "in-process: every rank has flushed");
+
+  for (int src = 0; src < kRanks; ++src) {
+    std::size_t wrong = 0;
+    for (std::size_t b = 0; b < kRegion; ++b) wrong += window->local()[src * kRegion + b] != pattern(src, me, b);
+    EXPECT_EQ(wrong, 0u) << "rank " << me << ": the region rank " << src << " put differs";
+  }
+}
+
+void connect_exchange_and_put() {
+  test::run_ranks(kRanks, [](Bootstrap& bootstrap) {
+    CommConfig config;
+    config.backend = "ucx";
+    config.timeout_ms = 10000;
+    std::unique_ptr<Transport> t = create_transport(config, bootstrap);
+    ASSERT_STREQ(t->name(), "ucx");
+    ASSERT_EQ(t->rank(), bootstrap.rank());
+    exchange_exact_bytes(*t);
+    put_into_every_window(*t);
+  });
+}
+
+TEST(UcxInOneProcess, ConnectsExchangesAndPutsOverTheDefaultTransports) { connect_exchange_and_put(); }
+
+TEST(UcxInOneProcess, ConnectsExchangesAndPutsOverTcpAlone) {
+  // tcp on loopback only: other interfaces may come and go on a shared machine.
+  UcxEnvironment env({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}});
+  connect_exchange_and_put();
+}
+
+// Over threads, "auto" takes UCX; the MPI backend says it needs MPI.
+TEST(UcxInOneProcess, AutoPicksUcxAndMpiNeedsAnMpiBootstrap) {
+  test::run_ranks(2, [](Bootstrap& bootstrap) {
+    CommConfig config;
+    config.backend = "auto";
+    config.timeout_ms = 10000;
+    EXPECT_STREQ(create_transport(config, bootstrap)->name(), "ucx");
+    config.backend = "mpi";
+    try {
+      create_transport(config, bootstrap);
+      ADD_FAILURE() << "the mpi backend started without MPI";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_NE(std::string(e.what()).find("runs only over the job's MPI"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace moed::comm
