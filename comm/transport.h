@@ -9,6 +9,7 @@
 // (comm/bootstrap.h), which carries its set-up and teardown collectives.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,17 +36,28 @@ struct ExchangeLayout {
 
 // Memory every rank exposes for one-sided writes (expert weights in live
 // migration): a rank puts bytes into another rank's window without that rank
-// taking part, then flushes to know they have landed. Created collectively.
+// taking part, then flushes to know they have landed. Created and destroyed
+// collectively.
 class RmaWindow {
  public:
   virtual ~RmaWindow() = default;
   virtual std::byte* local() = 0;  // this rank's window, `bytes()` long
   virtual std::size_t bytes() const = 0;
-  // Starts a write of `bytes` from `src` to `offset` in `target`'s window.
+  // Starts a write of `bytes` from `src` (untouched until flush()) to
+  // `offset` in `target`'s window.
   virtual void put(int target, std::size_t offset, const void* src, std::size_t bytes) = 0;
   // Waits until every put started by this rank is complete at its target.
   virtual void flush(const std::string& what) = 0;
 };
+
+// How a receive's size is known: exactly (the blocking exchanges), or as a
+// capacity that the block fills from 1 byte up (a block whose capacity is 0
+// is empty on both sides, and never a message).
+enum class ReceiveSizes { exact, at_most };
+
+// How long destroying an unfinished exchange waits for the receives it
+// cancels: one already matched completes only as its data comes.
+inline constexpr std::chrono::seconds kCancelGrace{1};
 
 // One all-to-all-v in flight. Opening it posts every receive; blocks are
 // then sent one destination at a time (whenever each is ready), and sources
@@ -53,12 +65,10 @@ class RmaWindow {
 // work on what has arrived while the rest travels. A block of 0 bytes is not
 // a message at all: both sides know the sizes, so it is neither sent nor
 // waited for (its source is reported at once). Destroying an exchange that
-// has not finished (after an error) cancels what is pending.
-// How a receive's size is known: exactly (the blocking exchanges), or as a
-// capacity that the block fills from 1 byte up (a block whose capacity is 0
-// is empty on both sides, and never a message).
-enum class ReceiveSizes { exact, at_most };
-
+// has not finished (after an error) cancels its receives and waits, at most
+// kCancelGrace, until none can still write into the receive blocks; past it
+// the job is ending (a stalled sender never delivers), and a late write is
+// better than a rank that never aborts. Sends still pending go on unwatched.
 class Exchange {
  public:
   static constexpr int kNoneYet = -2;    // next_arrival(false): nothing new has landed
@@ -78,6 +88,7 @@ class Exchange {
   virtual std::size_t received_bytes(int source) const = 0;
 };
 
+// One rank's end of the job's data path.
 class Transport {
  public:
   virtual ~Transport() = default;

@@ -166,7 +166,6 @@ class MpiExchange final : public Exchange {
   // requests are released and go on unwatched. Errors are ignored: this
   // runs in the destructor.
   void release_pending() noexcept {
-    constexpr auto kCancelGrace = std::chrono::seconds(1);
     for (MPI_Request& r : receives_)
       if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
     const auto until = Clock::now() + kCancelGrace;

@@ -178,10 +178,17 @@ UcxCore::~UcxCore() {
 }
 
 // The tagged messages of one exchange. Completion callbacks count finished
-// operations and queue completed receives as arrivals. Whatever is still
-// pending when the set is destroyed (after an error) has its receive
-// cancelled and its handle released, so that UCX stops writing into a buffer
-// the caller is about to reuse.
+// operations and queue completed receives as arrivals.
+//
+// A set destroyed with receives pending (after an error) cancels them and
+// progresses the worker until each has completed, for at most kCancelGrace,
+// before it releases their handles: ucp_request_cancel completes at once
+// (UCS_ERR_CANCELED) only a receive that no message has matched yet; one
+// already matched (a rendezvous under way) goes on and completes as its data
+// lands, and a handle released before then lets UCX write into the buffer
+// unseen. Past the grace (a sender stalled mid-rendezvous) the receive is
+// released unfinished: the job is ending. Pending sends are released and go
+// on unwatched (UCX cannot cancel a send).
 class MessageSet {
  public:
   // at_most: a receive's size is its capacity, filled from 1 byte up.
@@ -189,11 +196,21 @@ class MessageSet {
     ops_.reserve(capacity);
   }
   ~MessageSet() {
-    for (Op& op : ops_) {
-      if (!op.request) continue;
-      if (!op.done && op.is_recv) ucp_request_cancel(worker_, op.request);
-      ucp_request_free(op.request);
+    const auto receiving = [&] {
+      return std::any_of(ops_.begin(), ops_.end(), [](const Op& op) { return op.is_recv && op.request && !op.done; });
+    };
+    for (Op& op : ops_)
+      if (op.is_recv && op.request && !op.done) ucp_request_cancel(worker_, op.request);  // may complete it at once
+    const auto until = Clock::now() + kCancelGrace;
+    IdleBackoff backoff;
+    while (receiving() && Clock::now() < until) {
+      if (ucp_worker_progress(worker_) != 0)
+        backoff.reset();
+      else
+        backoff.idle();
     }
+    for (Op& op : ops_)
+      if (op.request) ucp_request_free(op.request);
   }
   MessageSet(const MessageSet&) = delete;
   MessageSet& operator=(const MessageSet&) = delete;
