@@ -35,9 +35,9 @@ struct ExchangeLayout {
 };
 
 // Memory every rank exposes for one-sided writes (expert weights in live
-// migration): a rank puts bytes into another rank's window without that rank
-// taking part, then flushes to know they have landed. Created and destroyed
-// collectively.
+// migration, through comm/weight_mover.h): a rank puts bytes into another
+// rank's window without that rank taking part, then flushes to know they have
+// landed. Created and destroyed collectively.
 class RmaWindow {
  public:
   virtual ~RmaWindow() = default;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "comm/control_channel.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "placement/placement_diff.h"
@@ -48,7 +49,7 @@ ControlPlane::ControlPlane(ControlContext context)
       coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr),
       alert_book_(alert_thresholds(context.config)),
       stats_writes_("the statistics file " + context.config.stats.file),
-      windows_(context.transport),
+      windows_(comm::rma_weight_movers(context.transport), context.rank),
       faults_(MigrationFaults::from_env()),
       heatmap_(int(context.config.model.layers), int(context.config.model.experts),
                context.rank == 0 && !context.config.metrics.listen.empty() ? int(context.config.metrics.heatmap_columns) : 0,
@@ -229,7 +230,7 @@ void ControlPlane::apply(const BoundaryActions& actions) {
         refusal_.reset();
         failure_.reset();
         bad_checksums_.clear();
-        transfer_ = std::make_unique<MigrationTransfer>(op.migration, op.moves, c_.rank, c_.store, c_.transport,
+        transfer_ = std::make_unique<MigrationTransfer>(op.migration, op.moves, c_.rank, c_.ranks, c_.store,
                                                         windows_, faults_);
         refusal_ = transfer_->prepare(std::size_t(c_.config.migration.memory_mb * 1e6));
         report = true;

@@ -26,9 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/control_channel.h"
 #include "common/process_memory.h"
-#include "comm/transport.h"
 #include "placement/placement.h"
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
@@ -43,6 +41,11 @@
 #include "common/write_retry.h"
 #include "runtime/observe/report.h"
 #include "runtime/weights/expert_store.h"
+
+namespace moed::comm {
+class ControlChannel;
+class Transport;
+}  // namespace moed::comm
 
 namespace moed::runtime {
 

@@ -48,7 +48,7 @@ MigrationFaults MigrationFaults::from_env() {
   return f;
 }
 
-comm::RmaWindow& MigrationWindows::get(const std::vector<std::size_t>& need, std::size_t mine,
+comm::WeightMover& MigrationWindows::get(const std::vector<std::size_t>& need, std::size_t mine,
                                        const std::string& what) {
   bool fits = window_ && sizes_.size() == need.size();
   for (std::size_t r = 0; fits && r < need.size(); ++r) fits = need[r] <= sizes_[r];
@@ -57,33 +57,32 @@ comm::RmaWindow& MigrationWindows::get(const std::vector<std::size_t>& need, std
     // go back and forth between ranks settle on one window.
     std::vector<std::size_t> sizes = need;
     for (std::size_t r = 0; r < sizes.size() && r < sizes_.size(); ++r) sizes[r] = std::max(sizes[r], sizes_[r]);
-    const int me = transport_.rank();
-    if (mine < need[std::size_t(me)]) sizes[std::size_t(me)] = mine;  // a refusing rank takes nothing
+    const auto me = std::size_t(rank_);
+    if (mine < need[me]) sizes[me] = mine;  // a refusing rank takes nothing
     window_.reset();  // collective, before the new one takes its memory
-    window_ = transport_.create_window(sizes[std::size_t(me)], what);
+    window_ = make_(sizes[me], what);
     sizes_ = std::move(sizes);
   }
   return *window_;
 }
 
-MigrationTransfer::MigrationTransfer(std::uint64_t id, std::vector<placement::Move> moves, int rank,
-                                     ExpertStore& store, comm::Transport& transport, MigrationWindows& windows,
-                                     MigrationFaults faults)
+MigrationTransfer::MigrationTransfer(std::uint64_t id, std::vector<placement::Move> moves, int rank, int ranks,
+                                     ExpertStore& store, MigrationWindows& windows, MigrationFaults faults)
     : id_(id),
       moves_(std::move(moves)),
       rank_(rank),
+      ranks_(ranks),
       store_(store),
-      transport_(transport),
       faults_(faults),
       slot_bytes_(store.slot_floats() * sizeof(float)),
       windows_(windows) {}
 
 MigrationTransfer::~MigrationTransfer() {
-  // An abort may come with puts in flight: they land before the window can
-  // be reused or freed.
+  // An abort may come with copies in flight: they land before the window
+  // can be reused or freed.
   if (issued_ > sent_ && window_) {
     try {
-      window_->flush(fmt::format("puts of migration {} at its end", id_));
+      window_->wait(fmt::format("puts of migration {} at its end", id_));
     } catch (const std::exception& e) {
       spdlog::warn("migration {}: {}", id_, e.what());
     }
@@ -92,7 +91,7 @@ MigrationTransfer::~MigrationTransfer() {
 
 std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_bytes) {
   std::vector<std::size_t> incoming;
-  offsets_ = window_offsets(moves_, slot_bytes_, transport_.size(), &incoming);
+  offsets_ = window_offsets(moves_, slot_bytes_, ranks_, &incoming);
   // Every rank takes part in the window's creation, refusing or not.
   std::optional<std::string> refusal;
   std::size_t want = incoming[rank_];
@@ -119,7 +118,7 @@ std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_
     MOED_CHECK(store_.shard_of(m.layer, m.expert) == std::pair(m.shard, m.shards),
                "migration {}: rank {} is to send shard {} of {} of layer {} expert {}, which it does not hold", id_,
                rank_, m.shard, m.shards, m.layer, m.expert);
-    store_.copy_slot(m.layer, m.expert, reinterpret_cast<float*>(window_->local() + at));
+    store_.copy_slot(m.layer, m.expert, reinterpret_cast<float*>(window_->local().data() + at));
     outgoing_.emplace_back(i, at);
     at += move_bytes(m);
     to_send_ += move_bytes(m);
@@ -133,10 +132,10 @@ void MigrationTransfer::send(std::size_t budget) {
     std::raise(SIGKILL);
   }
   if (faults_.held_source == rank_) return;  // nothing sent: the migration stays in transfer
-  // The puts of the last boundary have had a whole step to land (an RDMA
+  // The copies of the last boundary have had a whole step to land (an RDMA
   // NIC, or UCX progress in the step's own waits, moves them meanwhile).
   if (issued_ > sent_) {
-    window_->flush(fmt::format("transfer of migration {}", id_));
+    window_->wait(fmt::format("transfer of migration {}", id_));
     sent_ = issued_;
     if (faults_.fail_source == rank_)
       MOED_THROW(Runtime, "MOED_FAULT: rank {} fails its transfer after {} of {} bytes", rank_, sent_, to_send_);
@@ -148,8 +147,7 @@ void MigrationTransfer::send(std::size_t budget) {
     if (issued_ < end && left > 0) {
       const std::size_t within = issued_ - position;
       const std::size_t n = std::min(left, bytes - within);
-      transport_.progress();
-      window_->put(moves_[i].to, offsets_[i] + within, window_->local() + staged + within, n);
+      window_->start_copy(moves_[i].to, offsets_[i] + within, window_->local().subspan(staged + within, n));
       issued_ += n;
       left -= n;
     }
@@ -160,7 +158,7 @@ void MigrationTransfer::send(std::size_t budget) {
 std::vector<std::pair<std::size_t, std::uint64_t>> MigrationTransfer::source_checksums() const {
   std::vector<std::pair<std::size_t, std::uint64_t>> sums;
   for (const auto& [i, staged] : outgoing_)
-    sums.emplace_back(i, weights_checksum(window_->local() + staged, move_bytes(moves_[i])));
+    sums.emplace_back(i, weights_checksum(window_->local().data() + staged, move_bytes(moves_[i])));
   return sums;
 }
 
@@ -168,7 +166,7 @@ std::vector<std::size_t> MigrationTransfer::verify(const std::vector<std::uint64
   std::vector<std::size_t> bad;
   for (std::size_t i = 0; i < moves_.size(); ++i) {
     if (moves_[i].to != rank_) continue;
-    std::byte* landed = window_->local() + offsets_[i];
+    std::byte* landed = window_->local().data() + offsets_[i];
     const std::size_t bytes = move_bytes(moves_[i]);
     if (faults_.corrupt_destination == rank_) landed[bytes / 2] ^= std::byte{0x40};
     if (weights_checksum(landed, bytes) != expected.at(i)) bad.push_back(i);
@@ -180,7 +178,7 @@ void MigrationTransfer::install() {
   for (std::size_t i = 0; i < moves_.size(); ++i)
     if (moves_[i].to == rank_)
       store_.add_slot(moves_[i].layer, moves_[i].expert,
-                      reinterpret_cast<const float*>(window_->local() + offsets_[i]), moves_[i].shard,
+                      reinterpret_cast<const float*>(window_->local().data() + offsets_[i]), moves_[i].shard,
                       moves_[i].shards);
 }
 

@@ -4,10 +4,11 @@
 // (layer, expert) from rank `from` to rank `to`, releasing `drop`). Every rank
 // runs the same stages at the same step boundaries, told by the coordinator
 // (runtime/control/control_plane.h):
-//   prepare   each destination reserves room (its share of one RMA window,
-//             created collectively) or refuses (over [migration].memory_mb);
-//   transfer  each source puts its slots into the destinations' windows, at
-//             most [migration].chunk_mb per boundary, and flushes them;
+//   prepare   each destination reserves room (its block of one window, a
+//             comm::WeightMover made collectively) or refuses (over
+//             [migration].memory_mb);
+//   transfer  each source copies its slots into the destinations' blocks, at
+//             most [migration].chunk_mb per boundary, and waits for them;
 //   verify    each destination checksums what landed against the source's sum;
 //   commit    every rank switches to the new placement at one boundary (the
 //             destinations install the slots first, so old and new are valid);
@@ -22,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/transport.h"
+#include "comm/weight_mover.h"
 #include "placement/placement_diff.h"
 #include "runtime/weights/expert_store.h"
 
@@ -47,30 +48,32 @@ struct MigrationFaults {
   static MigrationFaults from_env();
 };
 
-// The RMA windows migrations land in, kept from one migration to the next.
-// A fresh window is fresh registered memory on every rank, and the first puts
-// into it pay for mapping it on the source (a cold 34.6 MB put runs at a
-// fraction of a warm one's bandwidth). A window is reused when every rank's
-// part is large enough; a new one covers the old parts too. Collective: every rank calls get() and drop() at the
-// same boundary with the same arguments.
+// The windows migrations land in (weight movers: RMA windows over the
+// transport), kept from one migration to the next. A fresh window is fresh
+// registered memory on every rank, and the first puts into it pay for
+// mapping it on the source (a cold 34.6 MB put runs at a fraction of a warm
+// one's bandwidth). A window is reused when every rank's part is large
+// enough; a new one covers the old parts too. Collective: every rank calls
+// get() and drop() at the same boundary with the same arguments.
 class MigrationWindows {
  public:
-  explicit MigrationWindows(comm::Transport& transport) : transport_(transport) {}
+  MigrationWindows(comm::WeightMoverMaker make, int rank) : make_(std::move(make)), rank_(rank) {}
   // A window with at least need[r] bytes on rank r; this rank's part is
   // `mine` bytes when one must be created (0 for a rank that refuses).
-  comm::RmaWindow& get(const std::vector<std::size_t>& need, std::size_t mine, const std::string& what);
+  comm::WeightMover& get(const std::vector<std::size_t>& need, std::size_t mine, const std::string& what);
   void drop() { window_.reset(), sizes_.clear(); }
 
  private:
-  comm::Transport& transport_;
-  std::unique_ptr<comm::RmaWindow> window_;
+  comm::WeightMoverMaker make_;
+  int rank_;
+  std::unique_ptr<comm::WeightMover> window_;
   std::vector<std::size_t> sizes_;  // every rank's part of window_, as asked for
 };
 
 class MigrationTransfer {
  public:
-  MigrationTransfer(std::uint64_t id, std::vector<placement::Move> moves, int rank, ExpertStore& store,
-                    comm::Transport& transport, MigrationWindows& windows, MigrationFaults faults);
+  MigrationTransfer(std::uint64_t id, std::vector<placement::Move> moves, int rank, int ranks, ExpertStore& store,
+                    MigrationWindows& windows, MigrationFaults faults);
   ~MigrationTransfer();
 
   std::uint64_t id() const { return id_; }
@@ -78,12 +81,12 @@ class MigrationTransfer {
 
   // Collective. Returns why this rank refuses, if it does.
   std::optional<std::string> prepare(std::size_t memory_budget_bytes);
-  // Source side, once per boundary: completes (flushes) the puts the last
-  // call started, then starts up to `budget` more bytes, which land while
-  // the next step runs. Throws a Runtime error on failure (the caller
+  // Source side, once per boundary: completes (waits for) the copies the
+  // last call started, then starts up to `budget` more bytes, which land
+  // while the next step runs. Throws a Runtime error on failure (the caller
   // reports it and the migration aborts).
   void send(std::size_t budget);
-  std::size_t sent_bytes() const { return sent_; }  // landed (flushed)
+  std::size_t sent_bytes() const { return sent_; }  // landed (waited for)
   std::size_t bytes_to_send() const { return to_send_; }
   // Checksums of this rank's outgoing slots, by move index (the sources').
   std::vector<std::pair<std::size_t, std::uint64_t>> source_checksums() const;
@@ -97,16 +100,15 @@ class MigrationTransfer {
  private:
   std::uint64_t id_;
   std::vector<placement::Move> moves_;
-  int rank_;
+  int rank_, ranks_;
   ExpertStore& store_;
-  comm::Transport& transport_;
   MigrationFaults faults_;
   std::size_t move_bytes(const placement::Move& m) const { return slot_bytes_ / std::size_t(m.shards); }
 
   std::size_t slot_bytes_;  // a whole expert's
   std::vector<std::size_t> offsets_;
   MigrationWindows& windows_;
-  comm::RmaWindow* window_ = nullptr;  // from windows_
+  comm::WeightMover* window_ = nullptr;  // from windows_
   // This rank's outgoing slots, staged once in its window: (move index, byte offset).
   std::vector<std::pair<std::size_t, std::size_t>> outgoing_;
   std::size_t to_send_ = 0, sent_ = 0, issued_ = 0;

@@ -45,8 +45,9 @@ LAYERS = {
                          "runtime/control:control_plane.h"],
                         ["report.h", "alerts.h", "load_heatmap.h", "prometheus_text.h", "http/http_server.h",
                          "http/dashboard_routes.h"]),
-    "runtime/control": (["common", "comm", "placement", "routing", "runtime/admin", "runtime/config",
-                         "runtime/weights", "runtime/observe", "runtime/engine:step_record.h"],
+    # The control plane talks over the control channel and migrates through a weight mover, never a transport.
+    "runtime/control": (["common", "comm:control_channel.h weight_mover.h", "placement", "routing", "runtime/admin",
+                         "runtime/config", "runtime/weights", "runtime/observe", "runtime/engine:step_record.h"],
                         ["control_plane.h", "admin_server.h", "fault_injection.h"]),
     "runtime/daemon": (["common", "comm", "kernels", "placement", "routing", "launch", "runtime/admin",
                         "runtime/config", "runtime/router", "runtime/weights", "runtime/workload", "runtime/trace",

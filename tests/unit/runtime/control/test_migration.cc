@@ -1,12 +1,12 @@
 // Live migration's transfer, checked in one process: a FakeWorld plays every
-// rank of a small job (windows are per-rank buffers, puts are copies), and
+// rank of a small job (windows are per-rank buffers, copies are memcpy), and
 // the test drives each rank's MigrationTransfer through the stages in the
 // order the control plane does, rank after rank within a stage.
 #include "runtime/control/migration.h"
 
 #include <cstring>
 #include <memory>
-#include <stdexcept>
+#include <span>
 #include <vector>
 
 #include "placement/placement.h"
@@ -16,8 +16,8 @@
 namespace moed::runtime {
 namespace {
 
-// Every rank's windows, by creation order: the k-th create_window of each
-// rank is one collective window.
+// Every rank's windows, by creation order: the k-th window each rank makes
+// is one collective window.
 struct FakeWorld {
   explicit FakeWorld(int n) : ranks(n) {}
   int ranks;
@@ -25,18 +25,18 @@ struct FakeWorld {
   int windows_created = 0;                                         // counted on rank 0
 };
 
-class FakeWindow final : public comm::RmaWindow {
+// A window of per-rank buffers: a copy lands at once, a wait has nothing to do.
+class FakeMover final : public comm::WeightMover {
  public:
-  FakeWindow(FakeWorld& world, std::size_t generation, std::size_t bytes)
+  FakeMover(FakeWorld& world, std::size_t generation, std::size_t bytes)
       : world_(world), generation_(generation), memory_(bytes) {}
-  std::byte* local() override { return memory_.data(); }
-  std::size_t bytes() const override { return memory_.size(); }
-  void put(int target, std::size_t offset, const void* src, std::size_t bytes) override {
-    std::vector<std::byte>& to = *world_.generations.at(generation_).at(std::size_t(target));
-    ASSERT_LE(offset + bytes, to.size()) << "put past the end of rank " << target << "'s window";
-    std::memcpy(to.data() + offset, src, bytes);
+  std::span<std::byte> local() override { return memory_; }
+  void start_copy(int to, std::size_t offset, std::span<const std::byte> from) override {
+    std::vector<std::byte>& block = *world_.generations.at(generation_).at(std::size_t(to));
+    ASSERT_LE(offset + from.size(), block.size()) << "copy past the end of rank " << to << "'s window";
+    std::memcpy(block.data() + offset, from.data(), from.size());
   }
-  void flush(const std::string&) override {}
+  void wait(const std::string&) override {}
   std::vector<std::byte>& memory() { return memory_; }
 
  private:
@@ -45,43 +45,28 @@ class FakeWindow final : public comm::RmaWindow {
   std::vector<std::byte> memory_;
 };
 
-class FakeTransport final : public comm::Transport {
- public:
-  FakeTransport(FakeWorld& world, int rank) : world_(world), rank_(rank) {}
-  const char* name() const override { return "fake"; }
-  int rank() const override { return rank_; }
-  int size() const override { return world_.ranks; }
-  // Migration moves weights through windows only: no exchange may be opened.
-  std::unique_ptr<comm::Exchange> open_exchange(std::byte*, const std::vector<std::size_t>&,
-                                                const std::vector<std::size_t>&, const std::string& what,
-                                                comm::ReceiveSizes) override {
-    ADD_FAILURE() << "unexpected exchange: " << what;
-    throw std::logic_error("FakeTransport has no exchanges");
-  }
-  std::unique_ptr<comm::RmaWindow> create_window(std::size_t bytes, const std::string&) override {
-    const std::size_t k = created_++;
-    if (world_.generations.size() <= k) world_.generations.resize(k + 1, std::vector<std::vector<std::byte>*>(world_.ranks));
-    auto w = std::make_unique<FakeWindow>(world_, k, bytes);
-    world_.generations[k][std::size_t(rank_)] = &w->memory();
-    if (rank_ == 0) ++world_.windows_created;
-    return w;
-  }
-
- private:
-  FakeWorld& world_;
-  int rank_;
-  std::size_t created_ = 0;
-};
+// Rank `rank`'s maker of windows in `world`.
+comm::WeightMoverMaker fake_movers(FakeWorld& world, int rank) {
+  return [&world, rank, created = std::size_t{0}](std::size_t bytes, const std::string&) mutable {
+    const std::size_t k = created++;
+    if (world.generations.size() <= k)
+      world.generations.resize(k + 1, std::vector<std::vector<std::byte>*>(world.ranks));
+    auto mover = std::make_unique<FakeMover>(world, k, bytes);
+    world.generations[k][std::size_t(rank)] = &mover->memory();
+    if (rank == 0) ++world.windows_created;
+    return std::unique_ptr<comm::WeightMover>(std::move(mover));
+  };
+}
 
 Config small_config() {
   return load_config("", {"model.layers=2", "model.experts=4", "model.top_k=1", "model.hidden=8", "model.ffn=4"});
 }
 
-// One rank of the job: its store (synthetic weights), transport and windows.
+// One rank of the job: its store (synthetic weights) and windows.
 struct Rank {
   Rank(FakeWorld& world, const Config& c, const placement::Placement& p, int r)
-      : transport(world, r), store(ExpertStore::load(c, p, r)), windows(transport) {}
-  FakeTransport transport;
+      : rank(r), ranks(world.ranks), store(ExpertStore::load(c, p, r)), windows(fake_movers(world, r), r) {}
+  int rank, ranks;
   ExpertStore store;
   MigrationWindows windows;
   std::unique_ptr<MigrationTransfer> transfer;
@@ -104,8 +89,7 @@ class Migration : public ::testing::Test {
                                                   std::size_t budget = 0, MigrationFaults faults = {}) {
     std::vector<std::optional<std::string>> refusals;
     for (auto& r : ranks) {
-      r->transfer = std::make_unique<MigrationTransfer>(id, moves, r->transport.rank(), r->store, r->transport,
-                                                        r->windows, faults);
+      r->transfer = std::make_unique<MigrationTransfer>(id, moves, r->rank, r->ranks, r->store, r->windows, faults);
       refusals.push_back(r->transfer->prepare(budget));
     }
     return refusals;
@@ -235,8 +219,8 @@ TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
   ranks[1]->store.copy_slot(1, 2, original.data());
   const std::vector<placement::Move> moves{{1, 2, 1, 2, 1, 1, 2}};
   for (auto& r : ranks) {
-    r->transfer = std::make_unique<MigrationTransfer>(1, moves, r->transport.rank(), r->store, r->transport,
-                                                      r->windows, MigrationFaults{});
+    r->transfer = std::make_unique<MigrationTransfer>(1, moves, r->rank, r->ranks, r->store, r->windows,
+                                                      MigrationFaults{});
     EXPECT_FALSE(r->transfer->prepare(0).has_value());
   }
   EXPECT_EQ(ranks[1]->transfer->bytes_to_send(), shard_floats * sizeof(float));
@@ -261,7 +245,7 @@ TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
   const std::vector<placement::Move> wrong{{1, 2, 0, 1, 0, 1, 2}};
   FakeWorld other(3);
   Rank r0(other, c, p, 0);
-  MigrationTransfer t(2, wrong, 0, r0.store, r0.transport, r0.windows, MigrationFaults{});
+  MigrationTransfer t(2, wrong, 0, 3, r0.store, r0.windows, MigrationFaults{});
   test::expect_error([&] { t.prepare(0); }, ErrorKind::Internal, {"shard 1 of 2", "does not hold"});
 }
 
