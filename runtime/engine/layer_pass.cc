@@ -488,7 +488,7 @@ void LayerPass::record_legs() {
           if (d != me()) {
             leg.row_bytes = sizeof(std::uint64_t) + sizeof(std::uint32_t) + leg.pairs * bytes_per_pair +
                             std::size_t(H_) * sizeof(float);
-            leg.answer_bytes = combine_row_bytes(leg.pairs, H_);  // full width; what came, on arrival
+            leg.answer_bytes = combine_row_bytes(leg.pairs, AnswerFormat(H_));  // full width; what came, on arrival
           }
           trace_->leg_streams.emplace_back(trace_->out->legs.size(), id, d);
           trace_->out->legs.push_back(leg);

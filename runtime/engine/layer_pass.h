@@ -32,6 +32,7 @@
 #include "runtime/engine/chunk_schedule.h"
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/engine/expert_executor.h"
+#include "runtime/engine/wire_format.h"
 #include "runtime/trace/pass_trace.h"
 #include "runtime/weights/expert_store.h"
 

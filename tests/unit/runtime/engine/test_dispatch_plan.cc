@@ -6,6 +6,7 @@
 // must give the same output bits for every placement and either route.
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/engine/chunk_schedule.h"
+#include "runtime/engine/wire_format.h"
 
 #include <gtest/gtest.h>
 
@@ -652,7 +653,7 @@ struct RowBytes {
 class CombineRowBytes : public ::testing::TestWithParam<RowBytes> {};
 
 TEST_P(CombineRowBytes, Fp32PaddedTo8ForOnePairHeaderAndFullWidthSumsForMore) {
-  EXPECT_EQ(combine_row_bytes(GetParam().pairs, GetParam().hidden), GetParam().bytes);
+  EXPECT_EQ(combine_row_bytes(GetParam().pairs, AnswerFormat(GetParam().hidden)), GetParam().bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CombineRowBytes,
@@ -691,10 +692,10 @@ std::vector<RowBatch> hand_sent() {
 TEST(CombineWire, MessageBytesByPairCountOnBothSides) {
   const int H = 3;
   // An fp32 row (12 bytes, padded to 16) and a fixed-point row at full width (8 + 24).
-  EXPECT_EQ(combine_message_bytes(hand_sent(), H), (std::vector<std::size_t>{0, 16 + 32}));
+  EXPECT_EQ(combine_message_bytes(hand_sent(), AnswerFormat(H)), (std::vector<std::size_t>{0, 16 + 32}));
   Received at;  // the same rows as rank 1 received them (here indexed by destination)
   receive(hand_sent(), H, at);
-  EXPECT_EQ(combine_message_bytes(at.rows, H), (std::vector<std::size_t>{0, 16 + 32}));
+  EXPECT_EQ(combine_message_bytes(at.rows, AnswerFormat(H)), (std::vector<std::size_t>{0, 16 + 32}));
 }
 
 // The answers from rank 1 at full width: an fp32 row (3 floats + 4 bytes padding), then a
@@ -721,7 +722,7 @@ TEST(CombineWire, AccumulateAnswersWeightsAtHomeAndAddsPartials) {
   const std::int64_t partial[3] = {5, -7, std::int64_t(1) << 40};
   const std::vector<std::byte> recv = hand_answers(y, partial);
   std::vector<std::int64_t> acc = {1, 2, 3, 4, 5, 6};
-  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), H, acc.data(), nullptr), 0u);
+  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), AnswerFormat(H), acc.data(), nullptr), 0u);
   // Local token 0: 0.25 * y * 2^32 = {2^30, -2^31, 0.75 -> rounds to 1}, added to {1, 2, 3}.
   EXPECT_EQ(acc[0], 1 + (std::int64_t(1) << 30));
   EXPECT_EQ(acc[1], 2 - (std::int64_t(1) << 31));
@@ -739,7 +740,7 @@ TEST(CombineWire, AccumulateAnswersCountsSaturatedTerms) {
   const std::int64_t partial[3] = {0, 0, 0};
   const std::vector<std::byte> recv = hand_answers(y, partial);
   std::vector<std::int64_t> acc(6, 0);
-  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), H, acc.data(), nullptr), 2u);
+  EXPECT_EQ(accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), AnswerFormat(H), acc.data(), nullptr), 2u);
   EXPECT_EQ(acc[0], std::int64_t(1) << 62);
   EXPECT_EQ(acc[1], -(std::int64_t(1) << 62));
   EXPECT_EQ(acc[2], std::int64_t(1) << 30);
@@ -753,7 +754,7 @@ TEST(CombineWire, AccumulateAnswersRefusesAWrongSize) {
   recv.resize(64);
   std::vector<std::int64_t> acc(6, 0);
   expect_error(
-      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(56), H, acc.data(), nullptr); },
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(56), AnswerFormat(H), acc.data(), nullptr); },
       ErrorKind::Internal, {"rank 1", "56 bytes", "rows take 48"});
 }
 
@@ -765,7 +766,7 @@ TEST(CombineWire, NarrowedAnswersAddTheSameIntegers) {
   const std::int64_t partial[3] = {5, -7, 100};
   std::vector<std::byte> full = hand_answers(y, partial), narrow = full;
   const std::uint32_t pairs[2] = {1, 2};
-  ASSERT_EQ(narrow_answers(narrow.data(), pairs, 2, H), 16u + 16u);
+  ASSERT_EQ(narrow_answers(narrow.data(), pairs, 2, AnswerFormat(H)), 16u + 16u);
   std::uint32_t header[2];
   std::memcpy(header, narrow.data() + 16, sizeof header);
   EXPECT_EQ(header[0], 1u);
@@ -774,8 +775,8 @@ TEST(CombineWire, NarrowedAnswersAddTheSameIntegers) {
   const std::int8_t bytes[8] = {5, -7, 100, 0, 0, 0, 0, 0};  // padding zeroed
   EXPECT_EQ(std::memcmp(narrow.data() + 24, bytes, 8), 0);
   std::vector<std::int64_t> from_full = {1, 2, 3, 4, 5, 6}, from_narrow = from_full;
-  accumulate_answers(hand_sent(), full.data(), answers_from_rank1(48), H, from_full.data(), nullptr);
-  accumulate_answers(hand_sent(), narrow.data(), answers_from_rank1(32), H, from_narrow.data(), nullptr);
+  accumulate_answers(hand_sent(), full.data(), answers_from_rank1(48), AnswerFormat(H), from_full.data(), nullptr);
+  accumulate_answers(hand_sent(), narrow.data(), answers_from_rank1(32), AnswerFormat(H), from_narrow.data(), nullptr);
   EXPECT_EQ(from_narrow, from_full);
   EXPECT_EQ(from_narrow[3], 4 + 5);
   EXPECT_EQ(from_narrow[4], 5 - 7);
@@ -788,7 +789,7 @@ TEST(CombineWire, EachRowNarrowsToItsOwnWidth) {
   // fixed {2^40, -3} (24, narrowed 24: 6 bytes), fixed {kFixedNaN, 0} (24, still 24: 8 bytes).
   const std::uint32_t pairs[4] = {2, 1, 3, 2};
   std::vector<std::byte> message(24 + 8 + 24 + 24);
-  lay_out_answers(message.data(), pairs, 4, H);
+  lay_out_answers(message.data(), pairs, 4, AnswerFormat(H));
   std::byte* row = message.data();
   const std::int64_t sums[3][2] = {{1, -1}, {std::int64_t(1) << 40, -3}, {kernels::kFixedNaN, 0}};
   const float y[2] = {0.25f, -8.0f};
@@ -796,7 +797,7 @@ TEST(CombineWire, EachRowNarrowsToItsOwnWidth) {
   std::memcpy(row + 24, y, 8);
   std::memcpy(fixed_row_sums(row + 32), sums[1], 16);
   std::memcpy(fixed_row_sums(row + 56), sums[2], 16);
-  const std::size_t bytes = narrow_answers(message.data(), pairs, 4, H);
+  const std::size_t bytes = narrow_answers(message.data(), pairs, 4, AnswerFormat(H));
   EXPECT_EQ(bytes, std::size_t(16 + 8 + 24 + 24));
   RowBatch sent;  // the same rows as sent: local tokens 0-3
   const float data[2] = {0, 0};
@@ -807,7 +808,7 @@ TEST(CombineWire, EachRowNarrowsToItsOwnWidth) {
   sent.add(3, 3, data, 0, 1, 1);
   sent.add(3, 3, data, 1, 1, 1);
   std::vector<std::int64_t> acc(8, 10);
-  EXPECT_EQ(accumulate_answer_block(sent, message.data(), bytes, H, acc.data(), nullptr, 1), 0u);
+  EXPECT_EQ(accumulate_answer_block(sent, message.data(), bytes, AnswerFormat(H), acc.data(), nullptr, 1), 0u);
   EXPECT_EQ(acc, (std::vector<std::int64_t>{11, 9, 10 + (std::int64_t(1) << 29), 10 - (std::int64_t(1) << 34),
                                             10 + (std::int64_t(1) << 40), 7, kernels::kFixedNaN, 10}));
 }
@@ -824,7 +825,7 @@ TEST_P(AnswerHeaderErrors, AreRefusedNamingTheRow) {
   std::memcpy(recv.data() + 16, header, sizeof header);
   std::vector<std::int64_t> acc(6, 0);
   expect_error(
-      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), H, acc.data(), nullptr); },
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(48), AnswerFormat(H), acc.data(), nullptr); },
       ErrorKind::Internal, {"rank 1", "row 1", "no valid header"});
 }
 
@@ -840,11 +841,11 @@ TEST(CombineWire, ARowPastTheMessageIsRefused) {
   std::vector<std::int64_t> acc(6, 0);
   // The header says 8 bytes per sum, 32 for the row; 24 of them came.
   expect_error(
-      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(40), H, acc.data(), nullptr); },
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(40), AnswerFormat(H), acc.data(), nullptr); },
       ErrorKind::Internal, {"rank 1", "row 1", "ends at byte 48", "40"});
   // Not even the header.
   expect_error(
-      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(20), H, acc.data(), nullptr); },
+      [&] { accumulate_answers(hand_sent(), recv.data(), answers_from_rank1(20), AnswerFormat(H), acc.data(), nullptr); },
       ErrorKind::Internal, {"rank 1", "row 1", "no valid header"});
 }
 
@@ -952,7 +953,7 @@ TEST_F(AtTheGateway, PlanForwardRefusesADestOutsideThePlan) {
 }
 
 TEST_F(AtTheGateway, PreparesOneSlotPerHop1RowInReceivedOrder) {
-  const GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
+  const GatewayAnswers g = prepare_gateway_answers(hop1.rows, AnswerFormat(H));
   // Slot 0: 2 pairs, fixed point (8 + 24); slot 1: 1 pair, fp32 (16); slot 2: 3 pairs (32).
   EXPECT_EQ(g.layout.send_bytes, (std::vector<std::size_t>{48, 0, 32, 0, 0}));
   EXPECT_EQ(g.layout.send_offsets, (std::vector<std::size_t>{0, 48, 48, 80, 80}));
@@ -966,10 +967,10 @@ TEST_F(AtTheGateway, PreparesOneSlotPerHop1RowInReceivedOrder) {
 
 TEST_F(AtTheGateway, SumsItsIslandsAnswersExactly) {
   answer_island();
-  ASSERT_EQ(combine_message_bytes(plan.hop2, H), layout.recv_bytes);
-  GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
+  ASSERT_EQ(combine_message_bytes(plan.hop2, AnswerFormat(H)), layout.recv_bytes);
+  GatewayAnswers g = prepare_gateway_answers(hop1.rows, AnswerFormat(H));
   std::vector<std::int64_t> acc(H, 0);  // rank 3's own token
-  EXPECT_EQ(accumulate_answers(plan.hop2, answers.data(), layout, H, acc.data(), &g), 0u);
+  EXPECT_EQ(accumulate_answers(plan.hop2, answers.data(), layout, AnswerFormat(H), acc.data(), &g), 0u);
   // The local token's answer goes to acc, weighted at home: 1 * y_own.
   EXPECT_EQ(acc, (std::vector<std::int64_t>{kOne, 2 * kOne, 3 * kOne}));
   // Slot 0 (2 pairs, answered in fp32 by ranks 3 and 4), weighted here:
@@ -994,15 +995,15 @@ TEST_F(AtTheGateway, HomesAddTheGatewaysAnswers) {
  for (const bool narrow : {false, true}) {
   SCOPED_TRACE(narrow ? "narrowed" : "full width");
   answer_island();
-  GatewayAnswers g = prepare_gateway_answers(hop1.rows, H);
+  GatewayAnswers g = prepare_gateway_answers(hop1.rows, AnswerFormat(H));
   std::vector<std::int64_t> acc3(H, 0);
-  accumulate_answers(plan.hop2, answers.data(), layout, H, acc3.data(), &g);
+  accumulate_answers(plan.hop2, answers.data(), layout, AnswerFormat(H), acc3.data(), &g);
   if (narrow) {
-    narrow_gateway_answers(g, H);
+    narrow_gateway_answers(g, AnswerFormat(H));
     // Slot 0's sums need 5 bytes (8 + 15, padded: 24), slot 2's 6 (8 + 18: 32).
     EXPECT_EQ(g.layout.send_bytes, (std::vector<std::size_t>{24 + 16, 0, 32, 0, 0}));
   } else {
-    EXPECT_EQ(combine_message_bytes(home0, H)[3], g.layout.send_bytes[0]);
+    EXPECT_EQ(combine_message_bytes(home0, AnswerFormat(H))[3], g.layout.send_bytes[0]);
   }
   // Home 0 receives block 0 of the gateway's hop-1 answers (from rank 3).
   comm::ExchangeLayout back0;
@@ -1010,7 +1011,7 @@ TEST_F(AtTheGateway, HomesAddTheGatewaysAnswers) {
   back0.recv_offsets = {0, 0, 0, 0, g.layout.send_bytes[0]};
   std::vector<std::int64_t> acc0(2 * H, 0);
   const std::byte* block0 = g.send.data() + g.layout.send_offsets[0];
-  EXPECT_EQ(accumulate_answers(home0, block0, back0, H, acc0.data(), nullptr), 0u);
+  EXPECT_EQ(accumulate_answers(home0, block0, back0, AnswerFormat(H), acc0.data(), nullptr), 0u);
   // Token 10: slot 0's sum; token 11: weighted at home, .5 * {1.5 2^-30, -0, -3} * 2^32.
   EXPECT_EQ(acc0, (std::vector<std::int64_t>{7 * (std::int64_t(1) << 30), -11 * (std::int64_t(1) << 29),
                                              std::int64_t(1) << 29, 3, 0, -3 * (std::int64_t(1) << 31)}));
@@ -1020,7 +1021,7 @@ TEST_F(AtTheGateway, HomesAddTheGatewaysAnswers) {
   back2.recv_offsets = {0, 0, 0, 0, g.layout.send_bytes[2]};
   std::vector<std::int64_t> acc2(H, 0);
   const std::byte* block2 = g.send.data() + g.layout.send_offsets[2];
-  EXPECT_EQ(accumulate_answers(home2, block2, back2, H, acc2.data(), nullptr), 0u);
+  EXPECT_EQ(accumulate_answers(home2, block2, back2, AnswerFormat(H), acc2.data(), nullptr), 0u);
   EXPECT_EQ(acc2, (std::vector<std::int64_t>{5 + (std::int64_t(1) << 33), -7 - kOne,
                                              (std::int64_t(1) << 40) + (std::int64_t(1) << 28)}));
  }
@@ -1029,7 +1030,7 @@ TEST_F(AtTheGateway, HomesAddTheGatewaysAnswers) {
 TEST_F(AtTheGateway, AnAnswerForASlotNeedsTheGatewaysAnswers) {
   answer_island();
   std::vector<std::int64_t> acc(H, 0);
-  expect_error([&] { accumulate_answers(plan.hop2, answers.data(), layout, H, acc.data(), nullptr); },
+  expect_error([&] { accumulate_answers(plan.hop2, answers.data(), layout, AnswerFormat(H), acc.data(), nullptr); },
                ErrorKind::Internal, {"gateway slot", "forwarded nothing"});
 }
 
@@ -1338,18 +1339,18 @@ void run_experts(RankSide& s, const LayerRun& run, bool narrow) {
   const int H = run.hidden;
   const ReceivedRows& received = s.hop2.received;
   comm::ExchangeLayout& layout = s.hop2.back;
-  layout.send_bytes = combine_message_bytes(received, H);
+  layout.send_bytes = combine_message_bytes(received, AnswerFormat(H));
   layout.send_offsets = comm::ExchangeLayout::prefix_offsets(layout.send_bytes);
   s.hop2.back_send.resize(layout.send_total());
   std::vector<std::vector<std::size_t>> row_at(received.from.size());
   for (std::size_t src = 0; src < received.from.size(); ++src) {
     const ReceivedRows::Source& from = received.from[src];
-    lay_out_answers(s.hop2.back_send.data() + layout.send_offsets[src], from.pairs_per_row, from.rows, H);
+    lay_out_answers(s.hop2.back_send.data() + layout.send_offsets[src], from.pairs_per_row, from.rows, AnswerFormat(H));
     std::size_t at = layout.send_offsets[src];
     for (std::uint32_t row = 0; row < from.rows; ++row) {
       const bool single = from.pairs_per_row[row] == 1;
       row_at[src].push_back(at + (single ? 0 : kFixedRowHeaderBytes));
-      at += combine_row_bytes(from.pairs_per_row[row], H);
+      at += combine_row_bytes(from.pairs_per_row[row], AnswerFormat(H));
     }
   }
   const ExpertStore& store = all_experts(run.placement->layers(), run.counts.experts(), H);
@@ -1369,7 +1370,7 @@ void run_experts(RankSide& s, const LayerRun& run, bool narrow) {
   if (!narrow) return;
   for (std::size_t src = 0; src < received.from.size(); ++src)
     layout.send_bytes[src] = narrow_answers(s.hop2.back_send.data() + layout.send_offsets[src],
-                                            received.from[src].pairs_per_row, received.from[src].rows, H);
+                                            received.from[src].pairs_per_row, received.from[src].rows, AnswerFormat(H));
 }
 
 // What a sender gets back: its full-width answers' size, or less once narrowed.
@@ -1394,24 +1395,24 @@ std::vector<float> run_layer(const Tokens& tokens, const Placement& placement, c
   all_to_all(run, &RankSide::hop2, true);
   for (RankSide& s : run.side) {
     // What a sender expects back agrees with what the experts sent.
-    expect_answer_bytes(s.hop2.back.recv_bytes, combine_message_bytes(s.plan.hop2, H), narrow);
-    if (run.two_hops()) s.gateway = prepare_gateway_answers(s.hop1.received, H);
+    expect_answer_bytes(s.hop2.back.recv_bytes, combine_message_bytes(s.plan.hop2, AnswerFormat(H)), narrow);
+    if (run.two_hops()) s.gateway = prepare_gateway_answers(s.hop1.received, AnswerFormat(H));
     s.acc.assign(s.count * H, 0);
-    EXPECT_EQ(accumulate_answers(s.plan.hop2, s.hop2.back_recv.data(), s.hop2.back, H, s.acc.data(),
+    EXPECT_EQ(accumulate_answers(s.plan.hop2, s.hop2.back_recv.data(), s.hop2.back, AnswerFormat(H), s.acc.data(),
                                  run.two_hops() ? &s.gateway : nullptr),
               0u);
   }
   if (run.two_hops()) {
     for (RankSide& s : run.side) {
-      if (narrow) narrow_gateway_answers(s.gateway, H);
+      if (narrow) narrow_gateway_answers(s.gateway, AnswerFormat(H));
       s.hop1.back_send = s.gateway.send;
       s.hop1.back = s.gateway.layout;
     }
     all_to_all(run, &RankSide::hop1, true);
     for (RankSide& s : run.side) {
-      expect_answer_bytes(s.hop1.back.recv_bytes, combine_message_bytes(s.plan.hop1, H), narrow);
+      expect_answer_bytes(s.hop1.back.recv_bytes, combine_message_bytes(s.plan.hop1, AnswerFormat(H)), narrow);
       EXPECT_EQ(
-          accumulate_answers(s.plan.hop1, s.hop1.back_recv.data(), s.hop1.back, H, s.acc.data(), nullptr),
+          accumulate_answers(s.plan.hop1, s.hop1.back_recv.data(), s.hop1.back, AnswerFormat(H), s.acc.data(), nullptr),
           0u);
     }
   }
@@ -1512,12 +1513,12 @@ TEST_P(LayerInMemory, CombineSizesAgreeOnBothSides) {
   const int H = tokens.hidden;
   for (int r = 0; r < run.ranks; ++r)
     for (int s = 0; s < run.ranks; ++s) {
-      EXPECT_EQ(combine_message_bytes(run.side[r].hop2.received, H)[s],
-                combine_message_bytes(run.side[s].plan.hop2, H)[r])
+      EXPECT_EQ(combine_message_bytes(run.side[r].hop2.received, AnswerFormat(H))[s],
+                combine_message_bytes(run.side[s].plan.hop2, AnswerFormat(H))[r])
           << "hop 2: rank " << r << " answering rank " << s;
       if (run.two_hops()) {
-        EXPECT_EQ(combine_message_bytes(run.side[r].hop1.received, H)[s],
-                  combine_message_bytes(run.side[s].plan.hop1, H)[r])
+        EXPECT_EQ(combine_message_bytes(run.side[r].hop1.received, AnswerFormat(H))[s],
+                  combine_message_bytes(run.side[s].plan.hop1, AnswerFormat(H))[r])
             << "hop 1: rank " << r << " answering rank " << s;
       }
     }
