@@ -7,10 +7,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "common/rng.h"
 #include "kernels/cpu/fixed_combine.h"
-#include "kernels/cpu/rms_norm.h"
-#include "runtime/router/policies/jitter.h"
 
 namespace moed::runtime {
 
@@ -24,20 +21,15 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       store_(store),
       workload_(workload),
       shape_(store.shape()),
-      router_(RouterParams::from(config)),
       tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)),
       order_(tokens_per_step_, config.workload.order == "shuffled", std::uint64_t(config.workload.seed)),
-      policies_(config, store.shape().layers, store.shape().experts),
+      route_(config, transport, placement, store),
       positions_per_request_(std::uint64_t(config.workload.positions_per_request)) {
   const std::uint64_t R = std::uint64_t(transport.size()), r = std::uint64_t(transport.rank());
   first_ = tokens_per_step_ * r / R;
   count_ = std::size_t(tokens_per_step_ * (r + 1) / R - first_);
   for (std::uint64_t q = 0; q < R; ++q)
     rows_of_rank_.push_back(std::uint32_t(tokens_per_step_ * (q + 1) / R - tokens_per_step_ * q / R));
-  // The router's logits come from the fixed-order GEMM whatever [experts].gemm
-  // says: a token's routing never depends on its batch.
-  for (int l = 0; l < shape_.layers; ++l)
-    gate_.emplace_back(store.layer(l).gate.data(), std::size_t(shape_.experts), std::size_t(shape_.hidden));
   hierarchical_ = config.comm.hierarchical && topology.islands() > 1;
   microbatches_ = std::size_t(config.engine.microbatches);
   routing_.resize(shape_.layers);
@@ -81,7 +73,7 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   select_traced(count_, [&](std::size_t t) { return trace::identity_of(tags_[t]); });
   for (int l = 0; l < shape_.layers; ++l)
     run_layer(l, step, x.data(), count_, step * tokens_per_step_ + first_, tags_, rows_of_rank_, rec);
-  policies_.end_step();
+  route_.policies().end_step();
   if (stats_) record_stats();
   rec.bytes_copied += executor_.bytes_copied();
   rec.trace = std::move(fragments_);
@@ -130,7 +122,7 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
       for (std::size_t t = 0; t < in.rows; ++t)
         paths_->observe(in.request_ids[t], in.positions[t], int(l), routing_[l].experts_of(t), *stats_);
   }
-  policies_.end_step();
+  route_.policies().end_step();
   rec.bytes_copied += executor_.bytes_copied();
   rec.trace = std::move(fragments_);
   fragments_.clear();
@@ -186,11 +178,12 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   const std::string where = fmt::format("step {} layer {}", step, layer);
   const double t0 = now_seconds();
 
-  // route: normalise, then the router (or the trace) picks experts.
-  xn_.resize(count * H);
-  kernels::rms_norm(x, store_.layer(layer).norm.data(), count, H, float(config_.model.norm_eps), xn_.data());
-  choose_experts(layer, x, count, tags, rows_of_rank, where, rec);
+  // route: normalise, then the router (or the workload's replayed routing) picks experts.
   Routing& routing = routing_[layer];
+  routing.clear();
+  const bool replayed = workload_ && workload_->replays_routing();
+  if (replayed) fetch_routing(layer, routing);
+  route_.run({layer, x, count, tags, rows_of_rank, &where}, replayed, routing, rec);
   const double t1 = now_seconds();
 
   // plan: one all-gather tells every rank every pass's counts, so each rank
@@ -230,7 +223,7 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     PlanInput in{&routing, &placement_, layer, &counts_[m], transport_.rank(),
                  std::uint64_t(config_.experts.chunk_rows), step, &topology_, hierarchical_, first_position,
                  first, n};
-    passes_[m].plan(setup_, in, homes, xn_.data(), acc_.data(),
+    passes_[m].plan(setup_, in, homes, route_.normalised(), acc_.data(),
                     M == 1 ? where : fmt::format("{} micro-batch {}", where, m));
   }
   pass_traces_.resize(M);
@@ -288,103 +281,7 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
     }
   }
   // The counts are the all-gathered ones: every rank updates its biases alike.
-  policies_.end_layer(layer, std::span(rec.expert_load).subspan(std::size_t(layer) * E, std::size_t(E)));
-}
-
-void Engine::choose_experts(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
-                            std::span<const std::uint32_t> rows_of_rank, const std::string& where, StepRecord& rec) {
-  const std::size_t E = std::size_t(shape_.experts);
-  Routing& routing = routing_[layer];
-  routing.clear();
-  if (workload_ && workload_->replays_routing()) {
-    fetch_routing(layer, routing);
-    if (!policies_.shares_tokens()) return;
-    plain_routing_ = routing;
-    // Only a load policy applies to replayed routing: its experts are the candidates.
-    ranked_.clear();
-    for (std::size_t t = 0; t < routing.tokens(); ++t) {
-      for (std::size_t i = 0; i < routing.experts_of(t).size(); ++i) {
-        ranked_.experts.push_back(routing.experts_of(t)[i]);
-        ranked_.probs.push_back(double(routing.weights_of(t)[i]));
-      }
-      ranked_.end_token(std::uint32_t(routing.experts_of(t).size()));
-    }
-    routing.clear();
-    share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
-  } else {
-    logits_.resize(count * E);
-    kernels::gemm_fixed_order(xn_.data(), count, gate_[layer], logits_.data());
-    const double* adjust = policies_.adjustments(layer, tags, adjust_);
-    if (!adjust && !policies_.shares_tokens()) return route(logits_.data(), count, E, router_, routing);
-    ranked_.clear();
-    rank_experts(logits_.data(), adjust, count, E, router_, policies_.extra_candidates(), ranked_);
-    if (policies_.measures_jitter()) measure_jitter(layer, x, count, tags, adjust, rec);
-    if (policies_.rebalances()) plain_selection(layer, count, tags);
-    if (policies_.shares_tokens())
-      share_and_decide(layer, tags, rows_of_rank, where, routing, rec);
-    else
-      choose(ranked_, routing);
-  }
-  if (!policies_.rebalances()) return;
-  rec.router.selected += plain_routing_.experts.size();
-  rec.router.changed += lost_pairs(plain_routing_, routing);
-}
-
-void Engine::plain_selection(int layer, std::size_t count, std::span<const TokenTag> tags) {
-  plain_routing_.clear();
-  // Without the bias, ranked_'s choice is the plain selection: a load policy acts after it.
-  if (!policies_.balances()) return choose(ranked_, plain_routing_);
-  const double* adjust = policies_.adjustments(layer, tags, plain_adjust_, false);
-  plain_ranked_.clear();
-  rank_experts(logits_.data(), adjust, count, std::size_t(shape_.experts), router_, 0, plain_ranked_);
-  choose(plain_ranked_, plain_routing_);
-}
-
-void Engine::measure_jitter(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
-                            const double* adjust, StepRecord& rec) {
-  const std::size_t H = std::size_t(shape_.hidden), E = std::size_t(shape_.experts);
-  std::vector<std::uint64_t> keys(count);
-  for (std::size_t t = 0; t < count; ++t) keys[t] = hash_combine(tags[t].request, tags[t].position);
-  noisy_.resize(count * H);
-  noisy_xn_.resize(count * H);
-  noisy_logits_.resize(count * E);
-  for (std::size_t i = 0; i < kJitterEps.size(); ++i) {
-    perturb_rows(x, count, H, keys.data(), layer, kJitterEps[i], noisy_.data());
-    kernels::rms_norm(noisy_.data(), store_.layer(layer).norm.data(), count, int(H), float(config_.model.norm_eps),
-                      noisy_xn_.data());
-    kernels::gemm_fixed_order(noisy_xn_.data(), count, gate_[layer], noisy_logits_.data());
-    noisy_ranked_.clear();
-    rank_experts(noisy_logits_.data(), adjust, count, E, router_, 0, noisy_ranked_);
-    rec.router.jitter_changed[i] += changed_choices(ranked_, noisy_ranked_);
-  }
-  rec.router.jitter_tested += count;
-}
-
-void Engine::share_and_decide(int layer, std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
-                              const std::string& where, Routing& routing, StepRecord& rec) {
-  const std::size_t R = rows_of_rank.size(), me = std::size_t(transport_.rank());
-  const std::size_t C = policies_.max_candidates(), bytes = record_words(C) * sizeof(std::uint32_t);
-  records_.resize(ranked_.tokens() * record_words(C));
-  encode_records(ranked_, tags, C, records_.data());
-  comm::ExchangeLayout layout;
-  layout.send_bytes.assign(R, records_.size() * sizeof(std::uint32_t));
-  layout.send_offsets.assign(R, 0);  // the same block to every rank
-  std::size_t total = 0, mine_first = 0;
-  for (std::size_t r = 0; r < R; ++r) {
-    layout.recv_bytes.push_back(rows_of_rank[r] * bytes);
-    if (r < me) mine_first += rows_of_rank[r];
-    total += rows_of_rank[r];
-  }
-  layout.recv_offsets = comm::ExchangeLayout::prefix_offsets(layout.recv_bytes);
-  all_records_.resize(total * record_words(C));
-  transport_.exchange(reinterpret_cast<const std::byte*>(records_.data()), layout,
-                      reinterpret_cast<std::byte*>(all_records_.data()), "router candidates of " + where);
-  all_ranked_.clear();
-  all_tags_.clear();
-  decode_records(all_records_.data(), total, C, std::size_t(shape_.experts), all_ranked_, all_tags_);
-  replicas_.resize(std::size_t(shape_.experts));
-  for (int e = 0; e < shape_.experts; ++e) replicas_[std::size_t(e)] = std::uint32_t(placement_.replicas(layer, e).size());
-  policies_.decide(layer, all_ranked_, all_tags_, mine_first, ranked_.tokens(), replicas_, routing, rec.router);
+  route_.policies().end_layer(layer, std::span(rec.expert_load).subspan(std::size_t(layer) * E, std::size_t(E)));
 }
 
 void Engine::prepare_pass_trace(std::size_t m, std::size_t W, int E, double sync_s) {

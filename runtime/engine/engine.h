@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "comm/transport.h"
-#include "kernels/cpu/fixed_order_gemm.h"
 #include "placement/placement.h"
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
@@ -24,6 +23,7 @@
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/engine/expert_executor.h"
 #include "runtime/engine/layer_pass.h"
+#include "runtime/engine/route_stage.h"
 #include "runtime/engine/step_record.h"
 #include "runtime/router/router.h"
 #include "runtime/router/policies/router_policies.h"
@@ -73,9 +73,9 @@ class Engine {
 
   // Online bias balancing's biases, [layer * experts + e] (empty when off);
   // set: resumed from the statistics file (the same values on every rank).
-  std::vector<double> router_biases() const { return policies_.biases(); }
-  void set_router_biases(std::vector<double> values) { policies_.set_biases(std::move(values)); }
-  const RouterPolicies& router_policies() const { return policies_; }
+  std::vector<double> router_biases() const { return route_.policies().biases(); }
+  void set_router_biases(std::vector<double> values) { route_.policies().set_biases(std::move(values)); }
+  const RouterPolicies& router_policies() const { return route_.policies(); }
   // Traces the tokens `selector` wants (none: nullptr); the selector must
   // decide alike on every rank.
   void trace_with(const trace::TraceSelector* selector) { selector_ = selector; }
@@ -86,21 +86,9 @@ class Engine {
  private:
   // Serves `count` rows x of `layer`; first_position orders them step-wide.
   // tags: the rows' requests; rows_of_rank: every rank's row count (the
-  // router policies' gather).
+  // router policies' exchange).
   void run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
                  std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank, StepRecord& rec);
-  // The router's choice for the rows (route stage), with the policies.
-  void choose_experts(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
-                      std::span<const std::uint32_t> rows_of_rank, const std::string& where, StepRecord& rec);
-  // The jitter measurement: the rows' choices again under relative noise.
-  void measure_jitter(int layer, const float* x, std::size_t count, std::span<const TokenTag> tags,
-                      const double* adjust, StepRecord& rec);
-  // The router's own selection of the rows (no bias, no load policy) into
-  // plain_routing_, to count the pairs the balancing policies change.
-  void plain_selection(int layer, std::size_t count, std::span<const TokenTag> tags);
-  // Every rank's candidates, then the policies' one decision (into `routing`).
-  void share_and_decide(int layer, std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
-                        const std::string& where, Routing& routing, StepRecord& rec);
   // An expert call of `layer` gave `terms` NaN or inf terms.
   void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
   void start_rank_figures(StepRecord& rec) const;
@@ -124,27 +112,16 @@ class Engine {
   const ExpertStore& store_;
   const Workload* workload_;
   ModelShape shape_;
-  RouterParams router_;
   std::uint64_t tokens_per_step_;
   std::uint64_t first_ = 0;
   std::size_t count_ = 0;
   TokenOrder order_;
   std::vector<std::uint64_t> ids_;  // this step's tokens at this rank's positions
-  std::vector<kernels::PackedWeights> gate_;  // per layer: the gate [experts, hidden], packed
   ExpertExecutor executor_;
-
-  // Buffers reused from layer to layer.
-  std::vector<float> xn_, logits_;
-  RouterPolicies policies_;
+  RouteStage route_;
   std::uint64_t positions_per_request_ = 1;
   std::vector<TokenTag> tags_;                 // built-in tokens' requests, this step
   std::vector<std::uint32_t> rows_of_rank_;    // built-in: every rank's tokens per step
-  std::vector<double> adjust_, plain_adjust_;
-  Ranked ranked_, noisy_ranked_, all_ranked_, plain_ranked_;
-  Routing plain_routing_;
-  std::vector<TokenTag> all_tags_;
-  std::vector<std::uint32_t> records_, all_records_, replicas_;
-  std::vector<float> noisy_, noisy_xn_, noisy_logits_;
   std::vector<Routing> routing_;  // per layer, this step's local tokens
   routing::RoutingStats* stats_ = nullptr;
   std::optional<routing::TokenPaths> paths_;  // front-door tokens' layers, for stats_
