@@ -14,8 +14,17 @@ std::vector<std::uint32_t> ExpertCounts::local(const Routing& routing, int exper
 std::vector<std::uint32_t> ExpertCounts::local(const Routing& routing, int experts, std::size_t first,
                                                std::size_t n) {
   std::vector<std::uint32_t> counts(experts, 0);
-  for (std::uint32_t i = routing.offsets[first]; i < routing.offsets[first + n]; ++i) ++counts.at(routing.experts[i]);
+  count(routing, first, n, counts);
   return counts;
+}
+
+void ExpertCounts::count(const Routing& routing, std::size_t first, std::size_t n, std::span<std::uint32_t> counts) {
+  std::fill(counts.begin(), counts.end(), 0u);
+  for (std::uint32_t i = routing.offsets[first]; i < routing.offsets[first + n]; ++i) {
+    const std::uint32_t e = routing.experts[i];
+    MOED_CHECK(e < counts.size(), "routing names expert {} of {}", e, counts.size());
+    ++counts[e];
+  }
 }
 
 std::uint64_t ExpertCounts::total(int expert) const {

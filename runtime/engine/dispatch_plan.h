@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "placement/placement.h"
@@ -45,6 +46,8 @@ class ExpertCounts {
   static std::vector<std::uint32_t> local(const Routing& routing, int experts);
   // The counts of tokens [first, first + n) of `routing` (one micro-batch).
   static std::vector<std::uint32_t> local(const Routing& routing, int experts, std::size_t first, std::size_t n);
+  // The same into `counts`, one per expert.
+  static void count(const Routing& routing, std::size_t first, std::size_t n, std::span<std::uint32_t> counts);
 
   std::uint32_t* data() { return counts_.data(); }
   int ranks() const { return ranks_; }

@@ -7,11 +7,10 @@
 // each layer's own rows in the same step (agree_layer_counts, run_layers).
 #pragma once
 
-#include <array>
-#include <functional>
 #include <cstdint>
-#include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,13 +19,15 @@
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
 #include "routing/token_paths.h"
+#include "runtime/config/config.h"
+#include "runtime/engine/census.h"
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/engine/expert_executor.h"
 #include "runtime/engine/layer_pass.h"
 #include "runtime/engine/route_stage.h"
 #include "runtime/engine/step_record.h"
-#include "runtime/router/router.h"
 #include "runtime/router/policies/router_policies.h"
+#include "runtime/router/router.h"
 #include "runtime/trace/pass_trace.h"
 #include "runtime/trace/token_identity.h"
 #include "runtime/trace/trace_selector.h"
@@ -84,26 +85,52 @@ class Engine {
   const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
 
  private:
+  // The moments of one layer on this rank (now_seconds()).
+  struct LayerTimes {
+    double start = 0;     // the route stage began
+    double routed = 0;    // the rows' experts are chosen
+    double synced = 0;    // the census is in: the layer's sync point
+    double planned = 0;   // every pass is planned
+    double sent = 0;      // every pass's rows have left
+    double combined = 0;  // the sums and the residual are done
+  };
   // Serves `count` rows x of `layer`; first_position orders them step-wide.
   // tags: the rows' requests; rows_of_rank: every rank's row count (the
   // router policies' exchange).
   void run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
                  std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank, StepRecord& rec);
+  // What run_step and run_layers open and close a step with.
+  StepRecord open_step();
+  void close_step(StepRecord& rec);
+  // The layer's census: this rank's passes of `routing`, all-gathered.
+  void take_census(const Routing& routing, std::size_t count, std::uint64_t first_position,
+                   const std::string& where);
+  // Every pass planned from the census (and watched, if it traces).
+  void plan_passes(int layer, std::uint64_t step, std::size_t count, std::uint64_t first_position,
+                   const std::string& where, double sync_s);
+  // Runs the passes until all are done, timing the waits.
+  void drive_passes(double& rows_wait, double& answers_wait);
+  // What the layer measured, into the step's record (and the policies' loads).
+  void account_layer(int layer, std::uint64_t step, std::size_t count, const LayerTimes& times, double rows_wait,
+                     double answers_wait, StepRecord& rec);
   // An expert call of `layer` gave `terms` NaN or inf terms.
   void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
   void start_rank_figures(StepRecord& rec) const;
-  // Runs the passes until all are done, timing the waits.
-  void drive_passes(std::size_t passes, double& rows_wait, double& answers_wait);
   void record_stats();
   // The rows of the next run_layer that are traced, by local row.
-  void select_traced(std::size_t count, const std::function<trace::TokenIdentity(std::size_t)>& identity);
-  // From the all-gathered census: every rank's traced tokens of pass m.
-  void prepare_pass_trace(std::size_t m, std::size_t census_width, int experts, double sync_s);
+  void select_traced(std::span<const TokenTag> tags);
+  // From the census: every rank's traced tokens of pass m.
+  void prepare_pass_trace(std::size_t m, int layer, double sync_s);
+  // The home's records of its traced rows in the layer.
   void record_home(int layer, std::uint64_t step, std::uint64_t first_position, const Routing& routing,
-                   double t0, double t1, double sync_s, double t2, double sent, double t3);
+                   const LayerTimes& times);
   // The workload's tokens (and replayed routing) for this rank's positions.
   void fetch_tokens(std::uint64_t step, float* x);
   void fetch_routing(int layer, Routing& routing) const;
+  // A pass's rows among the layer's `count`: [first, first + n).
+  std::pair<std::size_t, std::size_t> pass_rows(std::size_t m, std::size_t count) const {
+    return {count * m / passes_.size(), count * (m + 1) / passes_.size() - count * m / passes_.size()};
+  }
 
   const Config& config_;
   comm::Transport& transport_;
@@ -120,26 +147,27 @@ class Engine {
   ExpertExecutor executor_;
   RouteStage route_;
   std::uint64_t positions_per_request_ = 1;
-  std::vector<TokenTag> tags_;                 // built-in tokens' requests, this step
+  std::vector<TokenTag> tags_;                 // this layer's (or built-in step's) requests
   std::vector<std::uint32_t> rows_of_rank_;    // built-in: every rank's tokens per step
+  std::vector<std::uint32_t> layer_rows_of_rank_;  // front door: every rank's rows of the layer
   std::vector<Routing> routing_;  // per layer, this step's local tokens
   routing::RoutingStats* stats_ = nullptr;
   std::optional<routing::TokenPaths> paths_;  // front-door tokens' layers, for stats_
-  bool hierarchical_ = false;
-  std::size_t microbatches_ = 1;
+  double step_start_ = 0;
+  // The layer's passes (micro-batches), planned from the census; their sums.
   LayerPass::Setup setup_;
-  std::vector<std::uint32_t> census_;       // the all-gather: per rank, per pass
+  LayerCensus census_;
   std::vector<ExpertCounts> counts_;        // per pass
   std::vector<LayerPass::Homes> homes_;     // per pass
   std::vector<LayerPass> passes_;
   std::vector<std::int64_t> acc_;
-  std::vector<char> warned_nonfinite_;
+  std::vector<char> warned_nonfinite_;      // [layer * experts + e]: its first NaN/inf was logged
   // Tracing: the selector, this layer's traced rows (local row, identity),
   // each pass's traced tokens, and this step's records.
   const trace::TraceSelector* selector_ = nullptr;
   std::vector<std::pair<std::uint32_t, trace::TokenIdentity>> traced_rows_;
   std::vector<trace::PassTrace> pass_traces_;
-  trace::TraceFragments fragments_;  // [layer * experts + e]: its first NaN/inf was logged
+  trace::TraceFragments fragments_;
 };
 
 }  // namespace moed::runtime

@@ -29,6 +29,7 @@
 
 #include "comm/transport.h"
 #include "placement/topology.h"
+#include "runtime/engine/census.h"
 #include "runtime/engine/chunk_schedule.h"
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/engine/expert_executor.h"
@@ -64,11 +65,9 @@ class LayerPass {
     // (every pass of the layer), so that transfers keep moving.
     std::function<void()> poll;
   };
-  // Every rank's part of the pass (from the all-gather): its first token key
+  // Every rank's part of the pass (from the census): its first token key
   // and its token count.
-  struct Homes {
-    std::vector<std::uint64_t> first_key, tokens;
-  };
+  using Homes = PassHomes;
 
   // Plans the pass; `in.counts` holds the all-gathered counts. `xn` holds the
   // normalised rows and `acc` the fixed-point sums of this rank's tokens
