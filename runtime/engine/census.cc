@@ -19,7 +19,7 @@ std::span<std::uint32_t> LayerCensus::write(std::size_t m, const Routing& routin
   block[experts_ + kKeyLow] = std::uint32_t(first_key);
   block[experts_ + kKeyHigh] = std::uint32_t(first_key >> 32);
   const std::span<std::uint32_t> slots = block.subspan(experts_ + kSlots);
-  std::fill(slots.begin(), slots.end(), trace::kNoTrace);
+  std::fill(slots.begin(), slots.end(), kNoTrace);
   return slots;
 }
 
@@ -44,7 +44,7 @@ std::uint64_t LayerCensus::first_key(int rank, std::size_t m) const {
 }
 
 std::span<const std::uint32_t> LayerCensus::trace_slots(int rank, std::size_t m) const {
-  return {block(rank, m) + experts_ + kSlots, trace::kTraceSlots};
+  return {block(rank, m) + experts_ + kSlots, kTraceSlots};
 }
 
 }  // namespace moed::runtime

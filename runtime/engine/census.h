@@ -6,7 +6,7 @@
 //
 // One rank's block of one pass, in u32 words:
 //   counts[experts], tokens, first key (low word, high word),
-//   traced[trace::kTraceSlots] (offsets in the pass, kNoTrace where unused);
+//   traced[kTraceSlots] (offsets in the pass, kNoTrace where unused);
 // the gathered census holds the blocks by rank, then by pass.
 #pragma once
 
@@ -19,9 +19,13 @@
 #include "comm/transport.h"
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/router/router.h"
-#include "runtime/trace/pass_trace.h"
 
 namespace moed::runtime {
+
+// Traced tokens a rank may announce per pass: a few words more in the
+// all-gather. A pass with more traced rows traces the first ones only.
+inline constexpr std::size_t kTraceSlots = 4;
+inline constexpr std::uint32_t kNoTrace = 0xFFFFFFFFu;
 
 // Every rank's part of one pass: its first token key and its token count.
 struct PassHomes {
@@ -49,7 +53,7 @@ class LayerCensus {
 
  private:
   static constexpr std::size_t kTokens = 0, kKeyLow = 1, kKeyHigh = 2, kSlots = 3;  // after the counts
-  std::size_t width() const { return experts_ + kSlots + trace::kTraceSlots; }
+  std::size_t width() const { return experts_ + kSlots + kTraceSlots; }
   const std::uint32_t* block(int rank, std::size_t m) const {
     return all_.data() + (std::size_t(rank) * passes_ + m) * width();
   }

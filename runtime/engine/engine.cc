@@ -25,7 +25,8 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       order_(tokens_per_step_, config.workload.order == "shuffled", std::uint64_t(config.workload.seed)),
       route_(config, transport, placement, store),
       positions_per_request_(std::uint64_t(config.workload.positions_per_request)),
-      census_(transport.size(), std::size_t(config.engine.microbatches), store.shape().experts) {
+      census_(transport.size(), std::size_t(config.engine.microbatches), store.shape().experts),
+      tracer_(std::size_t(config.engine.microbatches)) {
   const std::uint64_t R = std::uint64_t(transport.size()), r = std::uint64_t(transport.rank());
   first_ = tokens_per_step_ * r / R;
   count_ = std::size_t(tokens_per_step_ * (r + 1) / R - first_);
@@ -71,8 +72,7 @@ StepRecord Engine::open_step() {
 void Engine::close_step(StepRecord& rec) {
   route_.policies().end_step();
   rec.bytes_copied += executor_.bytes_copied();
-  rec.trace = std::move(fragments_);
-  fragments_.clear();
+  rec.trace = tracer_.take();
   rec.total = now_seconds() - step_start_;
 }
 
@@ -154,7 +154,7 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
                        std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
                        StepRecord& rec) {
   const std::string where = fmt::format("step {} layer {}", step, layer);
-  select_traced(tags);
+  tracer_.select(tags);
   LayerTimes times;
   times.start = now_seconds();
 
@@ -180,26 +180,17 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   drive_passes(rows_wait, answers_wait);
   kernels::residual_from_fixed(x, acc_.data(), count * std::size_t(shape_.hidden), x);
   times.combined = now_seconds();
-  record_home(layer, step, first_position, routing, times);
+  tracer_.record_home({layer, transport_.rank(), topology_.island_of(transport_.rank()), step, placement_.epoch(),
+                       first_position, &routing},
+                      times);
   account_layer(layer, step, count, times, rows_wait, answers_wait, rec);
-}
-
-void Engine::select_traced(std::span<const TokenTag> tags) {
-  traced_rows_.clear();
-  if (!selector_ || selector_->idle()) return;
-  for (std::size_t t = 0; t < tags.size(); ++t)
-    if (const trace::TokenIdentity id = trace::identity_of(tags[t]); selector_->wants(id.request_id))
-      traced_rows_.emplace_back(std::uint32_t(t), id);
 }
 
 void Engine::take_census(const Routing& routing, std::size_t count, std::uint64_t first_position,
                          const std::string& where) {
   for (std::size_t m = 0; m < passes_.size(); ++m) {
     const auto [first, n] = pass_rows(m, count);
-    const std::span<std::uint32_t> slots = census_.write(m, routing, first, n, first_position + first);
-    std::size_t used = 0;
-    for (const auto& [row, id] : traced_rows_)
-      if (row >= first && row < first + n && used < slots.size()) slots[used++] = std::uint32_t(row - first);
+    tracer_.announce(first, n, census_.write(m, routing, first, n, first_position + first));
   }
   census_.gather(transport_, "expert counts of " + where);
 }
@@ -217,56 +208,8 @@ void Engine::plan_passes(int layer, std::uint64_t step, std::size_t count, std::
     passes_[m].plan(setup_, in, homes_[m], route_.normalised(), acc_.data(),
                     M == 1 ? where : fmt::format("{} micro-batch {}", where, m));
   }
-  pass_traces_.resize(M);
-  for (std::size_t m = 0; m < M; ++m) {
-    prepare_pass_trace(m, layer, sync_s);
-    passes_[m].set_trace(pass_traces_[m].keys.empty() ? nullptr : &pass_traces_[m]);
-  }
-}
-
-void Engine::prepare_pass_trace(std::size_t m, int layer, double sync_s) {
-  trace::PassTrace& pt = pass_traces_[m];
-  pt.layer = layer;
-  pt.keys.clear();
-  pt.visit_streams.clear();
-  pt.leg_streams.clear();
-  pt.origin_s = sync_s;
-  pt.out = &fragments_;
-  for (int r = 0; r < census_.ranks(); ++r)
-    for (const std::uint32_t slot : census_.trace_slots(r, m))
-      if (slot != trace::kNoTrace) pt.keys.emplace_back(r, census_.first_key(r, m) + slot);
-}
-
-// The home's records of its traced rows in this layer (those that had a slot
-// in the census).
-void Engine::record_home(int layer, std::uint64_t step, std::uint64_t first_position, const Routing& routing,
-                         const LayerTimes& t) {
-  const int me = transport_.rank();
-  const auto us = [](double seconds) { return float(seconds * 1e6); };
-  for (const auto& [row, id] : traced_rows_) {
-    const std::uint64_t key = first_position + row;
-    const trace::TraceKey at{key, me, layer};
-    bool announced = false;
-    for (const trace::PassTrace& pt : pass_traces_) announced = announced || pt.traced(me, key);
-    if (!announced) continue;
-    trace::HomeRecord h;
-    h.at = at;
-    h.request_id = id.request_id;
-    h.position = id.position;
-    h.step = step;
-    h.epoch = placement_.epoch();
-    h.island = topology_.island_of(me);
-    h.sync_s = t.synced;
-    h.route_us = us(t.routed - t.start);
-    h.gather_us = us(t.synced - t.routed);
-    h.planned_us = us(t.planned - t.synced);
-    h.sent_us = us(t.sent - t.synced);
-    h.combined_us = us(t.combined - t.synced);
-    fragments_.homes.push_back(h);
-    const auto experts = routing.experts_of(row);
-    const auto weights = routing.weights_of(row);
-    for (std::size_t k = 0; k < experts.size(); ++k) fragments_.choices.push_back({at, experts[k], weights[k]});
-  }
+  for (std::size_t m = 0; m < M; ++m)
+    passes_[m].observe(tracer_.observe_pass(m, census_, layer, transport_.rank(), topology_, sync_s));
 }
 
 void Engine::account_layer(int layer, std::uint64_t step, std::size_t count, const LayerTimes& times,

@@ -24,12 +24,11 @@
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/engine/expert_executor.h"
 #include "runtime/engine/layer_pass.h"
+#include "runtime/engine/pass_tracer.h"
 #include "runtime/engine/route_stage.h"
 #include "runtime/engine/step_record.h"
 #include "runtime/router/policies/router_policies.h"
 #include "runtime/router/router.h"
-#include "runtime/trace/pass_trace.h"
-#include "runtime/trace/token_identity.h"
 #include "runtime/trace/trace_selector.h"
 #include "runtime/weights/expert_store.h"
 #include "runtime/workload/token_order.h"
@@ -79,21 +78,12 @@ class Engine {
   const RouterPolicies& router_policies() const { return route_.policies(); }
   // Traces the tokens `selector` wants (none: nullptr); the selector must
   // decide alike on every rank.
-  void trace_with(const trace::TraceSelector* selector) { selector_ = selector; }
+  void trace_with(const trace::TraceSelector* selector) { tracer_.trace_with(selector); }
 
   // Rows per expert call in the last step, all layers (for the benchmark's bound).
   const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
 
  private:
-  // The moments of one layer on this rank (now_seconds()).
-  struct LayerTimes {
-    double start = 0;     // the route stage began
-    double routed = 0;    // the rows' experts are chosen
-    double synced = 0;    // the census is in: the layer's sync point
-    double planned = 0;   // every pass is planned
-    double sent = 0;      // every pass's rows have left
-    double combined = 0;  // the sums and the residual are done
-  };
   // Serves `count` rows x of `layer`; first_position orders them step-wide.
   // tags: the rows' requests; rows_of_rank: every rank's row count (the
   // router policies' exchange).
@@ -117,13 +107,6 @@ class Engine {
   void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
   void start_rank_figures(StepRecord& rec) const;
   void record_stats();
-  // The rows of the next run_layer that are traced, by local row.
-  void select_traced(std::span<const TokenTag> tags);
-  // From the census: every rank's traced tokens of pass m.
-  void prepare_pass_trace(std::size_t m, int layer, double sync_s);
-  // The home's records of its traced rows in the layer.
-  void record_home(int layer, std::uint64_t step, std::uint64_t first_position, const Routing& routing,
-                   const LayerTimes& times);
   // The workload's tokens (and replayed routing) for this rank's positions.
   void fetch_tokens(std::uint64_t step, float* x);
   void fetch_routing(int layer, Routing& routing) const;
@@ -162,12 +145,7 @@ class Engine {
   std::vector<LayerPass> passes_;
   std::vector<std::int64_t> acc_;
   std::vector<char> warned_nonfinite_;      // [layer * experts + e]: its first NaN/inf was logged
-  // Tracing: the selector, this layer's traced rows (local row, identity),
-  // each pass's traced tokens, and this step's records.
-  const trace::TraceSelector* selector_ = nullptr;
-  std::vector<std::pair<std::uint32_t, trace::TokenIdentity>> traced_rows_;
-  std::vector<trace::PassTrace> pass_traces_;
-  trace::TraceFragments fragments_;
+  LayerTracer tracer_;
 };
 
 }  // namespace moed::runtime

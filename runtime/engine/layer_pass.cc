@@ -40,7 +40,7 @@ void LayerPass::plan(const Setup& setup, const PlanInput& in, const Homes& homes
   pairs_from_.resize(std::size_t(R));
   for (int h = 0; h < R; ++h) pairs_from_[h] = pairs_to_ranks(in_, h);
   counters_ = PassCounters{};
-  trace_ = nullptr;
+  observer_ = nullptr;
 
   streams_[kDirect].sent = &plan_.hop2;
   streams_[kHop1].sent = &plan_.hop1;
@@ -212,27 +212,14 @@ void LayerPass::on_rows(int id, int source, ReceivedRows::Source src) {
   for (std::uint32_t r = 0; r < f.rows; ++r) {
     const std::uint32_t pairs = f.pairs_per_row[r];
     const int home = home_of_key(f.token[r], id, source);
-    const bool traced = trace_ && trace_->traced(home, f.token[r]);
     for (std::uint32_t p = f.first_pair[r]; p < f.first_pair[r] + pairs; ++p) {
       const std::uint32_t e = f.experts[p];
       MOED_CHECK(f.dests[p] == std::uint32_t(me()) && e < slot_of_.size() && slot_of_[e] >= 0,
                  "{}: rank {} received a row for expert {} from rank {}, which it does not compute", where_,
                  me(), e, source);
-      std::int32_t visit = -1;
-      if (traced) {
-        trace::VisitRecord v;
-        v.at = trace_->key_of(home, f.token[r]);
-        v.rank = me();
-        v.island = setup_.topology->island_of(me());
-        v.expert = e;
-        v.arrived_us = trace_->now_us();
-        visit = std::int32_t(trace_->out->visits.size());
-        trace_->out->visits.push_back(v);
-        trace_->visit_streams.emplace_back(std::size_t(visit), id, source);
-      }
       const bool single = answer_format_.fp32(pairs);
       rows_[slot_of_[e]][home].push_back(
-          {f.row(r, H_), single ? out : reinterpret_cast<std::byte*>(fixed_row_sums(out)), f.weights[p], single, visit});
+          {f.row(r, H_), single ? out : reinterpret_cast<std::byte*>(fixed_row_sums(out)), f.weights[p], single});
     }
     out += combine_row_bytes(pairs, answer_format_);
   }
@@ -243,6 +230,7 @@ void LayerPass::on_rows(int id, int source, ReceivedRows::Source src) {
                  "{}: expert {}: rank {} received {} rows of rank {}'s tokens, its chunks hold {}", where_,
                  schedule_.experts[slot], me(), rows_[slot][h].size(), h, schedule_.rows_from[slot][h]);
   }
+  if (observer_) observer_->rows_arrived(PassStream(id), source, f);
 }
 
 void LayerPass::forward_hop1() {
@@ -320,14 +308,12 @@ bool LayerPass::run_ready_tasks() {
   if (chosen == T) return false;
   const int slot = schedule_.tasks[chosen].slot;
   call_.clear();
-  call_visits_.clear();
   for (std::size_t i = chosen; i < T && schedule_.tasks[i].slot == slot; ++i) {
     if (i != chosen && (!setup_.any_rows_per_call || !task_ready(i))) continue;
     for (const TaskSegment& seg : schedule_.tasks[i].segments)
       for (std::uint32_t k = seg.first; k < seg.first + seg.rows; ++k) {
         const RowRef& row = rows_[slot][seg.home][k];
         call_.push_back({row.in, row.out, row.weight, row.single});
-        if (row.visit >= 0) call_visits_.push_back(row.visit);
       }
     task_done_[i] = 1;
     --tasks_left_;
@@ -340,12 +326,7 @@ bool LayerPass::run_ready_tasks() {
   if (counts.nonfinite) counters_.nonfinite.emplace_back(expert, counts.nonfinite);
   const double t1 = now_seconds();
   counters_.experts_s += t1 - t0;
-  for (std::int32_t visit : call_visits_) {
-    trace::VisitRecord& v = trace_->out->visits[std::size_t(visit)];
-    v.start_us = float((t0 - trace_->origin_s) * 1e6);
-    v.end_us = float((t1 - trace_->origin_s) * 1e6);
-    v.call_rows = std::uint32_t(call_.size());
-  }
+  if (observer_) observer_->expert_ran(expert, call_, t0, t1);
   return true;
 }
 
@@ -356,7 +337,7 @@ void LayerPass::send_answers() {
       if (s.answered[source] || !s.arrived[source] || s.tasks_left[source] > 0) continue;
       if (!setup_.overlap && tasks_left_ > 0) continue;
       s.answered[source] = 1;
-      if (trace_) trace_answers_sent(id, source);
+      if (observer_) observer_->answers_sent(PassStream(id), source);
       std::vector<std::byte>& answer = s.answer[source];
       if (source == me()) {  // answered in place, at full width
         on_answer(id, source, answer.data(), answer.size());
@@ -385,9 +366,8 @@ void LayerPass::on_answer(int id, int source, const std::byte* block, std::size_
     return;
   }
   const RowBatch& sent = id == kDirect ? plan_.hop2[source] : plan_.hop1[source];
-  counters_.saturated += accumulate_answer_block(sent, block, bytes, answer_format_, acc_, nullptr, source,
-                                                 trace_ ? &answer_row_bytes_ : nullptr);
-  if (trace_) trace_answer_back(id, source, sent);
+  counters_.saturated += accumulate_answer_block(sent, block, bytes, answer_format_, acc_, nullptr, source);
+  if (observer_) observer_->answers_back(PassStream(id), source, sent, block, bytes);
 }
 
 void LayerPass::poll_answers(int id) {
@@ -462,57 +442,9 @@ std::string LayerPass::describe() const {
   return out;
 }
 
-void LayerPass::set_trace(trace::PassTrace* trace) {
-  trace_ = trace;
-  if (trace_) record_legs();
-}
-
-// The home's side of its traced tokens: a leg per rank its row goes to (its
-// own rank too, where nothing travels), from the plan.
-void LayerPass::record_legs() {
-  const std::size_t bytes_per_pair = sizeof(std::uint32_t) * 2 + sizeof(float);
-  for (const auto& [home, key] : trace_->keys) {
-    if (home != me()) continue;
-    for (int id : {int(kDirect), int(kHop1)}) {
-      const std::vector<RowBatch>& batches = id == kDirect ? plan_.hop2 : plan_.hop1;
-      for (int d = 0; d < int(batches.size()); ++d) {
-        const RowBatch& b = batches[std::size_t(d)];
-        for (std::size_t r = 0; r < b.rows(); ++r) {
-          if (b.token[r] != key) continue;
-          trace::LegRecord leg;
-          leg.at = trace_->key_of(home, key);
-          leg.rank = d;
-          leg.island = setup_.topology->island_of(d);
-          leg.pairs = b.pairs_of(r);
-          leg.via_gateway = id == kHop1;
-          if (d != me()) {
-            leg.row_bytes = sizeof(std::uint64_t) + sizeof(std::uint32_t) + leg.pairs * bytes_per_pair +
-                            std::size_t(H_) * sizeof(float);
-            leg.answer_bytes = combine_row_bytes(leg.pairs, AnswerFormat(H_));  // full width; what came, on arrival
-          }
-          trace_->leg_streams.emplace_back(trace_->out->legs.size(), id, d);
-          trace_->out->legs.push_back(leg);
-        }
-      }
-    }
-  }
-}
-
-void LayerPass::trace_answers_sent(int id, int source) {
-  for (const auto& [visit, stream, from] : trace_->visit_streams)
-    if (stream == id && from == source) trace_->out->visits[visit].answered_us = trace_->now_us();
-}
-
-// Also the bytes the leg's answer came in (answers narrow on the wire).
-void LayerPass::trace_answer_back(int id, int source, const RowBatch& sent) {
-  for (const auto& [leg, stream, to] : trace_->leg_streams) {
-    if (stream != id || to != source) continue;
-    trace::LegRecord& l = trace_->out->legs[leg];
-    l.back_us = trace_->now_us();
-    if (source == me()) continue;  // answered in place: no bytes
-    for (std::size_t r = 0; r < sent.rows() && r < answer_row_bytes_.size(); ++r)
-      if (sent.token[r] == l.at.key) l.answer_bytes = answer_row_bytes_[r];
-  }
+void LayerPass::observe(PassObserver* observer) {
+  observer_ = observer;
+  if (observer_) observer_->planned(plan_, answer_format_);
 }
 
 void LayerPass::finish() {

@@ -33,8 +33,8 @@
 #include "runtime/engine/chunk_schedule.h"
 #include "runtime/engine/dispatch_plan.h"
 #include "runtime/engine/expert_executor.h"
+#include "runtime/engine/pass_observer.h"
 #include "runtime/engine/wire_format.h"
-#include "runtime/trace/pass_trace.h"
 #include "runtime/weights/expert_store.h"
 
 namespace moed::runtime {
@@ -74,9 +74,9 @@ class LayerPass {
   // (indexed like in.routing).
   void plan(const Setup& setup, const PlanInput& in, const Homes& homes, const float* xn, std::int64_t* acc,
             const std::string& where);
-  // After plan(), before start(): the pass's traced tokens (nullptr: none),
-  // whose legs (home) and expert visits (this rank's experts) it records.
-  void set_trace(trace::PassTrace* trace);
+  // After plan(), before start(): who watches the pass (nullptr: no one,
+  // the default; a new plan() drops it).
+  void observe(PassObserver* observer);
   // Opens the exchanges (every rank in the same order) and sends the rows.
   void start();
   // Handles what has landed and runs one expert call if one is ready; false
@@ -96,7 +96,12 @@ class LayerPass {
   const PassCounters& counters() const { return counters_; }
 
  private:
-  enum StreamId { kDirect = 0, kHop1 = 1, kForward = 2, kStreams = 3 };
+  enum StreamId {
+    kDirect = int(PassStream::direct),
+    kHop1 = int(PassStream::hop1),
+    kForward = int(PassStream::forward),
+    kStreams = 3
+  };
   struct Stream {
     std::vector<RowBatch>* sent = nullptr;          // rows this rank sends, per rank
     std::vector<std::byte> send, recv;
@@ -121,7 +126,6 @@ class LayerPass {
     std::byte* out;
     float weight;
     bool single;
-    std::int32_t visit = -1;  // a traced token's: its VisitRecord in trace_->out
   };
 
   int me() const { return setup_.transport->rank(); }
@@ -142,9 +146,6 @@ class LayerPass {
   void on_answer(int id, int source, const std::byte* block, std::size_t bytes);
   void poll_answers(int id);
   void send_gateway_answers();
-  void record_legs();
-  void trace_answers_sent(int id, int source);
-  void trace_answer_back(int id, int source, const RowBatch& sent);
 
   Setup setup_;
   PlanInput in_;
@@ -170,9 +171,7 @@ class LayerPass {
   std::vector<int> slot_of_;                      // [expert]: its slot, -1 if not here
   bool moved_ = false;                            // something happened in this advance()
   std::vector<ExpertRow> call_;
-  std::vector<std::int32_t> call_visits_;  // traced rows of the call
-  std::vector<std::uint32_t> answer_row_bytes_;  // traced passes: each answer row's bytes as it came
-  trace::PassTrace* trace_ = nullptr;
+  PassObserver* observer_ = nullptr;
   PassCounters counters_;
 };
 

@@ -232,14 +232,11 @@ AnswerRow read_answer_row(const std::byte* block, std::size_t bytes, std::size_t
 }  // namespace
 
 std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, std::size_t bytes, AnswerFormat f,
-                                    std::int64_t* acc, GatewayAnswers* gateway, int from,
-                                    std::vector<std::uint32_t>* row_bytes) {
+                                    std::int64_t* acc, GatewayAnswers* gateway, int from) {
   const int hidden = f.hidden;
   std::size_t saturated = 0, at = 0;
-  if (row_bytes) row_bytes->clear();
   for (std::size_t r = 0; r < b.rows(); ++r) {
     const AnswerRow row = read_answer_row(block, bytes, at, b.pairs_of(r), f, from, r);
-    if (row_bytes) row_bytes->push_back(std::uint32_t(row.bytes));
     const float* y = reinterpret_cast<const float*>(row.data);
     const float weight = b.weights[b.pair_offsets[r]];
     std::int64_t* sums = nullptr;  // where the row adds up
@@ -264,6 +261,16 @@ std::size_t accumulate_answer_block(const RowBatch& b, const std::byte* block, s
   }
   MOED_CHECK(at == bytes, "answers from rank {}: {} bytes, its rows take {}", from, bytes, at);
   return saturated;
+}
+
+void answer_row_bytes(const RowBatch& sent, const std::byte* block, std::size_t bytes, AnswerFormat f, int from,
+                      std::vector<std::uint32_t>& row_bytes) {
+  row_bytes.clear();
+  for (std::size_t r = 0, at = 0; r < sent.rows(); ++r) {
+    const AnswerRow row = read_answer_row(block, bytes, at, sent.pairs_of(r), f, from, r);
+    row_bytes.push_back(std::uint32_t(row.bytes));
+    at += row.bytes;
+  }
 }
 
 std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byte* recv,

@@ -119,9 +119,11 @@ std::size_t accumulate_answers(const std::vector<RowBatch>& sent, const std::byt
                                const comm::ExchangeLayout& layout, AnswerFormat f, std::int64_t* acc,
                                GatewayAnswers* gateway);
 // The same for the answers from one rank: `block` holds `bytes` of answers to
-// `sent`; `row_bytes`, if given, gets each row's bytes as it came.
+// `sent`.
 std::size_t accumulate_answer_block(const RowBatch& sent, const std::byte* block, std::size_t bytes, AnswerFormat f,
-                                    std::int64_t* acc, GatewayAnswers* gateway, int from,
-                                    std::vector<std::uint32_t>* row_bytes = nullptr);
+                                    std::int64_t* acc, GatewayAnswers* gateway, int from);
+// Each row's bytes in such a block, as it came (answers narrow on the wire).
+void answer_row_bytes(const RowBatch& sent, const std::byte* block, std::size_t bytes, AnswerFormat f, int from,
+                      std::vector<std::uint32_t>& row_bytes);
 
 }  // namespace moed::runtime

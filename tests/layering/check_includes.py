@@ -33,7 +33,7 @@ LAYERS = {
     "runtime/workload": (["common", "kernels", "routing", "runtime/config", "runtime/router"],
                          ["workload.h", "token_order.h"]),
     "runtime/trace": (["common", "runtime/admin", "runtime/router"],
-                      ["tracer.h", "trace_selector.h", "trace_records.h", "pass_trace.h", "token_identity.h"]),
+                      ["tracer.h", "trace_selector.h", "trace_records.h", "token_identity.h"]),
     "runtime/ingress": (["common", "client"], ["front_door.h"]),
     "runtime/engine": (["common", "comm", "kernels", "placement", "routing", "runtime/config", "runtime/router",
                         "runtime/weights", "runtime/workload", "runtime/trace"],

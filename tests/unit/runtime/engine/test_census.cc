@@ -40,7 +40,7 @@ TEST(LayerCensus, EveryRankReadsEveryRanksBlocks) {
       const std::size_t n = routing.tokens();
       census[r].write(0, routing, 0, 1, first_key_of(r));
       const std::span<std::uint32_t> slots = census[r].write(1, routing, 1, n - 1, first_key_of(r) + 1);
-      ASSERT_EQ(slots.size(), trace::kTraceSlots);
+      ASSERT_EQ(slots.size(), kTraceSlots);
       if (r == 1) slots[0] = 0;  // rank 1 traces its pass-1 token at offset 0
       census[r].gather(*transport, "test census");
     });
@@ -69,9 +69,9 @@ TEST(LayerCensus, EveryRankReadsEveryRanksBlocks) {
     for (int r = 0; r < kRanks; ++r)
       for (std::size_t m = 0; m < kPasses; ++m) {
         const std::span<const std::uint32_t> slots = c.trace_slots(r, m);
-        ASSERT_EQ(slots.size(), trace::kTraceSlots);
-        for (std::size_t i = 0; i < trace::kTraceSlots; ++i)
-          EXPECT_EQ(slots[i], r == 1 && m == 1 && i == 0 ? 0u : trace::kNoTrace) << "rank " << r << " pass " << m;
+        ASSERT_EQ(slots.size(), kTraceSlots);
+        for (std::size_t i = 0; i < kTraceSlots; ++i)
+          EXPECT_EQ(slots[i], r == 1 && m == 1 && i == 0 ? 0u : kNoTrace) << "rank " << r << " pass " << m;
       }
   }
 }
@@ -91,7 +91,7 @@ TEST(LayerCensus, AWriteReplacesThePassesBlockWhole) {
   EXPECT_EQ(counts.at(0, 2), 1u);
   EXPECT_EQ(homes.tokens, (std::vector<std::uint64_t>{1}));
   EXPECT_EQ(homes.first_key, (std::vector<std::uint64_t>{7}));
-  for (const std::uint32_t slot : c.trace_slots(0, 0)) EXPECT_EQ(slot, trace::kNoTrace);
+  for (const std::uint32_t slot : c.trace_slots(0, 0)) EXPECT_EQ(slot, kNoTrace);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "placement/placement.h"
 #include "placement/topology.h"
 #include "runtime/config/config.h"
+#include "runtime/engine/census.h"
 #include "runtime/engine/engine.h"
 #include "runtime/trace/trace_assembly.h"
 #include "runtime/weights/expert_store.h"
@@ -138,7 +139,7 @@ TEST_P(EngineTrace, RecordsDescribeWhatTheRunDid) {
   std::size_t expected = 0;
   for (const RankResult& r : ranks)
     for (std::size_t m = 0; m < M; ++m)
-      expected += std::min(trace::kTraceSlots, r.count * (m + 1) / M - r.count * m / M);
+      expected += std::min(kTraceSlots, r.count * (m + 1) / M - r.count * m / M);
   ASSERT_EQ(layers.size(), expected * kLayers);
 
   std::vector<std::uint64_t> ids;
