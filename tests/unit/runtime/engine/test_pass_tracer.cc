@@ -79,6 +79,23 @@ TEST_F(HomeOfTwoTokens, ALegPerRankItsRowGoesTo) {
   for (const trace::LegRecord& l : out.legs) EXPECT_EQ(l.back_us, -1.0f);
 }
 
+// Until its answer comes, a leg's answer bytes are the answer's full width in
+// the pass's format: with several F-chunks a one-pair row is answered as a
+// fixed-point sum (8 + 8 H bytes), not as fp32 (4 H).
+TEST_F(HomeOfTwoTokens, AnswerBytesAreFullWidthInThePassFormat) {
+  for (const bool one_chunk : {true, false}) {
+    SCOPED_TRACE(one_chunk ? "one F-chunk" : "several F-chunks");
+    out = {};
+    const AnswerFormat format(H, one_chunk);
+    trace(format);
+    ASSERT_EQ(out.legs.size(), 4u);
+    EXPECT_EQ(out.legs[0].answer_bytes, one_chunk ? 4u * H : 8u + 8 * H);  // token 7, one pair
+    EXPECT_EQ(out.legs[1].answer_bytes, 0u);                                // token 9 at home
+    EXPECT_EQ(out.legs[2].answer_bytes, 8u + 8 * H);                        // two pairs: a sum either way
+    EXPECT_EQ(out.legs[3].answer_bytes, combine_row_bytes(1, format));      // one pair, through the gateway
+  }
+}
+
 TEST_F(HomeOfTwoTokens, AnswersBackGiveTheBytesThatCame) {
   const AnswerFormat format(H);
   trace(format);
