@@ -263,84 +263,13 @@ Numerics probe_numerics(const Config& c) {
   return {true, fmt::format("batch-invariant: fixed-order GEMM ({}), probed at start-up", isa)};
 }
 
-// Per-step reduction: times are maxed over ranks, counts summed, in one
-// gather to rank 0 (the other ranks keep their own record). Each rank's
-// block is its fixed part, then its non-finite counts (two words each; none
-// on a healthy step), whose number is in the fixed part.
+// The step's figures over all ranks, on rank 0 (the other ranks keep their
+// own record): one gather of every rank's block (runtime/engine/step_record.h).
 StepRecord reduce_record(comm::ControlChannel& control, const StepRecord& mine, std::uint64_t step) {
-  StepRecord out = mine;
-  std::vector<double> times{mine.total,   mine.route,   mine.plan, mine.rows_wait,
-                            mine.experts, mine.answers_wait, mine.other};
-  constexpr std::size_t kPhases = 7;
-  times.insert(times.end(), mine.rows_wait_per_layer.begin(), mine.rows_wait_per_layer.end());
-  times.insert(times.end(), mine.answers_wait_per_layer.begin(), mine.answers_wait_per_layer.end());
-  std::vector<std::uint64_t> sums(mine.bytes_sent.begin(), mine.bytes_sent.end());
-  sums.push_back(mine.saturated);
-  sums.push_back(mine.token_layers);
-  sums.push_back(mine.bytes_copied);
-  const auto router = mine.router.words();
-  sums.insert(sums.end(), router.begin(), router.end());
-  constexpr std::size_t kFirstLayerTokens = placement::kLinkClasses + 3 + RouterCounters::kWords;
-  sums.insert(sums.end(), mine.tokens_per_layer.begin(), mine.tokens_per_layer.end());
-  sums.push_back(mine.nonfinite.size());  // not summed: how many pairs follow
-  const std::size_t time_bytes = times.size() * sizeof(double), fixed_bytes = time_bytes + sums.size() * 8;
-  std::vector<std::uint64_t> tail;
-  for (const auto& [key, terms] : mine.nonfinite) tail.insert(tail.end(), {key, terms});
-  // Then the traced tokens' records, after their byte count (0: nothing traced).
-  const std::vector<std::byte> traced = trace::encode_fragments(mine.trace);
-  tail.push_back(traced.size());
-  std::vector<std::byte> record(fixed_bytes + tail.size() * 8 + traced.size());
-  std::memcpy(record.data(), times.data(), time_bytes);
-  std::memcpy(record.data() + time_bytes, sums.data(), sums.size() * 8);
-  std::memcpy(record.data() + fixed_bytes, tail.data(), tail.size() * 8);
-  if (!traced.empty()) std::memcpy(record.data() + fixed_bytes + tail.size() * 8, traced.data(), traced.size());
-  const std::vector<std::byte> all = control.gather(record.data(), record.size(), fmt::format("figures of step {}", step));
-  if (control.rank() != 0) return out;
-  std::vector<double> t(times.size());
-  std::vector<std::uint64_t> n(sums.size());
-  out.nonfinite.clear();
-  out.trace.clear();
-  const std::byte* at = all.data();
-  for (int r = 0; r < control.size(); ++r) {
-    std::memcpy(t.data(), at, time_bytes);
-    std::memcpy(n.data(), at + time_bytes, n.size() * 8);
-    at += fixed_bytes;
-    for (std::size_t i = 0; i < t.size(); ++i) times[i] = r == 0 ? t[i] : std::max(times[i], t[i]);
-    // Each rank's own waits too, before the max hides them (the health view).
-    const std::size_t served = mine.rows_wait_per_layer.size();
-    out.rows_wait_by_rank.insert(out.rows_wait_by_rank.end(), t.begin() + kPhases,
-                                 t.begin() + std::ptrdiff_t(kPhases + served));
-    out.answers_wait_by_rank.insert(out.answers_wait_by_rank.end(), t.begin() + std::ptrdiff_t(kPhases + served),
-                                    t.end());
-    for (std::size_t i = 0; i < n.size(); ++i) sums[i] = r == 0 ? n[i] : sums[i] + n[i];
-    for (std::uint64_t k = 0, pair[2]; k < n.back(); ++k, at += sizeof pair) {
-      std::memcpy(pair, at, sizeof pair);
-      out.add_nonfinite(std::uint32_t(pair[0]), pair[1]);
-    }
-    std::uint64_t trace_bytes = 0;
-    std::memcpy(&trace_bytes, at, sizeof trace_bytes);
-    at += sizeof trace_bytes;
-    MOED_CHECK(trace_bytes <= std::uint64_t(all.data() + all.size() - at),
-               "figures of step {}: rank {} announces {} bytes of traces, {} are left", step, r, trace_bytes,
-               all.data() + all.size() - at);
-    trace::decode_fragments(at, trace_bytes, "the traces of a step", out.trace);
-    at += trace_bytes;
-  }
-  MOED_CHECK(at == all.data() + all.size(), "figures of step {}: {} bytes gathered, {} parsed", step, all.size(),
-             at - all.data());
-  out.total = times[0], out.route = times[1], out.plan = times[2];
-  out.rows_wait = times[3], out.experts = times[4], out.answers_wait = times[5], out.other = times[6];
-  const std::size_t L = mine.rows_wait_per_layer.size();
-  out.rows_wait_per_layer.assign(times.begin() + kPhases, times.begin() + std::ptrdiff_t(kPhases + L));
-  out.answers_wait_per_layer.assign(times.begin() + std::ptrdiff_t(kPhases + L), times.end());
-  for (int c = 0; c < placement::kLinkClasses; ++c) out.bytes_sent[c] = sums[std::size_t(c)];
-  out.saturated = sums[placement::kLinkClasses];
-  out.token_layers = sums[placement::kLinkClasses + 1];
-  out.bytes_copied = sums[placement::kLinkClasses + 2];
-  out.router = RouterCounters::from_words(
-      std::span(sums).subspan(placement::kLinkClasses + 3, RouterCounters::kWords));
-  out.tokens_per_layer.assign(sums.begin() + std::ptrdiff_t(kFirstLayerTokens), sums.end() - 1);
-  return out;
+  const std::vector<std::byte> block = encode_step_figures(mine);
+  const std::vector<std::byte> all = control.gather(block.data(), block.size(), fmt::format("figures of step {}", step));
+  if (control.rank() != 0) return mine;
+  return reduce_step_figures(mine, all, control.size(), step);
 }
 
 // Bias balancing resumes the biases the statistics file kept: rank 0 read it,

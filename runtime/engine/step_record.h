@@ -1,10 +1,14 @@
 // What one rank measured in one step (StepRecord), apart from the engine
 // that fills it: the report, the signals and the control plane read it
-// without knowing the step loop.
+// without knowing the step loop. And the step's reduction over ranks, pure
+// (the daemon gathers the bytes): one list of the figures that ranks combine,
+// for_each_figure, which the encoding, the decoding, the max and the sum walk.
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -57,5 +61,49 @@ struct StepRecord {
     nonfinite.emplace_back(layer_expert, terms);
   }
 };
+
+// How ranks combine a figure: times by their max, counts by their sum.
+enum class Combine { max, sum };
+
+// The figures the per-step reduction carries, in their order on the wire:
+// `visit(how, field...)` once per figure, with that field of each record
+// (one record to encode, two to decode or fold). A figure the ranks must
+// combine belongs here; the others (expert_load and pairs, all-gathered
+// already; the per-rank census) are rank 0's own. The non-finite counts and
+// the traces follow the figures in each rank's block.
+template <class Visit, class... Records>
+void for_each_figure(Visit&& visit, Records&... r) {
+  visit(Combine::max, r.total...);
+  visit(Combine::max, r.route...);
+  visit(Combine::max, r.plan...);
+  visit(Combine::max, r.rows_wait...);
+  visit(Combine::max, r.experts...);
+  visit(Combine::max, r.answers_wait...);
+  visit(Combine::max, r.other...);
+  visit(Combine::max, r.rows_wait_per_layer...);
+  visit(Combine::max, r.answers_wait_per_layer...);
+  visit(Combine::sum, r.bytes_sent...);
+  visit(Combine::sum, r.saturated...);
+  visit(Combine::sum, r.token_layers...);
+  visit(Combine::sum, r.bytes_copied...);
+  visit(Combine::sum, r.router...);
+  visit(Combine::sum, r.tokens_per_layer...);
+}
+
+// One rank's block of the step's gather: its figures, its non-finite counts
+// (their number, then two words each; none on a healthy step), then its
+// traced tokens' records (their byte count, then the bytes).
+std::vector<std::byte> encode_step_figures(const StepRecord& record);
+// Reads one rank's block off the front of `blocks`: the figures (each
+// per-layer list as long as `shape`'s: every rank serves the same layers),
+// the non-finite counts and the traces. A block that does not parse is an
+// internal error naming the step and the rank.
+StepRecord decode_step_figures(std::span<const std::byte>& blocks, const StepRecord& shape, std::uint64_t step,
+                               int rank);
+// Rank 0's reduction of every rank's block (`all`, in rank order): `mine`
+// with each figure maxed or summed over the ranks, the non-finite counts
+// summed, the traces joined in rank order, and each rank's two waits per
+// layer kept (rows_wait_by_rank, answers_wait_by_rank) before the max hides them.
+StepRecord reduce_step_figures(const StepRecord& mine, std::span<const std::byte> all, int ranks, std::uint64_t step);
 
 }  // namespace moed::runtime

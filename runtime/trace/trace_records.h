@@ -1,10 +1,11 @@
 // What the ranks record of a traced token, as flat records that travel to
-// rank 0 with each step's figures (runtime/daemon/daemon.cc reduce_record), so that
-// tracing adds no collective: a step with nothing traced sends one empty
-// count. A token's life in one layer is spread over ranks: its home rank
-// routes it and sums its answers (HomeRecord, ChoiceRecord, LegRecord), the
-// ranks holding its experts compute (VisitRecord). Rank 0 joins them by
-// TraceKey (runtime/trace/trace_assembly.h).
+// rank 0 with each step's figures (runtime/engine/step_record.h,
+// encode_step_figures), so that tracing adds no collective: a step with
+// nothing traced sends one empty count. A token's life in one layer is
+// spread over ranks: its home rank routes it and sums its answers
+// (HomeRecord, ChoiceRecord, LegRecord), the ranks holding its experts
+// compute (VisitRecord). Rank 0 joins them by TraceKey
+// (runtime/trace/trace_assembly.h).
 //
 // Times are microseconds from the layer's sync point on the rank that
 // recorded them: the moment the counts' all-gather returned, which every

@@ -41,11 +41,16 @@ struct RouterCounters {
   // selection (no bias, no load policy), and those the final routing lacks.
   std::uint64_t selected = 0, changed = 0;
 
+  // Every field as a word, in order (what ranks sum, and add() sums).
   static constexpr std::size_t kWords = 13;
   std::array<std::uint64_t, kWords> words() const;
   static RouterCounters from_words(std::span<const std::uint64_t> w);
   void add(const RouterCounters& o);
 };
+// A field added above without a word in words() and from_words() would be
+// dropped by every sum over ranks: the size says when kWords is stale.
+static_assert(sizeof(RouterCounters) == RouterCounters::kWords * sizeof(std::uint64_t),
+              "RouterCounters: a field is missing from kWords, words() and from_words()");
 
 // "smoothing beta 0.5, demote at 0.85 of capacity 1.25, bias gamma 0.001, jitter
 // measured"; empty when every policy is off.
