@@ -12,48 +12,19 @@
 #include "placement/placement_file.h"
 #include "routing/stats_file.h"
 #include "runtime/control/control_views.h"
-#include "runtime/observe/prometheus_text.h"
+#include "runtime/observe/report.h"
+#include "runtime/observe/snapshot.h"
 
 namespace moed::runtime {
 
 using nlohmann::json;
 
-namespace {
-
-AlertThresholds alert_thresholds(const Config& c) {
-  const MetricsConfig& m = c.metrics;
-  return {.load_std_over_mean = m.alert_load_std_over_mean,
-          .activation_band = m.alert_activation_band,
-          .expected_activation = double(c.model.top_k) / double(c.model.experts),
-          .alltoall_p99_ms = m.alert_alltoall_p99_ms,
-          .step_p99_ms = m.alert_step_p99_ms,
-          .for_s = m.alert_for_s};
-}
-
-// The alerts look at the recent window: a figure since start would keep an
-// alert firing long after the cause has gone.
-AlertSignals alert_signals(const Summary& s) {
-  AlertSignals a;
-  a.load_std_over_mean = s.load_std_over_mean;
-  for (const Summary::Layer& layer : s.layers) a.layer_activation.push_back(layer.activation_rate);
-  a.rows_wait_p99_ms = s.recent_rows_wait_p99_ms;
-  a.answers_wait_p99_ms = s.recent_answers_wait_p99_ms;
-  a.step_p99_ms = s.recent_step_p99_ms;
-  return a;
-}
-
-}  // namespace
-
 ControlPlane::ControlPlane(ControlContext context)
     : c_(context),
       coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr),
-      alert_book_(alert_thresholds(context.config)),
       stats_writes_("the statistics file " + context.config.stats.file),
       windows_(comm::rma_weight_movers(context.transport), context.rank),
-      faults_(MigrationFaults::from_env()),
-      heatmap_(int(context.config.model.layers), int(context.config.model.experts),
-               context.rank == 0 && !context.config.metrics.listen.empty() ? int(context.config.metrics.heatmap_columns) : 0,
-               int(context.config.metrics.heatmap_column_steps)) {
+      faults_(MigrationFaults::from_env()) {
   // The committed placement is written before the switch: a file that cannot
   // be written aborts the migration while every rank is on the old epoch.
   coordinator_.set_before_commit([this](const MigrationRecord& m, std::uint64_t epoch) -> std::optional<std::string> {
@@ -69,8 +40,7 @@ ControlPlane::ControlPlane(ControlContext context)
     }
     return std::nullopt;
   });
-  std::lock_guard lock(snapshot_mu_);
-  placement_json_ = placement_json(c_.placement);
+  publish_placement();
 }
 
 ControlPlane::~ControlPlane() = default;
@@ -105,9 +75,7 @@ std::optional<routing::RoutingStats> ControlPlane::gather_stats(const std::strin
   std::span<const std::uint32_t> cells(reinterpret_cast<const std::uint32_t*>(all.data()),
                                        all.size() / sizeof(std::uint32_t));
   merged.append_sample_cells(cells.subspan(mine.size()));
-  auto shared = std::make_shared<const routing::RoutingStats>(merged);
-  std::lock_guard lock(snapshot_mu_);
-  last_stats_ = std::move(shared);
+  c_.snapshot.set_stats(std::make_shared<const routing::RoutingStats>(merged));
   return merged;
 }
 
@@ -294,129 +262,34 @@ void ControlPlane::commit_placement() {
     spdlog::info("placement epoch {} committed{}", c_.placement.epoch(),
                  c_.config.placement.committed.empty() ? "" : " to " + c_.config.placement.committed);
   }
-  std::lock_guard lock(snapshot_mu_);
-  placement_json_ = placement_json(c_.placement);
+  publish_placement();
 }
+
+void ControlPlane::publish_placement() { c_.snapshot.set_placement(placement_json(c_.placement)); }
 
 json ControlPlane::migration_json() const { return runtime::migration_json(coordinator_.migration()); }
 
 // Visible at once: a client that polls right after an answer finds it.
-void ControlPlane::publish_migration() {
-  json snapshot = migration_json();
-  std::lock_guard lock(snapshot_mu_);
-  migration_snapshot_ = std::move(snapshot);
-}
-
-void ControlPlane::note_loaded() {
-  memory_after_load_ = process_memory();
-  peak_since_load_ = reset_peak_memory();
-}
+void ControlPlane::publish_migration() { c_.snapshot.set_migration(migration_json()); }
 
 void ControlPlane::publish(std::uint64_t step, const Summary* summary, double step_wall_ms) {
   if (c_.rank == 0) coordinator_.note_step(step_wall_ms);
-  json status = {{"rank", c_.rank},
-                 {"epoch", c_.placement.epoch()},
-                 {"step", step},
-                 {"state", coordinator_.stopping() ? "stopping" : coordinator_.draining() ? "draining" : "serving"},
-                 {"migration", c_.rank == 0 ? migration_json() : json(nullptr)}};
-  json alerts = json::array();
-  std::string metrics;
-  if (summary) {
-    status["tokens_per_s"] = summary->tokens_per_s;
-    status["recent_tokens_per_s"] = summary->recent_tokens_per_s;
-    const double now = now_seconds();
-    for (std::string& text : alert_book_.update(alert_signals(*summary), now)) alerts.push_back(std::move(text));
-    const MigrationRecord* migration = coordinator_.migration();
-    if (stats_writes_.failing()) alerts.push_back(stats_writes_.alert(now));
-    ControlFigures figures;
-    figures.epoch = c_.placement.epoch();
-    figures.alerts = alerts.size();
-    figures.migration_done_bytes = migration ? migration->done : 0;
-    figures.migration_bytes = migration ? migration->bytes : 0;
-    if (migration) figures.migration_state = std::string(state_name(migration->state));
-    figures.stats_write_failures = stats_writes_.failures();
-    figures.committed_write_failures = committed_write_failures_;
-    for (int k = 0; k < kAlertKinds; ++k) figures.firing[std::size_t(k)] = alert_book_.firing(AlertKind(k));
-    figures.stats_file_alert = stats_writes_.failing();
-    figures.thresholds = alert_book_.limits();
-    metrics = prometheus_text(*summary, figures);
+  ControlState state;
+  state.step = step;
+  state.state = coordinator_.stopping() ? "stopping" : coordinator_.draining() ? "draining" : "serving";
+  state.migration = c_.rank == 0 ? migration_json() : json(nullptr);
+  state.now = now_seconds();
+  if (stats_writes_.failing()) state.stats_file_alert = stats_writes_.alert(state.now);
+  ControlFigures& figures = state.figures;
+  figures.epoch = c_.placement.epoch();
+  if (const MigrationRecord* migration = coordinator_.migration()) {
+    figures.migration_done_bytes = migration->done;
+    figures.migration_bytes = migration->bytes;
+    figures.migration_state = std::string(state_name(migration->state));
   }
-  status["alerts"] = alerts;
-  status["memory"] = memory_json(memory_after_load_, process_memory(), peak_since_load_);
-  json migration = c_.rank == 0 ? migration_json() : json(nullptr);
-  std::lock_guard lock(snapshot_mu_);
-  status_ = std::move(status);
-  if (summary) metrics_ = std::move(metrics), summary_ = *summary;
-  migration_snapshot_ = std::move(migration);
-}
-
-std::optional<std::string> ControlPlane::metrics_text() const {
-  std::lock_guard lock(snapshot_mu_);
-  if (metrics_.empty()) return std::nullopt;
-  return metrics_;
-}
-
-ControlPlane::DashboardView ControlPlane::dashboard_view() const {
-  std::lock_guard lock(snapshot_mu_);
-  return {summary_, status_, placement_json_, migration_snapshot_, alert_book_.limits()};
-}
-
-std::vector<LoadHeatmap::Column> ControlPlane::heatmap_layer(int layer) const {
-  std::lock_guard lock(snapshot_mu_);
-  return heatmap_.layer(layer);
-}
-
-std::shared_ptr<const routing::RoutingStats> ControlPlane::last_stats() const {
-  std::lock_guard lock(snapshot_mu_);
-  return last_stats_;
-}
-
-void ControlPlane::record_loads(const std::vector<std::uint64_t>& expert_load) {
-  std::lock_guard lock(snapshot_mu_);
-  heatmap_.add_step(expert_load);
-}
-
-json ControlPlane::snapshot_answer(const admin::Request& request) {
-  const std::string& cmd = request.cmd;
-  if (cmd == "stats") {
-    // Summarised and dumped outside the mutex: a slow disk never holds up the
-    // step thread's publish().
-    std::shared_ptr<const routing::RoutingStats> stats;
-    {
-      std::lock_guard lock(snapshot_mu_);
-      stats = last_stats_;
-    }
-    if (!stats)
-      return admin::error_body(admin::code::kRefused,
-                               "no statistics gathered yet (rank 0 gathers every [stats].every_steps)");
-    json answer = stats_summary(*stats);
-    if (request.params.contains("dump")) {
-      const std::string path = request.params["dump"];
-      try {
-        routing::write_stats_file(*stats, path);
-      } catch (const Error& e) {
-        return admin::error_body(admin::code::kRefused, e.what());
-      }
-      answer["dump"] = path;
-    }
-    return answer;
-  }
-  std::lock_guard lock(snapshot_mu_);
-  if (cmd == "status") return status_.is_null() ? json{{"rank", c_.rank}, {"state", "starting"}} : status_;
-  if (cmd == "metrics") {
-    if (metrics_.empty())
-      return admin::error_body(admin::code::kRefused, "no figures yet: metrics come from rank 0 after the warm-up");
-    return {{"text", metrics_}};
-  }
-  if (cmd == "placement") return placement_json_;
-  if (cmd == "migration") {
-    if (migration_snapshot_.is_null()) return admin::error_body(admin::code::kRefused, "no migration has run (ask rank 0)");
-    if (request.params.contains("migration_id") && request.params["migration_id"] != migration_snapshot_["id"])
-      return admin::error_body(admin::code::kRefused,
-                               fmt::format("the last migration is {}", migration_snapshot_["id"].dump()));
-    return {{"migration", migration_snapshot_}};
-  }
-  return admin::error_body(admin::code::kInternal, "command " + cmd + " has no snapshot");
+  figures.stats_write_failures = stats_writes_.failures();
+  figures.committed_write_failures = committed_write_failures_;
+  c_.snapshot.publish(state, summary);
 }
 
 void ControlPlane::finish() {

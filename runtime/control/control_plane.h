@@ -11,8 +11,10 @@
 // nothing a client does reaches the step loop between boundaries, and a slow
 // decision (the optimiser) runs on a thread of rank 0's own while steps go on.
 //
-// Every rank also publishes a snapshot (status, metrics, placement, the
-// migration's progress) that the admin socket's thread answers from.
+// Every rank also writes what it decided into its published snapshot
+// (runtime/observe/snapshot.h: status, metrics, placement, the migration's
+// progress, the merged statistics), which the admin socket's and the HTTP
+// endpoint's threads answer from.
 #pragma once
 
 #include <cstdint>
@@ -26,20 +28,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/process_memory.h"
+#include "common/write_retry.h"
 #include "placement/placement.h"
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
-#include "runtime/control/admin_server.h"
-#include "runtime/observe/alerts.h"
 #include "runtime/config/config.h"
-#include "runtime/observe/load_heatmap.h"
+#include "runtime/control/admin_server.h"
 #include "runtime/control/control_messages.h"
 #include "runtime/control/migration.h"
 #include "runtime/control/migration_coordinator.h"
 #include "runtime/control/reoptimizer.h"
-#include "common/write_retry.h"
-#include "runtime/observe/report.h"
 #include "runtime/weights/expert_store.h"
 
 namespace moed::comm {
@@ -48,6 +46,9 @@ class Transport;
 }  // namespace moed::comm
 
 namespace moed::runtime {
+
+class Snapshot;  // runtime/observe/snapshot.h
+struct Summary;  // runtime/observe/report.h
 
 // What the control plane works on; owned by the daemon.
 struct ControlContext {
@@ -59,6 +60,7 @@ struct ControlContext {
   placement::Placement& placement;
   const placement::Topology& topology;
   routing::RoutingStats* stats;  // null when none is kept
+  Snapshot& snapshot;            // where the decisions show
   // The first stop signal received, or 0, and its name for the log: the
   // daemon owns the handlers (runtime/daemon/stop_signal.h). Null: none.
   int (*stop_signal)() = nullptr;
@@ -70,26 +72,8 @@ class ControlPlane {
   explicit ControlPlane(ControlContext context);
   ~ControlPlane();
 
-  // The admin socket's handlers (any thread).
-  void submit(admin::Request request, admin::Reply reply);  // control requests, rank 0
-  nlohmann::json snapshot_answer(const admin::Request& request);
-  // Rank 0's figures in Prometheus text (runtime/observe/prometheus_text.h), as last
-  // published; none before the first measured step and on other ranks. Any thread.
-  std::optional<std::string> metrics_text() const;
-  // What the dashboard shows (runtime/observe/http/dashboard_routes.h), as last
-  // published; any thread. The summary is empty before the first measured step.
-  struct DashboardView {
-    std::optional<Summary> summary;
-    nlohmann::json status, placement, migration;
-    AlertThresholds thresholds;
-  };
-  DashboardView dashboard_view() const;
-  std::vector<LoadHeatmap::Column> heatmap_layer(int layer) const;
-  int heatmap_column_steps() const { return heatmap_.column_steps(); }
-  std::shared_ptr<const routing::RoutingStats> last_stats() const;
-  const placement::Topology& topology() const { return c_.topology; }
-  // Rank 0, after each measured step: its expert loads into the heatmap.
-  void record_loads(const std::vector<std::uint64_t>& expert_load);
+  // The admin socket's handler of control requests (any thread; rank 0).
+  void submit(admin::Request request, admin::Reply reply);
 
   // At the boundary before step `step`, on every rank (collective). Returns
   // false when the daemon must stop (shutdown, or a drain that has finished).
@@ -98,9 +82,6 @@ class ControlPlane {
   // summary), and the step's wall time from its boundary on (the migration
   // figures compare the steps during a migration with the steps before it).
   void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
-  // Once start-up has loaded everything: the resident memory then, and the
-  // peak reset so that status shows the peak of serving (and migrating).
-  void note_loaded();
   // At exit: answers whatever is still waiting.
   void finish();
   // The request ids the last boundary asked every rank to trace (moectl trace --follow).
@@ -109,7 +90,7 @@ class ControlPlane {
   int stopped_by() const { return stopped_by_; }
 
   // Gathers every rank's statistics on rank 0 (collective); rank 0 gets the
-  // merged copy, the others an empty optional.
+  // merged copy (the snapshot shares it), the others an empty optional.
   std::optional<routing::RoutingStats> gather_stats(const std::string& what);
   // Rank 0: writes the merged statistics to [stats].file. A failure is
   // logged, shown in status alerts and metrics, and retried with backoff;
@@ -127,6 +108,7 @@ class ControlPlane {
   void commit_placement();
   json migration_json() const;
   void publish_migration();
+  void publish_placement();
   void reply_all_pending(std::string_view code, const std::string& message);
 
   ControlContext c_;
@@ -135,13 +117,10 @@ class ControlPlane {
   std::deque<std::pair<admin::Request, admin::Reply>> queue_;
   // Rank 0: the coordinator's decisions, and the re-optimisation it plans.
   MigrationCoordinator coordinator_;
-  AlertBook alert_book_;  // rank 0: the [metrics] alerts
   int stopped_by_ = 0;
   std::vector<std::uint64_t> follow_asked_, follow_now_;  // rank 0: asked since the last boundary; every rank: applied
   WriteRetry stats_writes_;
   std::uint64_t committed_write_failures_ = 0;
-  std::optional<ProcessMemory> memory_after_load_;
-  bool peak_since_load_ = false;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
   std::future<ReoptimizePlan> optimizing_;  // the plan, made on a thread of rank 0's own
   // This rank's side of the running migration.
@@ -151,15 +130,6 @@ class ControlPlane {
   std::vector<std::size_t> bad_checksums_;
   double send_seconds_ = 0;  // this boundary's time in MigrationTransfer::send
   MigrationFaults faults_;
-  // The snapshot the socket thread reads. The statistics are shared, not
-  // copied, so that a dump writes its file without holding the mutex the
-  // step thread takes.
-  mutable std::mutex snapshot_mu_;
-  json status_, placement_json_, migration_snapshot_;
-  std::string metrics_;
-  std::shared_ptr<const routing::RoutingStats> last_stats_;  // rank 0: the last merged statistics
-  std::optional<Summary> summary_;  // rank 0: the last published figures
-  LoadHeatmap heatmap_;              // rank 0 with the endpoint on; empty elsewhere
 };
 
 }  // namespace moed::runtime

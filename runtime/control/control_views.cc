@@ -59,7 +59,6 @@ json stats_summary(const routing::RoutingStats& s) {
           {"sample_tokens", s.sample_size()}, {"per_layer", layers}};
 }
 
-
 json migration_json(const MigrationRecord* record) {
   if (!record) return nullptr;
   const MigrationRecord& m = *record;
@@ -78,15 +77,6 @@ json migration_json(const MigrationRecord* record) {
   if (m.step_ms_during.count()) j["step_ms_p99_during"] = m.step_ms_during.quantile(0.99);
   if (m.step_ms_before.count()) j["step_ms_p99_before"] = m.step_ms_before.quantile(0.99);
   return j;
-}
-
-json memory_json(const std::optional<ProcessMemory>& after_load, const std::optional<ProcessMemory>& now,
-                 bool peak_since_load) {
-  if (!after_load || !now) return nullptr;
-  return {{"rss_after_load_bytes", after_load->rss_bytes},
-          {"rss_bytes", now->rss_bytes},
-          {"peak_rss_bytes", now->peak_bytes},
-          {"peak_since", peak_since_load ? "load" : "start"}};
 }
 
 }  // namespace moed::runtime

@@ -5,9 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <optional>
-
-#include "common/process_memory.h"
 #include "placement/cost_model.h"
 #include "placement/placement.h"
 #include "routing/routing_stats.h"
@@ -23,10 +20,4 @@ nlohmann::json stats_summary(const routing::RoutingStats& stats);
 nlohmann::json predicted_json(const placement::Cost& now, const placement::Cost& after);
 // null when no migration has run.
 nlohmann::json migration_json(const MigrationRecord* migration);
-// The rank's resident memory for status: after the load, now, and the peak
-// since the load (since the start where the kernel would not reset it);
-// null where /proc does not say.
-nlohmann::json memory_json(const std::optional<ProcessMemory>& after_load, const std::optional<ProcessMemory>& now,
-                           bool peak_since_load);
-
 }  // namespace moed::runtime

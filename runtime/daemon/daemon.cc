@@ -29,6 +29,7 @@
 #include "routing/stats_file.h"
 #include "runtime/observe/http/dashboard_routes.h"
 #include "runtime/config/memory_estimate.h"
+#include "runtime/control/snapshot_answer.h"
 #include "runtime/daemon/stop_signal.h"
 #include "runtime/workload/token_order.h"
 
@@ -290,17 +291,6 @@ void resume_router_biases(const Config& c, comm::ControlChannel& control, const 
   if (control.rank() == 0) spdlog::info("resuming the router biases of {}", c.stats.file);
 }
 
-// The HTTP endpoint's pages (runtime/observe/http/http_server.h: more rows, more pages).
-std::vector<http::Route> metrics_routes(const ControlPlane& control_plane) {
-  return {{"/metrics", "the figures in Prometheus text (docs/metrics.md)", [&control_plane](const http::Query&) {
-             std::optional<std::string> text = control_plane.metrics_text();
-             if (!text)
-               return http::Answer{503, "text/plain; charset=utf-8",
-                                   "no figures yet: they come after the first measured step (the warm-up is left out)\n"};
-             return http::Answer{200, "text/plain; version=0.0.4; charset=utf-8", std::move(*text)};
-           }}};
-}
-
 // Traces are joined on rank 0 only (the other ranks send their records there).
 nlohmann::json trace_answer(const trace::Tracer* tracer, const admin::Request& r) {
   if (!tracer)
@@ -389,19 +379,21 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
   d->trace_selector_.emplace(c.trace.sample, std::size_t(c.trace.follow_max));
   d->engine_->trace_with(&*d->trace_selector_);
   if (d->rank_ == 0) d->tracer_ = std::make_unique<trace::Tracer>(std::size_t(c.trace.ring), int(c.model.layers), c.trace.sample);
+  d->snapshot_ = std::make_unique<Snapshot>(c, d->rank_, d->topology_->island_of_ranks());
   d->control_plane_ = std::make_unique<ControlPlane>(ControlContext{
       c, d->rank_, mpi.size(), d->control_, *d->transport_, *d->store_, d->placement_, *d->topology_,
-      d->stats_ ? &*d->stats_ : nullptr, &stop_signal, &signal_name});
+      d->stats_ ? &*d->stats_ : nullptr, *d->snapshot_, &stop_signal, &signal_name});
   if (!c.admin.dir.empty()) {
     // A third round: a socket one rank cannot open stops every rank alike.
     exit_code = attempt("admin socket status", [&] {
       ControlPlane* cp = d->control_plane_.get();
+      const Snapshot* snapshot = d->snapshot_.get();
       const trace::Tracer* tracer = d->tracer_.get();
       d->admin_ = std::make_unique<admin::AdminServer>(
           c.admin.dir, d->rank_, 0,
-          admin::Handlers{[cp, tracer](const admin::Request& r) {
+          admin::Handlers{[snapshot, tracer](const admin::Request& r) {
                             if (r.cmd == "trace") return trace_answer(tracer, r);
-                            return cp->snapshot_answer(r);
+                            return snapshot_answer(*snapshot, r);
                           },
                           [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
       spdlog::info("admin socket {}", d->admin_->path());
@@ -413,9 +405,10 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     // bind stops every rank alike.
     exit_code = attempt("metrics endpoint status", [&] {
       if (d->rank_ != 0) return;
-      std::vector<http::Route> routes = metrics_routes(*d->control_plane_);
+      // More rows, more pages (runtime/observe/http/http_server.h).
+      std::vector<http::Route> routes{http::metrics_route(*d->snapshot_)};
       if (d->tracer_) routes.push_back(http::trace_route(*d->tracer_));
-      for (http::Route& route : http::dashboard_routes(*d->control_plane_, int(c.model.layers), int(c.model.experts)))
+      for (http::Route& route : http::dashboard_routes(*d->snapshot_, int(c.model.layers), int(c.model.experts)))
         routes.push_back(std::move(route));
       d->http_ = std::make_unique<http::Server>(parse_listen_address(c.metrics.listen, "[metrics].listen"),
                                                 "[metrics].listen", std::move(routes));
@@ -464,7 +457,7 @@ std::unique_ptr<Daemon> Daemon::start(const Config& c, const ServeOptions& optio
     else
       spdlog::warn("numerics: {}", numerics.description);
   }
-  d->control_plane_->note_loaded();
+  d->snapshot_->note_loaded();
   return d;
 }
 
@@ -537,7 +530,7 @@ void Daemon::after_step(std::uint64_t step, std::uint64_t served, std::chrono::s
     report_->add_step(served, rec);
     if (config_.log.per_step) spdlog::info("{}", report_->step_line(step, rec));
     summary = report_->summary();
-    if (served >= std::uint64_t(config_.workload.warmup_steps)) control_plane_->record_loads(rec.expert_load);
+    if (served >= std::uint64_t(config_.workload.warmup_steps)) snapshot_->record_loads(rec.expert_load);
   }
   control_plane_->publish(step, rank_ == 0 && summary.measured_steps ? &summary : nullptr,
                          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());

@@ -26,6 +26,7 @@
 #include "runtime/ingress/front_door.h"
 #include "runtime/daemon/output_dump.h"
 #include "runtime/observe/report.h"
+#include "runtime/observe/snapshot.h"
 #include "runtime/trace/trace_selector.h"
 #include "runtime/trace/tracer.h"
 #include "runtime/weights/expert_store.h"
@@ -92,6 +93,7 @@ class Daemon {
   std::unique_ptr<Report> report_;
   std::optional<routing::RoutingStats> stats_;  // with [stats].file or [admin].dir
   std::uint64_t stats_written_at_ = 0;            // steps seen at the last write
+  std::unique_ptr<Snapshot> snapshot_;  // what this rank shows; outlives its readers below
   std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<admin::AdminServer> admin_;     // with [admin].dir
   std::unique_ptr<http::Server> http_;            // rank 0, with [metrics].listen

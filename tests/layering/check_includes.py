@@ -40,15 +40,13 @@ LAYERS = {
                        ["engine.h", "step_record.h"]),
     # The observe side reads what a step measured, never the engine or the control plane.
     "runtime/observe": (["common", "placement", "routing", "runtime/config", "runtime/router", "runtime/weights",
-                         "runtime/trace", "runtime/engine:step_record.h",
-                         # Until the observe side keeps its own snapshot, the dashboard reads the control plane.
-                         "runtime/control:control_plane.h"],
-                        ["report.h", "alerts.h", "load_heatmap.h", "prometheus_text.h", "http/http_server.h",
-                         "http/dashboard_routes.h"]),
+                         "runtime/trace", "runtime/engine:step_record.h"],
+                        ["report.h", "alerts.h", "load_heatmap.h", "prometheus_text.h", "snapshot.h",
+                         "http/http_server.h", "http/dashboard_routes.h"]),
     # The control plane talks over the control channel and migrates through a weight mover, never a transport.
     "runtime/control": (["common", "comm:control_channel.h weight_mover.h", "placement", "routing", "runtime/admin",
                          "runtime/config", "runtime/weights", "runtime/observe", "runtime/engine:step_record.h"],
-                        ["control_plane.h", "admin_server.h", "fault_injection.h"]),
+                        ["control_plane.h", "snapshot_answer.h", "admin_server.h", "fault_injection.h"]),
     "runtime/daemon": (["common", "comm", "kernels", "placement", "routing", "launch", "runtime/admin",
                         "runtime/config", "runtime/router", "runtime/weights", "runtime/workload", "runtime/trace",
                         "runtime/ingress", "runtime/engine", "runtime/observe", "runtime/control"],

@@ -27,33 +27,33 @@ std::optional<Answer> refuse_any_query(const Query& query) {
 
 }  // namespace
 
-std::vector<Route> dashboard_routes(const ControlPlane& cp, int layers, int experts) {
+std::vector<Route> dashboard_routes(const Snapshot& snapshot, int layers, int experts) {
   return {
       {"/", "the dashboard (docs/metrics.md#the-dashboard)",
        [](const Query&) { return Answer{200, "text/html; charset=utf-8", std::string(dashboard_page())}; }},
       {"/api/health", "JSON: per rank, the golden signals and their bands; the migration",
-       [&cp](const Query& query) {
+       [&snapshot](const Query& query) {
          if (auto refused = refuse_any_query(query)) return *refused;
-         const ControlPlane::DashboardView view = cp.dashboard_view();
+         const Snapshot::DashboardView view = snapshot.dashboard_view();
          return json_answer(health_json({view.summary ? &*view.summary : nullptr, view.thresholds,
-                                         cp.topology().island_of_ranks(), view.status, view.migration}));
+                                         snapshot.island_of_rank(), view.status, view.migration}));
        }},
       {"/api/heatmap", "JSON: ?layer=N, the experts' loads over time",
-       [&cp, layers, experts](const Query& query) {
+       [&snapshot, layers, experts](const Query& query) {
          int layer = 0;
          if (auto refused = refuse_layer_query(query, layers, layer)) return *refused;
-         const ControlPlane::DashboardView view = cp.dashboard_view();
+         const Snapshot::DashboardView view = snapshot.dashboard_view();
          const Summary::Layer* figures =
              view.summary && std::size_t(layer) < view.summary->layers.size() ? &view.summary->layers[std::size_t(layer)]
                                                                              : nullptr;
-         return json_answer(heatmap_json(layer, experts, cp.heatmap_column_steps(),
-                                         cp.heatmap_layer(layer), figures));
+         return json_answer(heatmap_json(layer, experts, snapshot.heatmap_column_steps(),
+                                         snapshot.heatmap_layer(layer), figures));
        }},
       {"/api/coactivation", "JSON: ?layer=N, how often two experts serve the same token",
-       [&cp, layers](const Query& query) {
+       [&snapshot, layers](const Query& query) {
          int layer = 0;
          if (auto refused = refuse_layer_query(query, layers, layer)) return *refused;
-         const std::shared_ptr<const routing::RoutingStats> stats = cp.last_stats();
+         const std::shared_ptr<const routing::RoutingStats> stats = snapshot.last_stats();
          if (!stats)
            return Answer{503, "text/plain; charset=utf-8",
                          "no routing statistics gathered yet: rank 0 gathers them every [stats].every_steps "
@@ -61,11 +61,21 @@ std::vector<Route> dashboard_routes(const ControlPlane& cp, int layers, int expe
          return json_answer(coactivation_json(*stats, layer));
        }},
       {"/api/placement", "JSON: which rank and island holds which expert",
-       [&cp](const Query& query) {
+       [&snapshot](const Query& query) {
          if (auto refused = refuse_any_query(query)) return *refused;
-         return json_answer(placement_with_islands(cp.dashboard_view().placement, cp.topology().island_of_ranks()));
+         return json_answer(placement_with_islands(snapshot.placement(), snapshot.island_of_rank()));
        }},
   };
+}
+
+Route metrics_route(const Snapshot& snapshot) {
+  return {"/metrics", "the figures in Prometheus text (docs/metrics.md)", [&snapshot](const Query&) {
+            std::optional<std::string> text = snapshot.metrics_text();
+            if (!text)
+              return Answer{503, "text/plain; charset=utf-8",
+                            "no figures yet: they come after the first measured step (the warm-up is left out)\n"};
+            return Answer{200, "text/plain; version=0.0.4; charset=utf-8", std::move(*text)};
+          }};
 }
 
 // The dashboard's trace panel: /api/trace?request_id=ID, the same JSON as

@@ -1,0 +1,144 @@
+#include "runtime/observe/snapshot.h"
+
+#include <utility>
+
+namespace moed::runtime {
+
+using nlohmann::json;
+
+namespace {
+
+AlertThresholds alert_thresholds(const Config& c) {
+  const MetricsConfig& m = c.metrics;
+  return {.load_std_over_mean = m.alert_load_std_over_mean,
+          .activation_band = m.alert_activation_band,
+          .expected_activation = double(c.model.top_k) / double(c.model.experts),
+          .alltoall_p99_ms = m.alert_alltoall_p99_ms,
+          .step_p99_ms = m.alert_step_p99_ms,
+          .for_s = m.alert_for_s};
+}
+
+// The alerts look at the recent window: a figure since start would keep an
+// alert firing long after the cause has gone.
+AlertSignals alert_signals(const Summary& s) {
+  AlertSignals a;
+  a.load_std_over_mean = s.load_std_over_mean;
+  for (const Summary::Layer& layer : s.layers) a.layer_activation.push_back(layer.activation_rate);
+  a.rows_wait_p99_ms = s.recent_rows_wait_p99_ms;
+  a.answers_wait_p99_ms = s.recent_answers_wait_p99_ms;
+  a.step_p99_ms = s.recent_step_p99_ms;
+  return a;
+}
+
+// The rank's resident memory for status: after the load, now, and the peak
+// since the load (since the start where the kernel would not reset it);
+// null where /proc does not say.
+json memory_json(const std::optional<ProcessMemory>& after_load, const std::optional<ProcessMemory>& now,
+                 bool peak_since_load) {
+  if (!after_load || !now) return nullptr;
+  return {{"rss_after_load_bytes", after_load->rss_bytes},
+          {"rss_bytes", now->rss_bytes},
+          {"peak_rss_bytes", now->peak_bytes},
+          {"peak_since", peak_since_load ? "load" : "start"}};
+}
+
+}  // namespace
+
+Snapshot::Snapshot(const Config& c, int rank, std::vector<int> island_of_rank)
+    : rank_(rank),
+      island_of_rank_(std::move(island_of_rank)),
+      alert_book_(alert_thresholds(c)),
+      heatmap_(int(c.model.layers), int(c.model.experts),
+               rank == 0 && !c.metrics.listen.empty() ? int(c.metrics.heatmap_columns) : 0,
+               int(c.metrics.heatmap_column_steps)) {}
+
+void Snapshot::note_loaded() {
+  memory_after_load_ = process_memory();
+  peak_since_load_ = reset_peak_memory();
+}
+
+void Snapshot::publish(const ControlState& control, const Summary* summary) {
+  json status = {{"rank", rank_},
+                 {"epoch", control.figures.epoch},
+                 {"step", control.step},
+                 {"state", control.state},
+                 {"migration", control.migration}};
+  json alerts = json::array();
+  std::string metrics;
+  if (summary) {
+    status["tokens_per_s"] = summary->tokens_per_s;
+    status["recent_tokens_per_s"] = summary->recent_tokens_per_s;
+    for (std::string& text : alert_book_.update(alert_signals(*summary), control.now)) alerts.push_back(std::move(text));
+    if (control.stats_file_alert) alerts.push_back(*control.stats_file_alert);
+    ControlFigures figures = control.figures;
+    figures.alerts = alerts.size();
+    for (int k = 0; k < kAlertKinds; ++k) figures.firing[std::size_t(k)] = alert_book_.firing(AlertKind(k));
+    figures.stats_file_alert = control.stats_file_alert.has_value();
+    figures.thresholds = alert_book_.limits();
+    metrics = prometheus_text(*summary, figures);
+  }
+  status["alerts"] = alerts;
+  status["memory"] = memory_json(memory_after_load_, process_memory(), peak_since_load_);
+  std::lock_guard lock(mu_);
+  status_ = std::move(status);
+  if (summary) metrics_ = std::move(metrics), summary_ = *summary;
+  migration_ = control.migration;
+}
+
+void Snapshot::set_placement(json placement) {
+  std::lock_guard lock(mu_);
+  placement_ = std::move(placement);
+}
+
+void Snapshot::set_migration(json migration) {
+  std::lock_guard lock(mu_);
+  migration_ = std::move(migration);
+}
+
+void Snapshot::set_stats(std::shared_ptr<const routing::RoutingStats> stats) {
+  std::lock_guard lock(mu_);
+  last_stats_ = std::move(stats);
+}
+
+void Snapshot::record_loads(const std::vector<std::uint64_t>& expert_load) {
+  std::lock_guard lock(mu_);
+  heatmap_.add_step(expert_load);
+}
+
+json Snapshot::status() const {
+  std::lock_guard lock(mu_);
+  return status_;
+}
+
+std::optional<std::string> Snapshot::metrics_text() const {
+  std::lock_guard lock(mu_);
+  if (metrics_.empty()) return std::nullopt;
+  return metrics_;
+}
+
+json Snapshot::placement() const {
+  std::lock_guard lock(mu_);
+  return placement_;
+}
+
+json Snapshot::migration() const {
+  std::lock_guard lock(mu_);
+  return migration_;
+}
+
+std::shared_ptr<const routing::RoutingStats> Snapshot::last_stats() const {
+  std::lock_guard lock(mu_);
+  return last_stats_;
+}
+
+Snapshot::DashboardView Snapshot::dashboard_view() const {
+  std::lock_guard lock(mu_);
+  return {summary_, status_, placement_, migration_, alert_book_.limits()};
+}
+
+std::vector<LoadHeatmap::Column> Snapshot::heatmap_layer(int layer) const {
+  std::lock_guard lock(mu_);
+  return heatmap_.layer(layer);
+}
+
+}  // namespace moed::runtime
