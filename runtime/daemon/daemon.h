@@ -41,10 +41,15 @@ struct ServeOptions {
 
 class Daemon {
  public:
-  // Start-up on every rank. Returns nullptr when it failed on any rank (each
-  // failing rank has logged why) with the worst exit code in `exit_code`.
-  static std::unique_ptr<Daemon> start(const Config& config, const ServeOptions& options,
-                                       comm::MpiSession& mpi, int& exit_code);
+  // What start-up gives: the daemon, or, when start-up failed on any rank
+  // (each failing rank has logged why), none and the worst exit code.
+  struct Started {
+    std::unique_ptr<Daemon> daemon;
+    int exit_code = 0;
+  };
+  // Start-up on every rank, in rounds that every rank checks together
+  // (runtime/daemon/start_up.cc).
+  static Started start(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
   ~Daemon();
 
   // Serves step `step` unless it is past the configured steps or the
@@ -66,6 +71,8 @@ class Daemon {
   const Report& report() const { return *report_; }
 
  private:
+  class Startup;  // start-up's steps (start_up.cc)
+
   Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
   const std::byte* in_token_order(std::uint64_t step, const std::vector<std::byte>& rows);
   bool serve_front_door_step(std::uint64_t step, StepRecord* reduced);

@@ -111,9 +111,9 @@ int main(int argc, char** argv) {
     Config config = load_config(config_path, overrides);
     comm::MpiSession mpi(&argc, &argv);
     init_logging(mpi.rank(), config.log.level);
-    int exit_code = 0;
-    std::unique_ptr<Daemon> daemon = Daemon::start(config, ServeOptions{}, mpi, exit_code);
-    if (!daemon) return exit_code;
+    Daemon::Started started = Daemon::start(config, ServeOptions{}, mpi);
+    if (!started.daemon) return started.exit_code;
+    Daemon* daemon = started.daemon.get();
 
     // Each measured step is followed at once by its bounds, every rank at
     // once as when serving, so that drift in the machine's speed hits both.

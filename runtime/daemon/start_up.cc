@@ -1,0 +1,548 @@
+// The daemon's start-up, in named steps run in rounds: every rank tries a
+// round's steps, then all of them learn the worst exit code (an all_max), so
+// that a failure on one rank stops every rank at the same point, and a
+// collective that follows (the transport's creation, the router biases'
+// broadcast) is reached by all of them or by none. Also `moed --print-topology`.
+#include "runtime/daemon/daemon.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "comm/idle_backoff.h"
+#include "common/error.h"
+#include "common/listen_address.h"
+#include "common/log.h"
+#include "common/rng.h"
+#include "kernels/cpu/fixed_order_gemm.h"
+#include "kernels/cpu/gemm.h"
+#include "launch/hwloc_topology.h"
+#include "launch/launch_env.h"
+#include "launch/numa_binding.h"
+#include "launch/nvlink_islands.h"
+#include "launch/rank_topology_codec.h"
+#include "launch/topology_description.h"
+#include "placement/memory_plan.h"
+#include "placement/placement_file.h"
+#include "placement/shard_rules.h"
+#include "routing/stats_file.h"
+#include "runtime/config/memory_estimate.h"
+#include "runtime/control/snapshot_answer.h"
+#include "runtime/daemon/start_up.h"
+#include "runtime/daemon/stop_signal.h"
+#include "runtime/observe/http/dashboard_routes.h"
+
+namespace moed::runtime {
+
+std::string command_summary(std::string_view mode, std::string_view printed_config) {
+  return fmt::format("{} with configuration {:016x}", mode, hash_name(printed_config));
+}
+
+std::string placement_details(const placement::Placement& p) {
+  int replicated = 0, split = 0;
+  for (int l = 0; l < p.layers(); ++l)
+    for (int e = 0; e < p.experts(); ++e) {
+      split += p.sharded(l, e);
+      replicated += p.replicas(l, e).size() > 1 && !p.sharded(l, e);
+    }
+  return fmt::format("epoch {}, {} replicated experts{}, at most {} slots per rank", p.epoch(), replicated,
+                     split ? fmt::format(", {} split expert{}", split, split == 1 ? "" : "s") : "",
+                     p.max_slots_per_rank());
+}
+
+namespace {
+
+// "0,0,1,1": each rank's island, renumbered densely in order of appearance.
+std::vector<int> explicit_islands(const std::string& text, int ranks) {
+  std::vector<int> island;
+  std::map<long, int> dense;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    std::size_t comma = std::min(text.find(',', at), text.size());
+    std::string item = text.substr(at, comma - at);
+    char* end = nullptr;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0)
+      MOED_THROW(Usage, "[cluster].islands = \"{}\": \"{}\" is not an island number", text, item);
+    island.push_back(dense.try_emplace(v, int(dense.size())).first->second);
+    at = comma + 1;
+  }
+  if (int(island.size()) != ranks)
+    MOED_THROW(Usage, "[cluster].islands names {} ranks, the job has {}", island.size(), ranks);
+  return island;
+}
+
+// The first collective of every mode: all ranks must run the same command
+// with the same configuration. mpirun's app contexts (`A : B`) make it easy to
+// give ranks different flags, and ranks in different modes would otherwise
+// wait on each other's different collectives. Returns an exit code (2 when
+// the ranks disagree), the same on every rank.
+int agree_on_command(comm::ControlChannel& control, const std::string& mode, const Config& c) {
+  std::ostringstream effective;
+  print_config(effective, c);
+  const std::string mine = command_summary(mode, effective.str());
+  const std::vector<std::string> all = control.all_gather_strings(mine, "the command of every rank");
+  std::string differing;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differing += fmt::format("; rank {} runs {}", r, all[r]);
+  if (differing.empty()) return 0;
+  if (control.rank() == 0)
+    spdlog::error("the ranks were started differently (each rank needs the same flags and config; "
+                  "with mpirun app contexts `A : B`, give the flags to each): rank 0 runs {}{}",
+                  all[0], differing);
+  return 2;
+}
+
+// Every rank's view of its host (all-gathered), and the islands: in order,
+// [cluster].islands, [cluster].ranks_per_island, hwloc's NVLink islands, host names.
+struct FoundIslands {
+  std::vector<launch::RankTopology> ranks;
+  launch::RankIslands islands;
+};
+
+FoundIslands discover_islands(const Config& c, comm::ControlChannel& control,
+                              const launch::LaunchInfo& where, const launch::HostTopology& mine) {
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  FoundIslands found;
+  for (const auto& text : control.all_gather_strings(
+           launch::encode_rank_topology({where.host, where.local_rank, mine,
+                                         cvd ? std::optional<std::string>(cvd) : std::nullopt}),
+           "host topologies at start-up"))
+    found.ranks.push_back(launch::decode_rank_topology(text));
+  found.islands = launch::rank_islands(found.ranks);
+  if (!c.cluster.islands.empty())
+    found.islands = {explicit_islands(c.cluster.islands, control.size()), "[cluster].islands"};
+  else if (c.cluster.ranks_per_island > 0)
+    found.islands = {placement::Topology::blocks(control.size(), int(c.cluster.ranks_per_island)).island_of_ranks(),
+                     "[cluster].ranks_per_island"};
+  return found;
+}
+
+// This rank's host as hwloc sees it (HWLOC_XMLFILE is honoured: tests give
+// each emulated host its own). An error is kept, not thrown, so that the rank
+// still joins the start-up all-gather before failing.
+struct LocalHost {
+  std::optional<launch::HwlocTopology> hwloc;
+  launch::HostTopology host;
+  std::exception_ptr error;
+};
+
+LocalHost read_local_host() {
+  LocalHost h;
+  try {
+    h.hwloc.emplace(launch::HwlocTopology::this_machine());
+    h.host = launch::read_host_topology(*h.hwloc);
+  } catch (...) {
+    h.error = std::current_exception();
+  }
+  return h;
+}
+
+// The last committed placement when there is one (a restart resumes it),
+// else [placement].file, else the policy.
+std::string placement_origin(const Config& c) {
+  if (!c.placement.committed.empty() && std::filesystem::exists(c.placement.committed))
+    return c.placement.committed;
+  return c.placement.file;
+}
+
+placement::Placement initial_placement(const Config& c, const placement::Topology& topology) {
+  const int ranks = topology.ranks();
+  const int L = int(c.model.layers), E = int(c.model.experts);
+  const std::string file = placement_origin(c);
+  placement::Placement p =
+      file.empty() ? placement::make_placement(c.placement.policy, ranks, L, E, std::uint64_t(c.placement.seed))
+                   : placement::read_placement_file(file);
+  std::string origin = file.empty() ? "[placement].policy" : file;
+  placement::check_placement_shape(p, ranks, L, E, origin);
+  p.validate(origin, int(c.placement.max_slots_per_rank));
+  placement::check_shards(p, int(c.experts.ffn_chunks), topology, origin);
+  return p;
+}
+
+// Statistics are kept for the stats file and for online re-optimisation.
+// Rank 0 resumes them from an existing stats file (the others start empty:
+// the sum over ranks is then the file plus what this run sees).
+std::optional<routing::RoutingStats> initial_stats(const Config& c, int rank, int ranks) {
+  if (c.stats.file.empty() && c.admin.dir.empty()) return std::nullopt;
+  const std::size_t per_rank = std::size_t((c.stats.sample_tokens + ranks - 1) / ranks);
+  const int max_k = int(std::max(c.model.top_k, c.router.max_k));
+  if (rank == 0 && !c.stats.file.empty() && std::filesystem::exists(c.stats.file)) {
+    routing::RoutingStats resumed = routing::read_stats_file(c.stats.file);
+    if (resumed.layers() != c.model.layers || resumed.experts() != c.model.experts)
+      MOED_THROW(Input, "{}: statistics of {} layers x {} experts; [model] has {} x {}", c.stats.file,
+                 resumed.layers(), resumed.experts(), c.model.layers, c.model.experts);
+    spdlog::info("resuming the statistics of {} ({} steps)", c.stats.file, resumed.steps());
+    return resumed;
+  }
+  return routing::RoutingStats(int(c.model.layers), int(c.model.experts), c.stats.half_life_steps,
+                                 per_rank, max_k);
+}
+
+std::string describe_placement(const Config& c, const placement::Placement& p) {
+  const std::string file = placement_origin(c);
+  return fmt::format("{} ({})", file.empty() ? c.placement.policy : "file " + file, placement_details(p));
+}
+
+// Output files are opened (or checked) before the first step, so that a bad
+// path is a start-up error every rank agrees on, not a failure at the end.
+void check_output_paths(const ServeOptions& options, int rank, const Config& c,
+                        std::unique_ptr<OutputDump>& dump) {
+  if (c.workload.kind == "ingress" && !options.dump_output.empty())
+    MOED_THROW(Usage, "--dump-output: with [workload].kind = \"ingress\" the outputs go back to the clients");
+  if (rank != 0) return;
+  if (!options.dump_output.empty())
+    dump = std::make_unique<OutputDump>(
+        options.dump_output, OutputHeader{std::uint64_t(c.model.hidden),
+                                          std::uint64_t(c.workload.tokens_per_step),
+                                          std::uint64_t(c.workload.steps)});
+  // Files written atomically (a temp file beside them, then a rename) need
+  // their folder writable.
+  const auto check_dir_of = [](const std::string& path, const std::string& what) {
+    if (path.empty()) return;
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    if (::access(dir.empty() ? "." : dir.c_str(), W_OK) != 0)
+      MOED_THROW(Usage, "{} {}: cannot write into {}: {}", what, path, dir.empty() ? "." : dir,
+                 std::strerror(errno));
+  };
+  check_dir_of(options.report_json, "--report-json");
+  check_dir_of(c.stats.file, "[stats].file");
+  check_dir_of(c.placement.committed, "[placement].committed");
+}
+
+ingress::Limits ingress_limits(const Config& c) {
+  ingress::Limits l;
+  l.max_clients = int(c.ingress.max_clients);
+  l.max_slots = std::uint32_t(c.ingress.max_slots);
+  l.max_rows = std::uint32_t(c.ingress.max_rows);
+  l.max_tokens_per_step = std::size_t(c.ingress.max_tokens_per_step);
+  l.max_wait = std::chrono::microseconds(c.ingress.max_wait_us);
+  l.max_client_bytes = std::size_t(c.ingress.max_client_mb) << 20;
+  return l;
+}
+
+std::string describe_workload(const Config& c, const Workload* w) {
+  if (w) return w->describe();
+  return fmt::format("front door at {} (at most {} rows per layer per step per rank, {} us to fill)", c.ingress.dir,
+                     c.ingress.max_tokens_per_step, c.ingress.max_wait_us);
+}
+
+// The fixed-order GEMM kernel [experts].isa names (auto: the widest here).
+void choose_gemm_isa(const Config& c) {
+  if (c.experts.isa == "auto") return kernels::set_gemm_isa(kernels::best_gemm_isa());
+  for (kernels::GemmIsa isa : {kernels::GemmIsa::avx512, kernels::GemmIsa::avx2, kernels::GemmIsa::portable}) {
+    if (kernels::to_string(isa) != c.experts.isa) continue;
+    if (kernels::best_gemm_isa() < isa)
+      MOED_THROW(Usage, "[experts].isa = {}: this CPU does not run it (the widest here is {})", c.experts.isa,
+                 kernels::to_string(kernels::best_gemm_isa()));
+    return kernels::set_gemm_isa(isa);
+  }
+}
+
+// Whether this run may claim that a token's bits do not depend on its batch:
+// the fixed-order GEMM probed on this CPU at this model's shapes (k as
+// served, up to three blocks of it; n as one full panel plus the shape's
+// edge), for the router and, unless they run on OpenBLAS, the experts.
+struct Numerics {
+  bool batch_invariant = false;
+  std::string description;
+};
+
+Numerics probe_numerics(const Config& c) {
+  const std::size_t H = std::size_t(c.model.hidden), F = std::size_t(c.model.ffn), E = std::size_t(c.model.experts);
+  const bool experts_fixed = c.experts.gemm == "fixed-order";
+  std::vector<std::pair<std::size_t, std::size_t>> shapes{{E, H}};  // (n, k)
+  if (experts_fixed) shapes.insert(shapes.end(), {{2 * F, H}, {H, F}});
+  for (auto [n, k] : shapes) {
+    kernels::InvarianceProbe probe = kernels::probe_row_invariance(16 + n % 16, std::min<std::size_t>(k, 600));
+    if (!probe.invariant) return {false, "NOT batch-invariant: the start-up probe failed: " + probe.detail};
+  }
+  const std::string isa = kernels::to_string(kernels::gemm_isa());
+  if (!experts_fixed)
+    return {false, fmt::format("experts on OpenBLAS sgemm ([experts].gemm): bit-exact across ranks and "
+                               "placements, not across batches; router on the fixed-order GEMM ({})",
+                               isa)};
+  return {true, fmt::format("batch-invariant: fixed-order GEMM ({}), probed at start-up", isa)};
+}
+
+
+// Bias balancing resumes the biases the statistics file kept: rank 0 read it,
+// and every rank must hold the same biases.
+void resume_router_biases(const Config& c, comm::ControlChannel& control, const routing::RoutingStats* stats,
+                          Engine& engine) {
+  if (c.router.bias_gamma <= 0) return;
+  std::vector<double> bias(std::size_t(c.model.layers) * std::size_t(c.model.experts), 0.0);
+  std::uint64_t resumed = 0;
+  if (control.rank() == 0 && stats && stats->router_bias().size() == bias.size()) {
+    bias = stats->router_bias();
+    resumed = 1;
+  }
+  control.broadcast(&resumed, sizeof resumed, "whether router biases were resumed");
+  if (!resumed) return;
+  control.broadcast(bias.data(), bias.size() * sizeof(double), "the resumed router biases");
+  engine.set_router_biases(std::move(bias));
+  if (control.rank() == 0) spdlog::info("resuming the router biases of {}", c.stats.file);
+}
+
+// Traces are joined on rank 0 only (the other ranks send their records there).
+nlohmann::json trace_answer(const trace::Tracer* tracer, const admin::Request& r) {
+  if (!tracer)
+    return admin::error_body(admin::code::kNotCoordinator,
+                             "traces are assembled on rank 0: ask it (moectl --rank 0 trace ID)");
+  return tracer->answer(r.params.at("request_id").get<std::uint64_t>());
+}
+
+}  // namespace
+
+// Start-up on one rank, step by step: each step builds a part of the daemon
+// (`d_`); what only start-up needs (where the rank runs, its host, its
+// numerics) is kept here.
+class Daemon::Startup {
+ public:
+  using Step = void (Startup::*)();
+  // A round: the steps each rank tries, in order (the first that throws ends
+  // its try), then every rank's worst exit code, all_max'ed as `status`.
+  // `wanted` (null: always) skips a round on every rank alike (the ranks
+  // agreed on the config); `together`, once every rank came through, is
+  // work they do together (collectives), outside the try.
+  struct Round {
+    const char* status;
+    bool (*wanted)(const Config&);
+    std::vector<Step> steps;
+    Step together = nullptr;
+  };
+
+  Startup(Daemon& d, const ServeOptions& options, comm::MpiSession& mpi)
+      : d_(d), c_(d.config_), options_(options), mpi_(mpi) {}
+
+  // Before the rounds: where this rank runs, its host, and its binding.
+  void read_host();
+  // Round 1: what this rank is, the job's islands (an all-gather) and the
+  // placement, the weights, the output paths; then the numerics' agreement.
+  void probe_this_rank();
+  void agree_topology_and_placement();
+  void load_weights();
+  void check_outputs() { check_output_paths(options_, d_.rank_, c_, d_.dump_); }
+  void agree_numerics();
+  // Round 2: the transport (collective); then, together, the engine, the
+  // router biases (a broadcast), the tracer, the snapshot and the control plane.
+  void open_transport() { d_.transport_ = comm::create_transport(c_.comm, d_.bootstrap_); }
+  void build_engine_and_control();
+  // Rounds 3 to 5, each with its config: what clients reach.
+  void open_admin_socket();
+  void open_metrics_endpoint();
+  void open_front_door();
+  // After the rounds: the rank's and the job's description, and the report.
+  void announce();
+
+  // Runs one round on this rank; returns every rank's worst exit code.
+  int run(const Round& round);
+
+ private:
+  Daemon& d_;
+  const Config& c_;
+  const ServeOptions& options_;
+  comm::MpiSession& mpi_;
+  launch::LaunchInfo where_;
+  LocalHost local_;
+  launch::BindResult binding_{false, -1, "not bound ([cluster].bind_numa = false)"};
+  Numerics numerics_;
+};
+
+void Daemon::Startup::read_host() {
+  where_ = launch::detect_launch();
+  kernels::set_blas_threads(int(c_.experts.blas_threads));
+  local_ = read_local_host();
+  // Bind before anything allocates: memory then comes from the right node.
+  if (c_.cluster.bind_numa && local_.hwloc) binding_ = launch::bind_to_gpu_numa(*local_.hwloc, where_.local_rank);
+}
+
+void Daemon::Startup::probe_this_rank() {
+  choose_gemm_isa(c_);
+  numerics_ = probe_numerics(c_);
+  d_.fault_ = fault_from_env();
+}
+
+void Daemon::Startup::agree_topology_and_placement() {
+  FoundIslands found = discover_islands(c_, d_.control_, where_, local_.host);
+  if (local_.error) std::rethrow_exception(local_.error);
+  d_.topology_.emplace(found.islands.island_of_rank);
+  d_.islands_source_ = found.islands.source;
+  d_.placement_ = initial_placement(c_, *d_.topology_);
+}
+
+void Daemon::Startup::load_weights() {
+  // Before the weights: sizes the host cannot hold are refused naming their keys.
+  refuse_if_too_large(
+      estimate_rank_memory(c_, placement::slot_groups(d_.placement_, d_.rank_), mpi_.size(), d_.rank_),
+      std::max(1, where_.local_size), fmt::format("rank {}", d_.rank_));
+  d_.store_.emplace(ExpertStore::load(c_, d_.placement_, d_.rank_));
+  d_.workload_ = make_workload(c_, d_.store_->layer(0).gate.data());
+  d_.stats_ = initial_stats(c_, d_.rank_, mpi_.size());
+}
+
+// The claim holds for the job only if it holds on every rank's CPU.
+void Daemon::Startup::agree_numerics() {
+  if (!numerics_.batch_invariant && c_.experts.gemm == "fixed-order") spdlog::warn("numerics: {}", numerics_.description);
+  if (d_.control_.all_max(numerics_.batch_invariant ? 0 : 1, "numerics probe") && numerics_.batch_invariant)
+    numerics_ = {false, "NOT batch-invariant: the start-up probe failed on another rank (see its log)"};
+}
+
+void Daemon::Startup::build_engine_and_control() {
+  Daemon& d = d_;
+  // Waits of the control plane keep the transport progressing (a UCX put to
+  // a rank that sits in a control collective needs that rank's progress).
+  d.control_.set_progress([t = d.transport_.get()] { t->progress(); });
+  d.engine_ = std::make_unique<Engine>(c_, *d.transport_, *d.topology_, d.placement_, *d.store_, d.workload_.get());
+  if (d.stats_) d.engine_->record_stats_into(&*d.stats_, std::size_t(c_.stats.follow_tokens));
+  resume_router_biases(c_, d.control_, d.stats_ ? &*d.stats_ : nullptr, *d.engine_);
+  d.trace_selector_.emplace(c_.trace.sample, std::size_t(c_.trace.follow_max));
+  d.engine_->trace_with(&*d.trace_selector_);
+  if (d.rank_ == 0)
+    d.tracer_ = std::make_unique<trace::Tracer>(std::size_t(c_.trace.ring), int(c_.model.layers), c_.trace.sample);
+  d.snapshot_ = std::make_unique<Snapshot>(c_, d.rank_, d.topology_->island_of_ranks());
+  d.control_plane_ = std::make_unique<ControlPlane>(ControlContext{
+      c_, d.rank_, mpi_.size(), d.control_, *d.transport_, *d.store_, d.placement_, *d.topology_,
+      d.stats_ ? &*d.stats_ : nullptr, *d.snapshot_, &stop_signal, &signal_name});
+}
+
+// A socket one rank cannot open stops every rank alike.
+void Daemon::Startup::open_admin_socket() {
+  ControlPlane* cp = d_.control_plane_.get();
+  const Snapshot* snapshot = d_.snapshot_.get();
+  const trace::Tracer* tracer = d_.tracer_.get();
+  d_.admin_ = std::make_unique<admin::AdminServer>(
+      c_.admin.dir, d_.rank_, 0,
+      admin::Handlers{[snapshot, tracer](const admin::Request& r) {
+                        if (r.cmd == "trace") return trace_answer(tracer, r);
+                        return snapshot_answer(*snapshot, r);
+                      },
+                      [cp](admin::Request r, admin::Reply reply) { cp->submit(std::move(r), std::move(reply)); }});
+  spdlog::info("admin socket {}", d_.admin_->path());
+}
+
+// Rank 0 alone listens (it holds the job's figures); a port it cannot bind
+// stops every rank alike.
+void Daemon::Startup::open_metrics_endpoint() {
+  if (d_.rank_ != 0) return;
+  // More rows, more pages (runtime/observe/http/http_server.h).
+  std::vector<http::Route> routes{http::metrics_route(*d_.snapshot_)};
+  if (d_.tracer_) routes.push_back(http::trace_route(*d_.tracer_));
+  for (http::Route& route : http::dashboard_routes(*d_.snapshot_, int(c_.model.layers), int(c_.model.experts)))
+    routes.push_back(std::move(route));
+  d_.http_ = std::make_unique<http::Server>(parse_listen_address(c_.metrics.listen, "[metrics].listen"),
+                                            "[metrics].listen", std::move(routes));
+  spdlog::info("metrics endpoint {}", d_.http_->url("/metrics"));
+  spdlog::info("dashboard {}", d_.http_->url("/"));
+}
+
+// Like the admin socket: a front door one rank cannot open stops every rank alike.
+void Daemon::Startup::open_front_door() {
+  d_.front_door_ = std::make_unique<ingress::FrontDoor>(c_.ingress.dir, d_.rank_, mpi_.size(), int(c_.model.hidden),
+                                                        int(c_.model.layers), ingress_limits(c_));
+  spdlog::info("front door {}", d_.front_door_->path());
+}
+
+void Daemon::Startup::announce() {
+  Daemon& d = d_;
+  // No GPU is used yet: the CPU path serves (the CUDA kernels are not wired in).
+  const std::string tokens =
+      d.front_door_ ? "tokens from its front door"
+                    : fmt::format("tokens [{}, {}) of each step", d.engine_->first_token(),
+                                  d.engine_->first_token() + d.engine_->local_tokens());
+  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB), {}",
+               where_.host, where_.local_rank, where_.local_size, where_.launcher,
+               launch::describe_binding(where_, launch::probe_binding(/*gpu_count=*/0)) + "; " +
+                   binding_.description,
+               d.topology_->island_of(d.rank_), d.store_->slots(), double(d.store_->expert_bytes()) / 1e6, tokens);
+
+  d.start_placement_ = describe_placement(c_, d.placement_);
+  d.start_epoch_ = d.placement_.epoch();
+  RunInfo info{mpi_.size(), d.topology_->islands(), d.store_->shape(),
+               std::uint64_t(c_.workload.kind == "ingress" ? 0 : c_.workload.tokens_per_step),
+               std::uint64_t(c_.workload.steps),
+               std::uint64_t(c_.workload.warmup_steps), d.transport_->name(),
+               describe_workload(c_, d.workload_.get()), d.start_placement_,
+               kernels::blas_description(), d.topology_->describe(), numerics_.batch_invariant,
+               numerics_.description, describe_router_policies(c_)};
+  d.report_ = std::make_unique<Report>(info, int(c_.metrics.load_window_steps));
+  if (d.rank_ == 0) {
+    spdlog::info("serving {} with {} ranks ({}, islands from {}), {}", info.shape.describe(), info.ranks,
+                 info.topology, d.islands_source_, info.placement);
+    spdlog::info("workload: {}", info.workload);
+    if (numerics_.batch_invariant)
+      spdlog::info("numerics: {}", numerics_.description);
+    else
+      spdlog::warn("numerics: {}", numerics_.description);
+  }
+}
+
+int Daemon::Startup::run(const Round& round) {
+  int code = 0;
+  try {
+    for (Step step : round.steps) (this->*step)();
+  } catch (const Error& e) {
+    spdlog::error("start-up failed: {}", e.describe());
+    code = e.exit_code();
+  } catch (const std::exception& e) {
+    spdlog::error("start-up failed: {}", e.what());
+    code = 1;
+  }
+  code = d_.control_.all_max(code, round.status);
+  if (code != 0 && d_.rank_ == 0) spdlog::error("not serving: start-up failed (see the errors above)");
+  return code;
+}
+
+Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm::MpiSession& mpi) {
+  comm::set_wait_policy({c.comm.wait_spin_polls, c.comm.wait_yield_polls, c.comm.wait_sleep_us, c.comm.wait_sleep_max_us});
+  std::unique_ptr<Daemon> d(new Daemon(c, options, mpi));
+  if (const int code = agree_on_command(d->control_, "serve", c)) return {nullptr, code};
+  using S = Startup;
+  // The transport's creation is collective: its round waits until every rank
+  // has come through the local steps (a rank that failed would not reach it).
+  const S::Round rounds[] = {
+      {"start-up status", nullptr,
+       {&S::probe_this_rank, &S::agree_topology_and_placement, &S::load_weights, &S::check_outputs},
+       &S::agree_numerics},
+      {"transport status", nullptr, {&S::open_transport}, &S::build_engine_and_control},
+      {"admin socket status", [](const Config& c) { return !c.admin.dir.empty(); }, {&S::open_admin_socket}},
+      {"metrics endpoint status", [](const Config& c) { return !c.metrics.listen.empty(); }, {&S::open_metrics_endpoint}},
+      {"front door status", [](const Config& c) { return c.workload.kind == "ingress"; }, {&S::open_front_door}},
+  };
+  S start_up(*d, options, mpi);
+  start_up.read_host();
+  for (const S::Round& round : rounds) {
+    if (round.wanted && !round.wanted(c)) continue;
+    if (const int code = start_up.run(round)) return {nullptr, code};
+    if (round.together) (start_up.*round.together)();
+  }
+  start_up.announce();
+  d->snapshot_->note_loaded();
+  return {std::move(d), 0};
+}
+
+int print_topology(const Config& c, comm::MpiSession& mpi) {
+  comm::ControlChannel control(mpi.world(), std::chrono::milliseconds(c.comm.timeout_ms));
+  if (int code = agree_on_command(control, "--print-topology", c)) return code;
+  const launch::LaunchInfo where = launch::detect_launch();
+  LocalHost local = read_local_host();
+  int exit_code = 0;
+  std::optional<FoundIslands> found;
+  try {
+    found = discover_islands(c, control, where, local.host);
+    if (local.error) std::rethrow_exception(local.error);
+  } catch (const Error& e) {
+    spdlog::error("{}", e.describe());
+    exit_code = e.exit_code();
+  }
+  exit_code = control.all_max(exit_code, "topology status");
+  if (exit_code == 0 && mpi.rank() == 0) std::cout << launch::describe_job(found->ranks, found->islands) << std::flush;
+  return exit_code;
+}
+
+}  // namespace moed::runtime
