@@ -16,7 +16,7 @@ packages=(
   libcpp-httplib-dev prometheus chromium
   slurm-wlm munge
   iproute2
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-tidy
   python3-numpy python3-torch
 )
 
