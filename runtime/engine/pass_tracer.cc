@@ -50,8 +50,9 @@ void PassTracer::planned(const DispatchPlan& plan, AnswerFormat format) {
           if (d != me_) {
             leg.row_bytes = sizeof(std::uint64_t) + sizeof(std::uint32_t) + leg.pairs * bytes_per_pair +
                             H * sizeof(float);
-            // At full width until the answer comes (then what came).
-            leg.answer_bytes = combine_row_bytes(leg.pairs, AnswerFormat(format.hidden));
+            // At full width in the pass's format until the answer comes (then
+            // what came): with several F-chunks even one pair is a fixed-point sum.
+            leg.answer_bytes = combine_row_bytes(leg.pairs, format);
           }
           legs_.push_back({out_->legs.size(), stream, d});
           out_->legs.push_back(leg);
