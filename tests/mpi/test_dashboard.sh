@@ -53,10 +53,12 @@ traffic() { $PYTHON "$MOED_SOURCE_DIR/tests/mpi/dashboard_traffic.py" "$run/sock
 sent=$(traffic 1 12)
 # moectl follows the migration to its end; its last stage (release) waits
 # for a step served on the new placement, so the second phase's traffic
-# finishes it.
-timeout 60 "$MOECTL" --dir "$run/admin" migrate 0 0 3 >"$SCRATCH/migrate.txt" 2>&1 &
+# finishes it: it goes on, 4 rounds at a time, for as long as the migration
+# runs (a loaded machine may not have reached release after the first 12).
+timeout 120 "$MOECTL" --dir "$run/admin" migrate 0 0 3 >"$SCRATCH/migrate.txt" 2>&1 &
 follow=$!
 sent=$((sent + $(traffic 2 12)))
+while kill -0 $follow 2>/dev/null; do sent=$((sent + $(traffic 2 4))); done
 wait $follow || { cat "$SCRATCH/migrate.txt" >&2; fail "moectl migrate"; }
 grep -q "committed" "$SCRATCH/migrate.txt" || { cat "$SCRATCH/migrate.txt" >&2; fail "the migration did not commit"; }
 echo "ok: $sent rows per layer through 4 front doors, layer 0 expert 0 migrated to rank 3 in between"
