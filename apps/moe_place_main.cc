@@ -162,7 +162,7 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
 
   Cost cost = evaluate(sample, next, topology);
   if (a.json) {
-    json out = {{"placement", a.out}, {"policy", a.options.policy}, {"ranks", topology.ranks()},
+    json out = {{"placement", a.out}, {"policy", std::string(name_of(a.options.policy))}, {"ranks", topology.ranks()},
                 {"islands", topology.islands()}, {"epoch", next.epoch()},
                 {"cost_on_input", cost_json(cost)}};
     if (current) {
@@ -173,7 +173,7 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("wrote {}: {} placement, epoch {}, {} ranks in {}\n", a.out, a.options.policy,
+  std::cout << fmt::format("wrote {}: {} placement, epoch {}, {} ranks in {}\n", a.out, name_of(a.options.policy),
                            next.epoch(), topology.ranks(), topology.describe());
   std::cout << "on the input routing (" << sample.tokens() << " tokens):\n" << cost_text(cost);
   if (current) {
@@ -281,7 +281,7 @@ int stats_cmd(const std::string& path, bool as_json, bool full) {
 
 int make_cmd(const std::string& policy, int ranks, int layers, int experts, std::uint64_t seed,
              int replicas, const std::string& out) {
-  Placement p = make_placement(policy, ranks, layers, experts, seed);
+  Placement p = make_placement(kPlacementPolicyNames.parse(policy, "--policy"), ranks, layers, experts, seed);
   if (replicas > 0) p = add_random_replicas(std::move(p), replicas, seed);
   p.validate("moe-place make");
   write_placement_file(p, out);
@@ -330,8 +330,12 @@ int main(int argc, char** argv) {
   optimize_app->add_option("--trace", opt.trace, "routing trace (moed-trace v1 or JSON lines)")->type_name("FILE");
   optimize_app->add_option("--tokens", opt.tokens, "with --trace: the tokens to fit on, FIRST:END")->type_name("A:B");
   optimize_app->add_option("--out", opt.out, "placement file to write")->required()->type_name("FILE");
-  optimize_app->add_option("--policy", opt.options.policy, "metis, greedy-load, contiguous or round-robin")
-      ->check(CLI::IsMember(optimizer_policy_names()));
+  optimize_app
+      ->add_option_function<std::string>(
+          "--policy",
+          [&opt](const std::string& name) { opt.options.policy = kOptimizerPolicyNames.parse(name, "--policy"); },
+          "metis, greedy-load, contiguous or round-robin")
+      ->check(CLI::IsMember(kOptimizerPolicyNames.names()));
   optimize_app->add_option("--from", opt.from, "current placement: relabel to move the fewest bytes")->type_name("FILE");
   optimize_app->add_option("--max-moves", opt.max_moves, "with --from: at most N slot moves, best gain per byte first")
       ->check(CLI::NonNegativeNumber);
@@ -385,7 +389,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 1;
   auto* make_app = app.add_subcommand("make", "write a placement file built by a simple policy");
   make_app->add_option("--policy", policy, "contiguous, round-robin or shuffled")
-      ->check(CLI::IsMember(placement_policy_names()));
+      ->check(CLI::IsMember(kPlacementPolicyNames.names()));
   make_app->add_option("--ranks", ranks, "ranks")->required()->check(CLI::PositiveNumber);
   make_app->add_option("--layers", layers, "MoE layers")->required()->check(CLI::PositiveNumber);
   make_app->add_option("--experts", experts, "experts per layer")->required()->check(CLI::PositiveNumber);
@@ -416,7 +420,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(moed::placement::weight_format_names()));
   memory_app->add_option("--placement", mem.placement, "placement file (default: [placement].file)")->type_name("FILE");
   memory_app->add_option("--policy", mem.policy, "without a placement file: contiguous, round-robin or shuffled")
-      ->check(CLI::IsMember(placement_policy_names()));
+      ->check(CLI::IsMember(kPlacementPolicyNames.names()));
   memory_app->add_option("--ranks", mem.ranks, "ranks (GPUs) in all")->check(CLI::PositiveNumber);
   memory_app->add_option("--islands", mem.islands, "islands (nodes)")->check(CLI::PositiveNumber);
   memory_app->add_option("--ranks-per-island", mem.ranks_per_island, "ranks per island")->check(CLI::PositiveNumber);

@@ -36,7 +36,7 @@ struct Plan {
   bool gpu = false;
   WeightFormat held;
   std::uint64_t overhead = 0, migration_in = 0, migration_out = 0;
-  std::string policy;
+  PlacementPolicy policy = PlacementPolicy::contiguous;
 };
 
 Plan resolve(const MemoryArgs& a) {
@@ -55,7 +55,7 @@ Plan resolve(const MemoryArgs& a) {
     }
   }
   if (a.tokens_per_step >= 0) {
-    if (p.c.workload.kind == "ingress")
+    if (p.c.workload.kind == runtime::WorkloadKind::ingress)
       p.c.ingress.max_tokens_per_step = a.tokens_per_step;
     else
       p.c.workload.tokens_per_step = a.tokens_per_step;
@@ -69,7 +69,7 @@ Plan resolve(const MemoryArgs& a) {
   p.overhead = a.overhead_mb >= 0 ? std::uint64_t(a.overhead_mb * 1048576.0)
                                   : p.gpu ? 0 : runtime::cpu_process_overhead_bytes();
   p.migration_in = std::uint64_t(a.migration_in), p.migration_out = std::uint64_t(a.migration_out);
-  p.policy = a.policy.empty() ? p.c.placement.policy : a.policy;
+  p.policy = a.policy.empty() ? p.c.placement.policy : kPlacementPolicyNames.parse(a.policy, "--policy");
   return p;
 }
 
@@ -255,8 +255,8 @@ int memory_cmd(const MemoryArgs& a) {
     } else {
       text += fmt::format("fewest GPUs of {} that hold it at {} = {}: {} ({} policy; its fullest rank {})\n",
                           gib(budget), out["tokens_key"].get<std::string>(),
-                          p.c.workload.kind == "ingress" ? p.c.ingress.max_tokens_per_step : p.c.workload.tokens_per_step,
-                          *found, p.policy, gib(phases(largest).peak()));
+                          p.c.workload.kind == runtime::WorkloadKind::ingress ? p.c.ingress.max_tokens_per_step : p.c.workload.tokens_per_step,
+                          *found, name_of(p.policy), gib(phases(largest).peak()));
       out["fewest_gpus"] = *found;
     }
     out["fewest_gpus_largest_rank_bytes"] = phases(largest).peak();

@@ -2,19 +2,12 @@
 
 namespace moed::comm {
 
-// The backends in transport.cc's table, in its order of preference; a unit
-// test holds the two lists equal (this file must not link the backends).
-const std::vector<std::string>& transport_backend_choices() {
-  static const std::vector<std::string> choices{"auto", "ucx", "mpi"};
-  return choices;
-}
-
 const config::Section<CommConfig>& comm_config_section() {
   using C = CommConfig;
   static const config::Section<C> section(
       "comm", "token traffic between ranks",
       {
-          config::choice<C>("backend", &C::backend, "auto", transport_backend_choices(),
+          config::choice<C>("backend", &C::backend, Backend::automatic, kBackendNames,
                             "Transport backend for dispatch and combine; auto: the first of "
                             "ucx, mpi that can start on every rank"),
           config::integer<C>("timeout_ms", &C::timeout_ms, 60000, 100, 86400000,

@@ -3,14 +3,21 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
+#include <string_view>
 
 #include "common/config_table.h"
 
 namespace moed::comm {
 
+// [comm].backend: auto, then the transport backends in transport.cc's table
+// order (a unit test holds the two lists equal; this file must not link them).
+enum class Backend { automatic, ucx, mpi };
+inline constexpr auto kBackendNames =
+    config::name_table<Backend>({{Backend::automatic, "auto"}, {Backend::ucx, "ucx"}, {Backend::mpi, "mpi"}});
+inline std::string_view name_of(Backend v) { return kBackendNames.name(v); }
+
 struct CommConfig {
-  std::string backend;
+  Backend backend = Backend::automatic;
   std::int64_t timeout_ms = 0;
   bool hierarchical = true;
   bool narrow_answers = true;
@@ -18,7 +25,5 @@ struct CommConfig {
 };
 
 const config::Section<CommConfig>& comm_config_section();
-// "auto" and the names of the transport backends, as [comm].backend accepts them.
-const std::vector<std::string>& transport_backend_choices();
 
 }  // namespace moed::comm

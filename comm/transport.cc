@@ -74,10 +74,10 @@ std::vector<std::string> transport_backend_names() {
 
 std::unique_ptr<Transport> create_transport(const CommConfig& config, Bootstrap& bootstrap) {
   const auto backends = transport_backends();
-  const bool automatic = config.backend == "auto";
-  const auto named = [&](const TransportBackend& b) { return config.backend == b.name; };
+  const bool automatic = config.backend == Backend::automatic;
+  const auto named = [&](const TransportBackend& b) { return name_of(config.backend) == b.name; };
   if (!automatic && std::none_of(backends.begin(), backends.end(), named))
-    MOED_THROW(Usage, "[comm].backend = \"{}\" is not a transport backend", config.backend);
+    MOED_THROW(Usage, "[comm].backend = \"{}\" is not a transport backend", name_of(config.backend));
 
   // Probe the candidates here, then agree over all ranks: every rank must pick
   // the same backend, and a backend that cannot run on one rank runs on none

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/quote.h"
 
 namespace moed::config::detail {
@@ -181,6 +184,26 @@ void unknown_key(const std::string& section, const std::string& key,
                  const std::vector<std::string>& known, const toml::node& where) {
   MOED_THROW(Usage, "config: unknown key [{}].{}{}{}; keys of [{}]: {}", section, sanitize_input(key),
              suggestion(key, known), location(where), section, join(known, ", "));
+}
+
+void check_key_names(const std::string& section, const std::vector<std::string>& names) {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      MOED_CHECK(names[i] != names[j], "config: [{}] declares the key name {} twice", section, names[i]);
+}
+
+void renamed_key_read(const std::string& section, const std::string& old_name, const std::string& name) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard lock(mutex);
+  if (warned.insert(section + "." + old_name).second)
+    spdlog::warn("config: [{}].{} is deprecated: the key is now [{}].{}", section, old_name, section, name);
+}
+
+void key_given_twice(const std::string& section, const std::string& name, const std::string& old_name,
+                     const toml::node& where) {
+  MOED_THROW(Usage, "config: [{}].{} and [{}].{} are one key (its former name and its name){}: keep [{}].{}",
+             section, old_name, section, name, location(where), section, name);
 }
 
 void unknown_section(const std::string& name, const std::string& origin,

@@ -110,23 +110,18 @@ void place_metis_layer(const LayerSlots& ls, const routing::RoutingStats& stats,
 
 }  // namespace
 
-const std::vector<std::string>& optimizer_policy_names() {
-  static const std::vector<std::string> names{"metis", "greedy-load", "contiguous", "round-robin"};
-  return names;
-}
-
 Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o) {
   const int R = topology.ranks(), L = stats.layers(), E = stats.experts();
   if (!o.replicate && o.redundant_slots > 0)
     MOED_THROW(Usage, "{} redundant slots with replication off: every expert has one slot", o.redundant_slots);
   // Refuses a budget that cannot hold every expert, or cannot be spent, whatever the policy.
   if (o.replicate || o.slots_per_rank > 0) layer_slots(slot_budget(o), std::vector<double>(E, 0.0), R, topology.islands());
-  if (o.policy == "contiguous") return contiguous(R, L, E);
-  if (o.policy == "round-robin") return round_robin(R, L, E);
-  if (o.policy != "metis" && o.policy != "greedy-load")
-    MOED_THROW(Usage, "unknown policy '{}': use metis, greedy-load, contiguous or round-robin", o.policy);
+  if (o.policy == OptimizerPolicy::contiguous) return contiguous(R, L, E);
+  if (o.policy == OptimizerPolicy::round_robin) return round_robin(R, L, E);
+  if (o.policy != OptimizerPolicy::metis && o.policy != OptimizerPolicy::greedy_load)
+    MOED_THROW(Internal, "unknown optimizer policy {}", int(o.policy));
   Placement p(R, L, E);
-  if (o.policy == "greedy-load") {
+  if (o.policy == OptimizerPolicy::greedy_load) {
     for (int l = 0; l < L; ++l) place_greedy_layer(layer_slots_of(stats, topology, o, l), topology, l, p);
   } else {
     // metis estimates replicas' shares by replaying dispatch on the

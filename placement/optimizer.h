@@ -29,8 +29,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "common/name_table.h"
 #include "placement/move_limit.h"
 #include "placement/placement.h"
 #include "placement/slot_packing.h"
@@ -39,8 +41,14 @@
 
 namespace moed::placement {
 
+enum class OptimizerPolicy { metis, greedy_load, contiguous, round_robin };
+inline constexpr auto kOptimizerPolicyNames = config::name_table<OptimizerPolicy>(
+    {{OptimizerPolicy::metis, "metis"}, {OptimizerPolicy::greedy_load, "greedy-load"},
+     {OptimizerPolicy::contiguous, "contiguous"}, {OptimizerPolicy::round_robin, "round-robin"}});
+inline std::string_view name_of(OptimizerPolicy v) { return kOptimizerPolicyNames.name(v); }
+
 struct OptimizeOptions {
-  std::string policy = "metis";
+  OptimizerPolicy policy = OptimizerPolicy::metis;
   // The slot budget of each layer (metis, greedy-load): slots_per_rank x
   // ranks, or experts + redundant_slots; at most one of the two. With
   // neither: the replicas hot experts need plus one slot per island. The
@@ -53,8 +61,6 @@ struct OptimizeOptions {
   bool affinity = false;  // metis: align consecutive layers' islands
   std::uint64_t seed = 1;
 };
-
-const std::vector<std::string>& optimizer_policy_names();
 
 Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);
 

@@ -160,12 +160,12 @@ Placement add_random_replicas(Placement p, int extra, std::uint64_t seed) {
   return p;
 }
 
-Placement make_placement(const std::string& policy, int ranks, int layers, int experts,
+Placement make_placement(PlacementPolicy policy, int ranks, int layers, int experts,
                          std::uint64_t seed) {
-  if (policy == "contiguous") return contiguous(ranks, layers, experts);
-  if (policy == "round-robin") return round_robin(ranks, layers, experts);
-  if (policy == "shuffled") return shuffled(ranks, layers, experts, seed);
-  MOED_THROW(Usage, "unknown placement policy '{}': use contiguous, round-robin or shuffled", policy);
+  if (policy == PlacementPolicy::contiguous) return contiguous(ranks, layers, experts);
+  if (policy == PlacementPolicy::round_robin) return round_robin(ranks, layers, experts);
+  if (policy == PlacementPolicy::shuffled) return shuffled(ranks, layers, experts, seed);
+  MOED_THROW(Internal, "unknown placement policy {}", int(policy));
 }
 
 }  // namespace moed::placement

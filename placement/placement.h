@@ -9,7 +9,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "common/name_table.h"
 
 namespace moed::placement {
 
@@ -71,11 +74,12 @@ Placement shuffled(int ranks, int layers, int experts, std::uint64_t seed);
 Placement add_random_replicas(Placement p, int extra, std::uint64_t seed);
 
 // The policies above by name: "contiguous", "round-robin", "shuffled".
-inline const std::vector<std::string>& placement_policy_names() {
-  static const std::vector<std::string> names{"contiguous", "round-robin", "shuffled"};
-  return names;
-}
-Placement make_placement(const std::string& policy, int ranks, int layers, int experts,
+enum class PlacementPolicy { contiguous, round_robin, shuffled };
+inline constexpr auto kPlacementPolicyNames = config::name_table<PlacementPolicy>(
+    {{PlacementPolicy::contiguous, "contiguous"}, {PlacementPolicy::round_robin, "round-robin"},
+     {PlacementPolicy::shuffled, "shuffled"}});
+inline std::string_view name_of(PlacementPolicy v) { return kPlacementPolicyNames.name(v); }
+Placement make_placement(PlacementPolicy policy, int ranks, int layers, int experts,
                          std::uint64_t seed);
 
 }  // namespace moed::placement

@@ -51,7 +51,7 @@ const config::Section<PlacementConfig>& placement_config_section() {
   static const config::Section<C> section(
       "placement", "where expert slots sit at start",
       {
-          config::choice<C>("policy", &C::policy, "contiguous", placement_policy_names(),
+          config::choice<C>("policy", &C::policy, PlacementPolicy::contiguous, kPlacementPolicyNames,
                             "placement built at start when no file is given"),
           config::text<C>("file", &C::file, "",
                           "placement file to start from (TOML, see moe-place); overrides policy"),

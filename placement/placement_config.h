@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/config_table.h"
+#include "placement/placement.h"
 
 namespace moed::placement {
 
@@ -17,7 +18,7 @@ struct ClusterConfig {
 };
 
 struct PlacementConfig {
-  std::string policy;
+  PlacementPolicy policy = PlacementPolicy::contiguous;
   std::string file;
   std::string committed;
   std::int64_t seed = 0;

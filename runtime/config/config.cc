@@ -47,7 +47,7 @@ const config::Section<RouterConfig>& router_section() {
   static const config::Section<C> s(
       "router", "expert choice per token (fp32, deterministic; ties go to the lower expert id)",
       {
-          choice<C>("mode", &C::mode, "topk", {"topk", "topp"},
+          choice<C>("mode", &C::mode, RouterMode::topk, kRouterModeNames,
                     "topk: the top_k most probable experts; topp: the fewest whose probability "
                     "reaches top_p, within [min_k, max_k]"),
           real<C>("temperature", &C::temperature, 1.0, 1e-3, 1e3, "softmax temperature of the gate"),
@@ -62,7 +62,7 @@ const config::Section<RouterConfig>& router_section() {
                      "seen leaves first"),
           integer<C>("smoothing_idle_steps", &C::smoothing_idle_steps, 64, 1, 1 << 30,
                      "smoothing (and the flip rate): a request unseen for this many steps is forgotten"),
-          choice<C>("load_policy", &C::load_policy, "none", {"none", "drop", "demote"},
+          choice<C>("load_policy", &C::load_policy, LoadPolicy::none, kLoadPolicyNames,
                     "none; drop: pairs over an expert's capacity are dropped (DeepSpeed/Tutel); demote: "
                     "pairs over demotion_threshold of it move to the token's next-ranked expert under it"),
           real<C>("capacity_factor", &C::capacity_factor, 1.25, 0.01, 1e3,
@@ -88,13 +88,13 @@ const config::Section<WorkloadConfig>& workload_section() {
   static const config::Section<C> s(
       "workload", "the tokens the daemon serves without an external client",
       {
-          choice<C>("kind", &C::kind, "synthetic", {"synthetic", "trace", "ingress"},
+          choice<C>("kind", &C::kind, WorkloadKind::synthetic, kWorkloadKindNames,
                     "synthetic: topic-mixture tokens routed by the router; trace: routing "
                     "replayed from a trace file; ingress: model processes send their tokens "
                     "through the front door ([ingress]) until moectl shutdown"),
           integer<C>("tokens_per_step", &C::tokens_per_step, 512, 1, 1 << 24,
                      "tokens per step over all ranks (split evenly by rank)"),
-          choice<C>("order", &C::order, "sequential", {"sequential", "shuffled"},
+          choice<C>("order", &C::order, WorkloadOrder::sequential, kWorkloadOrderNames,
                     "sequential: step s serves tokens s*T .. s*T+T-1 in order; shuffled: the same "
                     "tokens in a permutation drawn per step (dumps stay in token order)"),
           integer<C>("steps", &C::steps, 16, 1, 1 << 30, "steps to serve, then exit (synthetic and trace)"),
@@ -148,11 +148,11 @@ const config::Section<ExpertsConfig>& experts_section() {
   static const config::Section<C> s(
       "experts", "expert computation on CPU",
       {
-          choice<C>("gemm", &C::gemm, "fixed-order", {"fixed-order", "openblas"},
+          choice<C>("gemm", &C::gemm, Gemm::fixed_order, kGemmNames,
                     "fixed-order: moed's GEMM, whose every output is one fma chain in k order, so a "
                     "token's bits do not depend on its batch, rank or CPU; openblas: sgemm on "
                     "canonical chunks, bit-exact across ranks and placements but not batches"),
-          choice<C>("isa", &C::isa, "auto", {"auto", "avx512", "avx2", "portable"},
+          choice<C>("isa", &C::isa, Isa::automatic, kIsaNames,
                     "fixed-order GEMM kernel: auto = the widest this CPU runs (all give the same bits)"),
           integer<C>("chunk_rows", &C::chunk_rows, 512, 1, 1 << 20,
                      "rows per expert GEMM call; an expert's rows of a step are cut into chunks of "
@@ -318,14 +318,14 @@ void validate_config(const Config& c) {
     MOED_THROW(Usage, "config: [router].max_k = {} exceeds [model].experts = {}", c.router.max_k,
                m.experts);
   std::int64_t max_k = c.router.max_k ? c.router.max_k : m.top_k;
-  if (c.router.mode == "topp" && c.router.min_k > max_k)
+  if (c.router.mode == RouterMode::topp && c.router.min_k > max_k)
     MOED_THROW(Usage, "config: [router].min_k = {} exceeds the largest k ({} from {})",
                c.router.min_k, max_k, c.router.max_k ? "[router].max_k" : "[model].top_k");
-  if (c.workload.kind == "ingress" && c.ingress.dir.empty())
+  if (c.workload.kind == WorkloadKind::ingress && c.ingress.dir.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"ingress\" needs [ingress].dir, the directory of the front-door sockets");
-  if (c.workload.kind == "trace" && c.workload.trace.empty())
+  if (c.workload.kind == WorkloadKind::trace && c.workload.trace.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
-  if (c.workload.kind == "synthetic" && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))
+  if (c.workload.kind == WorkloadKind::synthetic && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))
     MOED_THROW(Usage,
                "config: [workload].hot_ratio = {} is unreachable: the hottest expert can carry at "
                "most every token, {} = [model].experts / [model].top_k times the mean",
@@ -333,15 +333,15 @@ void validate_config(const Config& c) {
   if (m.ffn % c.experts.ffn_chunks != 0)
     MOED_THROW(Usage, "config: [experts].ffn_chunks = {} does not divide [model].ffn = {}", c.experts.ffn_chunks,
                m.ffn);
-  if (c.engine.microbatches > 1 && c.experts.gemm != "fixed-order")
+  if (c.engine.microbatches > 1 && c.experts.gemm != Gemm::fixed_order)
     MOED_THROW(Usage,
                "config: [engine].microbatches = {} needs [experts].gemm = \"fixed-order\": with \"{}\" a "
                "row's bits depend on the chunk it is computed in, and micro-batches change the chunks",
-               c.engine.microbatches, c.experts.gemm);
+               c.engine.microbatches, name_of(c.experts.gemm));
   if (!c.metrics.listen.empty()) parse_listen_address(c.metrics.listen, "config: [metrics].listen");
   const RouterConfig& r = c.router;
-  if (c.workload.kind == "trace" &&
-      (r.smoothing_beta > 0 || r.bias_gamma > 0 || r.load_policy == "demote" || r.measure_jitter))
+  if (c.workload.kind == WorkloadKind::trace &&
+      (r.smoothing_beta > 0 || r.bias_gamma > 0 || r.load_policy == LoadPolicy::demote || r.measure_jitter))
     MOED_THROW(Usage,
                "config: [workload].kind = \"trace\" replays routing without logits, so [router].{} cannot "
                "apply (only load_policy = \"drop\" can)",

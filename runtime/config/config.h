@@ -6,12 +6,41 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/comm_config.h"
+#include "common/config_table.h"
 #include "placement/placement_config.h"
 
 namespace moed::runtime {
+
+// The keys with a fixed set of values, each with its names (as configs spell them).
+enum class RouterMode { topk, topp };
+inline constexpr auto kRouterModeNames = config::name_table<RouterMode>({{RouterMode::topk, "topk"},
+                                                                         {RouterMode::topp, "topp"}});
+enum class LoadPolicy { none, drop, demote };  // runtime/router/policies/load_policy.h
+inline constexpr auto kLoadPolicyNames = config::name_table<LoadPolicy>(
+    {{LoadPolicy::none, "none"}, {LoadPolicy::drop, "drop"}, {LoadPolicy::demote, "demote"}});
+enum class WorkloadKind { synthetic, trace, ingress };
+inline constexpr auto kWorkloadKindNames = config::name_table<WorkloadKind>(
+    {{WorkloadKind::synthetic, "synthetic"}, {WorkloadKind::trace, "trace"}, {WorkloadKind::ingress, "ingress"}});
+enum class WorkloadOrder { sequential, shuffled };
+inline constexpr auto kWorkloadOrderNames = config::name_table<WorkloadOrder>(
+    {{WorkloadOrder::sequential, "sequential"}, {WorkloadOrder::shuffled, "shuffled"}});
+enum class Gemm { fixed_order, openblas };
+inline constexpr auto kGemmNames = config::name_table<Gemm>({{Gemm::fixed_order, "fixed-order"},
+                                                             {Gemm::openblas, "openblas"}});
+enum class Isa { automatic, avx512, avx2, portable };  // the fixed-order GEMM's kernel (kernels::GemmIsa)
+inline constexpr auto kIsaNames = config::name_table<Isa>(
+    {{Isa::automatic, "auto"}, {Isa::avx512, "avx512"}, {Isa::avx2, "avx2"}, {Isa::portable, "portable"}});
+
+inline std::string_view name_of(RouterMode v) { return kRouterModeNames.name(v); }
+inline std::string_view name_of(LoadPolicy v) { return kLoadPolicyNames.name(v); }
+inline std::string_view name_of(WorkloadKind v) { return kWorkloadKindNames.name(v); }
+inline std::string_view name_of(WorkloadOrder v) { return kWorkloadOrderNames.name(v); }
+inline std::string_view name_of(Gemm v) { return kGemmNames.name(v); }
+inline std::string_view name_of(Isa v) { return kIsaNames.name(v); }
 
 struct ModelConfig {
   std::int64_t layers = 0, experts = 0, top_k = 0, hidden = 0, ffn = 0;
@@ -23,14 +52,14 @@ struct ModelConfig {
 };
 
 struct RouterConfig {
-  std::string mode;
+  RouterMode mode = RouterMode::topk;
   double temperature = 1;
   double top_p = 1;
   std::int64_t min_k = 1, max_k = 0;
   // Policies (docs/router-policies.md); each is off by default.
   double smoothing_beta = 0;
   std::int64_t smoothing_max_requests = 0, smoothing_idle_steps = 0;
-  std::string load_policy;
+  LoadPolicy load_policy = LoadPolicy::none;
   double capacity_factor = 1, demotion_threshold = 1;
   std::int64_t demotion_candidates = 0;
   double bias_gamma = 0;
@@ -38,7 +67,8 @@ struct RouterConfig {
 };
 
 struct WorkloadConfig {
-  std::string kind, order;
+  WorkloadKind kind = WorkloadKind::synthetic;
+  WorkloadOrder order = WorkloadOrder::sequential;
   std::int64_t tokens_per_step = 0, steps = 0, warmup_steps = 0, seed = 0;
   double hot_ratio = 0;
   std::int64_t topic_size = 0;
@@ -55,7 +85,8 @@ struct IngressConfig {
 };
 
 struct ExpertsConfig {
-  std::string gemm, isa;
+  Gemm gemm = Gemm::fixed_order;
+  Isa isa = Isa::automatic;
   std::int64_t chunk_rows = 0, blas_threads = 1;
   std::int64_t ffn_chunks = 1;
 };

@@ -21,7 +21,7 @@ struct Sizes {
   std::uint64_t L, E, H, F, k;
 };
 Sizes sizes_of(const Config& c) {
-  const std::int64_t k = c.router.mode == "topp" && c.router.max_k ? c.router.max_k : c.model.top_k;
+  const std::int64_t k = c.router.mode == RouterMode::topp && c.router.max_k ? c.router.max_k : c.model.top_k;
   return {std::uint64_t(c.model.layers), std::uint64_t(c.model.experts), std::uint64_t(c.model.hidden),
           std::uint64_t(c.model.ffn), std::uint64_t(k)};
 }
@@ -34,14 +34,14 @@ RankMemoryInputs rank_memory_inputs(const Config& c, std::uint64_t slots, int ra
 
 RankMemoryInputs rank_memory_inputs(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank) {
   const auto [L, E, H, F, k] = sizes_of(c);
-  const bool ingress = c.workload.kind == "ingress";
+  const bool ingress = c.workload.kind == WorkloadKind::ingress;
   const auto R = std::uint64_t(ranks);
   RankMemoryInputs in;
   in.layers = L, in.experts = E, in.hidden = H, in.ffn = F, in.max_k = k;
   // The CPU path holds and moves every expert in fp32, whatever the file's dtype.
   in.expert_format = placement::weight_format("f32", "[model].dtype");
   in.slots = std::move(slots);
-  in.pack_at_load = c.experts.gemm == "fixed-order";
+  in.pack_at_load = c.experts.gemm == Gemm::fixed_order;
   in.cpu_router = true;
   // The workload's tokens are the job's, split over the ranks; the front door's budget is per rank.
   in.tokens = ingress ? std::uint64_t(c.ingress.max_tokens_per_step)

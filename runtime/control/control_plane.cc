@@ -183,7 +183,8 @@ void ControlPlane::apply(const BoundaryActions& actions) {
           // Plan on a thread of rank 0's own: steps go on meanwhile.
           const json& asked = reoptimize_->first.params;
           ReoptimizeRequest params;
-          params.policy = asked.value("policy", std::string("metis"));
+          params.policy =
+              placement::kOptimizerPolicyNames.parse(asked.value("policy", std::string("metis")), "policy");
           if (asked.contains("max_moves")) params.max_moves = asked["max_moves"].get<int>();
           params.slots_per_rank = int(c_.config.placement.layer_slots_per_rank);
           params.redundant_slots = int(c_.config.placement.redundant_slots);

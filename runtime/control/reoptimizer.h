@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "placement/cost_model.h"
+#include "placement/optimizer.h"
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
 #include "placement/topology.h"
@@ -17,7 +18,7 @@
 namespace moed::runtime {
 
 struct ReoptimizeRequest {
-  std::string policy = "metis";   // placement::OptimizeOptions::policy
+  placement::OptimizerPolicy policy = placement::OptimizerPolicy::metis;
   std::optional<int> max_moves;  // at most this many slot moves, best gain first
   int slots_per_rank = 0;        // the slot budget: placement::OptimizeOptions's
   int redundant_slots = -1;

@@ -36,7 +36,7 @@ Daemon::~Daemon() = default;
 
 // The dump is in token order; a shuffled step serves its tokens out of it.
 const std::byte* Daemon::in_token_order(std::uint64_t step, const std::vector<std::byte>& rows) {
-  if (config_.workload.order != "shuffled") return rows.data();
+  if (config_.workload.order != WorkloadOrder::shuffled) return rows.data();
   const TokenOrder order(std::uint64_t(config_.workload.tokens_per_step), true, std::uint64_t(config_.workload.seed));
   std::vector<std::uint32_t> position;
   order.positions(step, position);

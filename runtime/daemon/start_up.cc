@@ -186,14 +186,14 @@ std::optional<routing::RoutingStats> initial_stats(const Config& c, int rank, in
 
 std::string describe_placement(const Config& c, const placement::Placement& p) {
   const std::string file = placement_origin(c);
-  return fmt::format("{} ({})", file.empty() ? c.placement.policy : "file " + file, placement_details(p));
+  return fmt::format("{} ({})", file.empty() ? std::string(name_of(c.placement.policy)) : "file " + file, placement_details(p));
 }
 
 // Output files are opened (or checked) before the first step, so that a bad
 // path is a start-up error every rank agrees on, not a failure at the end.
 void check_output_paths(const ServeOptions& options, int rank, const Config& c,
                         std::unique_ptr<OutputDump>& dump) {
-  if (c.workload.kind == "ingress" && !options.dump_output.empty())
+  if (c.workload.kind == WorkloadKind::ingress && !options.dump_output.empty())
     MOED_THROW(Usage, "--dump-output: with [workload].kind = \"ingress\" the outputs go back to the clients");
   if (rank != 0) return;
   if (!options.dump_output.empty())
@@ -234,11 +234,11 @@ std::string describe_workload(const Config& c, const Workload* w) {
 
 // The fixed-order GEMM kernel [experts].isa names (auto: the widest here).
 void choose_gemm_isa(const Config& c) {
-  if (c.experts.isa == "auto") return kernels::set_gemm_isa(kernels::best_gemm_isa());
+  if (c.experts.isa == Isa::automatic) return kernels::set_gemm_isa(kernels::best_gemm_isa());
   for (kernels::GemmIsa isa : {kernels::GemmIsa::avx512, kernels::GemmIsa::avx2, kernels::GemmIsa::portable}) {
-    if (kernels::to_string(isa) != c.experts.isa) continue;
+    if (kernels::to_string(isa) != name_of(c.experts.isa)) continue;
     if (kernels::best_gemm_isa() < isa)
-      MOED_THROW(Usage, "[experts].isa = {}: this CPU does not run it (the widest here is {})", c.experts.isa,
+      MOED_THROW(Usage, "[experts].isa = {}: this CPU does not run it (the widest here is {})", name_of(c.experts.isa),
                  kernels::to_string(kernels::best_gemm_isa()));
     return kernels::set_gemm_isa(isa);
   }
@@ -255,7 +255,7 @@ struct Numerics {
 
 Numerics probe_numerics(const Config& c) {
   const std::size_t H = std::size_t(c.model.hidden), F = std::size_t(c.model.ffn), E = std::size_t(c.model.experts);
-  const bool experts_fixed = c.experts.gemm == "fixed-order";
+  const bool experts_fixed = c.experts.gemm == Gemm::fixed_order;
   std::vector<std::pair<std::size_t, std::size_t>> shapes{{E, H}};  // (n, k)
   if (experts_fixed) shapes.insert(shapes.end(), {{2 * F, H}, {H, F}});
   for (auto [n, k] : shapes) {
@@ -388,7 +388,7 @@ void Daemon::Startup::load_weights() {
 
 // The claim holds for the job only if it holds on every rank's CPU.
 void Daemon::Startup::agree_numerics() {
-  if (!numerics_.batch_invariant && c_.experts.gemm == "fixed-order") spdlog::warn("numerics: {}", numerics_.description);
+  if (!numerics_.batch_invariant && c_.experts.gemm == Gemm::fixed_order) spdlog::warn("numerics: {}", numerics_.description);
   if (d_.control_.all_max(numerics_.batch_invariant ? 0 : 1, "numerics probe") && numerics_.batch_invariant)
     numerics_ = {false, "NOT batch-invariant: the start-up probe failed on another rank (see its log)"};
 }
@@ -464,7 +464,7 @@ void Daemon::Startup::announce() {
   d.start_placement_ = describe_placement(c_, d.placement_);
   d.start_epoch_ = d.placement_.epoch();
   RunInfo info{mpi_.size(), d.topology_->islands(), d.store_->shape(),
-               std::uint64_t(c_.workload.kind == "ingress" ? 0 : c_.workload.tokens_per_step),
+               std::uint64_t(c_.workload.kind == WorkloadKind::ingress ? 0 : c_.workload.tokens_per_step),
                std::uint64_t(c_.workload.steps),
                std::uint64_t(c_.workload.warmup_steps), d.transport_->name(),
                describe_workload(c_, d.workload_.get()), d.start_placement_,
@@ -512,7 +512,7 @@ Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm
       {"transport status", nullptr, {&S::open_transport}, &S::build_engine_and_control},
       {"admin socket status", [](const Config& c) { return !c.admin.dir.empty(); }, {&S::open_admin_socket}},
       {"metrics endpoint status", [](const Config& c) { return !c.metrics.listen.empty(); }, {&S::open_metrics_endpoint}},
-      {"front door status", [](const Config& c) { return c.workload.kind == "ingress"; }, {&S::open_front_door}},
+      {"front door status", [](const Config& c) { return c.workload.kind == WorkloadKind::ingress; }, {&S::open_front_door}},
   };
   S start_up(*d, options, mpi);
   start_up.read_host();

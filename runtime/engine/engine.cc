@@ -22,7 +22,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       workload_(workload),
       shape_(store.shape()),
       tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)),
-      order_(tokens_per_step_, config.workload.order == "shuffled", std::uint64_t(config.workload.seed)),
+      order_(tokens_per_step_, config.workload.order == WorkloadOrder::shuffled, std::uint64_t(config.workload.seed)),
       route_(config, transport, placement, store),
       positions_per_request_(std::uint64_t(config.workload.positions_per_request)),
       census_(transport.size(), std::size_t(config.engine.microbatches), store.shape().experts),
@@ -41,7 +41,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
   setup_.hierarchical = config.comm.hierarchical && topology.islands() > 1;
   setup_.overlap = config.engine.overlap;
   setup_.narrow_answers = config.comm.narrow_answers;
-  setup_.any_rows_per_call = config.experts.gemm == "fixed-order";
+  setup_.any_rows_per_call = config.experts.gemm == Gemm::fixed_order;
   setup_.split_rows = std::size_t(config.engine.split_rows);
   setup_.poll = [this] {
     for (LayerPass& pass : passes_) pass.poll();

@@ -10,7 +10,7 @@ namespace moed::runtime {
 
 RouterParams RouterParams::from(const Config& c) {
   RouterParams p;
-  p.top_p_mode = c.router.mode == "topp";
+  p.top_p_mode = c.router.mode == RouterMode::topp;
   p.top_k = int(c.model.top_k);
   p.temperature = float(c.router.temperature);
   p.top_p = float(c.router.top_p);

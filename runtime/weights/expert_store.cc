@@ -68,13 +68,13 @@ class TensorSource {
 ExpertStore ExpertStore::load(const Config& config, const placement::Placement& placement, int rank) {
   ExpertStore store;
   store.shape_ = ModelShape::from(config.model);
-  store.packed_ = config.experts.gemm == "fixed-order";
+  store.packed_ = config.experts.gemm == Gemm::fixed_order;
   store.ffn_chunks_ = int(config.experts.ffn_chunks);
   // OpenBLAS gives no promise that a shard's narrower GEMMs round as the
   // whole expert's columns do; the fixed-order GEMM does (expert_ffn.h).
   if (placement.any_sharded() && !store.packed_)
     MOED_THROW(Input, "the placement splits experts into shards, which needs [experts].gemm = \"fixed-order\" "
-                      "(it is \"{}\")", config.experts.gemm);
+                      "(it is \"{}\")", name_of(config.experts.gemm));
   const ModelShape& s = store.shape_;
   TensorSource source(config, s);
   const std::size_t H = s.hidden, F = s.ffn;

@@ -81,8 +81,8 @@ std::string SyntheticWorkload::describe() const {
 }
 
 std::unique_ptr<Workload> make_workload(const Config& config, const float* gate0) {
-  if (config.workload.kind == "ingress") return nullptr;
-  if (config.workload.kind == "trace") return std::make_unique<TraceWorkload>(config);
+  if (config.workload.kind == WorkloadKind::ingress) return nullptr;
+  if (config.workload.kind == WorkloadKind::trace) return std::make_unique<TraceWorkload>(config);
   return std::make_unique<SyntheticWorkload>(config, gate0);
 }
 

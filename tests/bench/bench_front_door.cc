@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   try {
     const runtime::Config config = runtime::load_config(config_path, overrides);
     runtime::Config synthetic = config;
-    synthetic.workload.kind = "synthetic";
+    synthetic.workload.kind = runtime::WorkloadKind::synthetic;
     const runtime::ModelShape shape = runtime::ModelShape::from(config.model);
     std::vector<float> gate0(std::size_t(shape.experts) * std::size_t(shape.hidden));
     runtime::SyntheticModel(shape, std::uint64_t(config.model.seed), *weights::parse_dtype(config.model.dtype)).gate(0, gate0.data());

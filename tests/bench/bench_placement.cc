@@ -40,14 +40,15 @@ std::vector<Row> run_case(const std::string& title, const RoutingTrace& fit, con
   RoutingStats stats = RoutingStats::from_trace(fit, 0, fit.tokens());
   std::vector<Row> rows;
   struct Variant {
-    std::string name, policy;
+    std::string name;
+    OptimizerPolicy policy;
     bool affinity;
   };
-  for (const Variant& v : {Variant{"contiguous", "contiguous", false},
-                           Variant{"round-robin", "round-robin", false},
-                           Variant{"greedy-load", "greedy-load", false},
-                           Variant{"metis", "metis", false},
-                           Variant{"metis+affinity", "metis", true}}) {
+  for (const Variant& v : {Variant{"contiguous", OptimizerPolicy::contiguous, false},
+                           Variant{"round-robin", OptimizerPolicy::round_robin, false},
+                           Variant{"greedy-load", OptimizerPolicy::greedy_load, false},
+                           Variant{"metis", OptimizerPolicy::metis, false},
+                           Variant{"metis+affinity", OptimizerPolicy::metis, true}}) {
     OptimizeOptions o;
     o.policy = v.policy;
     o.affinity = v.affinity;
@@ -112,9 +113,9 @@ int budget_sweep(const std::string& title, const RoutingTrace& fit, const Routin
   for (int n : redundant) {
     OptimizeOptions o;
     o.redundant_slots = n;
-    o.policy = "greedy-load";
+    o.policy = OptimizerPolicy::greedy_load;
     Cost greedy = evaluate(eval, optimize(stats, topology, o), topology);
-    o.policy = "metis";
+    o.policy = OptimizerPolicy::metis;
     double t0 = now_seconds();
     Placement p = optimize(stats, topology, o);
     double ms = (now_seconds() - t0) * 1e3;

@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
           percentile(moed_ms, 0.5), percentile(engine_ms, 0.5), tokens / (percentile(bound_ms, 0.5) / 1e3),
           percentile(bound_ms, 0.5), percentile(ratio, 0.5),
           tokens / (percentile(served_ms, 0.5) / 1e3), percentile(served_ms, 0.5),
-          config.experts.gemm == "openblas" ? "OpenBLAS" : "fixed-order " + kernels::to_string(kernels::gemm_isa()),
+          config.experts.gemm == Gemm::openblas ? "OpenBLAS" : "fixed-order " + kernels::to_string(kernels::gemm_isa()),
           percentile(ratio_served, 0.5), percentile(overhead_ms, 0.5), s.route_ms, s.plan_ms, s.experts_ms,
           s.other_ms, s.rows_wait_ms, s.answers_wait_ms, s.bytes_copied / 1e6);
     }

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   try {
     for (const std::string& name : backends) {
       comm::CommConfig config;
-      config.backend = name;
+      config.backend = comm::kBackendNames.parse(name, "--backend");
       config.timeout_ms = 120000;
       std::unique_ptr<Transport> t;
       try {

@@ -388,9 +388,9 @@ int main(int argc, char** argv) {
   comm::MpiBootstrap bootstrap(mpi.world(), std::chrono::milliseconds(config.timeout_ms));
   try {
     for (const std::string& backend : wanted) {
-      config.backend = backend;
       std::unique_ptr<Transport> transport;
       try {
+        config.backend = comm::kBackendNames.parse(backend, "--backend");
         transport = comm::create_transport(config, bootstrap);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Usage) throw;

@@ -72,7 +72,7 @@ std::vector<Choice> route_token(const std::vector<double>& logits, const Config&
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
   int k = int(c.model.top_k);
-  if (c.router.mode == "topp") {
+  if (c.router.mode == RouterMode::topp) {
     int max_k = int(c.router.max_k ? c.router.max_k : c.model.top_k);
     double mass = 0;
     k = 0;

@@ -8,13 +8,6 @@
 
 namespace moed::runtime {
 
-LoadPolicy load_policy_from(const std::string& name) {
-  if (name == "none") return LoadPolicy::none;
-  if (name == "drop") return LoadPolicy::drop;
-  if (name == "demote") return LoadPolicy::demote;
-  MOED_THROW(Usage, "[router].load_policy = \"{}\": expected none, drop or demote", name);
-}
-
 double expert_room(const LoadParams& params, std::uint64_t pairs, std::size_t experts, std::uint32_t replicas) {
   const double capacity = params.capacity_factor * double(pairs) / double(experts) * double(replicas);
   return params.policy == LoadPolicy::demote ? capacity * params.threshold : capacity;

@@ -24,9 +24,6 @@
 
 namespace moed::runtime {
 
-enum class LoadPolicy { none, drop, demote };
-LoadPolicy load_policy_from(const std::string& name);
-
 struct LoadParams {
   LoadPolicy policy = LoadPolicy::none;
   double capacity_factor = 1.25;

@@ -34,8 +34,8 @@ std::string describe_router_policies(const Config& c) {
   const RouterConfig& r = c.router;
   std::vector<std::string> on;
   if (r.smoothing_beta > 0) on.push_back(fmt::format("smoothing beta {}", r.smoothing_beta));
-  if (r.load_policy == "drop") on.push_back(fmt::format("drop over capacity {}", r.capacity_factor));
-  if (r.load_policy == "demote")
+  if (r.load_policy == LoadPolicy::drop) on.push_back(fmt::format("drop over capacity {}", r.capacity_factor));
+  if (r.load_policy == LoadPolicy::demote)
     on.push_back(fmt::format("demote over {} of capacity {}", r.demotion_threshold, r.capacity_factor));
   if (r.bias_gamma > 0) on.push_back(fmt::format("bias balancing gamma {}", r.bias_gamma));
   if (r.measure_jitter) on.push_back("jitter measured");
@@ -46,9 +46,9 @@ RouterPolicies::RouterPolicies(const Config& c, int layers, int experts)
     : layers_(layers),
       experts_(experts),
       beta_(c.router.smoothing_beta),
-      load_{load_policy_from(c.router.load_policy), c.router.capacity_factor, c.router.demotion_threshold},
+      load_{c.router.load_policy, c.router.capacity_factor, c.router.demotion_threshold},
       measure_jitter_(c.router.measure_jitter) {
-  const std::size_t max_k = std::size_t(c.router.mode == "topp" && c.router.max_k ? c.router.max_k : c.model.top_k);
+  const std::size_t max_k = std::size_t(c.router.mode == RouterMode::topp && c.router.max_k ? c.router.max_k : c.model.top_k);
   extra_ = load_.policy == LoadPolicy::demote ? std::size_t(c.router.demotion_candidates) : 0;
   max_candidates_ = std::min(std::size_t(experts), max_k + extra_);
   if (c.router.bias_gamma > 0) bias_.emplace(layers, experts, c.router.bias_gamma);

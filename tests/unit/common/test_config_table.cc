@@ -1,8 +1,11 @@
 // Config tables: defaults, TOML loading, --set overrides, every refusal (kind,
-// key, what is allowed, where in the file) and the printed config round trip.
+// key, what is allowed, where in the file) and the printed config round trip;
+// enum keys through their name tables, and renamed keys' old names.
 #include "common/config_table.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdint>
 #include <functional>
@@ -332,6 +335,177 @@ TEST(ConfigTable, PrintPutsADocCommentBeforeEachKey) {
       "note = \"\"",
   };
   EXPECT_EQ(lines, want) << out.str();
+}
+
+// ---- enum keys and renamed keys --------------------------------------------------------
+
+enum class Gemm { fixed_order, openblas };
+constexpr auto kGemmNames = name_table<Gemm>({{Gemm::fixed_order, "fixed-order"}, {Gemm::openblas, "openblas"}});
+static_assert(kGemmNames.find("openblas") == Gemm::openblas && !kGemmNames.find("OpenBLAS"));
+
+struct Experts {
+  Gemm gemm = Gemm::openblas;
+  std::int64_t chunk_rows = 0;
+  bool operator==(const Experts&) const = default;
+};
+// The same key as a string choice: what moed declared before its choices were enums.
+struct ExpertsText {
+  std::string gemm;
+  std::int64_t chunk_rows = 0;
+};
+struct Both {
+  Experts experts;
+  ExpertsText text;
+};
+
+const Section<Experts> kExperts{
+    "experts",
+    "expert computation",
+    {
+        choice("gemm", &Experts::gemm, Gemm::fixed_order, kGemmNames, "the GEMM"),
+        integer("chunk_rows", &Experts::chunk_rows, 512, 1, 4096, "rows per call")
+            .renamed_from("rows_per_call")
+            .renamed_from("chunk"),
+    }};
+const Section<ExpertsText> kExpertsText{
+    "experts",
+    "expert computation",
+    {
+        choice("gemm", &ExpertsText::gemm, "fixed-order", {"fixed-order", "openblas"}, "the GEMM"),
+        integer("chunk_rows", &ExpertsText::chunk_rows, 512, 1, 4096, "rows per call"),
+    }};
+
+Schema<Both> enum_schema() {
+  Schema<Both> s;
+  s.add(kExperts, &Both::experts);
+  return s;
+}
+Schema<Both> text_schema() {
+  Schema<Both> s;
+  s.add(kExpertsText, &Both::text);
+  return s;
+}
+
+Experts load_experts(const std::string& text, const std::vector<std::string>& sets = {}) {
+  auto schema = enum_schema();
+  Both b = schema.defaults();
+  schema.load(detail::parse_toml(text, "test.toml"), b, "test.toml");
+  for (const auto& set : sets) schema.set(b, set);
+  return b.experts;
+}
+
+// The message of the error `f` throws.
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+std::string load_error(const Schema<Both>& schema, const std::string& text) {
+  return message_of([&] {
+    Both b = schema.defaults();
+    schema.load(detail::parse_toml(text, "test.toml"), b, "test.toml");
+  });
+}
+std::string set_error(const Schema<Both>& schema, const std::string& assignment) {
+  return message_of([&] {
+    Both b = schema.defaults();
+    schema.set(b, assignment);
+  });
+}
+
+TEST(ConfigTableEnum, DefaultsLoadAndSetByName) {
+  EXPECT_EQ(kExperts.defaults(), (Experts{Gemm::fixed_order, 512}));
+  EXPECT_EQ(load_experts("[experts]\ngemm = \"openblas\"\n").gemm, Gemm::openblas);
+  EXPECT_EQ(load_experts("", {"experts.gemm=openblas"}).gemm, Gemm::openblas);
+  EXPECT_EQ(load_experts("[experts]\ngemm = \"openblas\"\n", {"experts.gemm=fixed-order"}).gemm, Gemm::fixed_order);
+}
+
+// An enum key prints, and refuses, byte for byte as the string choice it replaced.
+TEST(ConfigTableEnum, PrintsAndRefusesAsTheStringChoice) {
+  std::ostringstream as_enum, as_text;
+  Both values = enum_schema().defaults();
+  values.experts.gemm = Gemm::openblas;
+  enum_schema().print(as_enum, values);
+  Both text_values = text_schema().defaults();
+  text_values.text.gemm = "openblas";
+  text_schema().print(as_text, text_values);
+  EXPECT_EQ(as_enum.str(), as_text.str());
+  EXPECT_NE(as_enum.str().find("# the GEMM (one of \"fixed-order\", \"openblas\"; default \"fixed-order\")\n"
+                               "gemm = \"openblas\"\n"),
+            std::string::npos)
+      << as_enum.str();
+  for (const std::string bad : {"[experts]\ngemm = \"fast\"\n", "[experts]\n\ngemm = 3\n"})
+    EXPECT_EQ(load_error(enum_schema(), bad), load_error(text_schema(), bad));
+  EXPECT_EQ(set_error(enum_schema(), "experts.gemm=fast"), set_error(text_schema(), "experts.gemm=fast"));
+  expect_error([] { load_experts("[experts]\ngemm = \"fast\"\n"); }, ErrorKind::Usage,
+               {"config: [experts].gemm = \"fast\" is not allowed: one of \"fixed-order\", \"openblas\" (at "
+                "test.toml:2)"});
+}
+
+TEST(NameTable, NamesValuesBothWays) {
+  EXPECT_EQ(kGemmNames.name(Gemm::fixed_order), "fixed-order");
+  EXPECT_EQ(kGemmNames.name(Gemm::openblas), "openblas");
+  EXPECT_EQ(kGemmNames.parse("openblas", "--gemm"), Gemm::openblas);
+  EXPECT_EQ(kGemmNames.names(), (std::vector<std::string>{"fixed-order", "openblas"}));
+  EXPECT_EQ(kGemmNames.find("fixed_order"), std::nullopt);
+  // An unknown name: a Usage error in the config's words, naming where it came from.
+  expect_error([] { kGemmNames.parse("fast", "--gemm"); }, ErrorKind::Usage,
+               {"--gemm = \"fast\" is not allowed: one of \"fixed-order\", \"openblas\""});
+  expect_error([] { kGemmNames.name(static_cast<Gemm>(7)); }, ErrorKind::Internal, {"7", "2 names"});
+}
+
+// A renamed key: its old names are still read (TOML and --set), never printed
+// or offered, and a warning says so once per process.
+TEST(ConfigTableRenamedKey, OldNamesAreReadAndWarnedOnce) {
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_st>(log)));
+  EXPECT_EQ(load_experts("[experts]\nrows_per_call = 64\n").chunk_rows, 64);
+  EXPECT_EQ(load_experts("[experts]\nrows_per_call = 32\n").chunk_rows, 32);
+  EXPECT_EQ(load_experts("", {"experts.rows_per_call=16"}).chunk_rows, 16);
+  EXPECT_EQ(load_experts("[experts]\nchunk_rows = 8\n", {"experts.rows_per_call=16"}).chunk_rows, 16);
+  spdlog::set_default_logger(previous);
+  const std::string warned = log.str();
+  const std::string once = "config: [experts].rows_per_call is deprecated: the key is now [experts].chunk_rows";
+  ASSERT_NE(warned.find(once), std::string::npos) << warned;
+  EXPECT_EQ(warned.find(once, warned.find(once) + 1), std::string::npos) << "warned twice: " << warned;
+  // An old name is checked as the key is; the refusal names it as written.
+  expect_error([] { load_experts("[experts]\nrows_per_call = 0\n"); }, ErrorKind::Usage,
+               {"[experts].rows_per_call = 0 is out of range: allowed integer from 1 to 4096"});
+}
+
+TEST(ConfigTableRenamedKey, NeverPrintedNorOffered) {
+  std::ostringstream out;
+  auto schema = enum_schema();
+  Both b = schema.defaults();
+  schema.set(b, "experts.chunk=100");
+  schema.print(out, b);
+  EXPECT_NE(out.str().find("chunk_rows = 100\n"), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("rows_per_call"), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("chunk ="), std::string::npos) << out.str();
+  expect_error([] { load_experts("[experts]\nchunk_row = 1\n"); }, ErrorKind::Usage,
+               {"did you mean 'chunk_rows'", "keys of [experts]: gemm, chunk_rows"});
+}
+
+TEST(ConfigTableRenamedKey, NameAndOldNameTogetherAreRefused) {
+  expect_error([] { load_experts("[experts]\nchunk_rows = 8\nrows_per_call = 64\n"); }, ErrorKind::Usage,
+               {"[experts].rows_per_call and [experts].chunk_rows are one key", "(at test.toml:3)",
+                "keep [experts].chunk_rows"});
+}
+
+TEST(ConfigTableRenamedKey, ANameDeclaredTwiceIsAnInternalError) {
+  expect_error(
+      [] {
+        Section<Experts> twice("experts", "doc",
+                               {integer("chunk_rows", &Experts::chunk_rows, 1, 1, 2, "rows"),
+                                choice("gemm", &Experts::gemm, Gemm::openblas, kGemmNames, "the GEMM")
+                                    .renamed_from("chunk_rows")});
+      },
+      ErrorKind::Internal, {"[experts]", "chunk_rows twice"});
 }
 
 }  // namespace

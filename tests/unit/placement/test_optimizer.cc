@@ -70,11 +70,18 @@ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 struct OptimizeCase {
   std::string data;  // "mixtral" or "synthetic"
   int islands, ranks_per_island;
-  std::string policy;
+  OptimizerPolicy policy;
 };
 
+// Every policy, in the order of its names.
+std::vector<OptimizerPolicy> all_policies() {
+  std::vector<OptimizerPolicy> all;
+  for (const auto& p : kOptimizerPolicyNames.entries) all.push_back(p.value);
+  return all;
+}
+
 std::string case_name(const testing::TestParamInfo<OptimizeCase>& info) {
-  std::string policy = info.param.policy;
+  std::string policy(name_of(info.param.policy));
   std::replace(policy.begin(), policy.end(), '-', '_');
   return info.param.data + "_" + std::to_string(info.param.islands) + "x" +
          std::to_string(info.param.ranks_per_island) + "_" + policy;
@@ -99,8 +106,8 @@ TEST_P(Optimize, ValidAndWithinCapacity) {
   const RoutingStats& s = stats();
   const Topology topo = topology();
   const int R = topo.ranks(), E = s.experts();
-  const std::string& policy = GetParam().policy;
-  const bool replicates = policy == "metis" || policy == "greedy-load";
+  const OptimizerPolicy policy = GetParam().policy;
+  const bool replicates = policy == OptimizerPolicy::metis || policy == OptimizerPolicy::greedy_load;
   Placement p = run();
   ASSERT_EQ(p.ranks(), R);
   ASSERT_EQ(p.layers(), s.layers());
@@ -125,7 +132,7 @@ TEST_P(Optimize, ValidAndWithinCapacity) {
         EXPECT_EQ(int(ranks.size()), wanted[e]) << "expert " << e;
       else
         EXPECT_EQ(ranks.size(), 1u) << "expert " << e;
-      if (policy == "metis" && !pooled[e] && int(ranks.size()) <= topo.islands()) {
+      if (policy == OptimizerPolicy::metis && !pooled[e] && int(ranks.size()) <= topo.islands()) {
         std::set<int> islands;
         for (int r : ranks) islands.insert(topo.island_of(r));
         EXPECT_EQ(islands.size(), ranks.size()) << "expert " << e << ": replicas share an island";
@@ -152,7 +159,7 @@ TEST_P(Optimize, RequestedSlotsPerRankAreKept) {
 
 std::vector<OptimizeCase> optimize_cases() {
   std::vector<OptimizeCase> cases;
-  for (const std::string& policy : optimizer_policy_names()) {
+  for (const OptimizerPolicy policy : all_policies()) {
     for (auto [islands, per] : {std::pair{2, 2}, {4, 2}, {1, 4}, {8, 1}})
       cases.push_back({"mixtral", islands, per, policy});
     cases.push_back({"synthetic", 4, 4, policy});
@@ -162,29 +169,29 @@ std::vector<OptimizeCase> optimize_cases() {
 INSTANTIATE_TEST_SUITE_P(Policies, Optimize, testing::ValuesIn(optimize_cases()), case_name);
 
 TEST(OptimizeNames, EveryPolicyIsListed) {
-  EXPECT_EQ(optimizer_policy_names(),
+  EXPECT_EQ(kOptimizerPolicyNames.names(),
             (std::vector<std::string>{"metis", "greedy-load", "contiguous", "round-robin"}));
 }
 
 TEST(OptimizeBaselines, ContiguousAndRoundRobinAreTheUsualMaps) {
   const Topology topo = Topology::blocks(4, 2);
   OptimizeOptions o;
-  o.policy = "contiguous";
+  o.policy = OptimizerPolicy::contiguous;
   EXPECT_TRUE(optimize(mixtral_stats(), topo, o) == contiguous(4, 32, 8));
-  o.policy = "round-robin";
+  o.policy = OptimizerPolicy::round_robin;
   EXPECT_TRUE(optimize(mixtral_stats(), topo, o) == round_robin(4, 32, 8));
 }
 
 TEST(OptimizeOptionsTest, WithoutReplicationEveryExpertHasOneSlot) {
   const Topology topo = Topology::blocks(4, 2);
-  for (const std::string policy : {"metis", "greedy-load"}) {
+  for (const OptimizerPolicy policy : {OptimizerPolicy::metis, OptimizerPolicy::greedy_load}) {
     OptimizeOptions o;
     o.policy = policy;
     o.replicate = false;
     Placement p = optimize(mixtral_stats(), topo, o);
     for (int l = 0; l < p.layers(); ++l) {
-      for (int e = 0; e < p.experts(); ++e) EXPECT_EQ(p.replicas(l, e).size(), 1u) << policy;
-      for (int r = 0; r < 4; ++r) EXPECT_EQ(p.experts_on(l, r).size(), 2u) << policy;
+      for (int e = 0; e < p.experts(); ++e) EXPECT_EQ(p.replicas(l, e).size(), 1u) << name_of(policy);
+      for (int r = 0; r < 4; ++r) EXPECT_EQ(p.experts_on(l, r).size(), 2u) << name_of(policy);
     }
   }
 }
@@ -215,13 +222,11 @@ TEST(OptimizeOptionsTest, AffinityAndNoRedundantSlotsKeepTheSameGuarantees) {
 }
 
 TEST(OptimizeErrors, UnknownPolicyIsUsageError) {
-  OptimizeOptions o;
-  o.policy = "bogus";
-  test::expect_error([&] { optimize(mixtral_stats(), Topology::blocks(4, 2), o); }, ErrorKind::Usage,
+  test::expect_error([] { kOptimizerPolicyNames.parse("bogus", "--policy"); }, ErrorKind::Usage,
                      {"bogus", "metis"});
 }
 
-class OptimizeTooFewSlots : public testing::TestWithParam<std::string> {};
+class OptimizeTooFewSlots : public testing::TestWithParam<OptimizerPolicy> {};
 
 TEST_P(OptimizeTooFewSlots, IsUsageErrorNamingTheNumbers) {
   // 8 experts on 4 ranks need at least 2 slots per rank; 1 is refused
@@ -232,9 +237,9 @@ TEST_P(OptimizeTooFewSlots, IsUsageErrorNamingTheNumbers) {
   test::expect_error([&] { optimize(mixtral_stats(), Topology::blocks(4, 2), o); }, ErrorKind::Usage,
                      {"8 experts", "4 ranks", "at least 2"});
 }
-INSTANTIATE_TEST_SUITE_P(Policies, OptimizeTooFewSlots, testing::ValuesIn(optimizer_policy_names()),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           std::string n = info.param;
+INSTANTIATE_TEST_SUITE_P(Policies, OptimizeTooFewSlots, testing::ValuesIn(all_policies()),
+                         [](const testing::TestParamInfo<OptimizerPolicy>& info) {
+                           std::string n(name_of(info.param));
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
@@ -247,7 +252,7 @@ struct BudgetCase {
   int slots_per_rank, redundant;  // as OptimizeOptions
 };
 
-class OptimizeBudget : public testing::TestWithParam<std::tuple<BudgetCase, std::string>> {};
+class OptimizeBudget : public testing::TestWithParam<std::tuple<BudgetCase, OptimizerPolicy>> {};
 
 // Every slot of the budget is spent, in every layer, by both balancing
 // policies, and they spend the same slots: the same replica counts.
@@ -262,7 +267,7 @@ TEST_P(OptimizeBudget, EverySlotSpentTheSameByBothPolicies) {
   o.redundant_slots = c.redundant;
   Placement p = optimize(s, topo, o);
   OptimizeOptions other = o;
-  other.policy = policy == "metis" ? "greedy-load" : "metis";
+  other.policy = policy == OptimizerPolicy::metis ? OptimizerPolicy::greedy_load : OptimizerPolicy::metis;
   Placement q = optimize(s, topo, other);
   EXPECT_NO_THROW(p.validate("optimised"));
   const int total = c.slots_per_rank > 0 ? c.slots_per_rank * R : E + c.redundant;
@@ -287,17 +292,17 @@ std::vector<BudgetCase> budget_cases() {
           {"mixtral", 2, 2, 0, 24},  // every expert on every rank
           {"mixtral", 4, 2, 0, 5},   {"synthetic", 4, 4, 0, 12}, {"synthetic", 4, 4, 3, -1}};
 }
-std::string budget_case_name(const testing::TestParamInfo<std::tuple<BudgetCase, std::string>>& info) {
+std::string budget_case_name(const testing::TestParamInfo<std::tuple<BudgetCase, OptimizerPolicy>>& info) {
   const BudgetCase& c = std::get<0>(info.param);
   std::string n = c.data + "_" + std::to_string(c.islands) + "x" + std::to_string(c.ranks_per_island) + "_" +
                   (c.slots_per_rank ? "spr" + std::to_string(c.slots_per_rank) : "red" + std::to_string(c.redundant)) +
-                  "_" + std::get<1>(info.param);
+                  "_" + std::string(name_of(std::get<1>(info.param)));
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 }
 INSTANTIATE_TEST_SUITE_P(Budgets, OptimizeBudget,
                          testing::Combine(testing::ValuesIn(budget_cases()),
-                                          testing::Values(std::string("metis"), std::string("greedy-load"))),
+                                          testing::Values(OptimizerPolicy::metis, OptimizerPolicy::greedy_load)),
                          budget_case_name);
 
 TEST(OptimizeBudgetErrors, BudgetsThatCannotHoldOrBeSpentAreUsageErrors) {
@@ -317,9 +322,9 @@ TEST(OptimizeBudgetErrors, BudgetsThatCannotHoldOrBeSpentAreUsageErrors) {
 TEST(OptimizeQuality, MetisCutsCrossIslandCopiesOnSynthetic) {
   const Topology topo = Topology::blocks(16, 4);
   OptimizeOptions o;
-  o.policy = "metis";
+  o.policy = OptimizerPolicy::metis;
   Cost metis = evaluate(synthetic_trace(), optimize(synthetic_stats(), topo, o), topo);
-  o.policy = "contiguous";
+  o.policy = OptimizerPolicy::contiguous;
   Cost base = evaluate(synthetic_trace(), optimize(synthetic_stats(), topo, o), topo);
   EXPECT_LE(metis.cross_island_copies_per_token, 0.8 * base.cross_island_copies_per_token)
       << "metis " << metis.cross_island_copies_per_token << " vs contiguous "
@@ -328,11 +333,11 @@ TEST(OptimizeQuality, MetisCutsCrossIslandCopiesOnSynthetic) {
 
 TEST(OptimizeQuality, BalancingPoliciesKeepRankLoadWithinTenPercentOnSynthetic) {
   const Topology topo = Topology::blocks(16, 4);
-  for (const std::string policy : {"metis", "greedy-load"}) {
+  for (const OptimizerPolicy policy : {OptimizerPolicy::metis, OptimizerPolicy::greedy_load}) {
     OptimizeOptions o;
     o.policy = policy;
     Cost c = evaluate(synthetic_trace(), optimize(synthetic_stats(), topo, o), topo);
-    EXPECT_LE(c.max_mean_rank_load, 1.10) << policy;
+    EXPECT_LE(c.max_mean_rank_load, 1.10) << name_of(policy);
   }
 }
 
@@ -348,7 +353,7 @@ TEST(OptimizeQuality, ConcentratedHotExpertsKeepAReplicaOnEachIsland) {
   const RoutingStats stats = RoutingStats::from_trace(trace, 0, trace.tokens());
   const Topology topo = Topology::blocks(4, 2);
   OptimizeOptions o;
-  o.policy = "metis";
+  o.policy = OptimizerPolicy::metis;
   const Placement p = optimize(stats, topo, o);
   int replicated = 0;
   for (int l = 0; l < spec.layers; ++l)

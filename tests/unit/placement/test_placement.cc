@@ -234,16 +234,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PlacementShape,
                          shape_name);
 
 TEST(MakePlacement, ByName) {
-  EXPECT_EQ(make_placement("contiguous", 4, 2, 8, 1), contiguous(4, 2, 8));
-  EXPECT_EQ(make_placement("round-robin", 4, 2, 8, 1), round_robin(4, 2, 8));
-  EXPECT_EQ(make_placement("shuffled", 4, 2, 8, 9), shuffled(4, 2, 8, 9));
-  for (const auto& name : placement_policy_names())
-    EXPECT_NO_THROW(make_placement(name, 2, 1, 4, 0)) << name;
+  EXPECT_EQ(make_placement(kPlacementPolicyNames.parse("contiguous", "policy"), 4, 2, 8, 1), contiguous(4, 2, 8));
+  EXPECT_EQ(make_placement(kPlacementPolicyNames.parse("round-robin", "policy"), 4, 2, 8, 1), round_robin(4, 2, 8));
+  EXPECT_EQ(make_placement(kPlacementPolicyNames.parse("shuffled", "policy"), 4, 2, 8, 9), shuffled(4, 2, 8, 9));
+  for (const auto& policy : kPlacementPolicyNames.entries)
+    EXPECT_NO_THROW(make_placement(policy.value, 2, 1, 4, 0)) << policy.name;
 }
 
 TEST(MakePlacement, UnknownPolicyIsAUsageError) {
-  test::expect_error([] { make_placement("bogus", 4, 2, 8, 1); }, ErrorKind::Usage,
-                     {"'bogus'", "round-robin"});
+  test::expect_error([] { kPlacementPolicyNames.parse("bogus", "--policy"); }, ErrorKind::Usage,
+                     {"\"bogus\"", "round-robin"});
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "placement/optimizer.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::runtime {
@@ -37,15 +38,15 @@ TEST(ConfigDefaults, DocumentedValues) {
   EXPECT_EQ(c.model.hidden, 512);
   EXPECT_EQ(c.model.dtype, "f32");
   EXPECT_EQ(c.model.weights, "");
-  EXPECT_EQ(c.router.mode, "topk");
+  EXPECT_EQ(c.router.mode, RouterMode::topk);
   EXPECT_DOUBLE_EQ(c.router.temperature, 1.0);
   EXPECT_EQ(c.router.max_k, 0);
-  EXPECT_EQ(c.workload.kind, "synthetic");
+  EXPECT_EQ(c.workload.kind, WorkloadKind::synthetic);
   EXPECT_DOUBLE_EQ(c.workload.hot_ratio, 2.75);
   EXPECT_EQ(c.experts.chunk_rows, 512);
   EXPECT_EQ(c.cluster.ranks_per_island, 0);
-  EXPECT_EQ(c.comm.backend, "auto");
-  EXPECT_EQ(c.placement.policy, "contiguous");
+  EXPECT_EQ(c.comm.backend, comm::Backend::automatic);
+  EXPECT_EQ(c.placement.policy, placement::PlacementPolicy::contiguous);
   EXPECT_EQ(c.metrics.load_window_steps, 8);
   EXPECT_EQ(c.log.level, "info");
   EXPECT_TRUE(c.log.per_step);
@@ -70,7 +71,7 @@ TEST(ConfigLoad, FileValuesReplaceDefaultsAndLeaveTheRest) {
   EXPECT_EQ(c.model.layers, 6);
   EXPECT_EQ(c.model.hidden, 32);
   EXPECT_EQ(c.model.experts, 8);  // untouched
-  EXPECT_EQ(c.router.mode, "topp");
+  EXPECT_EQ(c.router.mode, RouterMode::topp);
   EXPECT_DOUBLE_EQ(c.router.temperature, 2.0);
   EXPECT_FALSE(c.log.per_step);
 }
@@ -80,7 +81,7 @@ TEST(ConfigLoad, OverridesApplyAfterTheFileInOrder) {
                         {"model.layers=3", "router.mode=topp", "model.hidden=48", "model.hidden=40",
                          "workload.hot_ratio=1.5"});
   EXPECT_EQ(c.model.layers, 3);        // the override beats the file
-  EXPECT_EQ(c.router.mode, "topp");    // a bare word is read as a string
+  EXPECT_EQ(c.router.mode, RouterMode::topp);  // a bare word is read as a string
   EXPECT_EQ(c.model.hidden, 40);       // the last override wins
   EXPECT_DOUBLE_EQ(c.workload.hot_ratio, 1.5);
 }
@@ -278,14 +279,14 @@ TEST(ConfigPrint, ChangedValuesReloadToThemselves) {
   EXPECT_EQ(back.model.layers, 3);
   EXPECT_EQ(back.model.hidden, 48);
   EXPECT_EQ(back.model.weights, "dir with \"quotes\" and \\ slash");
-  EXPECT_EQ(back.router.mode, "topp");
+  EXPECT_EQ(back.router.mode, RouterMode::topp);
   EXPECT_EQ(back.router.temperature, 0.1);                 // bit-exact round trip
   EXPECT_EQ(back.router.top_p, 0.3333333333333333);
   EXPECT_EQ(back.router.max_k, 2);
   EXPECT_EQ(back.workload.hot_ratio, 1.25);
   EXPECT_EQ(back.workload.cross_topic, 0.0);
   EXPECT_EQ(back.comm.timeout_ms, 1234);
-  EXPECT_EQ(back.placement.policy, "shuffled");
+  EXPECT_EQ(back.placement.policy, placement::PlacementPolicy::shuffled);
   EXPECT_EQ(back.log.level, "debug");
   EXPECT_FALSE(back.log.per_step);
 }
@@ -296,6 +297,66 @@ TEST(ConfigPrint, EachKeyCarriesItsDocAndDefault) {
   EXPECT_NE(text.find("(integer from 1 to 65536; default 8)\nexperts = 8\n"), std::string::npos)
       << text;
   EXPECT_NE(text.find("default \"topk\")\nmode = \"topk\"\n"), std::string::npos) << text;
+}
+
+// ---------------------------------------------------------------- name tables
+
+// One name table, type-erased: its names in order and whether each entry
+// reads back (name -> value -> name) and stands at its value's place.
+struct TableCase {
+  std::string label;
+  std::vector<std::string> names, want;
+  bool round_trips = true;
+};
+
+void PrintTo(const TableCase& c, std::ostream* os) { *os << c.label; }
+
+template <class E, std::size_t N>
+TableCase table_case(std::string label, const config::NameTable<E, N>& table, std::vector<std::string> want) {
+  TableCase c{std::move(label), table.names(), std::move(want)};
+  for (std::size_t i = 0; i < N; ++i) {
+    const auto& entry = table.entries[i];
+    c.round_trips = c.round_trips && std::size_t(entry.value) == i && table.find(entry.name) == entry.value &&
+                    table.name(entry.value) == entry.name;
+  }
+  return c;
+}
+
+class NameTables : public ::testing::TestWithParam<TableCase> {};
+
+// Every value has exactly one name, the names are unique, and they are the
+// names configs, --set and command lines have always used.
+TEST_P(NameTables, EachValueOneNameEachNameOneValue) {
+  const TableCase& c = GetParam();
+  EXPECT_TRUE(c.round_trips);
+  EXPECT_EQ(c.names, c.want);
+  for (std::size_t i = 0; i < c.names.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j) EXPECT_NE(c.names[i], c.names[j]);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Config, NameTables,
+    ::testing::Values(table_case("router_mode", kRouterModeNames, {"topk", "topp"}),
+                      table_case("load_policy", kLoadPolicyNames, {"none", "drop", "demote"}),
+                      table_case("workload_kind", kWorkloadKindNames, {"synthetic", "trace", "ingress"}),
+                      table_case("workload_order", kWorkloadOrderNames, {"sequential", "shuffled"}),
+                      table_case("gemm", kGemmNames, {"fixed-order", "openblas"}),
+                      table_case("isa", kIsaNames, {"auto", "avx512", "avx2", "portable"}),
+                      table_case("comm_backend", comm::kBackendNames, {"auto", "ucx", "mpi"}),
+                      table_case("placement_policy", placement::kPlacementPolicyNames,
+                                 {"contiguous", "round-robin", "shuffled"}),
+                      table_case("optimizer_policy", placement::kOptimizerPolicyNames,
+                                 {"metis", "greedy-load", "contiguous", "round-robin"})),
+    [](const auto& info) { return info.param.label; });
+
+// A name outside a table: the same Usage error through TOML and --set, naming
+// the key and the allowed names.
+TEST(ConfigChoices, AnUnknownNameIsRefusedNamingKeyAndAllowed) {
+  expect_error([] { load("[experts]\ngemm = \"fixed_order\"\n"); }, ErrorKind::Usage,
+               {"config: [experts].gemm = \"fixed_order\" is not allowed: one of \"fixed-order\", \"openblas\" "
+                "(at t.toml:2)"});
+  expect_error([] { load("", {"router.load_policy=dropp"}); }, ErrorKind::Usage,
+               {"config: [router].load_policy = \"dropp\" is not allowed: one of \"none\", \"drop\", \"demote\""});
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ TEST(MemoryEstimate, PartsOfARank) {
   EXPECT_EQ(e.total(), sum);
 
   Config blas = c;
-  blas.experts.gemm = "openblas";  // held row-major: no packing copy
+  blas.experts.gemm = Gemm::openblas;  // held row-major: no packing copy
   EXPECT_EQ(part(estimate_rank_memory(blas, 12, 2), "expert weights"), 12u * 3 * 64 * 96 * 4);
   for (const MemoryPart& p : estimate_rank_memory(blas, 12, 2).parts) EXPECT_NE(p.what.rfind("packing", 0), 0u);
   EXPECT_EQ(part(estimate_rank_memory(c, 0, 2), "expert weights"), 0u);
@@ -54,7 +54,7 @@ TEST(MemoryEstimate, PartsOfARank) {
 
 TEST(MemoryEstimate, FrontDoorBudgetIsPerRank) {
   Config c = shape(3, 8, 64, 96);
-  c.workload.kind = "ingress";
+  c.workload.kind = WorkloadKind::ingress;
   c.ingress.max_tokens_per_step = 10;
   const MemoryEstimate e = estimate_rank_memory(c, 12, 4);
   EXPECT_EQ(part(e, "step buffers"), 10u * (64 * 20 + 8 * 4) + 10u * 2 * 3 / 4 * (2 * 64 * 12));

@@ -7,6 +7,7 @@
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
 #include "routing/synthetic_routing.h"
+#include "runtime/admin/protocol.h"
 #include "runtime/control/control_views.h"
 #include "runtime/control/reoptimizer.h"
 
@@ -54,10 +55,17 @@ INSTANTIATE_TEST_SUITE_P(Limits, MoveLimit, ::testing::Values(0, 1, 3, 8));
 TEST(Reoptimizer, AFailureComesBackAsTheError) {
   const auto topology = placement::Topology::blocks(4, 2);
   ReoptimizeRequest request;
-  request.policy = "no-such-policy";
+  request.slots_per_rank = 1;  // 16 experts do not fit in 4 slots
   const ReoptimizePlan plan = plan_reoptimization(stats(), placement::contiguous(4, 2, 16), topology, request);
-  EXPECT_NE(plan.error.find("no-such-policy"), std::string::npos) << plan.error;
+  EXPECT_NE(plan.error.find("16 experts"), std::string::npos) << plan.error;
   EXPECT_TRUE(plan.moves.empty());
+}
+
+// The control plane reads the policy of a request the admin protocol checked
+// against its own list (the admin room cannot include placement/).
+TEST(Reoptimizer, TheAdminPoliciesAreTheOptimizersInOrder) {
+  EXPECT_EQ(admin::reoptimize_policies(), placement::kOptimizerPolicyNames.names());
+  EXPECT_EQ(name_of(ReoptimizeRequest{}.policy), admin::reoptimize_policies().front());
 }
 
 TEST(ControlViews, PlacementAndMigrationJson) {

@@ -83,9 +83,9 @@ Config engine_config(const Case& k, bool overlap, int microbatches) {
   c.model.ffn = kFfn;
   c.experts.chunk_rows = 3;
   c.workload.tokens_per_step = std::int64_t(kTokens);
-  c.workload.order = k.shuffled_order ? "shuffled" : "sequential";
+  c.workload.order = k.shuffled_order ? WorkloadOrder::shuffled : WorkloadOrder::sequential;
   if (k.top_p) {
-    c.router.mode = "topp";
+    c.router.mode = RouterMode::topp;
     c.router.top_p = 0.6;
     c.router.min_k = 1;
     c.router.max_k = 3;
@@ -160,7 +160,7 @@ struct Plain {
     pairs = singles = 0;
     nonfinite.clear();
     std::vector<std::uint64_t> ids;
-    TokenOrder(kTokens, c.workload.order == "shuffled", std::uint64_t(c.workload.seed)).ids(s, 0, kTokens, ids);
+    TokenOrder(kTokens, c.workload.order == WorkloadOrder::shuffled, std::uint64_t(c.workload.seed)).ids(s, 0, kTokens, ids);
     std::vector<float> x(kTokens * kHidden);
     for (std::size_t t = 0; t < kTokens; ++t) {
       shared_workload().tokens(ids[t], 1, x.data() + t * kHidden);
@@ -509,7 +509,7 @@ class EngineOpenBlas : public ::testing::TestWithParam<std::size_t> {};
 TEST_P(EngineOpenBlas, BitsEqualTheOneRankRun) {
   const Case& k = cases()[GetParam()];
   Config c = engine_config(k, true, 2);
-  c.experts.gemm = "openblas";
+  c.experts.gemm = Gemm::openblas;
   const std::vector<RankRun> one =
       run_steps(c, placement::contiguous(1, kLayers, kExperts), placement::Topology({0}), 1);
   const std::vector<RankRun> here = run_steps(c, k.make(), placement::Topology(k.island_of_rank), 2);
@@ -599,11 +599,11 @@ struct PolicyCase {
 const std::vector<PolicyCase>& policy_cases() {
   static const std::vector<PolicyCase> all = {
       {"Smoothing", [](Config& c) { c.router.smoothing_beta = 2.0; }},
-      {"Drop", [](Config& c) { c.router.load_policy = "drop", c.router.capacity_factor = 0.8; }},
-      {"Demote", [](Config& c) { c.router.load_policy = "demote", c.router.capacity_factor = 1.0; }},
+      {"Drop", [](Config& c) { c.router.load_policy = LoadPolicy::drop, c.router.capacity_factor = 0.8; }},
+      {"Demote", [](Config& c) { c.router.load_policy = LoadPolicy::demote, c.router.capacity_factor = 1.0; }},
       {"Bias", [](Config& c) { c.router.bias_gamma = 0.5; }},
       {"AllWithJitter", [](Config& c) {
-         c.router.smoothing_beta = 0.5, c.router.load_policy = "demote", c.router.bias_gamma = 0.1;
+         c.router.smoothing_beta = 0.5, c.router.load_policy = LoadPolicy::demote, c.router.bias_gamma = 0.1;
          c.router.measure_jitter = true;
        }},
   };
@@ -633,7 +633,7 @@ TEST_P(EnginePolicies, EveryJobHasTheOneRankJobsBitsAndCounts) {
     RouterCounters sum;
     for (const RankRun& run : here) sum.add(run.steps[i].rec.router);
     EXPECT_EQ(sum.words(), one[0].steps[i].rec.router.words()) << "step " << kSteps[i];
-    if (c.router.load_policy != "none") {
+    if (c.router.load_policy != LoadPolicy::none) {
       EXPECT_EQ(sum.tokens, kTokens * kLayers);
     }
     if (c.router.measure_jitter) {
@@ -641,19 +641,19 @@ TEST_P(EnginePolicies, EveryJobHasTheOneRankJobsBitsAndCounts) {
     }
     // The router's own pairs the balancing policies changed: a drop loses
     // exactly the pairs it drops; a demotion at most the pairs it moves.
-    const bool rebalances = c.router.load_policy != "none" || c.router.bias_gamma > 0;
+    const bool rebalances = c.router.load_policy != LoadPolicy::none || c.router.bias_gamma > 0;
     EXPECT_EQ(sum.selected > 0, rebalances);
     EXPECT_LE(sum.changed, sum.selected);
-    if (c.router.load_policy == "drop") {
+    if (c.router.load_policy == LoadPolicy::drop) {
       EXPECT_EQ(sum.changed, sum.dropped);
     }
-    if (c.router.load_policy == "demote" && c.router.bias_gamma == 0) {
+    if (c.router.load_policy == LoadPolicy::demote && c.router.bias_gamma == 0) {
       EXPECT_LE(sum.changed, sum.moved);
     }
     pairs_changed = pairs_changed || sum.changed > 0;
   }
   EXPECT_TRUE(changed) << "the policy changed no output: the test would prove nothing";
-  if (c.router.load_policy != "none" || c.router.bias_gamma > 0) {
+  if (c.router.load_policy != LoadPolicy::none || c.router.bias_gamma > 0) {
     EXPECT_TRUE(pairs_changed) << "outputs changed but no pair was counted as changed";
   }
 }

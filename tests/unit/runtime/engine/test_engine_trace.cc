@@ -66,7 +66,7 @@ class EngineTrace : public ::testing::TestWithParam<Param> {
     c.model.ffn = 16;
     c.experts.chunk_rows = 3;
     c.workload.tokens_per_step = std::int64_t(kTokens);
-    c.workload.order = std::get<2>(GetParam()) ? "shuffled" : "sequential";
+    c.workload.order = std::get<2>(GetParam()) ? WorkloadOrder::shuffled : WorkloadOrder::sequential;
     c.comm.hierarchical = std::get<0>(GetParam());
     c.engine.microbatches = std::get<1>(GetParam());
     c.engine.split_rows = 2;
@@ -143,7 +143,7 @@ TEST_P(EngineTrace, RecordsDescribeWhatTheRunDid) {
   ASSERT_EQ(layers.size(), expected * kLayers);
 
   std::vector<std::uint64_t> ids;
-  TokenOrder(kTokens, c.workload.order == "shuffled", std::uint64_t(c.workload.seed)).ids(kStep, 0, kTokens, ids);
+  TokenOrder(kTokens, c.workload.order == WorkloadOrder::shuffled, std::uint64_t(c.workload.seed)).ids(kStep, 0, kTokens, ids);
   std::map<std::uint64_t, std::set<int>> layers_of;  // request -> layers traced
   for (const trace::LayerTrace& t : layers) {
     const trace::HomeRecord& h = t.home;

@@ -23,7 +23,7 @@ namespace {
 
 constexpr int kHidden = 8, kFfn = 12, kExperts = 4;
 
-Config small_config(const char* gemm) {
+Config small_config(Gemm gemm) {
   Config c = default_config();
   c.model.layers = 2;
   c.model.experts = kExperts;
@@ -42,7 +42,7 @@ std::vector<float> rows_of(std::size_t n, std::uint64_t seed) {
 }
 
 TEST(ExpertExecutor, AnswersAreEachRowsOutputWhateverTheBlockCut) {
-  const Config c = small_config("fixed-order");
+  const Config c = small_config(Gemm::fixed_order);
   const ExpertStore store = ExpertStore::load(c, placement::contiguous(1, 2, kExperts), 0);
   const kernels::ExpertView expert = store.expert(1, 2);
   const std::size_t n = 11;
@@ -89,7 +89,7 @@ TEST(ExpertExecutor, AnswersAreEachRowsOutputWhateverTheBlockCut) {
 
 TEST(ExpertExecutor, NoRowsNoCall) {
   const ExpertStore store =
-      ExpertStore::load(small_config("fixed-order"), placement::contiguous(1, 2, kExperts), 0);
+      ExpertStore::load(small_config(Gemm::fixed_order), placement::contiguous(1, 2, kExperts), 0);
   ExpertExecutor executor;
   int polls = 0;
   EXPECT_EQ(executor.run(store.expert(0, 0), {}, [&] { ++polls; }).nonfinite, 0u);
@@ -100,12 +100,12 @@ TEST(ExpertExecutor, NoRowsNoCall) {
 // A slot copied out (the form migration sends), dropped and added back computes
 // the same bits, packed for the fixed-order GEMM or row-major for OpenBLAS.
 TEST(ExpertStore, SlotsSurviveTheFlatFormMigrationMoves) {
-  for (const char* gemm : {"fixed-order", "openblas"}) {
-    SCOPED_TRACE(gemm);
+  for (const Gemm gemm : {Gemm::fixed_order, Gemm::openblas}) {
+    SCOPED_TRACE(name_of(gemm));
     const Config c = small_config(gemm);
     const placement::Placement p = placement::contiguous(2, 2, kExperts);  // rank 0: experts 0, 1
     ExpertStore store = ExpertStore::load(c, p, 0);
-    EXPECT_EQ(store.packed(), std::string(gemm) == "fixed-order");
+    EXPECT_EQ(store.packed(), gemm == Gemm::fixed_order);
     EXPECT_EQ(store.slots(), 4);  // 2 layers x 2 experts
     EXPECT_TRUE(store.holds(1, 1));
     EXPECT_FALSE(store.holds(1, 2));

@@ -310,7 +310,7 @@ TEST(RouterBatching, ZeroTokensAppendNothing) {
 TEST(RouterParamsFrom, TakesEveryKey) {
   Config c = default_config();
   c.model.top_k = 3;
-  c.router.mode = "topp";
+  c.router.mode = RouterMode::topp;
   c.router.temperature = 0.5;
   c.router.top_p = 0.9;
   c.router.min_k = 2;

@@ -191,7 +191,7 @@ TEST(Jitter, CountsTokensWhoseSetChanged) {
 
 // ---- RouterPolicies ----------------------------------------------------------------------
 
-Config policies_config(double beta, const char* load_policy, double gamma) {
+Config policies_config(double beta, LoadPolicy load_policy, double gamma) {
   Config c = default_config();
   c.model.layers = 2;
   c.model.experts = 6;
@@ -205,7 +205,7 @@ Config policies_config(double beta, const char* load_policy, double gamma) {
 }
 
 TEST(RouterPolicies, SmoothingNeverAdjustsAFirstPosition) {
-  const Config c = policies_config(1.0, "none", 0);
+  const Config c = policies_config(1.0, LoadPolicy::none, 0);
   RouterPolicies p(c, 2, 6);
   ASSERT_TRUE(p.shares_tokens());
   Ranked all;
@@ -229,7 +229,7 @@ TEST(RouterPolicies, SmoothingNeverAdjustsAFirstPosition) {
 
 TEST(RouterPolicies, SmoothingKeepsANearTieWithThePreviousChoice) {
   // Position 0 prefers {0, 1}; position 1 prefers {0, 2} by a hair: the bonus keeps {0, 1}.
-  const Config c = policies_config(0.1, "none", 0);
+  const Config c = policies_config(0.1, LoadPolicy::none, 0);
   RouterPolicies p(c, 2, 6);
   const std::vector<float> first{3, 2, 1.99f, 0, 0, 0}, second{3, 1.99f, 2, 0, 0, 0};
   Ranked all;
@@ -279,7 +279,7 @@ TEST(RouterPolicies, CountersTravelAsWordsAndAddUp) {
 }
 
 TEST(RouterPolicies, AdjustmentsWithoutTheBiasKeepTheSmoothing) {
-  const Config c = policies_config(1.0, "none", 0.5);
+  const Config c = policies_config(1.0, LoadPolicy::none, 0.5);
   RouterPolicies p(c, 2, 6);
   ASSERT_TRUE(p.rebalances());
   p.end_layer(0, std::vector<std::uint64_t>{10, 0, 0, 0, 0, 2});  // mean 2: expert 0 over, 1-4 under, 5 at it
@@ -291,18 +291,18 @@ TEST(RouterPolicies, AdjustmentsWithoutTheBiasKeepTheSmoothing) {
   const double* without = p.adjustments(0, first, adjust, false);
   ASSERT_NE(without, nullptr) << "smoothing is on";
   EXPECT_EQ(std::vector<double>(without, without + 6), std::vector<double>(6, 0.0)) << "no bias, no bonus yet";
-  RouterPolicies bias_only(policies_config(0, "none", 0.5), 2, 6);
+  RouterPolicies bias_only(policies_config(0, LoadPolicy::none, 0.5), 2, 6);
   EXPECT_NE(bias_only.adjustments(0, first, adjust), nullptr);
   EXPECT_EQ(bias_only.adjustments(0, first, adjust, false), nullptr);
-  EXPECT_FALSE(RouterPolicies(policies_config(1.0, "none", 0), 2, 6).rebalances());
-  EXPECT_TRUE(RouterPolicies(policies_config(0, "drop", 0), 2, 6).rebalances());
+  EXPECT_FALSE(RouterPolicies(policies_config(1.0, LoadPolicy::none, 0), 2, 6).rebalances());
+  EXPECT_TRUE(RouterPolicies(policies_config(0, LoadPolicy::drop, 0), 2, 6).rebalances());
 }
 
 TEST(RouterPolicies, WithDemotionTheBiasFollowsTheLoadsBeforeIt) {
   // Every token prefers expert 0; demotion at the mean caps it at the mean,
   // so its final load is not over the mean, yet its bias must still fall.
   const std::size_t T = 12, E = 12;
-  Config c = policies_config(0, "demote", 0.1);
+  Config c = policies_config(0, LoadPolicy::demote, 0.1);
   c.router.demotion_threshold = 1.0;
   RouterPolicies p(c, 2, int(E));
   // Expert 0 first, then each token's own order of the others (room for the demoted pairs).
@@ -323,14 +323,14 @@ TEST(RouterPolicies, WithDemotionTheBiasFollowsTheLoadsBeforeIt) {
   p.end_layer(0, load);
   EXPECT_EQ(p.biases()[0], -0.1);
   // Without a load policy the bias follows the loads it is given.
-  RouterPolicies plain(policies_config(0, "none", 0.1), 2, int(E));  // (12 experts: only sizes its biases)
+  RouterPolicies plain(policies_config(0, LoadPolicy::none, 0.1), 2, int(E));  // (12 experts: only sizes its biases)
   plain.end_layer(0, load);
   EXPECT_GE(plain.biases()[0], 0.0);
 }
 
 TEST(RouterPolicies, RanksDecideAsOneWithEveryPolicyOn) {
   const std::size_t T = 90, E = 6;
-  Config c = policies_config(0.3, "demote", 0.01);
+  Config c = policies_config(0.3, LoadPolicy::demote, 0.01);
   c.router.measure_jitter = true;
   std::vector<RouterPolicies> one{RouterPolicies(c, 2, 6)}, three(3, RouterPolicies(c, 2, 6));
   const std::vector<std::size_t> first{0, 30, 61, 90};

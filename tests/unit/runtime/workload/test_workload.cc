@@ -259,7 +259,7 @@ std::vector<std::vector<Cell>> read_trace_plainly(const std::string& path) {
 
 Config trace_config(const std::string& path, int layers = 4, int experts = 8) {
   Config c = default_config();
-  c.workload.kind = "trace";
+  c.workload.kind = WorkloadKind::trace;
   c.workload.trace = path;
   c.model.layers = layers;
   c.model.experts = experts;
