@@ -59,6 +59,7 @@ SocketService::SocketService(const std::string& dir, const std::string& path, co
 SocketService::~SocketService() {
   stop();
   connections_.clear();
+  connections_held_.store(0);
 }  // then the listener: closed, and its socket file removed
 
 void SocketService::start() {
@@ -73,7 +74,7 @@ void SocketService::stop() {
 }
 
 SocketServiceCounters SocketService::counters() const {
-  return {turns_.load(), loop_errors_.load(), connection_errors_.load()};
+  return {turns_.load(), loop_errors_.load(), connection_errors_.load(), connections_held_.load()};
 }
 
 void SocketService::run() {
@@ -139,6 +140,7 @@ bool SocketService::serve(SocketConnection& c, short revents) {
 
 void SocketService::close(const std::shared_ptr<SocketConnection>& c) {
   std::erase(connections_, c);
+  connections_held_.store(connections_.size());
   try {
     handler_.closed(*c);
   } catch (...) {
@@ -192,6 +194,7 @@ void SocketService::admit(UniqueFd fd) {
     std::shared_ptr<SocketConnection> c = handler_.admit(std::move(fd), next_serial_++, peer);
     MOED_CHECK(c != nullptr, "the {} admitted a connection as nothing", names_.what);
     connections_.push_back(std::move(c));
+    connections_held_.store(connections_.size());
   } catch (...) {
     ++connection_errors_;
     spdlog::error("{}: admitting a connection (pid {}) failed: {}", names_.what, peer.pid, current_exception_text());

@@ -83,6 +83,7 @@ struct SocketServiceCounters {
   std::uint64_t turns = 0;              // poll()s that returned: an idle service must not spin
   std::uint64_t loop_errors = 0;        // turns that failed (poll() among them), each logged
   std::uint64_t connection_errors = 0;  // connections closed because one of their hooks threw
+  std::uint64_t connections = 0;        // held now (admitted, not yet closed): what a test waits on
 };
 
 class SocketService {
@@ -158,7 +159,7 @@ class SocketService {
   std::uint64_t next_serial_ = 1;
   std::chrono::steady_clock::time_point accept_paused_until_{};
   std::atomic<bool> stop_{false};
-  std::atomic<std::uint64_t> turns_{0}, loop_errors_{0}, connection_errors_{0};
+  std::atomic<std::uint64_t> turns_{0}, loop_errors_{0}, connection_errors_{0}, connections_held_{0};
   std::thread thread_;
 };
 

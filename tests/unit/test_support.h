@@ -5,7 +5,8 @@
 //                 with everything in it when the TempDir goes;
 //   heap_in_use:  the bytes malloc has handed out and not yet taken back, to
 //                 check that a long-lived object does not grow;
-//   random_floats: n floats uniform in [-1, 1) from a counter-based key.
+//   random_floats: n floats uniform in [-1, 1) from a counter-based key;
+//   wait_until:   wait for a state another thread brings about (not for a time).
 // Header only: each test binary is built from the .cc files of one part.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -118,6 +121,26 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t key) {
 inline std::size_t heap_in_use() {
   const struct mallinfo2 info = ::mallinfo2();
   return info.uordblks + info.hblkhd;
+}
+
+// Waits until `state()` holds, looking every millisecond: for a test that must
+// wait for a server thread to have done something, seen through its counters
+// (sleeping "long enough" instead fails at random on a loaded machine). The
+// deadline is far beyond what any machine needs; reaching it is a test failure
+// at the caller naming `what`, the state waited for. Returns whether it held.
+template <class State>
+bool wait_until(State state, std::string_view what, std::chrono::milliseconds deadline = std::chrono::seconds(60),
+                std::source_location where = std::source_location::current()) {
+  const auto give_up = std::chrono::steady_clock::now() + deadline;
+  while (!state()) {
+    if (std::chrono::steady_clock::now() > give_up) {
+      ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line()))
+          << "still waiting after " << deadline.count() << " ms for: " << what;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 }  // namespace moed::test

@@ -136,18 +136,6 @@ class LineClient {
   std::string buffer_;
 };
 
-// Waits up to 10 s for `state` to hold, looking again every millisecond:
-// for what only the service's counters show. False if it never did.
-template <class State>
-bool eventually(State state) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!state()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
 class SocketServiceTest : public ::testing::Test {
  protected:
   std::unique_ptr<SocketService> start(int max_clients = 4) {
@@ -172,6 +160,7 @@ TEST_F(SocketServiceTest, AcceptsAdmitsServesAndCloses) {
   EXPECT_EQ(b.call("world"), "world");
   EXPECT_EQ(a.call("again"), "again");
   ASSERT_TRUE(handler_.wait_until([&] { return handler_.serials.size() == 2; }));
+  EXPECT_EQ(service->counters().connections, 2u);  // both answered: both held
   EXPECT_EQ(handler_.serials, (std::vector<std::uint64_t>{1, 2}));
   EXPECT_EQ(handler_.peers[0].pid, ::getpid());
   EXPECT_EQ(handler_.peers[0].uid, ::geteuid());
@@ -179,6 +168,7 @@ TEST_F(SocketServiceTest, AcceptsAdmitsServesAndCloses) {
   a.send("bye");
   EXPECT_EQ(a.read_line(), std::nullopt);
   EXPECT_TRUE(handler_.wait_until([&] { return handler_.closes == 1; }));
+  EXPECT_EQ(service->counters().connections, 1u);
   EXPECT_EQ(b.call("still here"), "still here");
   EXPECT_EQ(service->counters().connection_errors, 0u);
 }
@@ -192,6 +182,7 @@ TEST_F(SocketServiceTest, RefusesANewcomerWhenFullAndAdmitsOnceASlotIsFree) {
   EXPECT_EQ(c.read_line(), "full");
   EXPECT_EQ(c.read_line(), std::nullopt);
   EXPECT_TRUE(handler_.wait_until([&] { return handler_.refused == 1; }));
+  EXPECT_EQ(service->counters().connections, 2u);  // a refused newcomer is never one
   a.send("bye");
   ASSERT_TRUE(handler_.wait_until([&] { return handler_.closes == 1; }));
   LineClient d(service->path());
@@ -226,7 +217,8 @@ TEST_F(SocketServiceTest, AHandlerThatThrowsAnythingClosesOnlyItsConnection) {
   handler_.throw_on_admit = true;
   LineClient unlucky(service->path());
   EXPECT_EQ(unlucky.read_line(), std::nullopt);
-  EXPECT_TRUE(eventually([&] { return service->counters().connection_errors == 2; }));
+  EXPECT_TRUE(
+      test::wait_until([&] { return service->counters().connection_errors == 2; }, "the failed admit counted"));
   handler_.throw_on_admit = false;
   EXPECT_EQ(bystander.call("y"), "y");
   EXPECT_EQ(service->counters().loop_errors, 0u);
@@ -249,7 +241,7 @@ TEST_F(SocketServiceTest, APollErrorIsReportedAndTheLoopGoesOn) {
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &one), 0);
     service->wake();  // ends the poll that began under the old limit
     // No fd may be opened here.
-    EXPECT_TRUE(eventually([&] { return service->counters().loop_errors >= 1; }));
+    EXPECT_TRUE(test::wait_until([&] { return service->counters().loop_errors >= 1; }, "the failed poll() counted"));
   }
   LineClient c(service->path());
   EXPECT_EQ(c.call("served again"), "served again");
