@@ -125,7 +125,7 @@ struct AdminServer::Impl final : SocketService::Handler {
 
   struct AtomicCounters {
     std::atomic<std::uint64_t> accepted{0}, refused_uid{0}, refused_full{0}, requests{0},
-        lines_too_long{0}, dropped_slow{0}, closed_idle{0}, closed_slow_line{0}, evicted{0};
+        lines_too_long{0}, dropped_slow{0}, closed_idle{0}, closed_slow_line{0}, evicted{0}, bytes_read{0};
   } counters;
 
   // SocketService::Handler, on the server thread.
@@ -137,7 +137,7 @@ struct AdminServer::Impl final : SocketService::Handler {
   int poll_timeout_ms(const SocketConnections& all) override;
   void woken(const SocketConnections& all) override { deliver(all, mailbox->take()); }
 
-  void read_from(Client& c);
+  std::size_t read_from(Client& c);
   void handle_lines(Client& c);
   void handle_line(Client& c, std::string_view line);
   void answer_now(Client& c, std::string line);
@@ -179,8 +179,9 @@ short AdminServer::Impl::events(SocketConnection& connection) {
 // One turn of a client: what it sent, the answers it is owed, and whether it stays.
 bool AdminServer::Impl::serve(SocketConnection& connection, short revents) {
   Client& c = client(connection);
-  if (revents & (POLLIN | POLLHUP | POLLERR)) read_from(c);
+  const std::size_t got = (revents & (POLLIN | POLLHUP | POLLERR)) ? read_from(c) : 0;
   if (c.backlog || !c.in.empty()) handle_lines(c);
+  counters.bytes_read += got;  // after the lines: a test that sees the bytes sees what they did
   // POLLHUP: the peer closed both ways, so nothing can reach it any more.
   // What it sent has been handled (a fire-and-forget control command still
   // counts); without this, poll would report POLLHUP again at once, forever.
@@ -226,9 +227,11 @@ SocketConnection* AdminServer::Impl::evictee(const SocketConnections& all) {
   return oldest;
 }
 
-void AdminServer::Impl::read_from(Client& c) {
-  if (c.read_closed || c.closing || c.dead) return;
+// Returns the number of bytes read.
+std::size_t AdminServer::Impl::read_from(Client& c) {
+  if (c.read_closed || c.closing || c.dead) return 0;
   char buffer[kReadChunk];
+  std::size_t got = 0;
   // A bounded number of reads per turn, so one fast client cannot starve others.
   for (int reads = 0; reads < 4 && c.in.size() <= limits.max_line; ++reads) {
     const ssize_t n = ::recv(c.fd(), buffer, sizeof buffer, MSG_DONTWAIT);
@@ -236,17 +239,19 @@ void AdminServer::Impl::read_from(Client& c) {
       if (c.in.empty()) c.line_started = Clock::now();
       c.in.append(buffer, static_cast<std::size_t>(n));
       c.last_activity = Clock::now();
-      if (static_cast<std::size_t>(n) < sizeof buffer) return;
+      got += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < sizeof buffer) return got;
       continue;
     }
     if (n == 0) {
       c.read_closed = true;
-      return;
+      return got;
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;  // reset by the peer
-    return;
+    return got;
   }
+  return got;
 }
 
 // Handles up to kLinesPerTurn complete lines; the rest wait for the next turn.
@@ -512,10 +517,11 @@ const std::string& AdminServer::path() const { return impl_->path; }
 
 AdminCounters AdminServer::counters() const {
   const auto& a = impl_->counters;
-  return AdminCounters{a.accepted.load(),       a.refused_uid.load(),    a.refused_full.load(),
-                       a.requests.load(),       a.lines_too_long.load(), a.dropped_slow.load(),
+  const SocketServiceCounters service = impl_->service->counters();
+  return AdminCounters{a.accepted.load(),       a.refused_uid.load(),      a.refused_full.load(),
+                       a.requests.load(),       a.lines_too_long.load(),   a.dropped_slow.load(),
                        a.closed_idle.load(),    a.closed_slow_line.load(), a.evicted.load(),
-                       impl_->service->counters().turns};
+                       service.turns,           service.connections,       a.bytes_read.load()};
 }
 
 std::string AdminServer::socket_path(const std::string& dir, int rank) {

@@ -76,6 +76,8 @@ struct AdminCounters {
   std::uint64_t closed_slow_line = 0;  // a line not finished within line_timeout_ms
   std::uint64_t evicted = 0;           // partial lines dropped to admit a new client
   std::uint64_t turns = 0;             // poll loop turns: an idle server must not spin
+  std::uint64_t clients = 0;           // connections held now
+  std::uint64_t bytes_read = 0;        // request bytes read, counted once the lines they end are handled
 };
 
 class AdminServer {

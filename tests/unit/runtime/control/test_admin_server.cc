@@ -155,6 +155,18 @@ class AdminServerTest : public ::testing::Test {
   }
   std::string dir() const { return tmp_.file("run"); }
 
+  // Waits for the server to have read `bytes` request bytes since it started
+  // (and handled the lines they end).
+  static bool server_has_read(const AdminServer& server, std::uint64_t bytes) {
+    return test::wait_until([&] { return server.counters().bytes_read >= bytes; },
+                            "the server to have read " + std::to_string(bytes) + " request bytes");
+  }
+  // Waits for the server to hold `n` connections (after clients went: to have closed theirs).
+  static bool server_holds(const AdminServer& server, std::uint64_t n) {
+    return test::wait_until([&] { return server.counters().clients == n; },
+                            "the server to hold " + std::to_string(n) + " connections");
+  }
+
   test::TempDir tmp_{"moed_admin"};
   FakeDaemon daemon_;
 };
@@ -193,9 +205,10 @@ TEST_F(AdminServerTest, TwoRequestsInOneWriteAndOneSplitOverManyWrites) {
   EXPECT_EQ(c.read_answer()["id"], 1);
   EXPECT_EQ(c.read_answer()["id"], 2);
   const std::string line = "{\"id\":3,\"cmd\":\"status\"}\n";
-  for (char ch : line) {
-    ASSERT_TRUE(c.write(std::string(1, ch)));
-    std::this_thread::sleep_for(1ms);
+  const std::uint64_t read_before = server->counters().bytes_read;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    ASSERT_TRUE(c.write(std::string(1, line[i])));
+    ASSERT_TRUE(server_has_read(*server, read_before + i + 1));  // each byte a read of its own
   }
   EXPECT_EQ(c.read_answer()["id"], 3);
   // Blank lines are skipped silently; CRLF works.
@@ -295,7 +308,7 @@ TEST_F(AdminServerTest, ControlCommandReplyComesLaterFromAnotherThread) {
   EXPECT_EQ(request.params, json({{"layer", 1}, {"expert", 2}, {"to", 3}}));
   EXPECT_FALSE(c.read_line(50ms)) << "answered before the daemon decided";
   std::thread step_loop([&, id = request.id, reply = reply] {
-    std::this_thread::sleep_for(20ms);
+    std::this_thread::sleep_for(20ms);  // usually after the client waits; either order passes
     reply(answer_ok(id, {{"migration", 9}}));
   });
   json a = c.read_answer();
@@ -349,7 +362,7 @@ TEST_F(AdminServerTest, ClientGoneBeforeItsReplyCrashesNothing) {
       late = reply;
       id = request.id;
     }  // the client goes
-    std::this_thread::sleep_for(20ms);
+    ASSERT_TRUE(server_holds(*server, 0));
     late(answer_ok(id, {}));  // dropped
     RawClient other(server->path());
     EXPECT_EQ(other.call(R"({"id":2,"cmd":"status"})")["id"], 2);
@@ -363,6 +376,8 @@ TEST_F(AdminServerTest, NoSpinningOnGoneOrIdleClients) {
   Limits limits;
   limits.max_line = 64;
   auto server = start(0, limits);
+  // Two windows of time on purpose: the turns in them are what is measured
+  // (a loaded machine makes fewer turns, not more).
   std::this_thread::sleep_for(200ms);
   EXPECT_LE(server->counters().turns, 3u) << "an idle server woke up";
   {
@@ -412,8 +427,8 @@ TEST_F(AdminServerTest, HundredClientsAtOnceExtrasGetAnErrorLine) {
   EXPECT_EQ(refused, 36);
   EXPECT_EQ(server->counters().refused_full, 36u);
   clients.clear();
-  // Their places are free again.
-  std::this_thread::sleep_for(50ms);
+  // Their places are free again, once the server has seen them go.
+  ASSERT_TRUE(server_holds(*server, 0));
   RawClient late(server->path());
   EXPECT_EQ(late.call(R"({"cmd":"status"})")["ok"], true);
 }
@@ -469,8 +484,9 @@ TEST_F(AdminServerTest, ClientThatNeverReadsIsDroppedOthersKeepWorking) {
 TEST_F(AdminServerTest, HandlersNeverSeeIncompleteLines) {
   auto server = start();
   RawClient c(server->path());
-  ASSERT_TRUE(c.write(R"({"id":1,"cmd":"status"})"));  // no newline yet
-  std::this_thread::sleep_for(50ms);
+  const std::string unfinished = R"({"id":1,"cmd":"status"})";
+  ASSERT_TRUE(c.write(unfinished));  // no newline yet
+  ASSERT_TRUE(server_has_read(*server, unfinished.size()));
   EXPECT_EQ(daemon_.snapshot_count(), 0u);
   EXPECT_FALSE(c.read_line(10ms));
   ASSERT_TRUE(c.write("\n"));
@@ -530,12 +546,14 @@ TEST_F(AdminServerTest, ALineTooSlowToFinishIsClosed) {
   EXPECT_GE(Clock::now() - t0, 250ms);
   EXPECT_EQ(server->counters().closed_slow_line, 1u);
   // A line finished in time is served, however it is split (on a server
-  // whose line timeout leaves the pause far inside it).
+  // whose line timeout leaves the pause far inside it): its first part is
+  // read before the rest is sent.
   server.reset();
   server = start();
   RawClient fine(server->path());
-  EXPECT_TRUE(fine.write(R"({"cmd":)"));
-  std::this_thread::sleep_for(100ms);
+  const std::string first_part = R"({"cmd":)";
+  EXPECT_TRUE(fine.write(first_part));
+  ASSERT_TRUE(server_has_read(*server, first_part.size()));
   EXPECT_EQ(fine.call(R"("status"})")["ok"], true);
 }
 
@@ -546,17 +564,16 @@ TEST_F(AdminServerTest, TricklingClientsCannotLockTheOperatorOut) {
   limits.max_clients = 4;
   auto server = start(0, limits);
   std::vector<std::unique_ptr<RawClient>> tricklers;
-  for (int i = 0; i < 4; ++i) {
+  for (std::uint64_t i = 0; i < 4; ++i) {
     tricklers.push_back(std::make_unique<RawClient>(server->path()));
     ASSERT_TRUE(tricklers.back()->write("{"));
-    std::this_thread::sleep_for(30ms);  // so that the first is usually the oldest
+    // Read before the next one writes: each unfinished line starts after the last.
+    ASSERT_TRUE(server_has_read(*server, i + 1));
   }
-  std::this_thread::sleep_for(200ms);  // every unfinished line read by the server
   RawClient operator_client(server->path());
   EXPECT_EQ(operator_client.call(R"({"cmd":"status"})")["ok"], true);
   EXPECT_EQ(server->counters().evicted, 1u);
-  // Exactly one trickler lost its slot, told why; (under load the server may
-  // have read the lines in another order, so which one is not asserted).
+  // Exactly one trickler lost its slot, told why: the first, whose line is the oldest.
   int evicted = 0;
   for (auto& t : tricklers) {
     auto line = t->read_line(100ms);
@@ -567,6 +584,7 @@ TEST_F(AdminServerTest, TricklingClientsCannotLockTheOperatorOut) {
     t.reset();
   }
   EXPECT_EQ(evicted, 1);
+  EXPECT_EQ(tricklers[0], nullptr) << "the oldest unfinished line was not the one evicted";
   // The others keep their slots and can finish their lines.
   for (auto& t : tricklers)
     if (t) {
