@@ -314,6 +314,7 @@ void FrontDoor::Impl::queue_submit(Session& s, const wire::Submit& m) {
   tickets[ticket] = m;
   it->queue.push_back({0, m.layer, m.rows, ticket});
   queued_rows[m.layer] += m.rows;
+  ++counts.submits_queued;
   work.notify_one();
 }
 

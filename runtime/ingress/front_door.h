@@ -57,6 +57,7 @@ struct LayerBatch {
 struct FrontDoorCounters {
   std::uint64_t clients = 0;          // connected now
   std::uint64_t accepted = 0;         // connections welcomed since start
+  std::uint64_t submits_queued = 0;   // submits accepted into the queue for a step since start
   std::uint64_t submits_served = 0;
   std::uint64_t rows_served = 0;
   std::uint64_t refused = 0;          // submits and connections answered with an error

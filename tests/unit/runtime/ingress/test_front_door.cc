@@ -59,6 +59,16 @@ class FrontDoorTest : public ::testing::Test {
     if (stepper_.joinable()) stepper_.join();
   }
 
+  // Waits for the door to have queued `n` submits since it started.
+  bool door_queued(std::uint64_t n) const {
+    return test::wait_until([&] { return door_->counters().submits_queued >= n; },
+                            "the front door to have queued " + std::to_string(n) + " submits");
+  }
+  // Waits for the door to have dropped every client that went.
+  bool door_has_no_clients() const {
+    return test::wait_until([&] { return door_->counters().clients == 0; }, "the front door to hold no client");
+  }
+
   static client::Options reconnecting_within(int ms) {
     client::Options o;
     o.reconnect_ms = ms;
@@ -112,16 +122,13 @@ TEST_F(FrontDoorTest, TheStepSeesIdsPositionsAndLayers) {
     c.submit(s, layer, 2);
   }
   // Both submits are queued before the step takes them: one step serves both layers.
-  for (int tries = 0; tries < 200 && door_->counters().submits_served == 0; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    door_->take(batches_);
-    if (batches_[0].rows() + batches_[2].rows() == 0) continue;
-    ASSERT_EQ(batches_[0].rows(), 2u);
-    ASSERT_EQ(batches_[2].rows(), 2u);
-    EXPECT_EQ(batches_[2].request_ids, (std::vector<std::uint64_t>{42, 50}));
-    EXPECT_EQ(batches_[2].positions, (std::vector<std::uint32_t>{7, 8}));
-    door_->complete(batches_);
-  }
+  ASSERT_TRUE(door_queued(2));
+  door_->take(batches_);
+  ASSERT_EQ(batches_[0].rows(), 2u);
+  ASSERT_EQ(batches_[2].rows(), 2u);
+  EXPECT_EQ(batches_[2].request_ids, (std::vector<std::uint64_t>{42, 50}));
+  EXPECT_EQ(batches_[2].positions, (std::vector<std::uint32_t>{7, 8}));
+  door_->complete(batches_);
   c.wait(0);
   c.wait(1);
 }
@@ -274,7 +281,7 @@ TEST_F(FrontDoorTest, ADisconnectMidRequestLeaksNothing) {
     c.submit(s, 1, 4);
     // Gone before its answer, with the submit still queued.
   }
-  for (int i = 0; i < 200 && door_->counters().clients; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(door_has_no_clients());
   EXPECT_EQ(door_->counters().clients, 0u);
   // A step takes nothing of it, and the next client is served.
   EXPECT_EQ(step(), (std::vector<std::size_t>{0, 0, 0}));
@@ -282,12 +289,13 @@ TEST_F(FrontDoorTest, ADisconnectMidRequestLeaksNothing) {
     client::Client c(path());
     const int s = c.acquire();
     std::fill_n(static_cast<float*>(c.rows(s)), kHidden, 1.0f);
+    const std::uint64_t queued_before = door_->counters().submits_queued;
     c.submit(s, 0, 1);
     // Taken into a step, then the client dies before the answer.
-    for (int i = 0; i < 100 && step()[0] == 0; ++i) {
-    }
+    ASSERT_TRUE(door_queued(queued_before + 1));
+    EXPECT_EQ(step(), (std::vector<std::size_t>{1, 0, 0}));
   }
-  for (int i = 0; i < 200 && door_->counters().clients; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(door_has_no_clients());
   step();
   EXPECT_EQ(door_->counters().clients, 0u);
   const auto fds_after = std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {});
@@ -307,7 +315,7 @@ TEST_F(FrontDoorTest, AFloodingClientDoesNotStarveAnother) {
   const int s = calm.acquire();
   std::fill_n(static_cast<float*>(calm.rows(s)), kHidden, 1.0f);
   calm.submit(s, 0, 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // all queued
+  ASSERT_TRUE(door_queued(9));  // all queued
   // The flood has 8 steps of work queued; the calm client is served within 2.
   step();
   step();
@@ -319,7 +327,7 @@ TEST_F(FrontDoorTest, ShuttingDownAnswersWhatIsQueued) {
   start();
   client::Client c(path(), reconnecting_within(0));
   const int s = submit_one(c);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(door_queued(1));
   door_.reset();
   try {
     c.wait(s, 5000);
@@ -360,20 +368,18 @@ TEST_F(FrontDoorTest, AClientReconnectsAndSubmitsAgainWhatWasInFlight) {
   const int a = c.acquire();
   fill(a, xa, 1);
   c.submit(a, 0, 2);
-  for (int i = 0; i < 200 && step()[0] == 0; ++i) {
-  }
+  ASSERT_TRUE(door_queued(1));
+  ASSERT_EQ(step()[0], 2u);
   // Taken into a step whose outputs were half written over the rows when the
   // daemon died, unanswered.
   const std::vector<float> xb = rows(3, 100.0f);
   const int b = c.acquire();
   fill(b, xb, 2);
   c.submit(b, 1, 3);
-  for (int i = 0; i < 200 && batches_.size() < 2; ++i) {
-    door_->wait_for_work(std::chrono::microseconds(2000));
-    door_->take(batches_);
-    if (batches_[1].rows() == 0) batches_.clear();
-  }
+  ASSERT_TRUE(door_queued(2));
+  door_->take(batches_);
   ASSERT_EQ(batches_.size(), std::size_t(kLayers)) << "the step never took slot b";
+  ASSERT_EQ(batches_[1].rows(), 3u) << "the step never took slot b";
   std::fill_n(static_cast<float*>(c.rows(b)), kHidden + 3, -7.0f);
   batches_.clear();
   // Queued, in bf16: the stopping daemon answers it shutting_down.
@@ -382,7 +388,7 @@ TEST_F(FrontDoorTest, AClientReconnectsAndSubmitsAgainWhatWasInFlight) {
   for (int i = 0; i < kHidden; ++i) bf[i] = wire::float_to_bf16(0.25f * float(i));
   c.request_ids(d)[0] = 3, c.positions(d)[0] = 0;
   c.submit(d, 2, 1, wire::DType::bf16);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(door_queued(3));
   // Acquired and half filled.
   const std::vector<float> xe = rows(2, -3.0f);
   const int e = c.acquire();
@@ -391,6 +397,8 @@ TEST_F(FrontDoorTest, AClientReconnectsAndSubmitsAgainWhatWasInFlight) {
 
   door_.reset();
   std::thread restart([&] {
+    // Down a while (a downtime, not a wait: the client finds no socket, or
+    // the new one, and reconnects once either way).
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     start();
     keep_stepping();
@@ -426,7 +434,7 @@ TEST_F(FrontDoorTest, AClientGivesUpAfterReconnectMs) {
   const std::vector<float> x = rows(1, 2.0f);
   std::memcpy(c.rows(s), x.data(), x.size() * sizeof(float));
   c.submit(s, 0, 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(door_queued(1));
   door_.reset();  // and nobody brings it back
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -456,9 +464,12 @@ TEST_F(FrontDoorTest, ADaemonThatKeepsFallingDoesNotStretchReconnectMs) {
   std::atomic<bool> cycling{true};
   std::thread flapping([&] {
     while (cycling) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+      // Up until the client's submit is queued (the first, then each resubmit
+      // after a reconnect), or the client has given up.
+      while (cycling && door_->counters().submits_queued == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       door_.reset();  // answers the resubmit shutting_down
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // down a while: a downtime, not a wait
       if (cycling) start();
     }
   });
@@ -486,7 +497,7 @@ TEST_F(FrontDoorTest, AReconnectGrantingLessFailsWhatNoLongerFits) {
   c.submit(0, 0, 2);
   c.submit(1, 0, 6);  // more rows than the new grant
   c.submit(3, 0, 1);  // a slot the new grant lacks
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(door_queued(3));
   door_.reset();
   Limits after;
   after.max_slots = 2, after.max_rows = 4;
