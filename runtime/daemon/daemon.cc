@@ -82,6 +82,7 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
   const std::vector<std::uint32_t> counts = engine_->agree_layer_counts(rows, step);
   if (std::all_of(counts.begin(), counts.end(), [](std::uint32_t n) { return n == 0; })) {
     ++idle_turns_;
+    snapshot_->note_idle_turn();
     return true;
   }
   idle_turns_ = 0;

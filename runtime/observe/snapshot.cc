@@ -47,6 +47,7 @@ json memory_json(const std::optional<ProcessMemory>& after_load, const std::opti
 Snapshot::Snapshot(const Config& c, int rank, std::vector<int> island_of_rank)
     : rank_(rank),
       island_of_rank_(std::move(island_of_rank)),
+      front_door_(c.workload.kind == WorkloadKind::ingress),
       alert_book_(alert_thresholds(c)),
       heatmap_(int(c.model.layers), int(c.model.experts),
                rank == 0 && !c.metrics.listen.empty() ? int(c.metrics.heatmap_columns) : 0,
@@ -107,7 +108,9 @@ void Snapshot::record_loads(const std::vector<std::uint64_t>& expert_load) {
 
 json Snapshot::status() const {
   std::lock_guard lock(mu_);
-  return status_;
+  json status = status_;
+  if (front_door_ && !status.is_null()) status["idle_turns"] = idle_turns_.load(std::memory_order_relaxed);
+  return status;
 }
 
 std::optional<std::string> Snapshot::metrics_text() const {

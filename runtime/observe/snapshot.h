@@ -11,6 +11,7 @@
 // summary (runtime/observe/alerts.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -60,6 +61,9 @@ class Snapshot {
   void set_stats(std::shared_ptr<const routing::RoutingStats> stats);
   // Rank 0, after each measured step: its expert loads into the heatmap.
   void record_loads(const std::vector<std::uint64_t>& expert_load);
+  // The front door: a turn of the step loop found no work on any rank (and
+  // this rank waited before the next). Status shows the count as idle_turns.
+  void note_idle_turn() { idle_turns_.fetch_add(1, std::memory_order_relaxed); }
 
   // The reads, from any thread, as last published.
   int rank() const { return rank_; }
@@ -83,6 +87,8 @@ class Snapshot {
  private:
   const int rank_;
   const std::vector<int> island_of_rank_;
+  const bool front_door_;                      // status shows idle_turns
+  std::atomic<std::uint64_t> idle_turns_{0};  // read without the mutex
   AlertBook alert_book_;  // rank 0: the [metrics] alerts (the step thread's; its limits never change)
   std::optional<ProcessMemory> memory_after_load_;
   bool peak_since_load_ = false;

@@ -121,7 +121,7 @@ void put_into_every_window(Transport& t) {
 void connect_exchange_and_put() {
   test::run_ranks(kRanks, [](Bootstrap& bootstrap) {
     CommConfig config;
-    config.backend = "ucx";
+    config.backend = comm::Backend::ucx;
     config.timeout_ms = 10000;
     std::unique_ptr<Transport> t = create_transport(config, bootstrap);
     ASSERT_STREQ(t->name(), "ucx");
@@ -143,10 +143,10 @@ TEST(UcxInOneProcess, ConnectsExchangesAndPutsOverTcpAlone) {
 TEST(UcxInOneProcess, AutoPicksUcxAndMpiNeedsAnMpiBootstrap) {
   test::run_ranks(2, [](Bootstrap& bootstrap) {
     CommConfig config;
-    config.backend = "auto";
+    config.backend = comm::Backend::automatic;
     config.timeout_ms = 10000;
     EXPECT_STREQ(create_transport(config, bootstrap)->name(), "ucx");
-    config.backend = "mpi";
+    config.backend = comm::Backend::mpi;
     try {
       create_transport(config, bootstrap);
       ADD_FAILURE() << "the mpi backend started without MPI";

@@ -51,6 +51,25 @@ TEST(Snapshot, NothingIsShownBeforeTheFirstPublish) {
   EXPECT_FALSE(snapshot.dashboard_view().summary);
 }
 
+// The front door's idle turns: counted as they happen, shown in status (read
+// at once, not at the next publish); a built-in workload has none to show.
+TEST(Snapshot, StatusCountsTheFrontDoorsIdleTurns) {
+  Config with_front_door = default_config();
+  with_front_door.workload.kind = WorkloadKind::ingress;
+  Snapshot snapshot(with_front_door, 0, {0});
+  snapshot.note_idle_turn();
+  EXPECT_TRUE(snapshot.status().is_null());  // nothing before the first publish
+  snapshot.publish(serving(1), nullptr);
+  EXPECT_EQ(snapshot.status()["idle_turns"], 1u);
+  for (int i = 0; i < 41; ++i) snapshot.note_idle_turn();
+  EXPECT_EQ(snapshot.status()["idle_turns"], 42u);
+  EXPECT_EQ(snapshot.status()["step"], 1u);
+
+  Snapshot built_in(default_config(), 0, {0});
+  built_in.publish(serving(1), nullptr);
+  EXPECT_FALSE(built_in.status().contains("idle_turns"));
+}
+
 TEST(Snapshot, APublishWithoutFiguresShowsStatusOnly) {
   Snapshot snapshot(default_config(), 1, {0, 1});
   ControlState control = serving(7);
