@@ -29,8 +29,7 @@ Daemon::Daemon(const Config& config, const ServeOptions& options, comm::MpiSessi
     : config_(config),
       options_(options),
       rank_(mpi.rank()),
-      control_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)),
-      bootstrap_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)) {}
+      control_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)) {}
 
 Daemon::~Daemon() = default;
 

@@ -86,7 +86,10 @@ class Daemon {
   ServeOptions options_;
   int rank_;
   comm::ControlChannel control_;
-  comm::MpiBootstrap bootstrap_;  // the transport's; outlives it
+  // The transport's; outlives it. Made with the transport, not here: its
+  // communicator's duplication is collective, and a rank started in
+  // another mode (--print-topology) must first be told so by agree_on_command.
+  std::optional<comm::MpiBootstrap> bootstrap_;
   std::optional<Fault> fault_;
   std::optional<placement::Topology> topology_;
   placement::Placement placement_;

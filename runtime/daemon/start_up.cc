@@ -331,7 +331,10 @@ class Daemon::Startup {
   void agree_numerics();
   // Round 2: the transport (collective); then, together, the engine, the
   // router biases (a broadcast), the tracer, the snapshot and the control plane.
-  void open_transport() { d_.transport_ = comm::create_transport(c_.comm, d_.bootstrap_); }
+  void open_transport() {
+    d_.bootstrap_.emplace(mpi_.world(), std::chrono::milliseconds(c_.comm.timeout_ms));
+    d_.transport_ = comm::create_transport(c_.comm, *d_.bootstrap_);
+  }
   void build_engine_and_control();
   // Rounds 3 to 5, each with its config: what clients reach.
   void open_admin_socket();
