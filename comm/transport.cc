@@ -68,7 +68,7 @@ std::span<const TransportBackend> transport_backends() {
 
 std::vector<std::string> transport_backend_names() {
   std::vector<std::string> names;
-  for (const auto& b : transport_backends()) names.push_back(b.name);
+  for (const auto& b : transport_backends()) names.emplace_back(b.name);
   return names;
 }
 
