@@ -235,13 +235,13 @@ std::string describe_workload(const Config& c, const Workload* w) {
 // The fixed-order GEMM kernel [experts].isa names (auto: the widest here).
 void choose_gemm_isa(const Config& c) {
   if (c.experts.isa == Isa::automatic) return kernels::set_gemm_isa(kernels::best_gemm_isa());
-  for (kernels::GemmIsa isa : {kernels::GemmIsa::avx512, kernels::GemmIsa::avx2, kernels::GemmIsa::portable}) {
-    if (kernels::to_string(isa) != name_of(c.experts.isa)) continue;
-    if (kernels::best_gemm_isa() < isa)
-      MOED_THROW(Usage, "[experts].isa = {}: this CPU does not run it (the widest here is {})", name_of(c.experts.isa),
-                 kernels::to_string(kernels::best_gemm_isa()));
-    return kernels::set_gemm_isa(isa);
-  }
+  const kernels::GemmIsa isa = c.experts.isa == Isa::avx512 ? kernels::GemmIsa::avx512
+                               : c.experts.isa == Isa::avx2 ? kernels::GemmIsa::avx2
+                                                            : kernels::GemmIsa::portable;
+  if (kernels::best_gemm_isa() < isa)
+    MOED_THROW(Usage, "[experts].isa = {}: this CPU does not run it (the widest here is {})", name_of(c.experts.isa),
+               kernels::to_string(kernels::best_gemm_isa()));
+  kernels::set_gemm_isa(isa);
 }
 
 // Whether this run may claim that a token's bits do not depend on its batch:
