@@ -2,7 +2,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -18,6 +20,12 @@ using config::flag;
 using config::integer;
 using config::real;
 using config::text;
+
+std::vector<std::string> family_choices() {
+  std::vector<std::string> names{"auto"};
+  for (const auto& n : kFamilyNames.names()) names.push_back(n);
+  return names;
+}
 
 const config::Section<ModelConfig>& model_section() {
   using C = ModelConfig;
@@ -38,6 +46,22 @@ const config::Section<ModelConfig>& model_section() {
                   "refuse weights holding NaN or inf at load (one pass over each tensor)"),
           integer<C>("seed", &C::seed, 42, 0, INT64_MAX, "seed of the synthetic weights"),
           real<C>("norm_eps", &C::norm_eps, 1e-5, 0, 1, "epsilon of the RMSNorm before each MoE block"),
+          choice<C>("family", &C::family, "auto", family_choices(),
+                    "the model family whose MoE arithmetic is served (docs/model-families.md); auto: "
+                    "config.json's model_type beside the weights, else mixtral"),
+          integer<C>("groups", &C::groups, 0, 0, 4096,
+                     "synthetic deepseek_v3: expert groups of the router (n_group); 0 = 8, 4 or 2, the "
+                     "most that divide the experts"),
+          integer<C>("groups_kept", &C::groups_kept, 0, 0, 4096,
+                     "synthetic deepseek_v3: groups a token's experts come from (topk_group); 0 = half"),
+          integer<C>("shared_experts", &C::shared_experts, -1, -1, 64,
+                     "synthetic: shared expert width in units of ffn (deepseek_v3: n_shared_experts, "
+                     "qwen2_moe: shared_expert_intermediate_size / ffn); -1 = the family's (1, 4, else 0)"),
+          integer<C>("dense_layers", &C::dense_layers, 0, 0, 4096,
+                     "synthetic: dense layers before the first MoE layer (model layers 0 .. n-1)"),
+          flag<C>("serve_dense", &C::serve_dense, false,
+                  "serve the model's dense FFN layers too, each as one expert every rank holds; off: a "
+                  "client's dense layer is refused"),
       });
   return s;
 }
@@ -308,7 +332,63 @@ const config::Schema<Config>& schema() {
 
 }  // namespace
 
-Config default_config() { return schema().defaults(); }
+Config default_config() {
+  Config c = schema().defaults();
+  c.model.spec = model_spec(c.model);
+  return c;
+}
+
+ModelSpec model_spec(const ModelConfig& m) {
+  if (!m.spec.moe_layers.empty() && std::int64_t(m.spec.moe_layers.size()) == m.layers) return m.spec;
+  const Family family = m.family == "auto" || m.family.empty() ? Family::mixtral
+                                                               : kFamilyNames.parse(m.family, "[model].family");
+  return synthetic_spec({family, m.groups, m.groups_kept, m.shared_experts, m.dense_layers},
+                        {m.layers, m.experts, m.top_k, m.hidden, m.ffn, m.norm_eps});
+}
+
+namespace {
+
+// [model]'s family and spec: from config.json beside the weights (whose shape
+// then fills the shape keys, which only cross-check), else from the keys.
+void resolve_model(ModelConfig& m, const std::set<std::string>& given) {
+  namespace fs = std::filesystem;
+  const std::optional<Family> forced =
+      m.family == "auto" ? std::nullopt : std::optional<Family>(kFamilyNames.parse(m.family, "[model].family"));
+  std::error_code ec;
+  const fs::path json_path = fs::path(m.weights) / "config.json";
+  if (!m.weights.empty() && fs::is_directory(m.weights, ec) && fs::is_regular_file(json_path, ec)) {
+    std::ifstream in(json_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) MOED_THROW(Input, "{}: cannot read it", json_path.string());
+    const Family* family = forced ? &*forced : nullptr;
+    HfConfig hf = read_hf_config(text.str(), json_path.string(), family);
+    for (const char* key : {"groups", "groups_kept", "shared_experts", "dense_layers"})
+      if (given.count(key))
+        MOED_THROW(Usage, "config: [model].{} is for synthetic weights; the checkpoint {} says its own in "
+                   "config.json", key, m.weights);
+    auto take = [&](const char* key, auto& field, auto value) {
+      if (given.count(key) && field != value)
+        MOED_THROW(Input, "config: [model].{} = {} disagrees with {}, which gives {}", key, field,
+                   json_path.string(), value);
+      field = value;
+    };
+    take("layers", m.layers, hf.dims.layers);
+    take("experts", m.experts, hf.dims.experts);
+    take("top_k", m.top_k, hf.dims.top_k);
+    take("hidden", m.hidden, hf.dims.hidden);
+    take("ffn", m.ffn, hf.dims.ffn);
+    if (!given.count("norm_eps")) m.norm_eps = hf.dims.norm_eps;
+    m.spec = std::move(hf.spec);
+    m.checkpoint_dir = m.weights;
+    return;
+  }
+  SyntheticKeys keys{forced.value_or(Family::mixtral), m.groups, m.groups_kept, m.shared_experts, m.dense_layers};
+  m.spec = synthetic_spec(keys, {m.layers, m.experts, m.top_k, m.hidden, m.ffn, m.norm_eps});
+  m.checkpoint_dir.clear();
+}
+
+}  // namespace
 
 void validate_config(const Config& c) {
   const auto& m = c.model;
@@ -355,8 +435,18 @@ void validate_config(const Config& c) {
 Config load_config_text(const std::string& toml_text, const std::string& origin,
                         const std::vector<std::string>& overrides) {
   Config c = schema().defaults();
-  if (!toml_text.empty()) schema().load(config::detail::parse_toml(toml_text, origin), c, origin);
-  for (const auto& o : overrides) schema().set(c, o);
+  std::set<std::string> model_keys_given;
+  if (!toml_text.empty()) {
+    toml::table table = config::detail::parse_toml(toml_text, origin);
+    if (const toml::table* model = table["model"].as_table())
+      for (const auto& [key, node] : *model) model_keys_given.emplace(key.str());
+    schema().load(table, c, origin);
+  }
+  for (const auto& o : overrides) {
+    schema().set(c, o);
+    if (o.rfind("model.", 0) == 0) model_keys_given.insert(o.substr(6, o.find('=') - 6));
+  }
+  resolve_model(c.model, model_keys_given);
   validate_config(c);
   return c;
 }

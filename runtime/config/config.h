@@ -12,6 +12,7 @@
 #include "comm/comm_config.h"
 #include "common/config_table.h"
 #include "placement/placement_config.h"
+#include "runtime/config/model_family.h"
 
 namespace moed::runtime {
 
@@ -49,6 +50,15 @@ struct ModelConfig {
   bool check_finite = true;
   std::int64_t seed = 0;
   double norm_eps = 0;
+  std::string family;  // "auto" or a Family's name
+  std::int64_t groups = 0, groups_kept = 0, shared_experts = -1, dense_layers = 0;
+  bool serve_dense = false;
+  // Resolved by load_config: the checkpoint's config.json (when [model].weights
+  // is a directory holding one) or the keys above; the shape keys then hold
+  // the checkpoint's shape.
+  ModelSpec spec;
+  // The directory holding config.json ("" for synthetic weights or a bare file).
+  std::string checkpoint_dir;
 };
 
 struct RouterConfig {
@@ -152,6 +162,9 @@ Config default_config();
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 Config load_config_text(const std::string& toml_text, const std::string& origin,
                         const std::vector<std::string>& overrides);
+// The model's spec: the one load_config resolved, or (a Config assembled in
+// code, whose keys changed after) the synthetic spec of [model]'s keys.
+ModelSpec model_spec(const ModelConfig& m);
 // Checks between keys (top_k <= experts, ...); load_config calls it.
 void validate_config(const Config& c);
 // TOML with each key's doc, allowed values and default as comments.
