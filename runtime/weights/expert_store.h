@@ -20,8 +20,11 @@
 namespace moed::runtime {
 
 struct LayerWeights {
-  std::vector<float> gate;  // [experts, hidden]
-  std::vector<float> norm;  // [hidden]
+  std::vector<float> gate;            // [experts, hidden]
+  std::vector<float> norm;            // [hidden]
+  std::vector<float> gate_bias;       // [experts] (gpt-oss's router.bias), else empty
+  std::vector<float> selection_bias;  // [experts] (DeepSeek-V3's e_score_correction_bias), else empty
+  std::vector<float> shared_gate;     // [hidden] (Qwen2-MoE's shared_expert_gate), else empty
 };
 
 class ExpertStore {
@@ -37,6 +40,10 @@ class ExpertStore {
   std::pair<int, int> shard_of(int layer, int expert) const;
   int ffn_chunks() const { return ffn_chunks_; }
   kernels::ExpertView expert(int layer, int expert) const;  // Internal error if not held
+  // The layer's shared expert, held whole by every rank (never placed or
+  // migrated); false when the family has none.
+  bool has_shared() const;
+  kernels::ExpertView shared_expert(int layer) const;
   std::size_t expert_bytes() const;                          // fp32 bytes of the held slots (shards: 1/S)
   int slots() const;
 

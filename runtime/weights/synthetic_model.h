@@ -26,12 +26,23 @@ class SyntheticModel {
   SyntheticModel(ModelShape shape, std::uint64_t seed, weights::DType dtype);
 
   const ModelShape& shape() const { return shape_; }
+  // Every tensor by its role, in moed's layout whatever the family's files
+  // hold (gate and up split, not interleaved or fused); `layer` is the model
+  // layer number, and each values stream is keyed by the family's tensor name.
   void gate(int layer, float* out) const;                       // [experts, hidden]
   void norm(int layer, float* out) const;                       // [hidden]
-  void up(int layer, int expert, int which, float* out) const;  // which 1 or 3: [ffn, hidden]
+  void up(int layer, int expert, int which, float* out) const;  // which 1 (gate) or 3 (up): [ffn, hidden]
   void down(int layer, int expert, float* out) const;           // w2: [hidden, ffn]
+  void gate_bias(int layer, float* out) const;                  // [experts] (gpt-oss)
+  void selection_bias(int layer, float* out) const;             // [experts] (deepseek_v3)
+  // Expert biases (gpt-oss): which 1 (gate) or 3 (up): [ffn]; 2 (down): [hidden].
+  void expert_bias(int layer, int expert, int which, float* out) const;
+  void shared(int layer, ExpertPart part, float* out) const;    // gate, up [Fs, hidden]; down [hidden, Fs]
+  void shared_gate(int layer, float* out) const;                // [hidden] (qwen2_moe)
 
-  // Writes every tensor, Mixtral names, atomically.
+  // Writes the checkpoint: a directory with config.json and model.safetensors
+  // in the family's names and layout, or (Mixtral, a path ending in
+  // .safetensors) the single file as before. Atomic.
   void write(const std::string& path) const;
 
  private:
