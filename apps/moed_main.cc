@@ -17,7 +17,7 @@ namespace {
 struct Cli {
   std::string config_path;
   std::vector<std::string> overrides;
-  std::string weights, placement_file, log_level;
+  std::string weights, family, placement_file, log_level;
   bool print_config = false, print_topology = false;
   std::string generate_weights;
   moed::runtime::ServeOptions serve;
@@ -28,8 +28,10 @@ int generate_weights(const moed::runtime::Config& c, const std::string& path) {
   moed::runtime::SyntheticModel model{moed::runtime::ModelShape::from(c.model),
                                       std::uint64_t(c.model.seed),
                                       *moed::weights::parse_dtype(c.model.dtype)};
-  model.write(path);
-  std::cout << fmt::format("wrote {}: synthetic {}, {}, seed {}\n", path, model.shape().describe(),
+  model.write(path, c.model.norm_eps);
+  std::cout << fmt::format("wrote {}: synthetic {} {}{}, {}, seed {}\n", path,
+                           moed::runtime::name_of(model.shape().spec.family), model.shape().describe(),
+                           model.shape().spec.describe_dense().empty() ? "" : " (" + model.shape().spec.describe_dense() + ")",
                            c.model.dtype, c.model.seed);
   return 0;
 }
@@ -47,6 +49,9 @@ int main(int argc, char** argv) {
   app.add_option("--set", cli.overrides, "override a config key (repeatable)")
       ->type_name("SECTION.KEY=VALUE");
   app.add_option("--weights", cli.weights, "shortcut for --set model.weights=PATH")->type_name("PATH");
+  app.add_option("--family", cli.family,
+                 "shortcut for --set model.family=NAME: mixtral, deepseek_v3, qwen3_moe, qwen2_moe, olmoe or gpt_oss")
+      ->type_name("NAME");
   app.add_option("--placement", cli.placement_file, "shortcut for --set placement.file=PATH")
       ->type_name("FILE");
   app.add_option("--log-level", cli.log_level, "trace, debug, info, warn, error or off")
@@ -55,7 +60,9 @@ int main(int argc, char** argv) {
   app.add_flag("--print-topology", cli.print_topology,
                "print the islands found (config, hwloc NVLink or host names) and every host's GPUs, and exit");
   app.add_option("--generate-weights", cli.generate_weights,
-                 "write the synthetic model of the configured shape to PATH (safetensors) and exit")
+                 "write the synthetic model of the configured family and shape as a checkpoint directory "
+                 "(config.json and model.safetensors in the family's names), or as one file for a PATH "
+                 "ending in .safetensors, and exit")
       ->type_name("PATH");
   app.add_option("--dump-output", cli.serve.dump_output,
                  "write the final hidden states of all tokens, in global order, to PATH")
@@ -73,6 +80,7 @@ int main(int argc, char** argv) {
   moed::runtime::Config config;
   try {
     if (!cli.weights.empty()) cli.overrides.push_back("model.weights=" + cli.weights);
+    if (!cli.family.empty()) cli.overrides.push_back("model.family=" + cli.family);
     if (!cli.placement_file.empty()) cli.overrides.push_back("placement.file=" + cli.placement_file);
     if (!cli.log_level.empty()) cli.overrides.push_back("log.level=" + cli.log_level);
     config = moed::runtime::load_config(cli.config_path, cli.overrides);

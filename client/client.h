@@ -76,7 +76,7 @@ class MOED_CLIENT_CXX_API Client {
   int rank() const;
   int ranks() const;
   int hidden() const;
-  int layers() const;
+  int layers() const;  // the model's layers: submits name the model's own layer number (dense ones are refused)
   int slots() const;
   int max_rows() const;
 

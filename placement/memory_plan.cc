@@ -100,6 +100,18 @@ MemoryEstimate rank_memory(const RankMemoryInputs& in) {
                     g.shards, H, F, g.shards, value),
         "[model].hidden, [model].ffn, or the shards per rank", saturating_mul(g.count, slot_bytes(in, g.shards)));
   }
+  if (in.shared_ffn)
+    add(kSlots,
+        fmt::format("shared experts: [model].layers {} x 3 x [model].hidden {} x {} (shared expert F) x {}", L, H,
+                    in.shared_ffn, value),
+        "[model].hidden, the checkpoint's shared expert size", in.expert_format.bytes(saturating_mul({L, 3, H, in.shared_ffn})));
+  if (in.dense_layers && in.dense_ffn)
+    add(kSlots,
+        fmt::format("dense layers ([model].serve_dense): {} x (3 x [model].hidden {} x {} (dense F) x {} + the norm)",
+                    in.dense_layers, H, in.dense_ffn, value),
+        "[model].serve_dense, the checkpoint's dense layers",
+        saturating_add(in.expert_format.bytes(saturating_mul({in.dense_layers, 3, H, in.dense_ffn})),
+                       saturating_mul({in.dense_layers, H, kF32})));
   // Router and norm, replicated: moed routes in fp32.
   if (in.cpu_router)
     add(kRouter,

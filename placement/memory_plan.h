@@ -50,6 +50,8 @@ struct RankMemoryInputs {
   // The MoE layers' shape; max_k is the most experts a token takes.
   std::uint64_t layers = 0, experts = 0, hidden = 0, ffn = 0, max_k = 0;
   bool expert_bias = false;
+  std::uint64_t shared_ffn = 0;     // F of each layer's shared expert, held by every rank (0: none)
+  std::uint64_t dense_layers = 0, dense_ffn = 0;  // dense layers served (each held whole by every rank) and their F
   WeightFormat expert_format;       // the experts as held (moed's CPU path: f32)
   std::vector<SlotGroup> slots;     // this rank's
   bool pack_at_load = false;        // fixed-order GEMM: one more slot while one is packed

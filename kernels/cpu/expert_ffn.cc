@@ -26,6 +26,22 @@ void silu_mul(const float* gate, const float* up, std::size_t n, float* out) {
   detail::silu_mul_body(gate, up, n, out);
 }
 
+void clamped_swiglu(const float* gate, const float* up, std::size_t n, float alpha, float limit, float* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    // NaN stays NaN through the clamps (std::min/max would drop it), so a bad weight still shows.
+    const float g = gate[i] > limit ? limit : gate[i];
+    const float u = up[i] > limit ? limit : (up[i] < -limit ? -limit : up[i]);
+    out[i] = g / (1.0f + detail::fast_exp_body(-(alpha * g))) * (u + 1.0f);
+  }
+}
+
+namespace {
+void add_bias(float* rows, std::size_t m, std::size_t width, std::size_t stride, const float* bias) {
+  for (std::size_t r = 0; r < m; ++r)
+    for (std::size_t j = 0; j < width; ++j) rows[r * stride + j] += bias[j];
+}
+}  // namespace
+
 void expert_ffn_up(const ExpertView& e, const float* x, std::size_t m, float* h13) {
   const std::size_t F = e.ffn, H = e.hidden;
   // [m, 2F]: W1 x in columns [0, F), W3 x in [F, 2F)
@@ -33,8 +49,15 @@ void expert_ffn_up(const ExpertView& e, const float* x, std::size_t m, float* h1
     gemm_fixed_order(x, m, *e.w13_packed, h13);
   else
     gemm_xwt(x, m, H, e.w13, 2 * F, h13);
-  // Gate in place: the first F columns of each row become silu(W1 x) * (W3 x).
-  for (std::size_t r = 0; r < m; ++r) silu_mul(h13 + r * 2 * F, h13 + r * 2 * F + F, F, h13 + r * 2 * F);
+  if (e.b13) add_bias(h13, m, 2 * F, 2 * F, e.b13);
+  // Gate in place: the first F columns of each row become act(W1 x, W3 x).
+  for (std::size_t r = 0; r < m; ++r) {
+    float* row = h13 + r * 2 * F;
+    if (e.activation.clamped)
+      clamped_swiglu(row, row + F, F, e.activation.alpha, e.activation.limit, row);
+    else
+      silu_mul(row, row + F, F, row);
+  }
 }
 
 void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, float* scratch) {
@@ -45,6 +68,7 @@ void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, fl
     gemm_fixed_order(scratch, m, *e.w2_packed, y, /*lda=*/2 * F);
   else
     gemm_xwt(scratch, m, F, e.w2, H, y, /*lda=*/2 * F);
+  if (e.b2) add_bias(y, m, H, H, e.b2);
 }
 
 void expert_ffn_down_chunk(const ExpertView& e, const float* h13, std::size_t m, std::size_t chunk, float* y) {
@@ -56,6 +80,7 @@ void expert_ffn_down_chunk(const ExpertView& e, const float* h13, std::size_t m,
     gemm_fixed_order_range(h13 + first, m, *e.w2_packed, first, first + width, y, /*lda=*/2 * F);
   else
     gemm_xwt(h13 + first, m, width, e.w2 + first, H, y, /*lda=*/2 * F, /*ldw=*/F);
+  if (e.b2 && chunk == 0) add_bias(y, m, H, H, e.b2);
 }
 
 void shard_expert_weights(const float* w13, const float* w2, std::size_t hidden, std::size_t ffn, std::size_t shard,

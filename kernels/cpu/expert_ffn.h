@@ -1,4 +1,9 @@
-// The SwiGLU expert FFN on CPU: y = W2 · (silu(W1 x) ⊙ (W3 x)).
+// The SwiGLU expert FFN on CPU: y = W2 · (silu(W1 x) ⊙ (W3 x)), and its
+// variants (model families, runtime/config/model_family.h): biases after
+// each projection, y = W2 · act(W1 x + b1, W3 x + b3) + b2, and gpt-oss's
+// clamped SwiGLU, act(g, u) = min(g, L) σ(α min(g, L)) (clamp(u, -L, L) + 1).
+// A checkpoint's interleaved gate/up rows are split at load, so the kernel
+// always sees W1 above W3.
 //
 // Canonical F-chunks. The down-projection sums over F; to let an expert be
 // split over ranks (tensor sharding) without changing a bit, F is cut into
@@ -19,6 +24,12 @@
 
 namespace moed::kernels {
 
+// The gated activation of an expert (Activation::swiglu: silu(g) u).
+struct ExpertActivation {
+  bool clamped = false;  // gpt-oss's clamped SwiGLU
+  float alpha = 1.702f, limit = 7.0f;
+};
+
 // One expert's weights in fp32. W1 and W3 are stacked into one [2F, H] matrix
 // (rows [0, F) are W1, rows [F, 2F) are W3) so the up-projection is a single
 // GEMM. Either packed for the fixed-order GEMM (the default: a row's bits do
@@ -31,6 +42,13 @@ struct ExpertView {
   std::size_t hidden = 0;                     // H
   std::size_t ffn = 0;                        // F of this view (a shard's: F / S)
   std::size_t chunks = 1;                     // canonical F-chunks in this view
+  // Biases (gpt-oss), or null: b13 [2F] (b1 then b3, this view's rows), added
+  // to the up-projection; b2 [H], added to the down-projection of chunk 0
+  // (only the view holding the expert's first chunk has it, so shards' sums
+  // add it once).
+  const float* b13 = nullptr;
+  const float* b2 = nullptr;
+  ExpertActivation activation;
 };
 
 // Scratch floats expert_ffn needs for m rows.
@@ -43,7 +61,7 @@ inline std::size_t expert_ffn_scratch(const ExpertView& e, std::size_t m) { retu
 void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, float* scratch);
 
 // The up-projection and the gate: for each row, columns [0, F) of h13 (rows
-// 2F apart; expert_ffn_scratch floats) become silu(W1 x) ⊙ (W3 x).
+// 2F apart; expert_ffn_scratch floats) become act(W1 x + b1, W3 x + b3).
 void expert_ffn_up(const ExpertView& e, const float* x, std::size_t m, float* h13);
 // y[m, H] = the down-projection of chunk `chunk` of this view alone: columns
 // [chunk F/chunks, (chunk + 1) F/chunks) of the activation and of W2.
@@ -58,6 +76,9 @@ void shard_expert_weights(const float* w13, const float* w2, std::size_t hidden,
 
 // out[i] = silu(gate[i]) * up[i], with a fixed-sequence exp (same bits on every run).
 void silu_mul(const float* gate, const float* up, std::size_t n, float* out);
+// gpt-oss's: g = min(gate[i], limit), u = clamp(up[i], -limit, limit),
+// out[i] = g σ(alpha g) (u + 1), with the same exp; one IEEE operation per step.
+void clamped_swiglu(const float* gate, const float* up, std::size_t n, float alpha, float limit, float* out);
 
 // exp(x) for the activation: Cody-Waite range reduction and a degree-7
 // polynomial, relative error < 2e-7 where exp is a normal float (inf above,

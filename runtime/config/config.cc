@@ -348,6 +348,11 @@ ModelSpec model_spec(const ModelConfig& m) {
 
 namespace {
 
+void check_top_k(const ModelConfig& m) {
+  if (m.top_k > m.experts)
+    MOED_THROW(Usage, "config: [model].top_k = {} exceeds [model].experts = {}", m.top_k, m.experts);
+}
+
 // [model]'s family and spec: from config.json beside the weights (whose shape
 // then fills the shape keys, which only cross-check), else from the keys.
 void resolve_model(ModelConfig& m, const std::set<std::string>& given) {
@@ -379,10 +384,15 @@ void resolve_model(ModelConfig& m, const std::set<std::string>& given) {
     take("hidden", m.hidden, hf.dims.hidden);
     take("ffn", m.ffn, hf.dims.ffn);
     if (!given.count("norm_eps")) m.norm_eps = hf.dims.norm_eps;
+    // The tensors' dtype, unless [model].dtype names it (each tensor is checked against it as it loads).
+    if (!given.count("dtype") && (hf.torch_dtype == "bfloat16" || hf.torch_dtype == "float32"))
+      m.dtype = hf.torch_dtype == "bfloat16" ? "bf16" : "f32";
     m.spec = std::move(hf.spec);
     m.checkpoint_dir = m.weights;
     return;
   }
+  // Before the spec's own checks, which would name config.json's keys.
+  check_top_k(m);
   SyntheticKeys keys{forced.value_or(Family::mixtral), m.groups, m.groups_kept, m.shared_experts, m.dense_layers};
   m.spec = synthetic_spec(keys, {m.layers, m.experts, m.top_k, m.hidden, m.ffn, m.norm_eps});
   m.checkpoint_dir.clear();
@@ -392,8 +402,7 @@ void resolve_model(ModelConfig& m, const std::set<std::string>& given) {
 
 void validate_config(const Config& c) {
   const auto& m = c.model;
-  if (m.top_k > m.experts)
-    MOED_THROW(Usage, "config: [model].top_k = {} exceeds [model].experts = {}", m.top_k, m.experts);
+  check_top_k(m);
   if (c.router.max_k > m.experts)
     MOED_THROW(Usage, "config: [router].max_k = {} exceeds [model].experts = {}", c.router.max_k,
                m.experts);
@@ -401,6 +410,15 @@ void validate_config(const Config& c) {
   if (c.router.mode == RouterMode::topp && c.router.min_k > max_k)
     MOED_THROW(Usage, "config: [router].min_k = {} exceeds the largest k ({} from {})",
                c.router.min_k, max_k, c.router.max_k ? "[router].max_k" : "[model].top_k");
+  // A shared expert or a dense layer runs on a rank's own rows in one call: with OpenBLAS its bits would
+  // depend on how many rows the rank has, so on the rank count.
+  if (c.experts.gemm == Gemm::openblas && (m.spec.shared_ffn > 0 || (m.serve_dense && m.spec.dense_ffn > 0)))
+    MOED_THROW(Usage, "config: [experts].gemm = \"openblas\" cannot serve {}'s {}: every rank runs it on its own "
+               "rows in one call, whose bits OpenBLAS ties to the row count; use gemm = \"fixed-order\"",
+               name_of(m.spec.family), m.spec.shared_ffn > 0 ? "shared expert" : "dense layers ([model].serve_dense)");
+  if (c.router.mode == RouterMode::topp && m.spec.router.scoring == Scoring::sigmoid)
+    MOED_THROW(Usage, "config: [router].mode = \"topp\" needs a softmax router; {}'s sigmoid scores are no "
+               "probabilities to cover", name_of(m.spec.family));
   if (c.workload.kind == WorkloadKind::ingress && c.ingress.dir.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"ingress\" needs [ingress].dir, the directory of the front-door sockets");
   if (c.workload.kind == WorkloadKind::trace && c.workload.trace.empty())

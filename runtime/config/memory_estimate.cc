@@ -38,6 +38,10 @@ RankMemoryInputs rank_memory_inputs(const Config& c, std::vector<placement::Slot
   const auto R = std::uint64_t(ranks);
   RankMemoryInputs in;
   in.layers = L, in.experts = E, in.hidden = H, in.ffn = F, in.max_k = k;
+  const ModelSpec spec = model_spec(c.model);
+  in.expert_bias = spec.expert.biases;
+  in.shared_ffn = std::uint64_t(spec.shared_ffn);
+  if (c.model.serve_dense) in.dense_layers = spec.dense_layers().size(), in.dense_ffn = std::uint64_t(spec.dense_ffn);
   // The CPU path holds and moves every expert in fp32, whatever the file's dtype.
   in.expert_format = placement::weight_format("f32", "[model].dtype");
   in.slots = std::move(slots);

@@ -123,6 +123,13 @@ int ModelSpec::moe_index(int layer) const {
   return it != moe_layers.end() && *it == layer ? int(it - moe_layers.begin()) : -1;
 }
 
+std::vector<int> ModelSpec::dense_layers() const {
+  std::vector<int> out;
+  for (int l = 0; l < model_layers; ++l)
+    if (moe_index(l) < 0) out.push_back(l);
+  return out;
+}
+
 std::string ModelSpec::describe_dense() const {
   std::string dense;
   int count = 0;
@@ -165,6 +172,7 @@ HfConfig read_hf_config(const std::string& text, const std::string& path, const 
   d.top_k = k.integer("num_experts_per_tok");
   d.ffn = k.integer(ffn_key(s.family));
   d.norm_eps = k.real_or("rms_norm_eps", 1e-6);
+  out.torch_dtype = k.text_or("torch_dtype", "");
   if (has_dense_ffn(s.family)) s.dense_ffn = k.integer_or("intermediate_size", 0);
 
   std::vector<int> mlp_only;
@@ -221,6 +229,9 @@ ModelSpec synthetic_spec(const SyntheticKeys& keys, const ModelDims& dims) {
   s.family = keys.family;
   family_defaults(s);
   const int dense = int(keys.dense_layers);
+  if (dense && !has_dense_ffn(s.family))
+    MOED_THROW(Usage, "config: [model].dense_layers = {}: {} has no dense layers (deepseek_v3, qwen3_moe and "
+               "qwen2_moe do)", dense, name_of(s.family));
   s.model_layers = dense + int(dims.layers);
   for (int l = dense; l < s.model_layers; ++l) s.moe_layers.push_back(l);
   if (dense) s.dense_ffn = 4 * dims.ffn;
@@ -248,7 +259,7 @@ ModelSpec synthetic_spec(const SyntheticKeys& keys, const ModelDims& dims) {
   return s;
 }
 
-std::string hf_config_json(const ModelSpec& s, const ModelDims& d) {
+std::string hf_config_json(const ModelSpec& s, const ModelDims& d, std::string_view torch_dtype) {
   json j;
   j["model_type"] = std::string(name_of(s.family));
   j["num_hidden_layers"] = s.model_layers;
@@ -287,7 +298,7 @@ std::string hf_config_json(const ModelSpec& s, const ModelDims& d) {
     case Family::gpt_oss: j["swiglu_limit"] = s.expert.limit; break;
     default: break;
   }
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = std::string(torch_dtype);
   return j.dump(2) + "\n";
 }
 
@@ -296,13 +307,13 @@ void check_spec(const ModelSpec& s, const ModelDims& d, const std::string& where
   if (d.top_k > d.experts)
     MOED_THROW(Input, "{}: top_k {} exceeds the {} experts", where, d.top_k, d.experts);
   if (r.groups < 1 || d.experts % r.groups != 0)
-    MOED_THROW(Input, "{}: n_group = {} does not divide the {} experts into equal groups", where, r.groups,
+    MOED_THROW(Input, "{}: n_group ([model].groups) = {} does not divide the {} experts into equal groups", where, r.groups,
                d.experts);
   if (r.groups_kept < 1 || r.groups_kept > r.groups)
-    MOED_THROW(Input, "{}: topk_group = {} is not in [1, n_group = {}]", where, r.groups_kept, r.groups);
+    MOED_THROW(Input, "{}: topk_group ([model].groups_kept) = {} is not in [1, n_group = {}]", where, r.groups_kept, r.groups);
   const std::int64_t reachable = std::int64_t(r.groups_kept) * (d.experts / r.groups);
   if (d.top_k > reachable)
-    MOED_THROW(Input, "{}: top_k {} exceeds the {} experts that topk_group = {} groups of {} hold", where, d.top_k,
+    MOED_THROW(Input, "{}: top_k (num_experts_per_tok) {} exceeds the {} experts that topk_group = {} groups of {} hold", where, d.top_k,
                reachable, r.groups_kept, d.experts / r.groups);
   if (r.selection_bias && r.groups > 1 && d.experts / r.groups < 2)
     MOED_THROW(Input, "{}: groups of {} expert: a group's score is the sum of its top 2", where,

@@ -73,7 +73,13 @@ struct ModelSpec {
 
   // The MoE index of model layer `layer`, -1 for a dense one (or out of range).
   int moe_index(int layer) const;
-  int model_layer(int moe_index) const { return moe_layers.at(std::size_t(moe_index)); }
+  // The model layer number of MoE layer `moe_index` (a spec that lists no
+  // layers, as a bare test shape's, numbers them alike).
+  int model_layer(int moe_index) const {
+    return moe_layers.empty() ? moe_index : moe_layers.at(std::size_t(moe_index));
+  }
+  // The model layer numbers of the dense layers, ascending.
+  std::vector<int> dense_layers() const;
   // "model layers 0-2 are dense" or "" when every layer is an MoE layer.
   std::string describe_dense() const;
 };
@@ -87,6 +93,7 @@ struct ModelDims {
 struct HfConfig {
   ModelSpec spec;
   ModelDims dims;
+  std::string torch_dtype;  // as config.json says ("bfloat16", "float32"), or empty
 };
 // Parses the text of config.json (`path` for messages): the family from
 // "model_type" (unless `family` is given: set by hand), the shape and the
@@ -105,7 +112,8 @@ ModelSpec synthetic_spec(const SyntheticKeys& keys, const ModelDims& dims);
 
 // config.json for `spec` and `dims`, as the family's own checkpoints write it
 // (read_hf_config reads it back to the same spec and dims).
-std::string hf_config_json(const ModelSpec& spec, const ModelDims& dims);
+// `torch_dtype` is the tensors' ("float32", "bfloat16").
+std::string hf_config_json(const ModelSpec& spec, const ModelDims& dims, std::string_view torch_dtype = "float32");
 
 // Checks that span the spec's parameters: groups divide the experts, top_k
 // fits the experts the kept groups hold, ... `where` names the source

@@ -95,12 +95,13 @@ std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_
   // Every rank takes part in the window's creation, refusing or not.
   std::optional<std::string> refusal;
   std::size_t want = incoming[rank_];
-  if (memory_budget_bytes > 0 && store_.expert_bytes() + want > memory_budget_bytes) {
+  // What every rank holds whole (shared experts, dense layers) counts against the budget too.
+  const std::size_t held = store_.expert_bytes() + store_.shared_bytes();
+  if (memory_budget_bytes > 0 && held + want > memory_budget_bytes) {
     // In MB with enough digits that the sum visibly exceeds the budget.
     refusal = fmt::format("rank {} has {:.6g} MB of experts; {:.6g} MB more exceed its budget of {:.6g} MB "
                           "([migration].memory_mb)",
-                          rank_, double(store_.expert_bytes()) / 1e6, double(want) / 1e6,
-                          double(memory_budget_bytes) / 1e6);
+                          rank_, double(held) / 1e6, double(want) / 1e6, double(memory_budget_bytes) / 1e6);
     want = 0;
   }
   // Each rank's part of the window: the slots it receives, then its own

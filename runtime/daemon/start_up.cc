@@ -446,8 +446,13 @@ void Daemon::Startup::open_metrics_endpoint() {
 
 // Like the admin socket: a front door one rank cannot open stops every rank alike.
 void Daemon::Startup::open_front_door() {
+  const ModelSpec spec = model_spec(c_.model);
+  ingress::ModelLayers layers{std::vector<int>(std::size_t(spec.model_layers), -1), spec.describe_dense()};
+  for (int l = 0; l < spec.model_layers; ++l) layers.batch_of[std::size_t(l)] = spec.moe_index(l);
+  for (int d = 0; d < d_.store_->dense_layers(); ++d)  // served dense layers: batches after the MoE layers'
+    layers.batch_of[std::size_t(d_.store_->dense_model_layer(d))] = int(c_.model.layers) + d;
   d_.front_door_ = std::make_unique<ingress::FrontDoor>(c_.ingress.dir, d_.rank_, mpi_.size(), int(c_.model.hidden),
-                                                        int(c_.model.layers), ingress_limits(c_));
+                                                        std::move(layers), ingress_limits(c_));
   spdlog::info("front door {}", d_.front_door_->path());
 }
 
@@ -458,11 +463,16 @@ void Daemon::Startup::announce() {
       d.front_door_ ? "tokens from its front door"
                     : fmt::format("tokens [{}, {}) of each step", d.engine_->first_token(),
                                   d.engine_->first_token() + d.engine_->local_tokens());
-  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB), {}",
+  const std::string whole =
+      d.store_->shared_bytes() ? fmt::format(" + {:.1f} MB every rank holds (shared experts, dense layers)",
+                                             double(d.store_->shared_bytes()) / 1e6)
+                               : "";
+  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB){}, {}",
                where_.host, where_.local_rank, where_.local_size, where_.launcher,
                launch::describe_binding(where_, launch::probe_binding(/*gpu_count=*/0)) + "; " +
                    binding_.description,
-               d.topology_->island_of(d.rank_), d.store_->slots(), double(d.store_->expert_bytes()) / 1e6, tokens);
+               d.topology_->island_of(d.rank_), d.store_->slots(), double(d.store_->expert_bytes()) / 1e6, whole,
+               tokens);
 
   d.start_placement_ = describe_placement(c_, d.placement_);
   d.start_epoch_ = d.placement_.epoch();

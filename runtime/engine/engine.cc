@@ -1,6 +1,7 @@
 #include "runtime/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "comm/idle_backoff.h"
@@ -8,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/cpu/fixed_combine.h"
+#include "kernels/cpu/rms_norm.h"
 
 namespace moed::runtime {
 
@@ -83,15 +85,22 @@ StepRecord Engine::run_step(std::uint64_t step, std::vector<float>& x) {
   fetch_tokens(step, x.data());
   tags_.clear();
   for (std::uint64_t id : ids_) tags_.push_back(request_of_token(id, tokens_per_step_, positions_per_request_));
-  for (int l = 0; l < shape_.layers; ++l)
-    run_layer(l, step, x.data(), count_, step * tokens_per_step_ + first_, tags_, rows_of_rank_, rec);
+  // The model's layers in order: its MoE layers, and its dense layers where moed serves them.
+  const bool numbered = !shape_.spec.moe_layers.empty();  // else a bare shape: every layer an MoE layer
+  const int model_layers = numbered ? shape_.spec.model_layers : shape_.layers;
+  for (int m = 0, l = 0, dense = 0; m < model_layers; ++m) {
+    if (!numbered || shape_.spec.moe_index(m) >= 0)
+      run_layer(l++, step, x.data(), count_, step * tokens_per_step_ + first_, tags_, rows_of_rank_, rec);
+    else if (dense < store_.dense_layers() && store_.dense_model_layer(dense) == m)
+      run_dense_layer(dense++, x.data(), count_, rec);
+  }
   if (stats_) record_stats();
   close_step(rec);
   return rec;
 }
 
 std::vector<std::uint32_t> Engine::agree_layer_counts(const std::vector<LayerRows>& mine, std::uint64_t step) {
-  const std::size_t L = std::size_t(shape_.layers);
+  const std::size_t L = std::size_t(served_layers());
   std::vector<std::uint32_t> local(L, 0), all(L * std::size_t(transport_.size()));
   for (std::size_t l = 0; l < std::min(L, mine.size()); ++l) local[l] = std::uint32_t(mine[l].rows);
   transport_.all_gather(local.data(), L * sizeof(std::uint32_t), all.data(),
@@ -101,8 +110,8 @@ std::vector<std::uint32_t> Engine::agree_layer_counts(const std::vector<LayerRow
 
 StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers,
                               const std::vector<std::uint32_t>& counts) {
-  const std::size_t L = std::size_t(shape_.layers), R = std::size_t(transport_.size()),
-                    me = std::size_t(transport_.rank());
+  const std::size_t L = std::size_t(served_layers()), R = std::size_t(transport_.size()),
+                    me = std::size_t(transport_.rank()), moe = std::size_t(shape_.layers);
   MOED_CHECK(layers.size() == L && counts.size() == L * R, "run_layers: {} layers, {} counts", layers.size(),
              counts.size());
   StepRecord rec = open_step();
@@ -115,6 +124,10 @@ StepRecord Engine::run_layers(std::uint64_t step, std::vector<LayerRows>& layers
     }
     if (total == 0) continue;  // no rank has rows for this layer: no collective either
     LayerRows& in = layers[l];
+    if (l >= moe) {  // a dense layer: this rank's rows alone, no collective
+      if (in.rows) run_dense_layer(int(l - moe), in.x, in.rows, rec);
+      continue;
+    }
     tags_.resize(in.rows);
     for (std::size_t t = 0; t < in.rows; ++t)
       tags_[t] = {in.request_ids ? in.request_ids[t] : 0, in.positions ? in.positions[t] : 0u};
@@ -153,8 +166,9 @@ void Engine::record_stats() {
 void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t count, std::uint64_t first_position,
                        std::span<const TokenTag> tags, std::span<const std::uint32_t> rows_of_rank,
                        StepRecord& rec) {
-  const std::string where = fmt::format("step {} layer {}", step, layer);
+  const std::string where = fmt::format("step {} layer {}", step, shape_.spec.model_layer(layer));
   tracer_.select(tags);
+  shared_s_ = 0;
   LayerTimes times;
   times.start = now_seconds();
 
@@ -176,6 +190,8 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   // Every pass's rows leave at once; then whatever has landed is worked on.
   for (LayerPass& pass : passes_) pass.start();
   times.sent = now_seconds();
+  // While the rows travel: the shared expert needs none of them.
+  if (store_.has_shared()) run_shared_expert(layer, step, count, rec);
   double rows_wait = 0, answers_wait = 0;
   drive_passes(rows_wait, answers_wait);
   kernels::residual_from_fixed(x, acc_.data(), count * std::size_t(shape_.hidden), x);
@@ -184,6 +200,54 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
                        first_position, &routing},
                       times);
   account_layer(layer, step, count, times, rows_wait, answers_wait, rec);
+}
+
+void Engine::run_shared_expert(int layer, std::uint64_t step, std::size_t count, StepRecord& rec) {
+  const double start = now_seconds();
+  const std::size_t H = std::size_t(shape_.hidden);
+  const float* xn = route_.normalised();
+  const std::vector<float>& gate = store_.layer(layer).shared_gate;  // Qwen2-MoE's, else empty
+  shared_rows_.resize(count);
+  for (std::size_t t = 0; t < count; ++t) {
+    float weight = 1;
+    if (!gate.empty()) {
+      double logit = 0;  // one chain in index order: a row's weight depends on the row alone
+      for (std::size_t i = 0; i < H; ++i) logit += double(gate[i]) * double(xn[t * H + i]);
+      weight = float(1 / (1 + std::exp(-logit)));
+    }
+    shared_rows_[t] = {xn + t * H, reinterpret_cast<std::byte*>(acc_.data() + t * H), weight, false};
+  }
+  const ExpertCallCounts counts = shared_executor_.run(store_.shared_expert(layer), shared_rows_, setup_.poll);
+  rec.saturated += counts.saturated;
+  // Its NaN or inf terms poison their tokens' outputs like a routed expert's;
+  // it is no placed expert, so it is logged (once per layer) but not counted per expert.
+  if (counts.nonfinite) {
+    if (warned_shared_.empty()) warned_shared_.assign(std::size_t(shape_.layers), 0);
+    if (!std::exchange(warned_shared_[std::size_t(layer)], 1))
+      spdlog::warn("step {} layer {}: {} output terms of the shared expert are NaN or inf; those elements of the "
+                   "tokens' outputs are NaN. Logged once per layer", step, shape_.spec.model_layer(layer),
+                   counts.nonfinite);
+  }
+  shared_s_ = now_seconds() - start;
+  rec.shared += shared_s_;
+}
+
+void Engine::run_dense_layer(int d, float* x, std::size_t count, StepRecord& rec) {
+  const double start = now_seconds();
+  const std::size_t H = std::size_t(shape_.hidden);
+  dense_xn_.resize(count * H);
+  kernels::rms_norm(x, store_.dense_norm(d).data(), count, int(H), float(config_.model.norm_eps), dense_xn_.data());
+  acc_.assign(count * H, 0);
+  shared_rows_.resize(count);
+  for (std::size_t t = 0; t < count; ++t)
+    shared_rows_[t] = {dense_xn_.data() + t * H, reinterpret_cast<std::byte*>(acc_.data() + t * H), 1.0f, false};
+  const ExpertCallCounts counts = shared_executor_.run(store_.dense_ffn(d), shared_rows_);
+  rec.saturated += counts.saturated;
+  if (counts.nonfinite && !std::exchange(warned_dense_, true))
+    spdlog::warn("model layer {} (dense): {} output terms are NaN or inf; those elements of the tokens' outputs are "
+                 "NaN. Logged once", store_.dense_model_layer(d), counts.nonfinite);
+  kernels::residual_from_fixed(x, acc_.data(), count * H, x);
+  rec.shared += now_seconds() - start;
 }
 
 void Engine::take_census(const Routing& routing, std::size_t count, std::uint64_t first_position,
@@ -230,7 +294,7 @@ void Engine::account_layer(int layer, std::uint64_t step, std::size_t count, con
   rec.experts += experts;
   rec.rows_wait += rows_wait;
   rec.answers_wait += answers_wait;
-  rec.other += (times.combined - times.planned) - experts - rows_wait - answers_wait;
+  rec.other += (times.combined - times.planned) - experts - shared_s_ - rows_wait - answers_wait;
   rec.rows_wait_per_layer.push_back(rows_wait);
   rec.answers_wait_per_layer.push_back(answers_wait);
   rec.token_layers += count;

@@ -61,7 +61,10 @@ class Engine {
     const std::uint64_t* request_ids = nullptr;
     const std::uint32_t* positions = nullptr;
   };
-  // Every rank's row count per layer, [rank * layers + layer] (collective).
+  // The layers run_layers serves: the MoE layers, then the dense layers
+  // served ([model].serve_dense), each rank's rows on its own.
+  int served_layers() const { return shape_.layers + store_.dense_layers(); }
+  // Every rank's row count per served layer, [rank * served_layers() + layer] (collective).
   std::vector<std::uint32_t> agree_layer_counts(const std::vector<LayerRows>& mine, std::uint64_t step);
   // Serves every layer that has rows on some rank, in layer order (collective).
   StepRecord run_layers(std::uint64_t step, std::vector<LayerRows>& layers, const std::vector<std::uint32_t>& counts);
@@ -103,6 +106,13 @@ class Engine {
   // What the layer measured, into the step's record (and the policies' loads).
   void account_layer(int layer, std::uint64_t step, std::size_t count, const LayerTimes& times, double rows_wait,
                      double answers_wait, StepRecord& rec);
+  // The layer's shared expert on this rank's `count` normalised rows, weighted
+  // (1, or Qwen2-MoE's sigmoid gate) onto their fixed-point sums: never
+  // dispatched, and exact integers whatever else lands on the sums.
+  void run_shared_expert(int layer, std::uint64_t step, std::size_t count, StepRecord& rec);
+  // Dense layer d (ExpertStore::dense_ffn) on this rank's `count` rows x, in
+  // place: x + FFN(RMSNorm(x)), summed on the fixed-point grid like an MoE layer.
+  void run_dense_layer(int d, float* x, std::size_t count, StepRecord& rec);
   // An expert call of `layer` gave `terms` NaN or inf terms.
   void note_nonfinite(int layer, int expert, std::uint64_t terms, std::uint64_t step, StepRecord& rec);
   void start_rank_figures(StepRecord& rec) const;
@@ -128,6 +138,12 @@ class Engine {
   TokenOrder order_;
   std::vector<std::uint64_t> ids_;  // this step's tokens at this rank's positions
   ExpertExecutor executor_;
+  ExpertExecutor shared_executor_;  // apart, so that calls() stays the routed experts' for the bound
+  std::vector<ExpertRow> shared_rows_;
+  std::vector<char> warned_shared_;  // [layer]: the shared expert's first NaN/inf was logged
+  double shared_s_ = 0;  // the current layer's shared expert time
+  std::vector<float> dense_xn_;  // a dense layer's normalised rows
+  bool warned_dense_ = false;    // a dense layer's first NaN/inf was logged
   RouteStage route_;
   std::uint64_t positions_per_request_ = 1;
   std::vector<TokenTag> tags_;                 // this layer's (or built-in step's) requests

@@ -21,6 +21,15 @@ RouteStage::RouteStage(const Config& config, comm::Transport& transport, const p
     gate_.emplace_back(store.layer(l).gate.data(), std::size_t(shape.experts), std::size_t(shape.hidden));
 }
 
+void RouteStage::gate_logits(int layer, const float* xn, std::size_t count, float* logits) const {
+  const std::size_t E = std::size_t(store_.shape().experts);
+  kernels::gemm_fixed_order(xn, count, gate_[std::size_t(layer)], logits);
+  const std::vector<float>& bias = store_.layer(layer).gate_bias;  // gpt-oss's router.bias
+  if (bias.empty()) return;
+  for (std::size_t t = 0; t < count; ++t)
+    for (std::size_t e = 0; e < E; ++e) logits[t * E + e] += bias[e];
+}
+
 void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepRecord& rec) {
   const int H = store_.shape().hidden;
   xn_.resize(rows.count * H);
@@ -36,7 +45,8 @@ void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepReco
     for (std::size_t t = 0; t < routing.tokens(); ++t) {
       for (std::size_t i = 0; i < routing.experts_of(t).size(); ++i) {
         ranked_.experts.push_back(routing.experts_of(t)[i]);
-        ranked_.probs.push_back(double(routing.weights_of(t)[i]));
+        // The recorded weights are final: back to scores, which choose() scales again.
+        ranked_.probs.push_back(double(routing.weights_of(t)[i]) / router_.spec.scaling);
       }
       ranked_.end_token(std::uint32_t(routing.experts_of(t).size()));
     }
@@ -51,31 +61,33 @@ void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepReco
 bool RouteStage::choose_experts(const Rows& rows, Routing& routing, StepRecord& rec) {
   const std::size_t E = std::size_t(store_.shape().experts);
   logits_.resize(rows.count * E);
-  kernels::gemm_fixed_order(xn_.data(), rows.count, gate_[rows.layer], logits_.data());
+  gate_logits(rows.layer, xn_.data(), rows.count, logits_.data());
+  const RouterParams router = router_.at_layer(store_.layer(rows.layer).selection_bias);
   const double* adjust = policies_.adjustments(rows.layer, rows.tags, adjust_);
   if (!adjust && !policies_.shares_tokens()) {
-    route(logits_.data(), rows.count, E, router_, routing);
+    route(logits_.data(), rows.count, E, router, routing);
     return false;
   }
   ranked_.clear();
-  rank_experts(logits_.data(), adjust, rows.count, E, router_, policies_.extra_candidates(), ranked_);
+  rank_experts(logits_.data(), adjust, rows.count, E, router, policies_.extra_candidates(), ranked_);
   if (policies_.measures_jitter()) measure_jitter(rows, adjust, rec);
   if (policies_.rebalances()) plain_selection(rows);
   if (policies_.shares_tokens())
     share_and_decide(rows, routing, rec);
   else
-    choose(ranked_, routing);
+    choose(ranked_, router_.spec, routing);
   return true;
 }
 
 void RouteStage::plain_selection(const Rows& rows) {
   plain_routing_.clear();
   // Without the bias, ranked_'s choice is the plain selection: a load policy acts after it.
-  if (!policies_.balances()) return choose(ranked_, plain_routing_);
+  if (!policies_.balances()) return choose(ranked_, router_.spec, plain_routing_);
   const double* adjust = policies_.adjustments(rows.layer, rows.tags, plain_adjust_, false);
   plain_ranked_.clear();
-  rank_experts(logits_.data(), adjust, rows.count, std::size_t(store_.shape().experts), router_, 0, plain_ranked_);
-  choose(plain_ranked_, plain_routing_);
+  rank_experts(logits_.data(), adjust, rows.count, std::size_t(store_.shape().experts),
+               router_.at_layer(store_.layer(rows.layer).selection_bias), 0, plain_ranked_);
+  choose(plain_ranked_, router_.spec, plain_routing_);
 }
 
 void RouteStage::measure_jitter(const Rows& rows, const double* adjust, StepRecord& rec) {
@@ -90,9 +102,10 @@ void RouteStage::measure_jitter(const Rows& rows, const double* adjust, StepReco
     perturb_rows(rows.x, count, H, jitter_keys_.data(), rows.layer, kJitterEps[i], noisy_.data());
     kernels::rms_norm(noisy_.data(), store_.layer(rows.layer).norm.data(), count, int(H),
                       float(config_.model.norm_eps), noisy_xn_.data());
-    kernels::gemm_fixed_order(noisy_xn_.data(), count, gate_[rows.layer], noisy_logits_.data());
+    gate_logits(rows.layer, noisy_xn_.data(), count, noisy_logits_.data());
     noisy_ranked_.clear();
-    rank_experts(noisy_logits_.data(), adjust, count, E, router_, 0, noisy_ranked_);
+    rank_experts(noisy_logits_.data(), adjust, count, E, router_.at_layer(store_.layer(rows.layer).selection_bias), 0,
+                 noisy_ranked_);
     rec.router.jitter_changed[i] += changed_choices(ranked_, noisy_ranked_);
   }
   rec.router.jitter_tested += count;

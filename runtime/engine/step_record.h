@@ -23,11 +23,12 @@ struct StepRecord {
   // Seconds: the engine's work on the step (every layer; not the step
   // boundary, the reductions or the figures around it) and its phases:
   // route (norm and router), plan (the counts' all-gather and the plans),
-  // experts (the expert calls), rows_wait (idle, waiting for rows),
+  // experts (the routed experts' calls), shared (the shared expert's, on
+  // this rank's own rows; part of no other phase), rows_wait (idle, waiting for rows),
   // answers_wait (idle, waiting only for answers) and other (packing,
   // parsing, sums and the residual). With overlap the experts run while rows
   // and answers travel, so the waits are what the overlap did not hide.
-  double total = 0, route = 0, plan = 0, rows_wait = 0, experts = 0, answers_wait = 0, other = 0;
+  double total = 0, route = 0, plan = 0, rows_wait = 0, experts = 0, shared = 0, answers_wait = 0, other = 0;
   // The same two waits, per layer.
   std::vector<double> rows_wait_per_layer, answers_wait_per_layer;
   std::uint64_t bytes_copied = 0;  // rows packed into messages, gathered for GEMMs, fp32 answers, answers narrowed
@@ -78,6 +79,7 @@ void for_each_figure(Visit&& visit, Records&... r) {
   visit(Combine::max, r.plan...);
   visit(Combine::max, r.rows_wait...);
   visit(Combine::max, r.experts...);
+  visit(Combine::max, r.shared...);
   visit(Combine::max, r.answers_wait...);
   visit(Combine::max, r.other...);
   visit(Combine::max, r.rows_wait_per_layer...);

@@ -142,7 +142,8 @@ Session& session(SocketConnection& c) { return static_cast<Session&>(c); }
 }  // namespace
 
 struct FrontDoor::Impl final : SocketService::Handler {
-  int rank = 0, ranks = 1, hidden = 0, layers = 0;
+  int rank = 0, ranks = 1, hidden = 0, layers = 0;  // layers: MoE layers
+  ModelLayers model_layers;
   Limits limits;
   std::unique_ptr<SocketService> service;
 
@@ -278,7 +279,7 @@ void FrontDoor::Impl::welcome(Session& s, const wire::Hello& hello) {
     ++counts.clients;
     ++counts.accepted;
   }
-  s.send(wire::encode(wire::Welcome{std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(layers), layout}),
+  s.send(wire::encode(wire::Welcome{std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(model_layers.batch_of.size()), layout}),
           memfd);
   s.forget_memfd();
   if (s.dead()) {
@@ -294,9 +295,12 @@ void FrontDoor::Impl::queue_submit(Session& s, const wire::Submit& m) {
   std::string problem;
   if (m.slot >= l.slots)
     problem = fmt::format("slot {} does not exist (this client has {})", m.slot, l.slots);
-  else if (m.layer >= std::uint32_t(layers))
-    problem = fmt::format("layer {} is out of range: the model has {} MoE layers (0 to {})", m.layer, layers,
-                          layers - 1);
+  else if (m.layer >= model_layers.batch_of.size())
+    problem = fmt::format("layer {} is out of range: the model has {} layers (0 to {})", m.layer,
+                          model_layers.batch_of.size(), model_layers.batch_of.size() - 1);
+  else if (model_layers.batch_of[m.layer] < 0)
+    problem = fmt::format("layer {} is a dense layer ({}): moed serves the model's MoE layers, and its dense "
+                          "layers only with [model].serve_dense = true", m.layer, model_layers.dense);
   else if (m.rows == 0 || m.rows > l.max_rows)
     problem = fmt::format("{} rows: a submit holds 1 to {} rows", m.rows, l.max_rows);
   if (!problem.empty()) return reject(m.tag, m.slot, s, wire::Status::bad_request, problem);
@@ -311,9 +315,10 @@ void FrontDoor::Impl::queue_submit(Session& s, const wire::Submit& m) {
   if (it == clients.end()) return;  // going away
   s.in_flight()[m.slot] = true;
   const std::uint64_t ticket = next_ticket++;
-  tickets[ticket] = m;
-  it->queue.push_back({0, m.layer, m.rows, ticket});
-  queued_rows[m.layer] += m.rows;
+  wire::Submit& queued = tickets[ticket] = m;
+  queued.layer = std::uint32_t(model_layers.batch_of[m.layer]);  // from here on, the batch
+  it->queue.push_back({0, queued.layer, m.rows, ticket});
+  queued_rows[queued.layer] += m.rows;
   ++counts.submits_queued;
   work.notify_one();
 }
@@ -334,10 +339,16 @@ void FrontDoor::Impl::drop(Session& s, const char* why) {
   spdlog::debug("front door: client {} (pid {}) gone: {}", s.serial(), s.peer().pid, why);
 }
 
-FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, int layers, Limits limits)
+int ModelLayers::batches() const {
+  return int(std::count_if(batch_of.begin(), batch_of.end(), [](int i) { return i >= 0; }));
+}
+
+FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, ModelLayers layers_, Limits limits)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  const int layers = layers_.batches();
   m.rank = rank, m.ranks = ranks, m.hidden = hidden, m.layers = layers;
+  m.model_layers = std::move(layers_);
   m.limits = limits;
   m.queued_rows.assign(std::size_t(layers), 0);
   m.service = std::make_unique<SocketService>(dir, socket_path(dir, rank),

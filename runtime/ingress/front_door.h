@@ -63,11 +63,21 @@ struct FrontDoorCounters {
   std::uint64_t refused = 0;          // submits and connections answered with an error
 };
 
+// The layer numbers clients send: the model's own. batch_of[L] is the batch
+// model layer L's rows are queued in: its MoE layer, or (dense layers moed
+// serves, [model].serve_dense) one after the MoE layers; -1 for a dense
+// layer moed does not serve (`dense` says which those are, for the refusal).
+struct ModelLayers {
+  std::vector<int> batch_of;
+  std::string dense;
+  int batches() const;  // the batches take() fills: one per served layer
+};
+
 class FrontDoor {
  public:
   // Binds the socket and starts the thread; throws a moed::Error naming the
   // path (Usage for a bad [ingress].dir).
-  FrontDoor(const std::string& dir, int rank, int ranks, int hidden, int layers, Limits limits);
+  FrontDoor(const std::string& dir, int rank, int ranks, int hidden, ModelLayers layers, Limits limits);
   // Answers every queued submit with shutting_down and closes every client.
   ~FrontDoor();
   FrontDoor(const FrontDoor&) = delete;

@@ -72,7 +72,7 @@ void Report::add_step(std::uint64_t step, const StepRecord& rec) {
   open_.token_layers = rec.token_layers;
   time_ += rec.total;
   route_ += rec.route, plan_ += rec.plan, rows_wait_ += rec.rows_wait;
-  experts_ += rec.experts, answers_wait_ += rec.answers_wait, other_ += rec.other;
+  experts_ += rec.experts, shared_ += rec.shared, answers_wait_ += rec.answers_wait, other_ += rec.other;
   bytes_copied_ += rec.bytes_copied;
   for (int c = 0; c < placement::kLinkClasses; ++c) bytes_[c] += rec.bytes_sent[c];
   pairs_ += rec.pairs;
@@ -142,7 +142,7 @@ Summary Report::summary() const {
   if (measured_ == 0) return s;
   const double n = double(measured_);
   s.route_ms = ms(route_) / n, s.plan_ms = ms(plan_) / n, s.rows_wait_ms = ms(rows_wait_) / n;
-  s.experts_ms = ms(experts_) / n, s.answers_wait_ms = ms(answers_wait_) / n, s.other_ms = ms(other_) / n;
+  s.experts_ms = ms(experts_) / n, s.shared_ms = ms(shared_) / n, s.answers_wait_ms = ms(answers_wait_) / n, s.other_ms = ms(other_) / n;
   s.bytes_copied = double(bytes_copied_) / n;
   s.engine_ms = ms(time_) / n;
   s.bytes = bytes_;
@@ -338,6 +338,7 @@ nlohmann::json Report::to_json() const {
         {"route", s.route_ms},
         {"plan", s.plan_ms},
         {"experts", s.experts_ms},
+        {"shared", s.shared_ms},
         {"other", s.other_ms},
         {"rows_wait", s.rows_wait_ms},
         {"answers_wait", s.answers_wait_ms}}},

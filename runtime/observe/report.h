@@ -61,7 +61,7 @@ struct Summary {
   double rows_wait_p50_ms = 0, rows_wait_p99_ms = 0;
   double answers_wait_p50_ms = 0, answers_wait_p99_ms = 0;
   double engine_ms = 0;  // mean per step; its phases (see StepRecord):
-  double route_ms = 0, plan_ms = 0, rows_wait_ms = 0, experts_ms = 0, answers_wait_ms = 0, other_ms = 0;
+  double route_ms = 0, plan_ms = 0, rows_wait_ms = 0, experts_ms = 0, shared_ms = 0, answers_wait_ms = 0, other_ms = 0;
   double bytes_copied = 0;  // per step, all ranks: rows packed, gathered for GEMMs, fp32 answers, answers narrowed
   double activation_rate = 0;          // experts run per token over all experts
   double experts_per_token = 0;        // per layer
@@ -142,7 +142,7 @@ class Report {
   // Measured steps only (after the warm-up).
   std::uint64_t measured_ = 0;
   double time_ = 0;                                   // seconds, summed
-  double route_ = 0, plan_ = 0, rows_wait_ = 0, experts_ = 0, answers_wait_ = 0, other_ = 0;  // seconds, summed
+  double route_ = 0, plan_ = 0, rows_wait_ = 0, experts_ = 0, shared_ = 0, answers_wait_ = 0, other_ = 0;  // seconds, summed
   std::uint64_t bytes_copied_ = 0;
   std::array<std::uint64_t, placement::kLinkClasses> bytes_{};
   std::uint64_t pairs_ = 0, saturated_ = 0, token_layers_ = 0;

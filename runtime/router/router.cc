@@ -16,6 +16,7 @@ RouterParams RouterParams::from(const Config& c) {
   p.top_p = float(c.router.top_p);
   p.min_k = int(c.router.min_k);
   p.max_k = int(c.router.max_k ? c.router.max_k : c.model.top_k);
+  p.spec = model_spec(c.model).router;
   return p;
 }
 
@@ -23,7 +24,7 @@ void route(const float* logits, std::size_t tokens, std::size_t experts, const R
            Routing& out) {
   Ranked ranked;
   rank_experts(logits, nullptr, tokens, experts, params, 0, ranked);
-  choose(ranked, out);
+  choose(ranked, params.spec, out);
 }
 
 namespace {
@@ -36,39 +37,94 @@ void softmax(const double* logits, std::size_t experts, double temperature, doub
   for (std::size_t e = 0; e < experts; ++e) prob[e] /= sum;
 }
 
+// Marks the experts of the groups_kept best groups selectable (DeepSeek's
+// group-limited routing): a group scores the sum of its two best selection
+// scores when the router has a selection bias, else its best.
+void keep_best_groups(const std::vector<double>& selection, const RouterSpec& spec, bool top2,
+                      std::vector<double>& group_score, std::vector<std::uint32_t>& group_order,
+                      std::vector<char>& selectable) {
+  const std::size_t G = std::size_t(spec.groups), per = selection.size() / G;
+  for (std::size_t g = 0; g < G; ++g) {
+    double best = -HUGE_VAL, second = -HUGE_VAL;
+    for (std::size_t e = g * per; e < (g + 1) * per; ++e) {
+      if (selection[e] > best) second = best, best = selection[e];
+      else if (selection[e] > second) second = selection[e];
+    }
+    group_score[g] = top2 ? best + second : best;
+  }
+  std::iota(group_order.begin(), group_order.end(), 0u);
+  std::partial_sort(group_order.begin(), group_order.begin() + spec.groups_kept, group_order.end(),
+                    [&](std::uint32_t a, std::uint32_t b) {
+                      return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
+                    });
+  std::fill(selectable.begin(), selectable.end(), 0);
+  for (int i = 0; i < spec.groups_kept; ++i)
+    std::fill_n(selectable.begin() + std::ptrdiff_t(group_order[std::size_t(i)] * per), per, 1);
+}
+
 }  // namespace
 
 void rank_experts(const float* logits, const double* adjust, std::size_t tokens, std::size_t experts,
                   const RouterParams& params, std::size_t extra, Ranked& out) {
+  const RouterSpec& spec = params.spec;
   MOED_CHECK(params.top_k >= 1 && std::size_t(params.top_k) <= experts, "top_k {} of {} experts",
              params.top_k, experts);
-  std::vector<double> l(experts), prob(experts), selection(experts);
-  std::vector<std::uint32_t> order(experts);
+  MOED_CHECK(spec.groups >= 1 && experts % std::size_t(spec.groups) == 0 && spec.groups_kept >= 1 &&
+                 spec.groups_kept <= spec.groups,
+             "{} of {} groups over {} experts", spec.groups_kept, spec.groups, experts);
+  const bool sigmoid = spec.scoring == Scoring::sigmoid, grouped = spec.groups > 1;
+  const double* bias = nullptr;
+  std::vector<double> bias_d;
+  if (params.selection_bias) {
+    bias_d.assign(params.selection_bias, params.selection_bias + experts);
+    bias = bias_d.data();
+  }
+  std::vector<double> l(experts), prob(experts), selection(experts), group_score(std::size_t(spec.groups));
+  std::vector<std::uint32_t> order(experts), group_order(std::size_t(spec.groups));
+  std::vector<char> selectable(experts, 1);
   for (std::size_t t = 0; t < tokens; ++t) {
     for (std::size_t e = 0; e < experts; ++e) l[e] = double(logits[t * experts + e]);
-    softmax(l.data(), experts, params.temperature, prob.data());
-    if (adjust) {
-      for (std::size_t e = 0; e < experts; ++e) l[e] += adjust[t * experts + e];
-      softmax(l.data(), experts, params.temperature, selection.data());
+    const double* adj = adjust ? adjust + t * experts : nullptr;
+    if (sigmoid) {
+      for (std::size_t e = 0; e < experts; ++e) prob[e] = 1.0 / (1.0 + std::exp(-l[e] / params.temperature));
+      for (std::size_t e = 0; e < experts; ++e)
+        selection[e] = prob[e] + (bias ? bias[e] : 0.0) + (adj ? adj[e] : 0.0);
+    } else {
+      softmax(l.data(), experts, params.temperature, prob.data());
+      if (adj) {
+        for (std::size_t e = 0; e < experts; ++e) l[e] += adj[e];
+        softmax(l.data(), experts, params.temperature, selection.data());
+      } else {
+        selection = prob;
+      }
+      if (bias)
+        for (std::size_t e = 0; e < experts; ++e) selection[e] += bias[e];
     }
-    const std::vector<double>& score = adjust ? selection : prob;
+    if (grouped) keep_best_groups(selection, spec, bias != nullptr, group_score, group_order, selectable);
 
+    // The selectable experts first, ranked by selection score (ties: the lower id).
     std::iota(order.begin(), order.end(), 0u);
+    const auto selectable_end =
+        grouped ? std::stable_partition(order.begin(), order.end(), [&](std::uint32_t e) { return selectable[e] != 0; })
+                : order.end();
+    const std::size_t n_selectable = std::size_t(selectable_end - order.begin());
     auto by_score = [&](std::uint32_t a, std::uint32_t b) {
-      return score[a] > score[b] || (score[a] == score[b] && a < b);
+      return selection[a] > selection[b] || (selection[a] == selection[b] && a < b);
     };
     std::size_t k;
-    const std::size_t max_k = params.top_p_mode ? std::min<std::size_t>(params.max_k, experts) : std::size_t(params.top_k);
-    const std::size_t kept = std::min(experts, max_k + extra);
-    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(kept), order.end(), by_score);
+    const std::size_t max_k =
+        params.top_p_mode ? std::min<std::size_t>(params.max_k, n_selectable) : std::size_t(params.top_k);
+    MOED_CHECK(max_k <= n_selectable, "top_k {} exceeds the {} experts of the kept groups", max_k, n_selectable);
+    const std::size_t kept = std::min(n_selectable, max_k + extra);
+    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(kept), selectable_end, by_score);
     if (!params.top_p_mode) {
       k = max_k;
     } else {
       double mass = 0;
       k = 0;
-      while (k < max_k && (k < std::size_t(params.min_k) || mass < params.top_p)) mass += score[order[k++]];
+      while (k < max_k && (k < std::size_t(params.min_k) || mass < params.top_p)) mass += selection[order[k++]];
     }
-    for (std::size_t i = 0; i < std::min(experts, k + extra); ++i) {
+    for (std::size_t i = 0; i < std::min(n_selectable, k + extra); ++i) {
       out.experts.push_back(order[i]);
       out.probs.push_back(prob[order[i]]);
     }
@@ -76,16 +132,20 @@ void rank_experts(const float* logits, const double* adjust, std::size_t tokens,
   }
 }
 
-void add_renormalised(std::span<const std::uint32_t> experts, std::span<const double> probs, Routing& out) {
+void add_weights(std::span<const std::uint32_t> experts, std::span<const double> scores, const RouterSpec& spec,
+                 Routing& out) {
   double chosen = 0;
-  for (double p : probs) chosen += p;
-  for (std::size_t i = 0; i < experts.size(); ++i) out.add(experts[i], float(probs[i] / chosen));
+  for (double p : scores) chosen += p;
+  // softmax_after_topk: the softmax over the chosen logits is the full
+  // softmax renormalised over them.
+  const double divisor = spec.renormalize || spec.softmax_after_topk ? chosen : 1.0;
+  for (std::size_t i = 0; i < experts.size(); ++i) out.add(experts[i], float(scores[i] / divisor * spec.scaling));
 }
 
-void choose(const Ranked& ranked, Routing& out) {
+void choose(const Ranked& ranked, const RouterSpec& spec, Routing& out) {
   for (std::size_t t = 0; t < ranked.tokens(); ++t) {
     const std::size_t k = ranked.chosen[t];
-    add_renormalised(ranked.experts_of(t).first(k), ranked.probs_of(t).first(k), out);
+    add_weights(ranked.experts_of(t).first(k), ranked.probs_of(t).first(k), spec, out);
     out.end_token();
   }
 }

@@ -1,7 +1,9 @@
-// Expert choice from gate logits: softmax with temperature, then top-k, or
-// top-p with min/max k, and the chosen weights renormalised to sum to 1.
-// Pure and deterministic: ties go to the lower expert id, and a token's
-// choice depends on its logits alone.
+// Expert choice from gate logits, one router for every model family (its
+// RouterSpec, runtime/config/model_family.h): scores by softmax (with
+// temperature) or sigmoid, a selection-only bias, group-limited selection,
+// top-k or top-p with min/max k, and the chosen scores renormalised (or not)
+// and scaled. Pure and deterministic: ties go to the lower expert id (and
+// the lower group id), and a token's choice depends on its logits alone.
 #pragma once
 
 #include <cstddef>
@@ -52,8 +54,17 @@ struct RouterParams {
   float temperature = 1.0f;
   float top_p = 1.0f;
   int min_k = 1, max_k = 2;
+  RouterSpec spec;  // the family's scoring, groups, renormalisation and scaling
+  // The layer's selection bias (DeepSeek-V3's e_score_correction_bias),
+  // [experts], or null; at_layer() sets it.
+  const float* selection_bias = nullptr;
 
   static RouterParams from(const Config& c);
+  RouterParams at_layer(const std::vector<float>& bias) const {
+    RouterParams p = *this;
+    p.selection_bias = bias.empty() ? nullptr : bias.data();
+    return p;
+  }
 };
 
 // Appends one row per token of logits[tokens, experts] to `out`; each row is
@@ -89,17 +100,28 @@ struct Ranked {
   }
 };
 
-// Ranks the experts of every token of logits[tokens, experts]: the selection
-// (order, and top-p's count) uses the softmax of logits + adjust[t * experts + e]
-// (adjust may be null: none), the probabilities kept are those of the logits
-// alone. `extra` next-ranked candidates are kept beyond the choice (as many
-// as there are experts left). Appends to `out`.
+// Ranks the experts of every token of logits[tokens, experts] (the gate's,
+// router bias included). The score s is softmax(l / temperature) or
+// sigmoid(l / temperature); the selection (order, and top-p's count) uses
+//   softmax: the softmax of l + adjust (adjust[t * experts + e], the router
+//            policies' bias; may be null: none), plus the selection bias;
+//   sigmoid: s + the selection bias + adjust, so that the balancing bias is
+//            added to DeepSeek's own e_score_correction_bias, not a second one.
+// With groups, only the experts of the groups_kept best groups (a group's
+// score: the sum of its top-2 selection scores with a selection bias, else
+// its best) can be chosen or be candidates. The scores kept are the unbiased
+// s. `extra` next-ranked candidates are kept beyond the choice (as many as
+// there are selectable experts left). Appends to `out`.
 void rank_experts(const float* logits, const double* adjust, std::size_t tokens, std::size_t experts,
                   const RouterParams& params, std::size_t extra, Ranked& out);
-// The choice of every token of `ranked`, weights renormalised over it
+// The choice of every token of `ranked`, with its weights (add_weights)
 // (route() is rank_experts without adjustment, then this).
-void choose(const Ranked& ranked, Routing& out);
-// One row's weights: probs renormalised over the row, summed in its order.
-void add_renormalised(std::span<const std::uint32_t> experts, std::span<const double> probs, Routing& out);
+void choose(const Ranked& ranked, const RouterSpec& spec, Routing& out);
+// One row's weights from its scores: renormalised over the row (summed in
+// its order) when spec.renormalize or spec.softmax_after_topk, then times spec.scaling. gpt-oss's
+// softmax over the chosen logits is this too: the softmax of all the
+// logits renormalised over the chosen ones.
+void add_weights(std::span<const std::uint32_t> experts, std::span<const double> scores, const RouterSpec& spec,
+                 Routing& out);
 
 }  // namespace moed::runtime

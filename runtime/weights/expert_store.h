@@ -1,5 +1,7 @@
 // The weights one rank serves with: every layer's router gate and norm (the
-// router is replicated) and the experts of this rank's slots, in fp32. With
+// router is replicated), its shared expert (every rank holds it whole) and
+// the experts of this rank's slots, in fp32, read in the model family's
+// names and layout (runtime/weights/model.h). With
 // [experts].gemm = "fixed-order" the experts are held packed for that GEMM
 // (packed once, at load or when a migrated slot arrives), else row-major.
 // A slot may hold one shard of a split expert (placement/placement.h): its
@@ -27,6 +29,12 @@ struct LayerWeights {
   std::vector<float> shared_gate;     // [hidden] (Qwen2-MoE's shared_expert_gate), else empty
 };
 
+// An expert's tensors as loaded, in moed's layout: W1|W3 [2F, H], W2 [H, F]
+// and (biased families) b1|b3 [2F], b2 [H].
+struct ExpertTensors {
+  std::vector<float> w13, w2, b13, b2;
+};
+
 class ExpertStore {
  public:
   // From [model].weights (a checkpoint: only the tensors this rank needs are
@@ -44,16 +52,26 @@ class ExpertStore {
   // migrated); false when the family has none.
   bool has_shared() const;
   kernels::ExpertView shared_expert(int layer) const;
-  std::size_t expert_bytes() const;                          // fp32 bytes of the held slots (shards: 1/S)
+  // The dense layers served ([model].serve_dense; none otherwise), each held
+  // whole by every rank like a shared expert, in model layer order:
+  // dense layer d is model layer dense_model_layer(d).
+  int dense_layers() const { return int(dense_.size()); }
+  int dense_model_layer(int d) const { return dense_.at(std::size_t(d)).model_layer; }
+  const std::vector<float>& dense_norm(int d) const { return dense_.at(std::size_t(d)).norm; }
+  kernels::ExpertView dense_ffn(int d) const;
+  std::size_t expert_bytes() const;  // fp32 bytes of the held slots (shards: 1/S)
+  std::size_t shared_bytes() const;  // fp32 bytes of the shared experts and dense layers
   int slots() const;
 
   bool packed() const { return packed_; }
 
   // Live migration moves slots as flat fp32 arrays: W1|W3 ([2F, H]) then W2
-  // ([H, F]), row-major whichever way the two ranks hold them; a shard's are
-  // its own ([2F/S, H] and [H, F/S]), slot_floats(S) floats.
+  // ([H, F]), row-major whichever way the two ranks hold them, then the
+  // biases when the family has them (b1|b3 [2F], b2 [H]); a shard's are its
+  // own ([2F/S, H], [H, F/S], [2F/S], and b2 whole), slot_floats(S) floats.
   std::size_t slot_floats(int shards = 1) const {
-    return 3 * std::size_t(shape_.hidden) * std::size_t(shape_.ffn) / std::size_t(shards);
+    const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn), S = std::size_t(shards);
+    return 3 * H * F / S + (biased() ? 2 * F / S + H : 0);
   }
   void copy_slot(int layer, int expert, float* out) const;  // slot_floats(its shards) floats
   // Installs shard `shard` of `shards` (0 of 1: a whole copy).
@@ -66,9 +84,14 @@ class ExpertStore {
     kernels::PackedWeights w13_packed, w2_packed;
     std::vector<float> w13;  // [2F/S, H]
     std::vector<float> w2;   // [H, F/S]
+    std::vector<float> b13;  // [2F/S] (biased families), else empty
+    std::vector<float> b2;   // [H]
     int shard = 0, shards = 1;
+    std::size_t ffn = 0;     // F of the whole expert (the shared expert's own)
   };
-  Slot make_slot(std::vector<float> w13, std::vector<float> w2, int shard, int shards) const;
+  bool biased() const { return shape_.spec.expert.biases; }
+  Slot make_slot(ExpertTensors t, std::size_t ffn, int shard, int shards) const;
+  kernels::ExpertView view_of(const Slot& slot, std::size_t chunks) const;
   const Slot* find(int layer, int expert) const;
 
   ModelShape shape_;
@@ -76,6 +99,13 @@ class ExpertStore {
   int ffn_chunks_ = 1;
   std::vector<LayerWeights> layers_;
   std::map<std::pair<int, int>, Slot> slots_;  // (layer, expert) -> weights
+  std::vector<Slot> shared_;                   // per layer, when the family has a shared expert
+  struct DenseLayer {
+    int model_layer = 0;
+    std::vector<float> norm;  // [hidden]: its post_attention_layernorm
+    Slot ffn;
+  };
+  std::vector<DenseLayer> dense_;
 };
 
 }  // namespace moed::runtime

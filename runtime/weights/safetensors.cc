@@ -281,7 +281,8 @@ std::vector<std::string> SafetensorsFile::names() const {
 }
 
 void SafetensorsFile::read_f32(const std::string& name, DType expected,
-                               const std::vector<std::int64_t>& expected_shape, float* out) const {
+                               const std::vector<std::int64_t>& expected_shape, float* out, std::int64_t first,
+                               std::int64_t count) const {
   const TensorInfo* info = find(name);
   if (!info) MOED_THROW(Input, "{}: no tensor named '{}'", path(), name);
   auto dtype = parse_dtype(info->dtype);
@@ -300,11 +301,20 @@ void SafetensorsFile::read_f32(const std::string& name, DType expected,
   MOED_CHECK(info->end - info->begin == numel * element_size(*dtype) && info->end <= file_.size(),
              "{}: tensor '{}' byte range", path(), name);
   const std::byte* src = file_.data() + info->begin;
+  std::uint64_t wanted = numel;
+  if (count >= 0) {  // entries [first, first + count) of the leading dimension
+    const std::int64_t lead = info->shape.empty() ? 1 : info->shape[0];
+    MOED_CHECK(first >= 0 && first + count <= lead, "{}: tensor '{}': entries [{}, {}) of {}", path(), name, first,
+               first + count, lead);
+    const std::uint64_t per = lead ? numel / std::uint64_t(lead) : 0;
+    src += std::uint64_t(first) * per * element_size(*dtype);
+    wanted = std::uint64_t(count) * per;
+  }
   if (*dtype == DType::F32) {
-    if (numel) std::memcpy(out, src, numel * sizeof(float));  // src may be unaligned
+    if (wanted) std::memcpy(out, src, wanted * sizeof(float));  // src may be unaligned
     return;
   }
-  for (std::uint64_t i = 0; i < numel; ++i) {
+  for (std::uint64_t i = 0; i < wanted; ++i) {
     std::uint16_t bits;
     std::memcpy(&bits, src + 2 * i, 2);
     out[i] = bf16_to_f32(bits);
@@ -379,14 +389,15 @@ const SafetensorsFile& Checkpoint::shard(const std::string& shard_path) const {
 }
 
 void Checkpoint::read_f32(const std::string& name, DType expected,
-                          const std::vector<std::int64_t>& expected_shape, float* out) const {
+                          const std::vector<std::int64_t>& expected_shape, float* out, std::int64_t first,
+                          std::int64_t count) const {
   auto it = weight_map_.find(name);
   if (it == weight_map_.end()) MOED_THROW(Input, "{}: no tensor named '{}'", source_, name);
   const SafetensorsFile& file = shard(it->second);
   if (!file.find(name))
     MOED_THROW(Input, "{}: no tensor named '{}' (the index {} says it is in this shard)",
                it->second, name, source_);
-  file.read_f32(name, expected, expected_shape, out);
+  file.read_f32(name, expected, expected_shape, out, first, count);
 }
 
 }  // namespace moed::weights

@@ -35,8 +35,10 @@ class SafetensorsFile {
 
   // Copies the tensor, converted to fp32, into out (numel floats). Checks that it
   // exists, that its dtype is `expected` and that its shape equals `expected_shape`.
-  void read_f32(const std::string& name, DType expected,
-                const std::vector<std::int64_t>& expected_shape, float* out) const;
+  // With count >= 0, only entries [first, first + count) of its leading
+  // dimension (one expert of a fused [experts, ...] tensor).
+  void read_f32(const std::string& name, DType expected, const std::vector<std::int64_t>& expected_shape,
+                float* out, std::int64_t first = 0, std::int64_t count = -1) const;
 
  private:
   void parse_header();
@@ -57,8 +59,8 @@ class Checkpoint {
   bool contains(const std::string& name) const;
   // The file holding tensor `name` (the shard, with an index); the checkpoint's path if unknown.
   const std::string& file_of(const std::string& name) const;
-  void read_f32(const std::string& name, DType expected,
-                const std::vector<std::int64_t>& expected_shape, float* out) const;
+  void read_f32(const std::string& name, DType expected, const std::vector<std::int64_t>& expected_shape,
+                float* out, std::int64_t first = 0, std::int64_t count = -1) const;
   const std::string& path() const { return path_; }
 
  private:

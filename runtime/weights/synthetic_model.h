@@ -18,6 +18,7 @@
 
 #include "runtime/weights/model.h"
 #include "runtime/weights/safetensors_format.h"
+#include "runtime/weights/safetensors_writer.h"
 
 namespace moed::runtime {
 
@@ -39,14 +40,26 @@ class SyntheticModel {
   void expert_bias(int layer, int expert, int which, float* out) const;
   void shared(int layer, ExpertPart part, float* out) const;    // gate, up [Fs, hidden]; down [hidden, Fs]
   void shared_gate(int layer, float* out) const;                // [hidden] (qwen2_moe)
+  // A dense layer's FFN: gate, up [dense F, hidden]; down [hidden, dense F].
+  void dense(int layer, ExpertPart part, float* out) const;
 
-  // Writes the checkpoint: a directory with config.json and model.safetensors
-  // in the family's names and layout, or (Mixtral, a path ending in
-  // .safetensors) the single file as before. Atomic.
-  void write(const std::string& path) const;
+  // Writes the checkpoint in the family's names and layout: a directory
+  // with config.json (its RMSNorm epsilon `norm_eps`) and model.safetensors,
+  // or, for a path ending in .safetensors, that file alone (whose family a
+  // loader must then be told: [model].family). Each file atomically.
+  void write(const std::string& path, double norm_eps) const;
 
  private:
+  std::string stream_name(int layer, int expert, ExpertPart part) const;
+  bool clamped() const { return shape_.spec.expert.activation == Activation::clamped_swiglu; }
+  // out[0, n) = scale x uniform(-1, 1), the stream of `name`, rounded to the dtype.
+  void fill(const std::string& name, float scale, std::size_t n, float* out) const;
+  void whole_ffn(const std::string& name, std::size_t F, ExpertPart part, float* out) const;
+  void add_tensors(weights::SafetensorsWriter& writer) const;
+  void add_fused_experts(weights::SafetensorsWriter& writer, int layer) const;
+
   ModelShape shape_;
+  TensorNames names_;
   std::uint64_t seed_;
   weights::DType dtype_;
   std::vector<float> concepts_;  // [experts, hidden], shared by every layer's gate

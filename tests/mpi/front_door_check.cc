@@ -5,11 +5,13 @@
 //
 //   front_door_check --dir DIR --ranks R --mode serial|concurrent|shuffled --out FILE
 //                    [--requests N] [--seed S] [--clients-per-rank C]
-//                    [--pause-after N --resume-file F]
+//                    [--pause-after N --resume-file F] [--first-layer L]
 //   front_door_check --dir DIR --ranks R --mode decode --positions P --out FILE [--drift D]
 //   front_door_check --dir DIR --mode hold      (submits, then waits to be killed)
 //
-// Request r has 1 + (hash % 48) rows at layer hash % layers, with request id
+// Request r has 1 + (hash % 48) rows at a layer from hash among the model's
+// layers L .. (--first-layer L, 0 by default: a model whose first layers are
+// dense sends moed only the MoE layers after them), with request id
 // r and positions 0.., values from a counter-based generator. serial: one
 // client on rank 0, one request at a time. concurrent: C clients per rank,
 // each on its own thread, request r on client r mod (C x R), as many in
@@ -54,12 +56,12 @@ struct Request {
   std::vector<float> x, y;
 };
 
-std::vector<Request> make_requests(int count, std::uint64_t seed, int layers, int hidden) {
+std::vector<Request> make_requests(int count, std::uint64_t seed, int first_layer, int layers, int hidden) {
   std::vector<Request> out(static_cast<std::size_t>(count));
   for (int r = 0; r < count; ++r) {
     const std::uint64_t h = moed::hash_combine(seed, std::uint64_t(r));
     Request& q = out[std::size_t(r)];
-    q.layer = std::uint32_t(h % std::uint64_t(layers));
+    q.layer = std::uint32_t(first_layer) + std::uint32_t(h % std::uint64_t(layers - first_layer));
     q.rows = 1 + std::uint32_t((h >> 20) % 48);
     q.x.resize(std::size_t(q.rows) * std::size_t(hidden));
     const moed::CounterRng rng(h);
@@ -205,7 +207,7 @@ std::string socket_of(const std::string& dir, int rank) { return dir + "/moed-in
 int main(int argc, char** argv) {
   CLI::App app{"front_door_check: serves fixed requests through moed's front door"};
   std::string dir, mode, out;
-  int ranks = 1, count = 64, per_rank = 2;
+  int ranks = 1, count = 64, per_rank = 2, first_layer = 0;
   std::uint64_t seed = 7;
   app.add_option("--dir", dir, "[ingress].dir of the daemons")->required();
   app.add_option("--ranks", ranks, "ranks to spread the clients over");
@@ -218,6 +220,8 @@ int main(int argc, char** argv) {
   app.add_option("--requests", count, "requests to serve");
   app.add_option("--seed", seed, "seed of the requests");
   app.add_option("--clients-per-rank", per_rank, "clients per rank (concurrent, shuffled)");
+  app.add_option("--first-layer", first_layer, "the first model layer to send rows to (serial, concurrent, shuffled)")
+      ->check(CLI::NonNegativeNumber);
   int pause_after = -1;
   std::string resume_file;
   auto* pause_opt = app.add_option("--pause-after", pause_after, "pause once this many requests are answered")
@@ -256,7 +260,11 @@ int main(int argc, char** argv) {
                 << " client" << (n_clients == 1 ? "" : "s") << "\n";
       return 0;
     }
-    std::vector<Request> requests = make_requests(count, seed, clients[0]->layers(), clients[0]->hidden());
+    if (first_layer >= clients[0]->layers())
+      throw std::runtime_error("--first-layer " + std::to_string(first_layer) + ": the model has " +
+                               std::to_string(clients[0]->layers()) + " layers");
+    std::vector<Request> requests =
+        make_requests(count, seed, first_layer, clients[0]->layers(), clients[0]->hidden());
     if (mode == "serial") {
       Pause pause(pause_after, resume_file, 1);
       const Pause::Member member(pause);

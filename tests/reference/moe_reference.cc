@@ -5,7 +5,9 @@
 // BLAS, no dispatch plan, no fixed point. moed computes in fp32 with blocked
 // GEMMs, so the two agree within a tolerance, not bitwise; tokens whose
 // routing is a near-tie at some layer (top-k margin below 1e-5 in probability)
-// may legitimately route differently and are counted and skipped.
+// may legitimately route differently and are counted and skipped. Every
+// family's router and experts are written here from the formulas of
+// docs/model-families.md, apart from moed's own code.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -26,34 +28,131 @@ namespace {
 
 using namespace moed::runtime;
 
-struct Layer {
-  std::vector<float> gate, norm;
-  std::vector<std::vector<float>> w1, w2, w3;
+// One expert in plain torch Linear layout: w1 (gate), w3 (up) [F, H], w2 [H, F];
+// biases b1, b3 [F], b2 [H] (gpt-oss), empty otherwise.
+struct Expert {
+  std::vector<float> w1, w3, w2, b1, b3, b2;
 };
 
+struct Layer {
+  std::vector<float> gate, norm, gate_bias, selection_bias, shared_gate;
+  std::vector<Expert> experts;
+  Expert shared;  // w1 empty: none
+};
+
+std::size_t numel(const std::vector<std::int64_t>& dims) {
+  return std::size_t(std::accumulate(dims.begin(), dims.end(), std::int64_t{1}, std::multiplies<>()));
+}
+
+// Every tensor of every MoE layer, read by the family's own names (gpt-oss's
+// fused tensors whole, then cut here), or made by the synthetic model.
 std::vector<Layer> load_model(const Config& c, const ModelShape& s) {
   auto dtype = *moed::weights::parse_dtype(c.model.dtype);
   SyntheticModel synthetic{s, std::uint64_t(c.model.seed), dtype};
   std::unique_ptr<moed::weights::Checkpoint> ck;
   if (!c.model.weights.empty()) ck = std::make_unique<moed::weights::Checkpoint>(c.model.weights);
   auto get = [&](const std::string& name, const std::vector<std::int64_t>& dims, auto&& synth) {
-    std::vector<float> v(std::size_t(std::accumulate(dims.begin(), dims.end(), std::int64_t{1}, std::multiplies<>())));
+    std::vector<float> v(numel(dims));
     if (ck) ck->read_f32(name, dtype, dims, v.data());
     else synth(v.data());
     return v;
   };
+  const ModelSpec& spec = s.spec;
+  const TensorNames names(spec.family);
+  const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, Fs = spec.shared_ffn;
   std::vector<Layer> layers(s.layers);
-  for (int l = 0; l < s.layers; ++l) {
-    Layer& L = layers[l];
-    L.gate = get(gate_tensor(l), gate_shape(s), [&](float* p) { synthetic.gate(l, p); });
-    L.norm = get(norm_tensor(l), norm_shape(s), [&](float* p) { synthetic.norm(l, p); });
-    for (int e = 0; e < s.experts; ++e) {
-      L.w1.push_back(get(expert_tensor(l, e, "w1"), up_shape(s), [&](float* p) { synthetic.up(l, e, 1, p); }));
-      L.w2.push_back(get(expert_tensor(l, e, "w2"), down_shape(s), [&](float* p) { synthetic.down(l, e, p); }));
-      L.w3.push_back(get(expert_tensor(l, e, "w3"), up_shape(s), [&](float* p) { synthetic.up(l, e, 3, p); }));
+  for (int i = 0; i < s.layers; ++i) {
+    const int l = spec.model_layer(i);
+    Layer& L = layers[i];
+    L.gate = get(names.gate(l), {E, H}, [&](float* p) { synthetic.gate(l, p); });
+    L.norm = get(names.norm(l), {H}, [&](float* p) { synthetic.norm(l, p); });
+    if (spec.router.gate_bias)
+      L.gate_bias = get(names.gate_bias(l), {E}, [&](float* p) { synthetic.gate_bias(l, p); });
+    if (spec.router.selection_bias)
+      L.selection_bias = get(names.selection_bias(l), {E}, [&](float* p) { synthetic.selection_bias(l, p); });
+    if (spec.family == Family::gpt_oss) {
+      // Fused: gate_up_proj [E, H, 2F] with gate, up interleaved; down_proj [E, F, H].
+      std::vector<float> gu, gub, down, downb;
+      if (ck) {
+        gu = get(names.fused(l, "gate_up_proj"), {E, H, 2 * F}, [](float*) {});
+        gub = get(names.fused(l, "gate_up_proj_bias"), {E, 2 * F}, [](float*) {});
+        down = get(names.fused(l, "down_proj"), {E, F, H}, [](float*) {});
+        downb = get(names.fused(l, "down_proj_bias"), {E, H}, [](float*) {});
+      }
+      for (int e = 0; e < E; ++e) {
+        Expert x{std::vector<float>(std::size_t(F * H)), std::vector<float>(std::size_t(F * H)),
+                 std::vector<float>(std::size_t(H * F)), std::vector<float>(std::size_t(F)),
+                 std::vector<float>(std::size_t(F)), std::vector<float>(std::size_t(H))};
+        if (ck) {
+          for (std::int64_t f = 0; f < F; ++f) {
+            for (std::int64_t h = 0; h < H; ++h) {
+              x.w1[std::size_t(f * H + h)] = gu[std::size_t((e * H + h) * 2 * F + 2 * f)];
+              x.w3[std::size_t(f * H + h)] = gu[std::size_t((e * H + h) * 2 * F + 2 * f + 1)];
+              x.w2[std::size_t(h * F + f)] = down[std::size_t((e * F + f) * H + h)];
+            }
+            x.b1[std::size_t(f)] = gub[std::size_t(e * 2 * F + 2 * f)];
+            x.b3[std::size_t(f)] = gub[std::size_t(e * 2 * F + 2 * f + 1)];
+          }
+          std::copy_n(downb.begin() + e * H, H, x.b2.begin());
+        } else {
+          synthetic.up(l, e, 1, x.w1.data());
+          synthetic.up(l, e, 3, x.w3.data());
+          synthetic.down(l, e, x.w2.data());
+          synthetic.expert_bias(l, e, 1, x.b1.data());
+          synthetic.expert_bias(l, e, 3, x.b3.data());
+          synthetic.expert_bias(l, e, 2, x.b2.data());
+        }
+        L.experts.push_back(std::move(x));
+      }
+    } else {
+      for (int e = 0; e < E; ++e)
+        L.experts.push_back(
+            {get(names.expert(l, e, ExpertPart::gate), {F, H}, [&](float* p) { synthetic.up(l, e, 1, p); }),
+             get(names.expert(l, e, ExpertPart::up), {F, H}, [&](float* p) { synthetic.up(l, e, 3, p); }),
+             get(names.expert(l, e, ExpertPart::down), {H, F}, [&](float* p) { synthetic.down(l, e, p); }),
+             {}, {}, {}});
+    }
+    if (Fs) {
+      L.shared.w1 = get(names.shared(l, ExpertPart::gate), {Fs, H}, [&](float* p) { synthetic.shared(l, ExpertPart::gate, p); });
+      L.shared.w3 = get(names.shared(l, ExpertPart::up), {Fs, H}, [&](float* p) { synthetic.shared(l, ExpertPart::up, p); });
+      L.shared.w2 = get(names.shared(l, ExpertPart::down), {H, Fs}, [&](float* p) { synthetic.shared(l, ExpertPart::down, p); });
+      if (spec.shared_gated)
+        L.shared_gate = get(names.shared_gate(l), {1, H}, [&](float* p) { synthetic.shared_gate(l, p); });
     }
   }
   return layers;
+}
+
+// A dense layer served ([model].serve_dense): its norm and FFN, by model layer number.
+struct Dense {
+  int model_layer;
+  std::vector<float> norm;
+  Expert ffn;
+};
+
+std::vector<Dense> load_dense(const Config& c, const ModelShape& s) {
+  std::vector<Dense> out;
+  if (!c.model.serve_dense) return out;
+  auto dtype = *moed::weights::parse_dtype(c.model.dtype);
+  SyntheticModel synthetic{s, std::uint64_t(c.model.seed), dtype};
+  std::unique_ptr<moed::weights::Checkpoint> ck;
+  if (!c.model.weights.empty()) ck = std::make_unique<moed::weights::Checkpoint>(c.model.weights);
+  const TensorNames names(s.spec.family);
+  const std::int64_t H = s.hidden, Fd = s.spec.dense_ffn;
+  auto get = [&](const std::string& name, const std::vector<std::int64_t>& dims, auto&& synth) {
+    std::vector<float> v(numel(dims));
+    if (ck) ck->read_f32(name, dtype, dims, v.data());
+    else synth(v.data());
+    return v;
+  };
+  for (int l : s.spec.dense_layers()) {
+    Dense d{l, get(names.norm(l), {H}, [&](float* p) { synthetic.norm(l, p); }), {}};
+    d.ffn.w1 = get(names.dense(l, ExpertPart::gate), {Fd, H}, [&](float* p) { synthetic.dense(l, ExpertPart::gate, p); });
+    d.ffn.w3 = get(names.dense(l, ExpertPart::up), {Fd, H}, [&](float* p) { synthetic.dense(l, ExpertPart::up, p); });
+    d.ffn.w2 = get(names.dense(l, ExpertPart::down), {H, Fd}, [&](float* p) { synthetic.dense(l, ExpertPart::down, p); });
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 struct Choice {
@@ -61,42 +160,129 @@ struct Choice {
   double weight;
 };
 
-// Softmax with temperature, then top-k or top-p; `ambiguous` when the cut is a near-tie.
-std::vector<Choice> route_token(const std::vector<double>& logits, const Config& c, bool& ambiguous) {
+constexpr double kNearTie = 1e-5;
+
+// The experts of `order` sorted by `key`, descending, ties to the lower id.
+std::vector<int> ranked(const std::vector<double>& key, std::vector<int> order) {
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
+  return order;
+}
+
+// The table, row by row, in double: `ambiguous` when a cut (the
+// k-th expert, the kept groups, top-p's mass) is a near-tie.
+std::vector<Choice> route_token(std::vector<double> logits, const Layer& L, const ModelSpec& spec, const Config& c,
+                                bool& ambiguous) {
+  const RouterSpec& r = spec.router;
   const int E = int(logits.size());
-  std::vector<double> p(E);
-  double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
-  for (int e = 0; e < E; ++e) sum += p[e] = std::exp((logits[e] - mx) / c.router.temperature);
-  for (double& v : p) v /= sum;
-  std::vector<int> order(E);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
   int k = int(c.model.top_k);
+  std::vector<int> all(E);
+  std::iota(all.begin(), all.end(), 0);
+  if (r.gate_bias)
+    for (int e = 0; e < E; ++e) logits[e] += L.gate_bias[e];
+  if (r.softmax_after_topk) {  // gpt-oss: the top-k logits, then their softmax
+    std::vector<int> order = ranked(logits, all);
+    if (logits[order[k - 1]] - logits[order[k]] < kNearTie) ambiguous = true;
+    double mx = logits[order[0]], sum = 0;
+    for (int i = 0; i < k; ++i) sum += std::exp(logits[order[i]] - mx);
+    std::vector<Choice> out;
+    for (int i = 0; i < k; ++i) out.push_back({order[i], std::exp(logits[order[i]] - mx) / sum});
+    return out;
+  }
+  std::vector<double> score(E);
+  if (r.scoring == Scoring::sigmoid) {
+    for (int e = 0; e < E; ++e) score[e] = 1 / (1 + std::exp(-logits[e]));
+  } else {
+    double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
+    for (int e = 0; e < E; ++e) sum += score[e] = std::exp((logits[e] - mx) / c.router.temperature);
+    for (double& v : score) v /= sum;
+  }
+  std::vector<double> select = score;
+  if (r.selection_bias)
+    for (int e = 0; e < E; ++e) select[e] += L.selection_bias[e];
+  std::vector<int> candidates = all;
+  if (r.groups > 1) {
+    const int per = E / r.groups;
+    std::vector<double> group_score(r.groups);
+    for (int g = 0; g < r.groups; ++g) {
+      std::vector<double> members(select.begin() + g * per, select.begin() + (g + 1) * per);
+      std::sort(members.rbegin(), members.rend());
+      group_score[g] = r.selection_bias ? members[0] + members[1] : members[0];
+    }
+    std::vector<int> groups(r.groups);
+    std::iota(groups.begin(), groups.end(), 0);
+    groups = ranked(group_score, groups);
+    if (r.groups_kept < r.groups &&
+        group_score[groups[r.groups_kept - 1]] - group_score[groups[r.groups_kept]] < kNearTie)
+      ambiguous = true;
+    candidates.clear();
+    for (int i = 0; i < r.groups_kept; ++i)
+      for (int e = groups[i] * per; e < (groups[i] + 1) * per; ++e) candidates.push_back(e);
+  }
+  std::vector<int> order = ranked(select, candidates);
   if (c.router.mode == RouterMode::topp) {
     int max_k = int(c.router.max_k ? c.router.max_k : c.model.top_k);
     double mass = 0;
     k = 0;
-    while (k < max_k && (k < c.router.min_k || mass < c.router.top_p)) mass += p[order[k++]];
-    if (std::abs(mass - p[order[k - 1]] - c.router.top_p) < 1e-5 || std::abs(mass - c.router.top_p) < 1e-5)
+    while (k < max_k && (k < c.router.min_k || mass < c.router.top_p)) mass += score[order[k++]];
+    if (std::abs(mass - score[order[k - 1]] - c.router.top_p) < kNearTie || std::abs(mass - c.router.top_p) < kNearTie)
       ambiguous = true;
   }
-  if (k < E && p[order[k - 1]] - p[order[k]] < 1e-5) ambiguous = true;
+  if (std::size_t(k) < order.size() && select[order[k - 1]] - select[order[k]] < kNearTie) ambiguous = true;
   double chosen = 0;
-  for (int i = 0; i < k; ++i) chosen += p[order[i]];
+  for (int i = 0; i < k; ++i) chosen += score[order[i]];
   std::vector<Choice> out;
-  for (int i = 0; i < k; ++i) out.push_back({order[i], p[order[i]] / chosen});
+  for (int i = 0; i < k; ++i) out.push_back({order[i], (r.renormalize ? score[order[i]] / chosen : score[order[i]]) * r.scaling});
   return out;
 }
 
+double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
+
+// y = W2 act(W1 x + b1, W3 x + b3) + b2: SwiGLU, or gpt-oss's clamped form.
+std::vector<double> expert_forward(const Expert& w, const ExpertSpec& spec, const std::vector<double>& xn) {
+  const std::size_t H = xn.size(), F = w.w1.size() / H;
+  std::vector<double> act(F), y(H, 0.0);
+  for (std::size_t f = 0; f < F; ++f) {
+    double g = w.b1.empty() ? 0 : w.b1[f], u = w.b3.empty() ? 0 : w.b3[f];
+    for (std::size_t i = 0; i < H; ++i) {
+      g += w.w1[f * H + i] * xn[i];
+      u += w.w3[f * H + i] * xn[i];
+    }
+    if (spec.activation == Activation::clamped_swiglu) {
+      g = std::min(g, spec.limit);
+      u = std::clamp(u, -spec.limit, spec.limit);
+      act[f] = g * sigmoid(spec.alpha * g) * (u + 1);
+    } else {
+      act[f] = g * sigmoid(g) * u;
+    }
+  }
+  for (std::size_t i = 0; i < H; ++i) {
+    y[i] = w.b2.empty() ? 0 : w.b2[i];
+    for (std::size_t f = 0; f < F; ++f) y[i] += w.w2[i * F + f] * act[f];
+  }
+  return y;
+}
+
 // One token through one MoE layer, in double.
-void layer_forward(const Layer& L, const ModelShape& s, const Config& c, std::vector<double>& x,
-                   const std::vector<Choice>* replayed, bool& ambiguous) {
-  const int H = s.hidden, F = s.ffn;
+std::vector<double> rms_norm(const std::vector<double>& x, const std::vector<float>& weight, double eps) {
+  const std::size_t H = x.size();
   double ss = 0;
   for (double v : x) ss += v * v;
-  double inv = 1.0 / std::sqrt(ss / H + c.model.norm_eps);
+  const double inv = 1.0 / std::sqrt(ss / double(H) + eps);
   std::vector<double> xn(H);
-  for (int i = 0; i < H; ++i) xn[i] = x[i] * inv * L.norm[i];
+  for (std::size_t i = 0; i < H; ++i) xn[i] = x[i] * inv * weight[i];
+  return xn;
+}
+
+// A dense layer: x + FFN(RMSNorm(x)), the FFN a plain SwiGLU.
+void dense_forward(const Dense& d, const Config& c, std::vector<double>& x) {
+  const std::vector<double> y = expert_forward(d.ffn, ExpertSpec{}, rms_norm(x, d.norm, c.model.norm_eps));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+}
+
+void layer_forward(const Layer& L, const ModelShape& s, const Config& c, std::vector<double>& x,
+                   const std::vector<Choice>* replayed, bool& ambiguous) {
+  const int H = s.hidden;
+  const std::vector<double> xn = rms_norm(x, L.norm, c.model.norm_eps);
 
   std::vector<Choice> choices;
   if (replayed) {
@@ -105,24 +291,22 @@ void layer_forward(const Layer& L, const ModelShape& s, const Config& c, std::ve
     std::vector<double> logits(s.experts, 0.0);
     for (int e = 0; e < s.experts; ++e)
       for (int i = 0; i < H; ++i) logits[e] += xn[i] * L.gate[std::size_t(e) * H + i];
-    choices = route_token(logits, c, ambiguous);
+    choices = route_token(logits, L, s.spec, c, ambiguous);
   }
-  std::vector<double> out(H, 0.0), act(F);
+  std::vector<double> out(H, 0.0);
   for (const Choice& ch : choices) {
-    const auto &w1 = L.w1[ch.expert], &w2 = L.w2[ch.expert], &w3 = L.w3[ch.expert];
-    for (int f = 0; f < F; ++f) {
-      double g = 0, u = 0;
-      for (int i = 0; i < H; ++i) {
-        g += w1[std::size_t(f) * H + i] * xn[i];
-        u += w3[std::size_t(f) * H + i] * xn[i];
-      }
-      act[f] = g / (1.0 + std::exp(-g)) * u;
+    const std::vector<double> y = expert_forward(L.experts[ch.expert], s.spec.expert, xn);
+    for (int i = 0; i < H; ++i) out[i] += ch.weight * y[i];
+  }
+  if (!L.shared.w1.empty()) {
+    double weight = 1;
+    if (!L.shared_gate.empty()) {
+      double g = 0;
+      for (int i = 0; i < H; ++i) g += L.shared_gate[i] * xn[i];
+      weight = sigmoid(g);
     }
-    for (int i = 0; i < H; ++i) {
-      double y = 0;
-      for (int f = 0; f < F; ++f) y += w2[std::size_t(i) * F + f] * act[f];
-      out[i] += ch.weight * y;
-    }
+    const std::vector<double> y = expert_forward(L.shared, ExpertSpec{}, xn);
+    for (int i = 0; i < H; ++i) out[i] += weight * y[i];
   }
   for (int i = 0; i < H; ++i) x[i] += out[i];
 }
@@ -145,6 +329,7 @@ int main(int argc, char** argv) {
     Config c = load_config(config_path, overrides);
     ModelShape s = ModelShape::from(c.model);
     std::vector<Layer> model = load_model(c, s);
+    const std::vector<Dense> dense = load_dense(c, s);
     auto workload = make_workload(c, model[0].gate.data());
     OutputFile dump = read_output_dump(dump_path);
     const std::uint64_t N = std::uint64_t(c.workload.tokens_per_step), steps = std::uint64_t(c.workload.steps);
@@ -161,7 +346,14 @@ int main(int argc, char** argv) {
       workload->tokens(id, 1, x0.data());
       std::vector<double> x(x0.begin(), x0.end());
       bool ambiguous = false;
-      for (int l = 0; l < s.layers; ++l) {
+      // The model's layers in order: the MoE layers, and the dense ones served.
+      std::size_t next_dense = 0;
+      for (int m = 0; m < s.spec.model_layers; ++m) {
+        const int l = s.spec.moe_index(m);
+        if (l < 0) {
+          if (next_dense < dense.size() && dense[next_dense].model_layer == m) dense_forward(dense[next_dense++], c, x);
+          continue;
+        }
         if (workload->replays_routing()) {
           Routing r;
           workload->routing(id, 1, l, r);

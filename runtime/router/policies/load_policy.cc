@@ -105,7 +105,7 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
       final_experts.push_back(experts[f]);
       final_probs.push_back(probs[f]);
     }
-    add_renormalised(final_experts, final_probs, out);
+    add_weights(final_experts, final_probs, params.weights, out);
     out.end_token();
   }
   return outcome;

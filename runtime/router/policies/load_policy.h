@@ -28,6 +28,7 @@ struct LoadParams {
   LoadPolicy policy = LoadPolicy::none;
   double capacity_factor = 1.25;
   double threshold = 0.85;  // demote only
+  RouterSpec weights;       // how the final choice's scores become weights (add_weights)
 };
 
 // What the policy did to the pairs of the tokens counted (a range of them):

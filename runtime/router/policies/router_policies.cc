@@ -46,7 +46,7 @@ RouterPolicies::RouterPolicies(const Config& c, int layers, int experts)
     : layers_(layers),
       experts_(experts),
       beta_(c.router.smoothing_beta),
-      load_{c.router.load_policy, c.router.capacity_factor, c.router.demotion_threshold},
+      load_{c.router.load_policy, c.router.capacity_factor, c.router.demotion_threshold, model_spec(c.model).router},
       measure_jitter_(c.router.measure_jitter) {
   const std::size_t max_k = std::size_t(c.router.mode == RouterMode::topp && c.router.max_k ? c.router.max_k : c.model.top_k);
   extra_ = load_.policy == LoadPolicy::demote ? std::size_t(c.router.demotion_candidates) : 0;

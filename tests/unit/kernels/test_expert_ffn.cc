@@ -109,8 +109,8 @@ struct Expert {
   std::size_t H, F;
   std::vector<float> w13, w2;
   PackedWeights w13_packed, w2_packed;
-  ExpertView view() const { return {&w13_packed, &w2_packed, nullptr, nullptr, H, F}; }
-  ExpertView openblas_view() const { return {nullptr, nullptr, w13.data(), w2.data(), H, F}; }
+  ExpertView view() const { return {&w13_packed, &w2_packed, nullptr, nullptr, H, F, 1, nullptr, nullptr, {}}; }
+  ExpertView openblas_view() const { return {nullptr, nullptr, w13.data(), w2.data(), H, F, 1, nullptr, nullptr, {}}; }
 };
 
 Expert random_expert(std::size_t H, std::size_t F, std::uint64_t key) {
@@ -229,7 +229,7 @@ struct Shard {
   std::vector<float> w13, w2;
   PackedWeights w13_packed, w2_packed;
   ExpertView view(std::size_t H, std::size_t F, std::size_t chunks) const {
-    return {&w13_packed, &w2_packed, nullptr, nullptr, H, F, chunks};
+    return {&w13_packed, &w2_packed, nullptr, nullptr, H, F, chunks, nullptr, nullptr, {}};
   }
 };
 
@@ -302,6 +302,107 @@ TEST(ExpertFfn, ShardWeightsAreTheExpertsRowsAndColumns) {
   // W1 rows 2, 3 then W3 rows 6, 7 (of the stacked [2F, H]); W2 columns 2, 3.
   EXPECT_EQ(s13, (std::vector<float>{6, 7, 8, 9, 10, 11, 18, 19, 20, 21, 22, 23}));
   EXPECT_EQ(s2, (std::vector<float>{102, 103, 106, 107, 110, 111}));
+}
+
+}  // namespace
+}  // namespace moed::kernels
+
+// ---------------------------------------------------------------- gpt-oss's expert
+// y = W2 a + b2, a = g σ(1.702 g) (u + 1), g = min(W1 x + b1, 7),
+// u = clamp(W3 x + b3, -7, 7): the formula of openai/gpt-oss's swiglu.
+namespace moed::kernels {
+namespace {
+
+struct BiasedExpert {
+  Expert e;
+  std::vector<float> b13, b2;
+  ExpertView view(bool packed) const {
+    ExpertView v = packed ? e.view() : e.openblas_view();
+    v.b13 = b13.data();
+    v.b2 = b2.data();
+    v.activation = {true, 1.702f, 7.0f};
+    return v;
+  }
+};
+
+BiasedExpert biased_expert(std::size_t H, std::size_t F) {
+  BiasedExpert b{random_expert(H, F, 700), std::vector<float>(2 * F), std::vector<float>(H)};
+  // Large enough that some gates and ups pass the clamp at 7.
+  for (float& w : b.e.w13) w *= 6;
+  b.e.w13_packed = PackedWeights(b.e.w13.data(), 2 * F, H);
+  CounterRng g(701);
+  for (std::size_t i = 0; i < b.b13.size(); ++i) b.b13[i] = g.symmetric(i);
+  for (std::size_t i = 0; i < b.b2.size(); ++i) b.b2[i] = g.symmetric(10'000 + i);
+  return b;
+}
+
+std::vector<double> clamped_reference(const BiasedExpert& b, const std::vector<float>& x, std::size_t m,
+                                      std::size_t& clamped) {
+  const Expert& e = b.e;
+  std::vector<double> y(m * e.H), act(e.F);
+  for (std::size_t r = 0; r < m; ++r) {
+    for (std::size_t f = 0; f < e.F; ++f) {
+      double g = b.b13[f], u = b.b13[e.F + f];
+      for (std::size_t h = 0; h < e.H; ++h) {
+        g += double(e.w13[f * e.H + h]) * x[r * e.H + h];
+        u += double(e.w13[(e.F + f) * e.H + h]) * x[r * e.H + h];
+      }
+      clamped += (g > 7) + (std::abs(u) > 7);
+      g = std::min(g, 7.0);
+      u = std::clamp(u, -7.0, 7.0);
+      act[f] = g / (1 + std::exp(-1.702 * g)) * (u + 1);
+    }
+    for (std::size_t h = 0; h < e.H; ++h) {
+      double s = b.b2[h];
+      for (std::size_t f = 0; f < e.F; ++f) s += double(e.w2[h * e.F + f]) * act[f];
+      y[r * e.H + h] = s;
+    }
+  }
+  return y;
+}
+
+TEST(ClampedSwiglu, WithBiasesMatchesTheDoubleFormula) {
+  const std::size_t H = 48, F = 40, m = 9;
+  const BiasedExpert b = biased_expert(H, F);
+  const std::vector<float> x = random_rows(m, H, 702);
+  std::size_t clamped = 0;
+  const std::vector<double> want = clamped_reference(b, x, m, clamped);
+  ASSERT_GT(clamped, 20u);  // the clamp is exercised
+  double magnitude = 0;
+  for (double v : want) magnitude = std::max(magnitude, std::abs(v));
+  for (bool packed : {true, false}) {
+    const ExpertView v = b.view(packed);
+    std::vector<float> y(m * H), scratch(expert_ffn_scratch(v, m));
+    expert_ffn(v, x.data(), m, y.data(), scratch.data());
+    for (std::size_t i = 0; i < y.size(); ++i)
+      EXPECT_NEAR(y[i], want[i], 1e-4 * magnitude) << (packed ? "packed" : "openblas") << " element " << i;
+  }
+}
+
+TEST(ClampedSwiglu, ChunksAddTheDownBiasOnce) {
+  // The down-projection chunk by chunk: the sum over chunks is the whole output.
+  const std::size_t H = 32, F = 40, m = 3;
+  const BiasedExpert b = biased_expert(H, F);
+  ExpertView whole = b.view(true), chunked = whole;
+  chunked.chunks = 4;
+  const std::vector<float> x = random_rows(m, H, 703);
+  std::vector<float> y(m * H), scratch(expert_ffn_scratch(whole, m)), part(m * H);
+  expert_ffn(whole, x.data(), m, y.data(), scratch.data());
+  std::vector<double> sum(m * H, 0.0);
+  expert_ffn_up(chunked, x.data(), m, scratch.data());
+  for (std::size_t c = 0; c < chunked.chunks; ++c) {
+    expert_ffn_down_chunk(chunked, scratch.data(), m, c, part.data());
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  for (std::size_t i = 0; i < sum.size(); ++i) EXPECT_NEAR(sum[i], y[i], 1e-4) << "element " << i;
+}
+
+TEST(ClampedSwiglu, NanStaysNan) {
+  const float gate[] = {std::nanf(""), 1.0f}, up[] = {1.0f, std::nanf("")};
+  float out[2];
+  clamped_swiglu(gate, up, 2, 1.702f, 7.0f, out);
+  EXPECT_TRUE(std::isnan(out[0]));
+  EXPECT_TRUE(std::isnan(out[1]));
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ StepRecord record(int seed) {
   const auto n = std::uint64_t(seed);
   StepRecord r;
   r.total = 1 + s, r.route = 2 + s, r.plan = 3 + s, r.rows_wait = 4 + s;
-  r.experts = 5 + s, r.answers_wait = 6 + s, r.other = 7 + s;
+  r.experts = 5 + s, r.answers_wait = 6 + s, r.other = 7 + s, r.shared = 8.5 + s;
   for (int l = 0; l < kLayers; ++l) {
     r.rows_wait_per_layer.push_back(10 * (l + 1) + s);
     r.answers_wait_per_layer.push_back(100 * (l + 1) - s);  // smaller with the seed: the max is not one rank's
@@ -106,7 +106,7 @@ TEST(StepFigures, AHealthyUntracedBlockIsTheFiguresAndTwoZeroCounts) {
   StepRecord r = record(1);
   r.nonfinite.clear();
   r.trace.clear();
-  const std::size_t figures = 7 + 2 * kLayers;  // doubles
+  const std::size_t figures = 8 + 2 * kLayers;  // doubles
   const std::size_t counts = r.bytes_sent.size() + 3 + RouterCounters::kWords + kLayers;
   EXPECT_EQ(encode_step_figures(r).size(), (figures + counts + 2) * 8);
 }
@@ -121,6 +121,7 @@ TEST(StepFigures, TimesAreMaxedCountsSummedOverRanks) {
   EXPECT_EQ(out.experts, 8.0);
   EXPECT_EQ(out.answers_wait, 9.0);
   EXPECT_EQ(out.other, 10.0);
+  EXPECT_EQ(out.shared, 11.5);
   EXPECT_EQ(out.rows_wait_per_layer, (std::vector<double>{13, 23, 33}));
   EXPECT_EQ(out.answers_wait_per_layer, (std::vector<double>{100, 200, 300}));  // rank 0's, the largest
   for (std::size_t c = 0; c < out.bytes_sent.size(); ++c) EXPECT_EQ(out.bytes_sent[c], 3 * (20 + c) + 4) << c;

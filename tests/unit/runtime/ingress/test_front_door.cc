@@ -24,13 +24,22 @@ namespace {
 
 constexpr int kHidden = 16, kLayers = 3;
 
+// Every model layer an MoE layer, or (dense_first) model layer 0 dense and
+// model layers 1 .. kLayers the MoE layers 0 .. kLayers - 1.
+ModelLayers model_layers(bool dense_first = false) {
+  ModelLayers layers;
+  if (dense_first) layers.batch_of.push_back(-1), layers.dense = "model layer 0 is dense";
+  for (int l = 0; l < kLayers; ++l) layers.batch_of.push_back(l);
+  return layers;
+}
+
 class FrontDoorTest : public ::testing::Test {
  protected:
   void TearDown() override { stop_stepping(); }
 
-  FrontDoor& start(Limits limits = {}) {
+  FrontDoor& start(Limits limits = {}, ModelLayers layers = model_layers()) {
     limits.max_wait = std::chrono::microseconds(0);
-    door_ = std::make_unique<FrontDoor>(dir(), 0, 1, kHidden, kLayers, limits);
+    door_ = std::make_unique<FrontDoor>(dir(), 0, 1, kHidden, std::move(layers), limits);
     return *door_;
   }
   std::string dir() const { return tmp_.file("sock"); }
@@ -131,6 +140,35 @@ TEST_F(FrontDoorTest, TheStepSeesIdsPositionsAndLayers) {
   door_->complete(batches_);
   c.wait(0);
   c.wait(1);
+}
+
+// Clients send the model's own layer numbers: a dense layer is refused, saying
+// so, and an MoE layer's rows reach the step as its MoE layer.
+TEST_F(FrontDoorTest, ClientsSendModelLayerNumbers) {
+  start({}, model_layers(true));
+  client::Client c(path());
+  EXPECT_EQ(c.layers(), kLayers + 1);
+  int s = c.acquire();
+  std::memcpy(c.rows(s), rows(1, 1.0f).data(), kHidden * sizeof(float));
+  c.submit(s, 0, 1);
+  try {
+    c.wait(s);
+    ADD_FAILURE() << "a dense layer was accepted";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), wire::Status::bad_request);
+    EXPECT_NE(std::string(e.what()).find("layer 0 is a dense layer (model layer 0 is dense)"), std::string::npos)
+        << e.what();
+  }
+  c.release(s);
+  s = c.acquire();
+  std::memcpy(c.rows(s), rows(2, 3.0f).data(), 2 * kHidden * sizeof(float));
+  c.submit(s, kLayers, 2);  // the last model layer: MoE layer kLayers - 1
+  ASSERT_TRUE(door_queued(1));
+  door_->take(batches_);
+  ASSERT_EQ(batches_.size(), std::size_t(kLayers));
+  EXPECT_EQ(batches_[kLayers - 1].rows(), 2u);
+  door_->complete(batches_);
+  c.wait(s);
 }
 
 TEST_F(FrontDoorTest, Bf16RowsComeBackInBf16) {
@@ -545,7 +583,7 @@ TEST_F(FrontDoorTest, AClientOfAnotherUidIsForbidden) {
 
 TEST_F(FrontDoorTest, ABadDirIsAUsageError) {
   const std::string file = tmp_.write("a-file", "x");
-  test::expect_error([&] { FrontDoor(file + "/sub", 0, 1, kHidden, kLayers, Limits{}); }, ErrorKind::Usage,
+  test::expect_error([&] { FrontDoor(file + "/sub", 0, 1, kHidden, model_layers(), Limits{}); }, ErrorKind::Usage,
                      {"[ingress].dir"});
 }
 

@@ -15,7 +15,7 @@ namespace {
 
 RunInfo info(int layers, int experts) {
   RunInfo i;
-  i.shape = ModelShape{layers, experts, 2, 16, 32};
+  i.shape = ModelShape{layers, experts, 2, 16, 32, {}};
   i.warmup_steps = 0;
   return i;
 }

@@ -22,7 +22,7 @@ RunInfo run_info(std::uint64_t warmup = 1) {
   RunInfo info;
   info.ranks = 3;
   info.islands = 2;
-  info.shape = ModelShape{2, 4, 2, 16, 32};
+  info.shape = ModelShape{2, 4, 2, 16, 32, {}};
   info.tokens_per_step = 100;
   info.steps = 4;
   info.warmup_steps = warmup;

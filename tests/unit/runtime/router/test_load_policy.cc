@@ -54,7 +54,7 @@ std::vector<std::uint32_t> experts_of(const Routing& r, std::size_t t) {
 
 TEST(LoadPolicy, DropKeepsTheHighestWeightsAndRenormalisesTheRest) {
   Routing out;
-  const LoadOutcome o = apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::drop, 1.0, 0.85}, 0, 4, out);
+  const LoadOutcome o = apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::drop, 1.0, 0.85, {}}, 0, 4, out);
   ASSERT_EQ(out.tokens(), 4u);
   EXPECT_EQ(experts_of(out, 0), (std::vector<std::uint32_t>{0, 1}));
   EXPECT_EQ(experts_of(out, 1), (std::vector<std::uint32_t>{2}));
@@ -73,7 +73,7 @@ TEST(LoadPolicy, DemoteMovesToTheNextRankedExpertUnderItsRoom) {
   // then e3 (1 pair): takes it. t3e0 tries e3 (now full), then e2: takes it.
   Routing out;
   const LoadOutcome o =
-      apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::demote, 1.0, 1.0}, 0, 4, out);
+      apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::demote, 1.0, 1.0, {}}, 0, 4, out);
   EXPECT_EQ(experts_of(out, 0), (std::vector<std::uint32_t>{0, 1}));
   EXPECT_EQ(experts_of(out, 1), (std::vector<std::uint32_t>{3, 2}));
   EXPECT_EQ(experts_of(out, 2), (std::vector<std::uint32_t>{0, 3}));
@@ -91,9 +91,9 @@ TEST(LoadPolicy, ReplicasAddUpTheirRoom) {
   // Expert 0 on two replicas has 4 pairs of room: nothing is over.
   for (LoadPolicy p : {LoadPolicy::drop, LoadPolicy::demote}) {
     Routing out, plain;
-    const LoadOutcome o = apply_load_policy(ranked_of(kHand), std::vector<std::uint32_t>{2, 1, 1, 1}, {p, 1.0, 1.0},
+    const LoadOutcome o = apply_load_policy(ranked_of(kHand), std::vector<std::uint32_t>{2, 1, 1, 1}, {p, 1.0, 1.0, {}},
                                             0, 4, out);
-    choose(ranked_of(kHand), plain);
+    choose(ranked_of(kHand), RouterSpec{}, plain);
     EXPECT_EQ(o.moved + o.dropped, 0u);
     EXPECT_EQ(out.experts, plain.experts);
     EXPECT_EQ(out.weights, plain.weights);
@@ -103,12 +103,12 @@ TEST(LoadPolicy, ReplicasAddUpTheirRoom) {
 TEST(LoadPolicy, AllExpertsOverTheThresholdDemotesNothingAndDropsAll) {
   // capacity_factor 0.1: room 0.2 pairs per expert, less than one.
   Routing demoted, dropped, plain;
-  choose(ranked_of(kHand), plain);
-  const LoadOutcome d = apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::demote, 0.1, 0.85}, 0, 4, demoted);
+  choose(ranked_of(kHand), RouterSpec{}, plain);
+  const LoadOutcome d = apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::demote, 0.1, 0.85, {}}, 0, 4, demoted);
   EXPECT_EQ(d.moved, 0u);
   EXPECT_EQ(demoted.experts, plain.experts);
   EXPECT_EQ(demoted.weights, plain.weights);
-  const LoadOutcome x = apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::drop, 0.1, 0.85}, 0, 4, dropped);
+  const LoadOutcome x = apply_load_policy(ranked_of(kHand), kOneReplicaEach, {LoadPolicy::drop, 0.1, 0.85, {}}, 0, 4, dropped);
   EXPECT_EQ(x.dropped, 8u);
   for (std::size_t t = 0; t < 4; ++t) EXPECT_TRUE(dropped.experts_of(t).empty()) << "token " << t;
 }
@@ -118,14 +118,14 @@ TEST(LoadPolicy, KEqualToExpertsHasNowhereToDemote) {
   const std::vector<HandToken> all3 = {{{0, 1, 2}, {0.5, 0.3, 0.2}, 3}, {{1, 0, 2}, {0.6, 0.3, 0.1}, 3},
                                        {{2, 0, 1}, {0.7, 0.2, 0.1}, 3}};
   Routing out, plain;
-  choose(ranked_of(all3), plain);
+  choose(ranked_of(all3), RouterSpec{}, plain);
   const LoadOutcome o = apply_load_policy(ranked_of(all3), std::vector<std::uint32_t>{1, 1, 1},
-                                          {LoadPolicy::demote, 1.0, 0.5}, 0, 3, out);
+                                          {LoadPolicy::demote, 1.0, 0.5, {}}, 0, 3, out);
   EXPECT_EQ(o.moved, 0u);
   EXPECT_EQ(out.experts, plain.experts);
   Routing dropped;
   const LoadOutcome x = apply_load_policy(ranked_of(all3), std::vector<std::uint32_t>{1, 1, 1},
-                                          {LoadPolicy::drop, 0.5, 0.85}, 0, 3, dropped);
+                                          {LoadPolicy::drop, 0.5, 0.85, {}}, 0, 3, dropped);
   EXPECT_EQ(x.dropped, 9u - 3u);  // room 1.5: each expert keeps its single heaviest pair
 }
 
@@ -135,7 +135,7 @@ TEST(LoadPolicy, ATokenWithoutExpertsStaysWithout) {
   tokens.push_back({{}, {}, 0});
   for (LoadPolicy p : {LoadPolicy::drop, LoadPolicy::demote}) {
     Routing out;
-    const LoadOutcome o = apply_load_policy(ranked_of(tokens), kOneReplicaEach, {p, 1.0, 1.0}, 0, 5, out);
+    const LoadOutcome o = apply_load_policy(ranked_of(tokens), kOneReplicaEach, {p, 1.0, 1.0, {}}, 0, 5, out);
     ASSERT_EQ(out.tokens(), 5u);
     EXPECT_TRUE(out.experts_of(4).empty());
     EXPECT_EQ(o.pairs, 8u);
@@ -178,7 +178,7 @@ class LoadPolicyRandom : public ::testing::TestWithParam<RandomCase> {
     if (GetParam().replicas) r[1] = 3;  // not the hot expert 0: it must still overflow
     return r;
   }
-  LoadParams params() const { return {GetParam().policy, GetParam().capacity_factor, GetParam().threshold}; }
+  LoadParams params() const { return {GetParam().policy, GetParam().capacity_factor, GetParam().threshold, {}}; }
 };
 
 TEST_P(LoadPolicyRandom, TokensKeepDistinctExpertsWeightsSumToOneAndLoadsRespectTheRoom) {
@@ -262,8 +262,8 @@ TEST_P(LoadPolicyRandom, CountingByRanksAddsUpAndDecidesTheSame) {
 TEST_P(LoadPolicyRandom, NoneIsTheRoutersOwnChoiceBitForBit) {
   const Ranked all = step();
   Routing out, plain;
-  apply_load_policy(all, replicas(), {LoadPolicy::none, 1, 1}, 0, kTokens, out);
-  choose(all, plain);
+  apply_load_policy(all, replicas(), {LoadPolicy::none, 1, 1, {}}, 0, kTokens, out);
+  choose(all, RouterSpec{}, plain);
   EXPECT_EQ(out.offsets, plain.offsets);
   EXPECT_EQ(out.experts, plain.experts);
   EXPECT_EQ(out.weights, plain.weights);

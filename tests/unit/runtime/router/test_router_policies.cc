@@ -46,7 +46,7 @@ TEST(RankExperts, WithoutAdjustmentItIsTheRouterBitForBit) {
     Ranked ranked;
     rank_experts(logits.data(), nullptr, T, E, p, 2, ranked);
     Routing chosen, plain;
-    choose(ranked, chosen);
+    choose(ranked, RouterSpec{}, chosen);
     route(logits.data(), T, E, p, plain);
     EXPECT_EQ(chosen.experts, plain.experts);
     EXPECT_EQ(chosen.weights, plain.weights);
@@ -66,7 +66,7 @@ TEST(RankExperts, AnAdjustmentChangesTheChoiceNotTheProbabilities) {
   EXPECT_DOUBLE_EQ(ranked.probs[0], 1 / s);
   EXPECT_DOUBLE_EQ(ranked.probs[1], std::exp(3.0) / s);
   Routing r;
-  choose(ranked, r);
+  choose(ranked, RouterSpec{}, r);
   EXPECT_FLOAT_EQ(r.weights[0], float(1 / (1 + std::exp(3.0))));
 }
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One model family served from its own checkpoint directory, as `moed
+# --generate-weights DIR --family F` writes it (config.json and
+# model.safetensors in the family's real names and layout):
+#   - the built-in workload on 1, 2 and 4 ranks, with other batchings (tokens
+#     per step, shuffled order, 2 islands): the same bits for every token;
+#   - the plain-loop reference (moe_reference) agrees within its tolerance;
+#   - the front door: one request at a time on 1 rank and all at once from 2
+#     clients per rank on 4 ranks give the same bits.
+# Usage: test_families.sh deepseek_v3|qwen3_moe|qwen2_moe|olmoe|gpt_oss
+source "$(dirname "$0")/lib.sh"
+: "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
+family=${1:?family}
+N=300  # tokens compared: the first N of every run
+H=64   # tests/mpi/small.toml's hidden size
+
+# Each family at a small shape that still exercises what it has: DeepSeek's
+# groups (16 experts in 4 groups, 2 kept, top-4) and a dense first layer,
+# gpt-oss's top-4 with biases and clamping, the shared experts. `shape` holds
+# [model]'s shape keys, which the served config then cross-checks against
+# config.json; `synthetic` the keys that only shape what the writer makes.
+shape=()
+synthetic=()
+first_moe=0
+case "$family" in
+deepseek_v3)
+  shape=(--set model.experts=16 --set model.top_k=4)
+  synthetic=(--set model.groups=4 --set model.groups_kept=2 --set model.dense_layers=1)
+  first_moe=1
+  ;;
+gpt_oss | qwen3_moe | olmoe) shape=(--set model.experts=16 --set model.top_k=4) ;;
+qwen2_moe) ;;
+*) fail "unknown family $family" ;;
+esac
+ck=$SCRATCH/checkpoint
+"$MOED" --config "$SMALL" --family "$family" "${shape[@]}" "${synthetic[@]}" --generate-weights "$ck" >/dev/null ||
+  fail "--generate-weights --family $family"
+[ -f "$ck/config.json" ] && [ -f "$ck/model.safetensors" ] || fail "no config.json and model.safetensors in $ck"
+grep -q "\"model_type\": \"$family\"" "$ck/config.json" || fail "config.json does not say model_type $family"
+base=(--config "$SMALL" "${shape[@]}" --set "model.weights=\"$ck\"")
+
+# serve NAME RANKS TOKENS_PER_STEP [FLAGS...]: enough steps to cover N tokens.
+serve() {
+  local name=$1 ranks=$2 per_step=$3
+  shift 3
+  moed_on "$ranks" "${base[@]}" --set workload.tokens_per_step="$per_step" \
+    --set workload.steps=$(((N + per_step - 1) / per_step)) --dump-output "$SCRATCH/$name.bin" "$@" >/dev/null
+}
+same_tokens() {  # same_tokens NAME WHAT: NAME's first N token rows equal ref's
+  cmp -s -i 32:32 -n $((N * H * 4)) "$SCRATCH/ref.bin" "$SCRATCH/$1.bin" ||
+    fail "$family, $2: token outputs differ from 100 per step on 1 rank"
+  echo "ok: $family, $2"
+}
+
+serve ref 0 100
+"$MOE_REFERENCE" "${base[@]}" --set workload.tokens_per_step=100 --set workload.steps=3 --dump "$SCRATCH/ref.bin" ||
+  fail "$family: moed's outputs are not within the plain-loop reference's tolerance"
+serve two 2 100
+same_tokens two "2 ranks"
+serve four 4 37 --set workload.order=shuffled --set cluster.ranks_per_island=2
+same_tokens four "4 ranks in 2 islands, 37 tokens per step, shuffled"
+serve one-by-one 0 1 --set workload.steps=$N
+same_tokens one-by-one "one token per step"
+
+# The front door: clients send the model's own layer numbers, its MoE layers.
+daemon=""
+trap '[ -n "$daemon" ] && end_daemon $daemon; rm -rf "$SCRATCH"' EXIT
+start() {  # start NAME RANKS: a front-door daemon; returns once every socket is there
+  run=$SCRATCH/$1
+  mkdir -p "$run"
+  local launch=("$MOED")
+  [ "$2" != 0 ] && launch=(mpirun --bind-to none -np "$2" "$MOED")
+  "${launch[@]}" "${base[@]}" --set workload.kind=ingress --set "ingress.dir=\"$run/sock\"" \
+    --set "admin.dir=\"$run/admin\"" >"$run/out.txt" 2>"$run/err.txt" &
+  daemon=$!
+  local ranks=$(($2 == 0 ? 1 : $2))
+  sockets_up() {
+    for r in $(seq 0 $((ranks - 1))); do [ -S "$run/sock/moed-ingress-$r.sock" ] || return 1; done
+  }
+  wait_until 120 sockets_up || { cat "$run/err.txt" >&2; fail "$family: the front-door sockets did not appear"; }
+}
+stop() {
+  "$MOECTL" --dir "$run/admin" shutdown >/dev/null
+  wait $daemon || { cat "$run/err.txt" >&2; fail "$family: moed exited with code $?"; }
+  daemon=""
+}
+start fd1 0
+"$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 1 --mode serial --requests 24 --first-layer $first_moe \
+  --out "$SCRATCH/fd-ref.bin" >/dev/null
+stop
+start fd4 4
+"$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 24 --first-layer $first_moe \
+  --out "$SCRATCH/fd-four.bin" >/dev/null
+stop
+same_bits "$SCRATCH/fd-ref.bin" "$SCRATCH/fd-four.bin" "$family, front door: 4 ranks, 2 clients each, vs 1 rank one at a time"
+
+# [model].serve_dense: the dense first layer served too, held whole by every
+# rank and run on its own rows: the built-in workload then passes through the
+# model's every layer (the reference with it), and the front door takes the
+# dense layer's number.
+if [ "$first_moe" != 0 ]; then
+  base+=(--set model.serve_dense=true)
+  serve dense-ref 0 100
+  "$MOE_REFERENCE" "${base[@]}" --set workload.tokens_per_step=100 --set workload.steps=3 --dump "$SCRATCH/dense-ref.bin" ||
+    fail "$family, serve_dense: moed's outputs are not within the plain-loop reference's tolerance"
+  cmp -s "$SCRATCH/ref.bin" "$SCRATCH/dense-ref.bin" && fail "$family, serve_dense: the dense layer changed nothing"
+  serve dense-four 4 37 --set workload.order=shuffled --set cluster.ranks_per_island=2
+  cmp -s -i 32:32 -n $((N * H * 4)) "$SCRATCH/dense-ref.bin" "$SCRATCH/dense-four.bin" ||
+    fail "$family, serve_dense: 4 ranks, 37 tokens per step, shuffled differ from 100 per step on 1 rank"
+  echo "ok: $family, serve_dense: 4 ranks in 2 islands, 37 tokens per step, shuffled"
+  start dense1 0
+  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 1 --mode serial --requests 24 --out "$SCRATCH/fd-dense-ref.bin" >/dev/null
+  stop
+  start dense4 4
+  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 24 --out "$SCRATCH/fd-dense-four.bin" >/dev/null
+  stop
+  same_bits "$SCRATCH/fd-dense-ref.bin" "$SCRATCH/fd-dense-four.bin" \
+    "$family, serve_dense, front door with the dense layer: 4 ranks vs 1 rank one at a time"
+fi
