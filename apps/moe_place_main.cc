@@ -34,6 +34,7 @@ struct ModelInfo {
   int layers = 0, experts = 0, ranks_per_island = 0;
   std::uint64_t expert_bytes = 0;
   double cost_same_island = 1, cost_cross_island = 8;
+  moed::LayerNumbers numbers;  // the model layer numbers of its MoE layers (placement files name them)
 };
 
 ModelInfo load_model_info(const std::string& path) {
@@ -43,7 +44,7 @@ ModelInfo load_model_info(const std::string& path) {
   const std::uint64_t param_bytes = sizeof(float);
   return {int(c.model.layers), int(c.model.experts), int(c.cluster.ranks_per_island),
           std::uint64_t(3) * std::uint64_t(c.model.hidden) * std::uint64_t(c.model.ffn) * param_bytes,
-          c.cluster.cost_same_island, c.cluster.cost_cross_island};
+          c.cluster.cost_same_island, c.cluster.cost_cross_island, moed::runtime::layer_numbers(c.model)};
 }
 
 void check_model_shape(const ModelInfo& m, int layers, int experts, const std::string& origin) {
@@ -139,7 +140,8 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   }();
   if (model) check_model_shape(*model, stats.layers(), stats.experts(), a.stats.empty() ? a.trace : a.stats);
   std::optional<Placement> current;
-  if (!a.from.empty()) current = read_placement_file(a.from);
+  const moed::LayerNumbers numbers = model ? model->numbers : moed::LayerNumbers();
+  if (!a.from.empty()) current = read_placement_file(a.from, numbers);
   Topology topology = resolve_topology(tf, current ? current->ranks() : 0, model);
   if (current) check_placement_shape(*current, topology.ranks(), stats.layers(), stats.experts(), a.from);
 
@@ -158,7 +160,7 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   } else if (a.max_moves >= 0) {
     MOED_THROW(Usage, "--max-moves needs --from, the placement to move from");
   }
-  write_placement_file(next, a.out);
+  write_placement_file(next, a.out, numbers);
 
   Cost cost = evaluate(sample, next, topology);
   if (a.json) {

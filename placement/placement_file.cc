@@ -29,7 +29,7 @@ constexpr std::int64_t kMaxRanks = 1 << 20, kMaxLayers = 4096, kMaxExperts = 655
 
 }  // namespace
 
-Placement parse_placement(const std::string& text, const std::string& origin) {
+Placement parse_placement(const std::string& text, const std::string& origin, const LayerNumbers& numbers) {
   toml::table doc;
   try {
     doc = toml::parse(text, origin);
@@ -55,6 +55,17 @@ Placement parse_placement(const std::string& text, const std::string& origin) {
     const toml::table* lt = (*layer_tables)[l].as_table();
     const toml::array* slots = lt ? (*lt)["slots"].as_array() : nullptr;
     if (!slots) MOED_THROW(Input, "{}: layer {} has no 'slots' array", origin, l);
+    // Checked against a model with dense layers; read as it is otherwise (moe-place without a config).
+    if (lt->contains("model_layer") && !numbers.identity()) {
+      const auto model = (*lt)["model_layer"].value_exact<std::int64_t>();
+      if (!model || *model < 0 || *model > kMaxLayers)
+        MOED_THROW(Input, "{}: layer {}: model_layer must be a layer number", origin, l);
+      const std::optional<int> moe = numbers.moe(int(*model), layers);
+      if (moe != l)
+        MOED_THROW(Input, "{}: [[layer]] {} is for model layer {}, which in this model is {}", origin, l, *model,
+                   moe ? fmt::format("MoE layer {} (placement files list the MoE layers in order)", *moe)
+                       : std::string("no MoE layer"));
+    }
     if (int(slots->size()) != experts)
       MOED_THROW(Input, "{}: layer {} lists {} experts, expected {}", origin, l, slots->size(),
                  experts);
@@ -93,15 +104,15 @@ Placement parse_placement(const std::string& text, const std::string& origin) {
   return p;
 }
 
-Placement read_placement_file(const std::string& path) {
+Placement read_placement_file(const std::string& path, const LayerNumbers& numbers) {
   std::ifstream in(path);
   if (!in) MOED_THROW(Input, "{}: cannot open placement file", path);
   std::stringstream text;
   text << in.rdbuf();
-  return parse_placement(text.str(), path);
+  return parse_placement(text.str(), path, numbers);
 }
 
-std::string format_placement(const Placement& p) {
+std::string format_placement(const Placement& p, const LayerNumbers& numbers) {
   std::string out = fmt::format(
       "# moed placement: for each layer, the ranks holding a slot of each expert\n"
       "format = \"{}\"\nepoch = {}\nranks = {}\nlayers = {}\nexperts = {}\n",
@@ -113,12 +124,13 @@ std::string format_placement(const Placement& p) {
       out += (e ? ", " : "") + (p.sharded(l, e) ? "{shards = [" + ranks + "]}" : "[" + ranks + "]");
     }
     out += "]\n";
+    if (!numbers.identity()) out += fmt::format("model_layer = {}\n", numbers.model(l));
   }
   return out;
 }
 
-void write_placement_file(const Placement& p, const std::string& path) {
-  write_file_atomically(path, format_placement(p));
+void write_placement_file(const Placement& p, const std::string& path, const LayerNumbers& numbers) {
+  write_file_atomically(path, format_placement(p, numbers));
 }
 
 void check_placement_shape(const Placement& p, int ranks, int layers, int experts,

@@ -214,11 +214,18 @@ std::string format_placement(const json& answer) {
     ranks = std::max(ranks, static_cast<int>(row.size()));
     cells.push_back(std::move(row));
   }
+  // Rows are named by the model's layer numbers (dense layers take numbers too), when the answer has them.
+  std::vector<std::string> names;
+  const json numbers = answer.value("model_layers", json());
+  for (std::size_t l = 0; l < cells.size(); ++l)
+    names.push_back(numbers.is_array() && l < numbers.size() && numbers[l].is_number_integer()
+                        ? std::to_string(numbers[l].get<std::int64_t>())
+                        : std::to_string(l));
   std::vector<std::vector<std::string>> table;
   table.push_back({"layer"});
   for (int r = 0; r < ranks; ++r) table[0].push_back(fmt::format("rank {}", r));
   for (std::size_t l = 0; l < cells.size(); ++l) {
-    std::vector<std::string> row{std::to_string(l)};
+    std::vector<std::string> row{names[l]};
     cells[l].resize(ranks);
     for (auto& experts : cells[l]) row.push_back(experts.empty() ? "-" : format_ranges(experts));
     table.push_back(std::move(row));
@@ -247,7 +254,7 @@ std::string format_placement(const json& answer) {
           continue;
         std::vector<std::string> ranks_of;
         for (const auto& r : (*slots)[l][e.get<std::size_t>()]) ranks_of.push_back(std::to_string(r.get<int>()));
-        out += fmt::format("layer {} expert {}: split into {} shards, on ranks {}\n", l, e.get<int>(),
+        out += fmt::format("layer {} expert {}: split into {} shards, on ranks {}\n", names[l], e.get<int>(),
                            ranks_of.size(), fmt::join(ranks_of, ", "));
       }
     }

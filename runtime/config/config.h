@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/layer_numbers.h"
 #include "comm/comm_config.h"
 #include "common/config_table.h"
 #include "placement/placement_config.h"
@@ -165,6 +166,8 @@ Config load_config_text(const std::string& toml_text, const std::string& origin,
 // The model's spec: the one load_config resolved, or (a Config assembled in
 // code, whose keys changed after) the synthetic spec of [model]'s keys.
 ModelSpec model_spec(const ModelConfig& m);
+// The model layer numbers of the MoE layers served (common/layer_numbers.h).
+inline LayerNumbers layer_numbers(const ModelConfig& m) { return LayerNumbers(model_spec(m).moe_layers); }
 // Checks between keys (top_k <= experts, ...); load_config calls it.
 void validate_config(const Config& c);
 // TOML with each key's doc, allowed values and default as comments.

@@ -21,7 +21,8 @@ using nlohmann::json;
 
 ControlPlane::ControlPlane(ControlContext context)
     : c_(context),
-      coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr),
+      numbers_(layer_numbers(context.config.model)),
+      coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr, numbers_),
       stats_writes_("the statistics file " + context.config.stats.file),
       windows_(comm::rma_weight_movers(context.transport), context.rank),
       faults_(MigrationFaults::from_env()) {
@@ -33,7 +34,7 @@ ControlPlane::ControlPlane(ControlContext context)
     placement::Placement next = placement::apply_moves(c_.placement, m.moves);
     next.set_epoch(epoch);
     try {
-      placement::write_placement_file(next, path);
+      placement::write_placement_file(next, path, numbers_);
     } catch (const std::exception& e) {
       ++committed_write_failures_;
       return fmt::format("[placement].committed {} cannot be written: {}", path, e.what());
@@ -119,7 +120,12 @@ BoundaryActions ControlPlane::decide() {
       body = {{"state", "draining"}};
     } else if (cmd == "migrate") {
       const std::optional<int> from = p.contains("from") ? std::optional<int>(p.at("from")) : std::nullopt;
-      verdict = coordinator_.migrate(c_.placement, p.at("layer"), p.at("expert"), p.at("to"), from, &c_.topology);
+      const int asked = p.at("layer");  // the model's layer number
+      if (const std::optional<int> layer = numbers_.moe(asked, c_.placement.layers()))
+        verdict = coordinator_.migrate(c_.placement, *layer, p.at("expert"), p.at("to"), from, &c_.topology);
+      else
+        verdict = {admin::code::kBadParams,
+                   numbers_.why_not(asked, c_.placement.layers()) + ": migrate moves an expert of an MoE layer"};
       if (verdict.ok()) {
         publish_migration();
         body = {{"migration", migration_json()}};
@@ -163,7 +169,8 @@ void ControlPlane::finish_reoptimize() {
                  {"moves", json::array()},
                  {"migration", nullptr}};
   for (const auto& m : plan.moves)
-    answer["moves"].push_back({{"layer", m.layer}, {"expert", m.expert}, {"from", m.from}, {"to", m.to}, {"drop", m.drop}});
+    answer["moves"].push_back(
+        {{"layer", numbers_.model(m.layer)}, {"expert", m.expert}, {"from", m.from}, {"to", m.to}, {"drop", m.drop}});
   if (coordinator_.plan_ready(std::move(plan.moves), answer["dry_run"])) {
     publish_migration();
     answer["migration"] = migration_json();
@@ -266,9 +273,9 @@ void ControlPlane::commit_placement() {
   publish_placement();
 }
 
-void ControlPlane::publish_placement() { c_.snapshot.set_placement(placement_json(c_.placement)); }
+void ControlPlane::publish_placement() { c_.snapshot.set_placement(placement_json(c_.placement, numbers_)); }
 
-json ControlPlane::migration_json() const { return runtime::migration_json(coordinator_.migration()); }
+json ControlPlane::migration_json() const { return runtime::migration_json(coordinator_.migration(), numbers_); }
 
 // Visible at once: a client that polls right after an answer finds it.
 void ControlPlane::publish_migration() { c_.snapshot.set_migration(migration_json()); }

@@ -112,6 +112,7 @@ class ControlPlane {
   void reply_all_pending(std::string_view code, const std::string& message);
 
   ControlContext c_;
+  LayerNumbers numbers_;  // the model layer numbers answers name layers by
   // Requests from the socket thread, taken at the next boundary (rank 0).
   std::mutex queue_mu_;
   std::deque<std::pair<admin::Request, admin::Reply>> queue_;

@@ -14,7 +14,7 @@ json predicted_json(const placement::Cost& now, const placement::Cost& after) {
           {"link_cost_per_token", pair(now.link_cost_per_token, after.link_cost_per_token)}};
 }
 
-json placement_json(const placement::Placement& p) {
+json placement_json(const placement::Placement& p, const LayerNumbers& numbers) {
   json layers = json::array(), split = json::array();
   for (int l = 0; l < p.layers(); ++l) {
     json experts = json::array(), split_here = json::array();
@@ -27,11 +27,12 @@ json placement_json(const placement::Placement& p) {
   }
   // slots[l][e]: the ranks holding expert e of layer l: its replicas, or,
   // for an expert in split[l], its shards in shard order (each holds 1/S).
-  return {{"epoch", p.epoch()}, {"ranks", p.ranks()}, {"layers", p.layers()}, {"experts", p.experts()},
-          {"slots", layers}, {"split", split}};
+  return {{"epoch", p.epoch()},         {"ranks", p.ranks()}, {"layers", p.layers()},
+          {"experts", p.experts()},     {"slots", layers},    {"split", split},
+          {"model_layers", numbers.all(p.layers())}};
 }
 
-json stats_summary(const routing::RoutingStats& s) {
+json stats_summary(const routing::RoutingStats& s, const LayerNumbers& numbers) {
   json layers = json::array();
   for (int l = 0; l < s.layers(); ++l) {
     int hot = 0, pa = 0, pb = s.experts() > 1 ? 1 : 0;
@@ -44,7 +45,7 @@ json stats_summary(const routing::RoutingStats& s) {
       for (int b = a + 1; b < s.experts(); ++b)
         if (s.coactivation(l, a, b) > s.coactivation(l, pa, pb)) pa = a, pb = b;
     const double mean = total / s.experts();
-    json layer = {{"layer", l},
+    json layer = {{"layer", numbers.model(l)},
                   {"tokens", s.tokens(l)},
                   {"hottest_expert", hot},
                   {"hottest_over_mean", mean > 0 ? s.load(l, hot) / mean : 0.0},
@@ -59,13 +60,13 @@ json stats_summary(const routing::RoutingStats& s) {
           {"sample_tokens", s.sample_size()}, {"per_layer", layers}};
 }
 
-json migration_json(const MigrationRecord* record) {
+json migration_json(const MigrationRecord* record, const LayerNumbers& numbers) {
   if (!record) return nullptr;
   const MigrationRecord& m = *record;
   json j = {{"id", m.id},       {"state", state_name(m.state)}, {"why", m.why},   {"bytes", m.bytes},
             {"done_bytes", m.done}, {"moves", m.moves.size()}};
   if (!m.moves.empty()) {
-    j["layer"] = m.moves[0].layer;
+    j["layer"] = numbers.model(m.moves[0].layer);
     j["expert"] = m.moves[0].expert;
     j["from"] = m.moves[0].from;
     j["to"] = m.moves[0].to;

@@ -1,10 +1,12 @@
 // What the admin socket shows of the control plane, rendered as JSON: the
 // placement, a summary of the routing statistics, a re-optimisation's
-// predicted cost, and the running or last migration. Pure functions.
+// predicted cost, and the running or last migration. Pure functions. Layers
+// are shown by the model's own numbers (`numbers`; common/layer_numbers.h).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include "common/layer_numbers.h"
 #include "placement/cost_model.h"
 #include "placement/placement.h"
 #include "routing/routing_stats.h"
@@ -12,12 +14,13 @@
 
 namespace moed::runtime {
 
-nlohmann::json placement_json(const placement::Placement& p);
+// "slots" and "split" by MoE layer, and "model_layers": each one's number.
+nlohmann::json placement_json(const placement::Placement& p, const LayerNumbers& numbers = {});
 // Per layer: tokens, the hottest expert and its load over the mean, the most
 // co-activated pair.
-nlohmann::json stats_summary(const routing::RoutingStats& stats);
+nlohmann::json stats_summary(const routing::RoutingStats& stats, const LayerNumbers& numbers = {});
 // Each cost figure now and after, as {"now": x, "after": y}.
 nlohmann::json predicted_json(const placement::Cost& now, const placement::Cost& after);
 // null when no migration has run.
-nlohmann::json migration_json(const MigrationRecord* migration);
+nlohmann::json migration_json(const MigrationRecord* migration, const LayerNumbers& numbers = {});
 }  // namespace moed::runtime

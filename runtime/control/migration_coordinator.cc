@@ -45,8 +45,8 @@ ControlAction action(ControlAction::Kind kind, std::uint64_t migration) {
 }
 }  // namespace
 
-MigrationCoordinator::MigrationCoordinator(std::size_t slot_bytes, bool stats_kept)
-    : slot_bytes_(slot_bytes), stats_kept_(stats_kept) {}
+MigrationCoordinator::MigrationCoordinator(std::size_t slot_bytes, bool stats_kept, LayerNumbers numbers)
+    : slot_bytes_(slot_bytes), stats_kept_(stats_kept), numbers_(std::move(numbers)) {}
 
 void MigrationCoordinator::begin_boundary() {
   actions_.clear();
@@ -79,22 +79,26 @@ Verdict MigrationCoordinator::refuse_if_unavailable() const {
 Verdict MigrationCoordinator::migrate(const placement::Placement& p, int layer, int expert, int to,
                                       std::optional<int> from, const placement::Topology* topology) {
   if (Verdict v = refuse_if_unavailable(); !v.ok()) return v;
-  if (layer < 0 || expert < 0 || to < 0 || layer >= p.layers() || expert >= p.experts() || to >= p.ranks())
+  // `layer` is an MoE layer (the control plane maps the model layer a request names).
+  if (layer < 0 || layer >= p.layers())
+    return {admin::code::kBadParams, fmt::format("MoE layer {}: the model has {}", layer, p.layers())};
+  const int shown = numbers_.model(layer);  // what messages call the layer
+  if (expert < 0 || to < 0 || expert >= p.experts() || to >= p.ranks())
     return {admin::code::kBadParams,
-            fmt::format("layer {} expert {} rank {}: the model has {} layers x {} experts on {} ranks", layer,
-                        expert, to, p.layers(), p.experts(), p.ranks())};
+            fmt::format("layer {} expert {} rank {}: the model has {} experts per layer on {} ranks", shown, expert,
+                        to, p.experts(), p.ranks())};
   const std::vector<int>& holders = p.replicas(layer, expert);
   if (std::find(holders.begin(), holders.end(), to) != holders.end())
-    return {admin::code::kRefused, fmt::format("rank {} already holds layer {} expert {}", to, layer, expert)};
+    return {admin::code::kRefused, fmt::format("rank {} already holds layer {} expert {}", to, shown, expert)};
   const int source = from.value_or(holders.front());
   if (std::find(holders.begin(), holders.end(), source) == holders.end())
-    return {admin::code::kBadParams, fmt::format("rank {} does not hold layer {} expert {}", source, layer, expert)};
+    return {admin::code::kBadParams, fmt::format("rank {} does not hold layer {} expert {}", source, shown, expert)};
   const int shards = p.shards(layer, expert);
   if (shards > 1 && topology && topology->island_of(to) != topology->island_of(source))
     return {admin::code::kRefused,
             fmt::format("layer {} expert {} is split into {} shards on island {}; rank {} is on island {} (the "
                         "shards of an expert share an island)",
-                        layer, expert, shards, topology->island_of(source), to, topology->island_of(to))};
+                        shown, expert, shards, topology->island_of(source), to, topology->island_of(to))};
   // A split expert's shard held by `source` moves whole.
   start({{layer, expert, source, to, source, p.shard_on(layer, expert, source), shards}}, "migrate");
   return {};
@@ -195,7 +199,8 @@ void MigrationCoordinator::absorb(std::span<const StageReport> reports) {
     if (rep.failed) m.failures.push_back(*rep.failed);
     for (const auto& [move, sum] : rep.checksums) m.expected.at(move) = sum;
     for (std::size_t i : rep.bad_moves)
-      m.mismatches.push_back(fmt::format("layer {} expert {} on rank {}", m.moves.at(i).layer, m.moves.at(i).expert, r));
+      m.mismatches.push_back(
+          fmt::format("layer {} expert {} on rank {}", numbers_.model(m.moves.at(i).layer), m.moves.at(i).expert, r));
   }
   m.transfer_seconds += slowest_send;
 }

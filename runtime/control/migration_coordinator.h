@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/layer_numbers.h"
 #include "common/quantile_histogram.h"
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
@@ -80,7 +81,8 @@ class MigrationCoordinator {
  public:
   // slot_bytes: the bytes one expert slot moves; stats_kept: whether
   // reoptimize has statistics to plan from.
-  MigrationCoordinator(std::size_t slot_bytes, bool stats_kept);
+  // `numbers`: the model layer numbers its messages name layers by.
+  MigrationCoordinator(std::size_t slot_bytes, bool stats_kept, LayerNumbers numbers = {});
 
   // Runs on rank 0 before a commit is decided, with the migration and the
   // epoch it would commit: writes what must survive the switch (the committed
@@ -130,6 +132,7 @@ class MigrationCoordinator {
 
   std::size_t slot_bytes_;
   bool stats_kept_;
+  LayerNumbers numbers_;
   BeforeCommit before_commit_;
   bool stopping_ = false, draining_ = false, planning_ = false;
   bool busy_at_begin_ = false;

@@ -19,7 +19,7 @@ json snapshot_answer(const Snapshot& snapshot, const admin::Request& request) {
     if (!stats)
       return admin::error_body(admin::code::kRefused,
                                "no statistics gathered yet (rank 0 gathers every [stats].every_steps)");
-    json answer = stats_summary(*stats);
+    json answer = stats_summary(*stats, snapshot.layer_numbers());
     if (request.params.contains("dump")) {
       const std::string path = request.params["dump"];
       try {

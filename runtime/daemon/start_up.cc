@@ -157,7 +157,7 @@ placement::Placement initial_placement(const Config& c, const placement::Topolog
   const std::string file = placement_origin(c);
   placement::Placement p =
       file.empty() ? placement::make_placement(c.placement.policy, ranks, L, E, std::uint64_t(c.placement.seed))
-                   : placement::read_placement_file(file);
+                   : placement::read_placement_file(file, layer_numbers(c.model));
   std::string origin = file.empty() ? "[placement].policy" : file;
   placement::check_placement_shape(p, ranks, L, E, origin);
   p.validate(origin, int(c.placement.max_slots_per_rank));
@@ -407,7 +407,8 @@ void Daemon::Startup::build_engine_and_control() {
   d.trace_selector_.emplace(c_.trace.sample, std::size_t(c_.trace.follow_max));
   d.engine_->trace_with(&*d.trace_selector_);
   if (d.rank_ == 0)
-    d.tracer_ = std::make_unique<trace::Tracer>(std::size_t(c_.trace.ring), int(c_.model.layers), c_.trace.sample);
+    d.tracer_ = std::make_unique<trace::Tracer>(std::size_t(c_.trace.ring), int(c_.model.layers), c_.trace.sample,
+                                                 layer_numbers(c_.model));
   d.snapshot_ = std::make_unique<Snapshot>(c_, d.rank_, d.topology_->island_of_ranks());
   d.control_plane_ = std::make_unique<ControlPlane>(ControlContext{
       c_, d.rank_, mpi_.size(), d.control_, *d.transport_, *d.store_, d.placement_, *d.topology_,

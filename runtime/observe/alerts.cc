@@ -33,7 +33,7 @@ std::optional<Breach> check_alert(AlertKind kind, const AlertSignals& s, const A
         worst_off = off;
         const bool low = s.layer_activation[l] < t.expected_activation;
         worst = Breach{s.layer_activation[l], t.expected_activation + (low ? -allowed : allowed),
-                       fmt::format("layer {}", l)};
+                       fmt::format("layer {}", l < s.model_layers.size() ? s.model_layers[l] : int(l))};
       }
       return worst;
     }

@@ -35,6 +35,7 @@ struct AlertThresholds {
 struct AlertSignals {
   double load_std_over_mean = 0;            // mean over layers
   std::vector<double> layer_activation;     // per layer
+  std::vector<int> model_layers;            // each layer's model layer number (what a breach names)
   double rows_wait_p99_ms = 0;              // dispatch
   double answers_wait_p99_ms = 0;           // combine
   double step_p99_ms = 0;

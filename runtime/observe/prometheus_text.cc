@@ -73,7 +73,7 @@ std::string prometheus_text(const Summary& s, const ControlFigures& c) {
   const auto per_layer = [&](std::string_view name, std::string_view help, auto figure) {
     x.family(name, "gauge", help);
     for (std::size_t l = 0; l < s.layers.size(); ++l)
-      x.sample(name, figure(s.layers[l]), fmt::format("layer=\"{}\"", l));
+      x.sample(name, figure(s.layers[l]), fmt::format("layer=\"{}\"", s.layers[l].model_layer));
   };
   per_layer("moed_layer_activation_rate", "activation rate of a layer over the load window",
             [](const Summary::Layer& f) { return f.activation_rate; });
@@ -87,18 +87,20 @@ std::string prometheus_text(const Summary& s, const ControlFigures& c) {
     const Summary::Layer& f = s.layers[l];
     for (std::size_t b = 0; b < Summary::kLoadBuckets.size(); ++b)
       x.sample("moed_expert_load_over_mean_bucket", double(f.at_or_below[b]),
-               fmt::format("layer=\"{}\",le=\"{}\"", l, Summary::kLoadBuckets[b]));
-    x.sample("moed_expert_load_over_mean_bucket", double(f.experts), fmt::format("layer=\"{}\",le=\"+Inf\"", l));
+               fmt::format("layer=\"{}\",le=\"{}\"", f.model_layer, Summary::kLoadBuckets[b]));
+    x.sample("moed_expert_load_over_mean_bucket", double(f.experts),
+             fmt::format("layer=\"{}\",le=\"+Inf\"", f.model_layer));
   }
   x.family("moed_hot_expert", "gauge", "id of a layer's hottest experts over the load window (position 1: the hottest)");
   for (std::size_t l = 0; l < s.layers.size(); ++l)
     for (std::size_t i = 0; i < s.layers[l].hot.size(); ++i)
-      x.sample("moed_hot_expert", s.layers[l].hot[i].expert, fmt::format("layer=\"{}\",position=\"{}\"", l, i + 1));
+      x.sample("moed_hot_expert", s.layers[l].hot[i].expert,
+               fmt::format("layer=\"{}\",position=\"{}\"", s.layers[l].model_layer, i + 1));
   x.family("moed_hot_expert_load_over_mean", "gauge", "load over the mean of the expert moed_hot_expert names");
   for (std::size_t l = 0; l < s.layers.size(); ++l)
     for (std::size_t i = 0; i < s.layers[l].hot.size(); ++i)
       x.sample("moed_hot_expert_load_over_mean", s.layers[l].hot[i].over_mean,
-               fmt::format("layer=\"{}\",position=\"{}\"", l, i + 1));
+               fmt::format("layer=\"{}\",position=\"{}\"", s.layers[l].model_layer, i + 1));
 
   // The same signals per rank (the dashboard's health view): bounded by the job's ranks.
   const auto per_rank = [&](std::string_view name, std::string_view help, auto figure) {

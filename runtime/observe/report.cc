@@ -137,7 +137,9 @@ Summary Report::summary() const {
     if (!nonfinite_[key]) continue;
     const int E = info_.shape.experts;
     s.nonfinite += nonfinite_[key];
-    s.nonfinite_by_expert.push_back({int(key / std::size_t(E)), int(key % std::size_t(E)), nonfinite_[key]});
+    // Named by the model's layer number, as every figure shows it.
+    s.nonfinite_by_expert.push_back(
+        {info_.shape.spec.model_layer(int(key / std::size_t(E))), int(key % std::size_t(E)), nonfinite_[key]});
   }
   if (measured_ == 0) return s;
   const double n = double(measured_);
@@ -177,6 +179,7 @@ Summary Report::summary() const {
   s.layers.resize(std::size_t(L));
   for (int l = 0; l < L; ++l) {
     Summary::Layer& f = s.layers[std::size_t(l)];
+    f.model_layer = info_.shape.spec.model_layer(l);
     double pairs = 0;
     for (int e = 0; e < E; ++e) {
       load[std::size_t(e)] = double(window_load_[std::size_t(l) * E + e]);

@@ -84,6 +84,7 @@ struct Summary {
     double over_mean = 0;
   };
   struct Layer {
+    int model_layer = 0;  // the model's number of this MoE layer (what metrics and alerts show)
     double activation_rate = 0, load_std_over_mean = 0, load_max_over_mean = 0;
     std::vector<HotExpert> hot;  // hottest first, [metrics].hot_experts of them (fewer if E is smaller)
     std::array<std::uint64_t, kLoadBuckets.size()> at_or_below{};

@@ -23,7 +23,10 @@ AlertThresholds alert_thresholds(const Config& c) {
 AlertSignals alert_signals(const Summary& s) {
   AlertSignals a;
   a.load_std_over_mean = s.load_std_over_mean;
-  for (const Summary::Layer& layer : s.layers) a.layer_activation.push_back(layer.activation_rate);
+  for (const Summary::Layer& layer : s.layers) {
+    a.layer_activation.push_back(layer.activation_rate);
+    a.model_layers.push_back(layer.model_layer);
+  }
   a.rows_wait_p99_ms = s.recent_rows_wait_p99_ms;
   a.answers_wait_p99_ms = s.recent_answers_wait_p99_ms;
   a.step_p99_ms = s.recent_step_p99_ms;
@@ -47,6 +50,7 @@ json memory_json(const std::optional<ProcessMemory>& after_load, const std::opti
 Snapshot::Snapshot(const Config& c, int rank, std::vector<int> island_of_rank)
     : rank_(rank),
       island_of_rank_(std::move(island_of_rank)),
+      numbers_(runtime::layer_numbers(c.model)),
       front_door_(c.workload.kind == WorkloadKind::ingress),
       alert_book_(alert_thresholds(c)),
       heatmap_(int(c.model.layers), int(c.model.experts),

@@ -68,6 +68,7 @@ class Snapshot {
   // The reads, from any thread, as last published.
   int rank() const { return rank_; }
   const std::vector<int>& island_of_rank() const { return island_of_rank_; }
+  const LayerNumbers& layer_numbers() const { return numbers_; }  // the model's layer numbers, as answers show them
   nlohmann::json status() const;                  // null before the first publish
   std::optional<std::string> metrics_text() const;  // none before the first measured step, and off rank 0
   nlohmann::json placement() const;
@@ -87,6 +88,7 @@ class Snapshot {
  private:
   const int rank_;
   const std::vector<int> island_of_rank_;
+  const LayerNumbers numbers_;
   const bool front_door_;                      // status shows idle_turns
   std::atomic<std::uint64_t> idle_turns_{0};  // read without the mutex
   AlertBook alert_book_;  // rank 0: the [metrics] alerts (the step thread's; its limits never change)

@@ -64,7 +64,7 @@ json span(int rank, const char* phase, double start, double end) {
   return {{"rank", rank}, {"phase", phase}, {"start_us", us(start)}, {"end_us", us(std::max(start, end))}};
 }
 
-json layer_json(const LayerTrace& t, double first_sync_s) {
+json layer_json(const LayerTrace& t, double first_sync_s, const LayerNumbers& numbers) {
   const HomeRecord& h = t.home;
   const int home = h.at.home;
   json experts = json::array();
@@ -135,7 +135,7 @@ json layer_json(const LayerTrace& t, double first_sync_s) {
     spans.push_back(std::move(q));
     spans.push_back(std::move(e));
   }
-  return {{"layer", h.at.layer},
+  return {{"layer", numbers.model(h.at.layer)},
           {"step", h.step},
           {"epoch", h.epoch},
           {"home", {{"rank", home}, {"island", h.island}}},
@@ -152,14 +152,14 @@ json layer_json(const LayerTrace& t, double first_sync_s) {
 
 }  // namespace
 
-json token_trace_json(const TokenTrace& token, int model_layers) {
+json token_trace_json(const TokenTrace& token, int model_layers, const LayerNumbers& numbers) {
   json layers = json::array();
   double first_sync = 0;
   for (std::size_t i = 0; i < token.layers.size(); ++i) {
     const double s = token.layers[i].home.sync_s;
     if (i == 0 || s < first_sync) first_sync = s;
   }
-  for (const LayerTrace& l : token.layers) layers.push_back(layer_json(l, first_sync));
+  for (const LayerTrace& l : token.layers) layers.push_back(layer_json(l, first_sync, numbers));
   return {{"request_id", token.request_id},
           {"position", token.position},
           {"layers_traced", token.layers.size()},

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/layer_numbers.h"
 #include "runtime/trace/trace_records.h"
 
 namespace moed::runtime::trace {
@@ -57,6 +58,8 @@ class TraceRing {
 // total), the slowest expert's part of the wait, and spans for a timeline:
 // {rank, phase, start_us, end_us} from the layer's sync point, with the
 // layer's own start ("at_us") from the token's first traced layer.
-nlohmann::json token_trace_json(const TokenTrace& token, int model_layers);
+// `model_layers`: the MoE layers a complete trace has; `numbers` names each
+// layer by the model's own number.
+nlohmann::json token_trace_json(const TokenTrace& token, int model_layers, const LayerNumbers& numbers = {});
 
 }  // namespace moed::runtime::trace

@@ -48,7 +48,7 @@ nlohmann::json Tracer::answer(std::uint64_t request_id) const {
                     "`moectl trace --follow {}` before it is served",
                     request_id, held, capacity, sample_, request_id));
   nlohmann::json list = nlohmann::json::array();
-  for (const TokenTrace& t : tokens) list.push_back(token_trace_json(t, layers_));
+  for (const TokenTrace& t : tokens) list.push_back(token_trace_json(t, layers_, numbers_));
   return {{"request_id", request_id}, {"tokens", list}};
 }
 

@@ -16,7 +16,9 @@ namespace moed::runtime::trace {
 
 class Tracer {
  public:
-  Tracer(std::size_t ring, int layers, double sample) : ring_(ring, layers), layers_(layers), sample_(sample) {}
+  // `numbers`: the model's layer numbers, as the answers name layers.
+  Tracer(std::size_t ring, int layers, double sample, LayerNumbers numbers = {})
+      : ring_(ring, layers), layers_(layers), sample_(sample), numbers_(std::move(numbers)) {}
 
   // Every rank's records of one step (rank 0, after the step's figures).
   void absorb(const TraceFragments& step);
@@ -39,6 +41,7 @@ class Tracer {
   TraceRing ring_;
   int layers_;
   double sample_;
+  LayerNumbers numbers_;
   std::uint64_t tokens_seen_ = 0;  // token-layers absorbed
   std::deque<TooLate> too_late_;
 };

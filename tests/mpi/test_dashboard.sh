@@ -70,7 +70,7 @@ expect_400() {
   [ "$code" = 400 ] && grep -q "$2" "$SCRATCH/400.txt" || fail "/$1: HTTP $code, $(cat "$SCRATCH/400.txt")"
   echo "ok: /$1 -> 400: $(head -1 "$SCRATCH/400.txt")"
 }
-expect_400 "api/heatmap?layer=3" "out of range: the model has 3 layers"
+expect_400 "api/heatmap?layer=3" "out of range: the model has 3 MoE layers"
 expect_400 "api/coactivation?layer=one" "not a layer number"
 expect_400 "api/heatmap?layer=1&layer=2" "given 2 times"
 expect_400 "api/health?layer=0" "unknown parameter 'layer'"

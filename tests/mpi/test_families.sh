@@ -117,3 +117,77 @@ if [ "$first_moe" != 0 ]; then
   same_bits "$SCRATCH/fd-dense-ref.bin" "$SCRATCH/fd-dense-four.bin" \
     "$family, serve_dense, front door with the dense layer: 4 ranks vs 1 rank one at a time"
 fi
+
+# Operations on the family's model (DeepSeek's, whose MoE layers are model
+# layers 1-3, with online bias balancing on its selection bias; gpt-oss's,
+# whose migrated slots carry their biases): 4 ranks serve the built-in
+# workload while moectl migrates an expert and re-optimises from the live
+# statistics. Answers, metrics, traces and the committed placement name the
+# model's layers, and the outputs stay those of one process serving the same
+# steps without any migration.
+if [ "$family" = deepseek_v3 ] || [ "$family" = gpt_oss ]; then
+  base=(--config "$SMALL" "${shape[@]}" --set "model.weights=\"$ck\"")
+  [ "$family" = deepseek_v3 ] && base+=(--set router.bias_gamma=0.001)
+  run=$SCRATCH/ops
+  mkdir -p "$run"
+  ctl() { "$MOECTL" --dir "$run" "$@"; }
+  mpirun --bind-to none -np 4 "$MOED" "${base[@]}" --set workload.steps=1000000 --set "admin.dir=\"$run\"" \
+    --set "placement.committed=\"$run/committed.toml\"" \
+    --dump-output "$run/out.bin" >"$run/log" 2>&1 &
+  daemon=$!
+  answers() { ctl status >/dev/null 2>&1 && ctl --rank 3 status >/dev/null 2>&1; }
+  wait_until 120 answers || { cat "$run/log" >&2; fail "$family: no admin socket answered"; }
+  last=$((first_moe + 2))
+  ctl migrate $last 9 0 >"$run/ctl.out" 2>&1 || { cat "$run/ctl.out" "$run/log" >&2; fail "$family: migrate $last 9 0"; }
+  grep -q committed "$run/ctl.out" || fail "$family: the migration of model layer $last expert 9 did not commit"
+  echo "ok: $family: model layer $last expert 9 migrated to rank 0"
+  if [ "$first_moe" != 0 ]; then
+    rc=0
+    ctl migrate 0 9 0 >"$run/ctl.out" 2>&1 || rc=$?
+    [ "$rc" = 1 ] && grep -q "layer 0 is not one of the model's MoE layers (1-3)" "$run/ctl.out" ||
+      { cat "$run/ctl.out" >&2; fail "$family: migrate of the dense layer 0: exit $rc"; }
+    echo "ok: $family: $(head -1 "$run/ctl.out" | cut -c1-120)"
+  fi
+  ctl reoptimize --apply --max-moves 2 >"$run/ctl.out" 2>&1 ||
+    { cat "$run/ctl.out" "$run/log" >&2; fail "$family: reoptimize --apply"; }
+  echo "ok: $family: reoptimize --apply: $(head -1 "$run/ctl.out")"
+  ctl --json placement >"$run/placement.json"
+  ctl --json stats >"$run/stats.json"
+  ctl --json metrics >"$run/metrics.json"
+  # A token a few steps ahead, followed (the daemon may pass its step first:
+  # it then says already_served, and the next try looks twice as far ahead).
+  step() { ctl --json status | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("step", 0))'; }
+  ahead=20 rc=1
+  for _ in 1 2 3 4 5 6 7 8; do
+    id=$((($(step) + ahead) * 100 + 7))
+    rc=0
+    ctl --json trace --follow "$id" --timeout 120 >"$run/trace.json" 2>/dev/null || rc=$?
+    [ "$rc" = 0 ] && break
+    grep -q '"already_served"' "$run/trace.json" || { cat "$run/trace.json" >&2; fail "$family: trace --follow $id: exit $rc"; }
+    ahead=$((ahead * 2))
+  done
+  [ "$rc" = 0 ] || fail "$family: trace --follow: every try came too late"
+  python3 - "$run" "$first_moe" <<'PY' || fail "$family: answers do not name the model's layers"
+import json, sys
+run, first = sys.argv[1], int(sys.argv[2])
+want = [first, first + 1, first + 2]
+load = lambda name: json.loads(open(f"{run}/{name}.json").read().splitlines()[-1])
+assert load("placement")["model_layers"] == want, load("placement")
+assert [l["layer"] for l in load("stats")["per_layer"]] == want, load("stats")
+text = load("metrics")["text"]
+for l in want:
+    assert f'moed_layer_activation_rate{{layer="{l}"}}' in text, f"no activation rate of layer {l}"
+layers = [l["layer"] for t in load("trace")["tokens"] for l in t["layers"]]
+assert layers and set(layers) == set(want), layers
+print(f"ok: placement, stats, metrics and trace name model layers {want}")
+PY
+  if [ "$first_moe" != 0 ]; then
+    grep -q "^model_layer = $last" "$run/committed.toml" || fail "$family: the committed placement names no model layer $last"
+  fi
+  ctl shutdown >/dev/null
+  wait $daemon || { cat "$run/log" >&2; fail "$family: moed exited with $? after the operations"; }
+  daemon=""
+  steps=$(od -An -tu8 -j24 -N8 "$run/out.bin" | tr -d ' ')
+  moed_on 0 "${base[@]}" --set workload.steps="$steps" --dump-output "$run/reference.bin" >/dev/null
+  same_bits "$run/reference.bin" "$run/out.bin" "$family: 4 ranks across a migration and a re-optimisation vs 1 rank without ($steps steps)"
+fi

@@ -54,17 +54,21 @@ std::optional<std::string> check_query(const Query& query, const std::vector<std
   return std::nullopt;
 }
 
-LayerOrError query_layer(const Query& query, int layers) {
+LayerOrError query_layer(const Query& query, int layers, const LayerNumbers& numbers) {
   const auto it = query.find("layer");
   if (it == query.end()) return {0, ""};
   const std::string& text = it->second;
+  const int first = numbers.model(0), last = numbers.model(layers - 1);
   int layer = -1;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), layer);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    return {0, fmt::format("layer = '{}' is not a layer number (0 to {})", text, layers - 1)};
-  if (layer < 0 || layer >= layers)
-    return {0, fmt::format("layer = {} is out of range: the model has {} layers (0 to {})", layer, layers, layers - 1)};
-  return {layer, ""};
+    return {0, fmt::format("layer = '{}' is not a layer number ({} to {})", text, first, last)};
+  if (const std::optional<int> moe = numbers.moe(layer, layers)) return {*moe, ""};
+  if (layer < first || layer > last)
+    return {0, fmt::format("layer = {} is out of range: the model has {} MoE layers ({} to {})", layer, layers, first,
+                           last)};
+  return {0, fmt::format("layer = {} is a dense layer: the dashboard shows the MoE layers ({} to {})", layer, first,
+                         last)};
 }
 
 Answer json_answer(const json& body) { return {200, "application/json", body.dump()}; }
@@ -133,7 +137,7 @@ json heatmap_json(int layer, int experts, int column_steps, const std::vector<Lo
   return out;
 }
 
-json coactivation_json(const routing::RoutingStats& stats, int layer) {
+json coactivation_json(const routing::RoutingStats& stats, int layer, int shown) {
   const int E = stats.experts();
   json matrix = json::array();
   double most = 0;
@@ -146,7 +150,7 @@ json coactivation_json(const routing::RoutingStats& stats, int layer) {
     }
     matrix.push_back(row);
   }
-  return {{"layer", layer}, {"experts", E}, {"steps", stats.steps()}, {"half_life_steps", stats.half_life_steps()},
+  return {{"layer", shown}, {"experts", E}, {"steps", stats.steps()}, {"half_life_steps", stats.half_life_steps()},
           {"matrix", matrix}, {"max", most}};
 }
 

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/layer_numbers.h"
 #include "routing/routing_stats.h"
 #include "runtime/observe/alerts.h"
 #include "runtime/observe/http/http_server.h"
@@ -36,12 +37,14 @@ Band band_around(double value, double centre, double halfwidth);
 // Checks the query: only the names in `allowed`, each once. The error, or
 // nothing when the query is fine.
 std::optional<std::string> check_query(const Query& query, const std::vector<std::string_view>& allowed);
-// The `layer` parameter (0 when absent): an integer in [0, layers), or the error.
+// The `layer` parameter, the model's number of one of its `layers` MoE
+// layers (`numbers`; absent: the first), as the MoE layer it is, or the
+// error (out of range, a dense layer, not a number).
 struct LayerOrError {
-  int layer = 0;
+  int layer = 0;  // the MoE layer
   std::string error;  // empty: `layer` is good
 };
-LayerOrError query_layer(const Query& query, int layers);
+LayerOrError query_layer(const Query& query, int layers, const LayerNumbers& numbers = {});
 
 Answer json_answer(const nlohmann::json& body);
 Answer bad_request(const std::string& message);  // 400, text naming what was wrong
@@ -56,13 +59,15 @@ struct HealthInput {
 // {step, epoch, state, measured_steps, bands, job, ranks: [...], alerts, migration}
 nlohmann::json health_json(const HealthInput& in);
 
-// {layer, experts, column_steps, columns: [{first_step, last_step, load: [E]}], figures}
+// {layer, experts, column_steps, columns: [{first_step, last_step, load: [E]}], figures};
+// `layer`: the model's number of the layer shown.
 // `figures`: the layer's load-window figures from the summary (null without one).
 nlohmann::json heatmap_json(int layer, int experts, int column_steps, const std::vector<LoadHeatmap::Column>& columns,
                             const Summary::Layer* figures);
 
-// {layer, experts, steps, matrix: E x E (symmetric, zero diagonal), max}
-nlohmann::json coactivation_json(const routing::RoutingStats& stats, int layer);
+// {layer, experts, steps, matrix: E x E (symmetric, zero diagonal), max} of
+// MoE layer `layer`, shown as model layer `shown`.
+nlohmann::json coactivation_json(const routing::RoutingStats& stats, int layer, int shown);
 
 // The placement (control_views.h's placement_json) with `islands` (the
 // island of each rank) and, per layer, the replicated experts.

@@ -12,9 +12,9 @@ namespace moed::runtime::http {
 namespace {
 
 // The query of a page that takes only `layer`: the layer, or the 400.
-std::optional<Answer> refuse_layer_query(const Query& query, int layers, int& layer) {
+std::optional<Answer> refuse_layer_query(const Query& query, int layers, const LayerNumbers& numbers, int& layer) {
   if (auto error = check_query(query, {"layer"})) return bad_request(*error);
-  const LayerOrError parsed = query_layer(query, layers);
+  const LayerOrError parsed = query_layer(query, layers, numbers);
   if (!parsed.error.empty()) return bad_request(parsed.error);
   layer = parsed.layer;
   return std::nullopt;
@@ -41,24 +41,24 @@ std::vector<Route> dashboard_routes(const Snapshot& snapshot, int layers, int ex
       {"/api/heatmap", "JSON: ?layer=N, the experts' loads over time",
        [&snapshot, layers, experts](const Query& query) {
          int layer = 0;
-         if (auto refused = refuse_layer_query(query, layers, layer)) return *refused;
+         if (auto refused = refuse_layer_query(query, layers, snapshot.layer_numbers(), layer)) return *refused;
          const Snapshot::DashboardView view = snapshot.dashboard_view();
          const Summary::Layer* figures =
              view.summary && std::size_t(layer) < view.summary->layers.size() ? &view.summary->layers[std::size_t(layer)]
                                                                              : nullptr;
-         return json_answer(heatmap_json(layer, experts, snapshot.heatmap_column_steps(),
+         return json_answer(heatmap_json(snapshot.layer_numbers().model(layer), experts, snapshot.heatmap_column_steps(),
                                          snapshot.heatmap_layer(layer), figures));
        }},
       {"/api/coactivation", "JSON: ?layer=N, how often two experts serve the same token",
        [&snapshot, layers](const Query& query) {
          int layer = 0;
-         if (auto refused = refuse_layer_query(query, layers, layer)) return *refused;
+         if (auto refused = refuse_layer_query(query, layers, snapshot.layer_numbers(), layer)) return *refused;
          const std::shared_ptr<const routing::RoutingStats> stats = snapshot.last_stats();
          if (!stats)
            return Answer{503, "text/plain; charset=utf-8",
                          "no routing statistics gathered yet: rank 0 gathers them every [stats].every_steps "
                          "when [stats].file is set, and for `moectl reoptimize`\n"};
-         return json_answer(coactivation_json(*stats, layer));
+         return json_answer(coactivation_json(*stats, layer, snapshot.layer_numbers().model(layer)));
        }},
       {"/api/placement", "JSON: which rank and island holds which expert",
        [&snapshot](const Query& query) {

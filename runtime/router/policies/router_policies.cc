@@ -38,7 +38,7 @@ std::string describe_router_policies(const Config& c) {
   if (r.load_policy == LoadPolicy::demote)
     on.push_back(fmt::format("demote over {} of capacity {}", r.demotion_threshold, r.capacity_factor));
   if (r.bias_gamma > 0) on.push_back(fmt::format("bias balancing gamma {}", r.bias_gamma));
-  if (r.measure_jitter) on.push_back("jitter measured");
+  if (r.measure_jitter) on.emplace_back("jitter measured");
   return fmt::format("{}", fmt::join(on, ", "));
 }
 

@@ -57,6 +57,22 @@ TEST(PlacementFile, FormatParseRoundTrip) {
   EXPECT_EQ(parse_placement(format_placement(p), "round.toml").epoch(), std::uint64_t(1) << 40);
 }
 
+// A model with dense layers: each [[layer]] names its model layer, checked on read.
+TEST(PlacementFile, ModelLayerNumbersAreWrittenAndChecked) {
+  const Placement p = contiguous(2, 3, 4);
+  const LayerNumbers deepseek({3, 4, 5});
+  const std::string text = format_placement(p, deepseek);
+  EXPECT_NE(text.find("model_layer = 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("model_layer = 5\n"), std::string::npos) << text;
+  EXPECT_EQ(format_placement(p).find("model_layer"), std::string::npos);  // no dense layers: the file as before
+  EXPECT_EQ(parse_placement(text, "ds.toml", deepseek), p);
+  EXPECT_EQ(parse_placement(text, "ds.toml"), p);  // without the model's numbers (moe-place), not checked
+  expect_error([&] { parse_placement(text, "ds.toml", LayerNumbers({2, 4, 5})); }, ErrorKind::Input,
+               {"ds.toml", "[[layer]] 0 is for model layer 3", "no MoE layer"});
+  expect_error([&] { parse_placement(text, "ds.toml", LayerNumbers({1, 2, 3})); }, ErrorKind::Input,
+               {"[[layer]] 0 is for model layer 3", "MoE layer 2"});
+}
+
 struct BadFile {
   std::string label;
   std::string text;

@@ -147,7 +147,7 @@ class HfConfigRefuses : public ::testing::TestWithParam<BadConfig> {};
 
 TEST_P(HfConfigRefuses, NamingTheFileAndKey) {
   std::vector<std::string> parts = GetParam().parts;
-  parts.push_back("ck/config.json");
+  parts.emplace_back("ck/config.json");
   expect_error([&] { read(GetParam().json); }, ErrorKind::Input, parts);
 }
 

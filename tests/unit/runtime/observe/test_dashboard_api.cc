@@ -54,13 +54,25 @@ TEST_P(LayerQuery, GoodOrNamed) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, LayerQuery,
     ::testing::Values(QueryCase{{}, 3, 0, ""}, QueryCase{{{"layer", "2"}}, 3, 2, ""},
-                      QueryCase{{{"layer", "3"}}, 3, 0, "layer = 3 is out of range: the model has 3 layers (0 to 2)"},
+                      QueryCase{{{"layer", "3"}}, 3, 0, "layer = 3 is out of range: the model has 3 MoE layers (0 to 2)"},
                       QueryCase{{{"layer", "-1"}}, 3, 0, "out of range"},
                       QueryCase{{{"layer", "1x"}}, 3, 0, "layer = '1x' is not a layer number (0 to 2)"},
                       QueryCase{{{"layer", ""}}, 3, 0, "is not a layer number"},
                       QueryCase{{{"layer", "99999999999"}}, 3, 0, "is not a layer number"},
                       QueryCase{{{"layer", "1"}, {"layer", "2"}}, 3, 0, "parameter 'layer' given 2 times"},
                       QueryCase{{{"lyer", "1"}}, 3, 0, "unknown parameter 'lyer': this page takes layer"}));
+
+// With dense layers the page takes the model's layer numbers: MoE layers 0-2 are model layers 1, 2 and 4.
+TEST(LayerQueryByModelNumber, MapsToTheMoeLayerAndRefusesDenseOnes) {
+  const LayerNumbers numbers({1, 2, 4});
+  EXPECT_EQ(query_layer({}, 3, numbers).layer, 0);
+  EXPECT_EQ(query_layer({{"layer", "4"}}, 3, numbers).layer, 2);
+  EXPECT_EQ(query_layer({{"layer", "2"}}, 3, numbers).layer, 1);
+  EXPECT_EQ(query_layer({{"layer", "3"}}, 3, numbers).error,
+            "layer = 3 is a dense layer: the dashboard shows the MoE layers (1 to 4)");
+  EXPECT_EQ(query_layer({{"layer", "0"}}, 3, numbers).error, "layer = 0 is out of range: the model has 3 MoE layers (1 to 4)");
+  EXPECT_EQ(query_layer({{"layer", "x"}}, 3, numbers).error, "layer = 'x' is not a layer number (1 to 4)");
+}
 
 TEST(CheckQuery, APageWithoutParameters) {
   EXPECT_EQ(check_query({}, {}), std::nullopt);
@@ -130,7 +142,7 @@ TEST(CoactivationJson, SymmetricWithItsMaximum) {
   stats.add_choice(1, a);
   stats.add_choice(1, b);
   stats.end_step();
-  const json c = coactivation_json(stats, 1);
+  const json c = coactivation_json(stats, 1, 1);
   EXPECT_EQ(c["experts"], 3);
   EXPECT_EQ(c["steps"], 1);
   EXPECT_EQ(c["matrix"], json({{0.0, 0.0, 2.0}, {0.0, 0.0, 1.0}, {2.0, 1.0, 0.0}}));
