@@ -238,6 +238,9 @@ std::string format_placement(const json& answer) {
                                 ranks, cells.size());
   if (auto e = int_field(answer, "experts"); e >= 0) out += fmt::format(", {} experts", e);
   out += "\n";
+  if (const json groups = answer.value("expert_groups", json()); groups.is_object())
+    out += fmt::format("experts in {} groups of {} (ids in order); a token's experts come from {} of them\n",
+                       int_field(groups, "groups"), int_field(groups, "size"), int_field(groups, "kept"));
   for (const auto& row : table) {
     std::string line;
     for (std::size_t c = 0; c < row.size(); ++c)

@@ -273,7 +273,10 @@ void ControlPlane::commit_placement() {
   publish_placement();
 }
 
-void ControlPlane::publish_placement() { c_.snapshot.set_placement(placement_json(c_.placement, numbers_)); }
+void ControlPlane::publish_placement() {
+  const RouterSpec& router = model_spec(c_.config.model).router;
+  c_.snapshot.set_placement(placement_json(c_.placement, numbers_, {router.groups, router.groups_kept}));
+}
 
 json ControlPlane::migration_json() const { return runtime::migration_json(coordinator_.migration(), numbers_); }
 

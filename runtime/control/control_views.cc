@@ -14,7 +14,7 @@ json predicted_json(const placement::Cost& now, const placement::Cost& after) {
           {"link_cost_per_token", pair(now.link_cost_per_token, after.link_cost_per_token)}};
 }
 
-json placement_json(const placement::Placement& p, const LayerNumbers& numbers) {
+json placement_json(const placement::Placement& p, const LayerNumbers& numbers, ExpertGroups groups) {
   json layers = json::array(), split = json::array();
   for (int l = 0; l < p.layers(); ++l) {
     json experts = json::array(), split_here = json::array();
@@ -27,9 +27,12 @@ json placement_json(const placement::Placement& p, const LayerNumbers& numbers) 
   }
   // slots[l][e]: the ranks holding expert e of layer l: its replicas, or,
   // for an expert in split[l], its shards in shard order (each holds 1/S).
-  return {{"epoch", p.epoch()},         {"ranks", p.ranks()}, {"layers", p.layers()},
-          {"experts", p.experts()},     {"slots", layers},    {"split", split},
-          {"model_layers", numbers.all(p.layers())}};
+  json out = {{"epoch", p.epoch()},     {"ranks", p.ranks()}, {"layers", p.layers()},
+              {"experts", p.experts()}, {"slots", layers},    {"split", split},
+              {"model_layers", numbers.all(p.layers())}};
+  if (groups.groups > 1)
+    out["expert_groups"] = {{"groups", groups.groups}, {"kept", groups.kept}, {"size", p.experts() / groups.groups}};
+  return out;
 }
 
 json stats_summary(const routing::RoutingStats& s, const LayerNumbers& numbers) {

@@ -14,8 +14,15 @@
 
 namespace moed::runtime {
 
-// "slots" and "split" by MoE layer, and "model_layers": each one's number.
-nlohmann::json placement_json(const placement::Placement& p, const LayerNumbers& numbers = {});
+// "slots" and "split" by MoE layer, and "model_layers": each one's number;
+// with a group-limited router (DeepSeek's n_group, topk_group: `groups`
+// equal groups of experts in id order, a token's from `groups_kept` of
+// them), "expert_groups": {"groups", "kept", "size"}.
+struct ExpertGroups {
+  int groups = 1, kept = 1;
+};
+nlohmann::json placement_json(const placement::Placement& p, const LayerNumbers& numbers = {},
+                              ExpertGroups groups = {});
 // Per layer: tokens, the hottest expert and its load over the mean, the most
 // co-activated pair.
 nlohmann::json stats_summary(const routing::RoutingStats& stats, const LayerNumbers& numbers = {});

@@ -94,6 +94,71 @@ start fd4 4
 stop
 same_bits "$SCRATCH/fd-ref.bin" "$SCRATCH/fd-four.bin" "$family, front door: 4 ranks, 2 clients each, vs 1 rank one at a time"
 
+# Bad checkpoints (DeepSeek's, which has every part to get wrong): each is
+# refused with exit 2, naming the file, key or tensor. edit KEY=JSON...
+# rewrites config.json's keys into a copy of the checkpoint.
+if [ "$family" = deepseek_v3 ]; then
+  bad=$SCRATCH/bad
+  edit() {
+    rm -rf "$bad" && mkdir -p "$bad" && ln -s "$ck/model.safetensors" "$bad/model.safetensors"
+    python3 - "$ck/config.json" "$bad/config.json" "$@" <<'PY2'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for kv in sys.argv[3:]:
+    k, v = kv.split("=", 1)
+    c[k] = json.loads(v)
+json.dump(c, open(sys.argv[2], "w"))
+PY2
+  }
+  # small.toml less its [model] keys, which would cross-check before config.json's own checks.
+  awk '/^\[/ { skip = ($0 == "[model]") } !skip' "$SMALL" >"$SCRATCH/no-model.toml"
+  serve_bad=(moed_on 0 --config "$SCRATCH/no-model.toml" --set "model.weights=\"$bad\"")
+  edit hidden_size=32
+  expect_failure 2 "model.safetensors: tensor 'model.layers.1.mlp.gate.weight' has shape \\[16, 64\\], expected \\[16, 32\\]" \
+    "config.json's hidden_size disagrees with the tensors" -- "${serve_bad[@]}"
+  edit model_type='"llama"'
+  expect_failure 2 "config.json: \"model_type\" is \"llama\", which moed does not serve" "an unknown model_type" -- "${serve_bad[@]}"
+  edit n_group=3
+  expect_failure 2 "config.json: n_group .* = 3 does not divide the 16 experts" "n_group that does not divide the experts" -- \
+    "${serve_bad[@]}"
+  edit topk_group=1 num_experts_per_tok=5
+  expect_failure 2 "config.json: top_k \(num_experts_per_tok\) 5 exceeds the 4 experts that topk_group = 1 groups" \
+    "top_k larger than the kept groups hold" -- "${serve_bad[@]}"
+  edit n_routed_experts=8
+  expect_failure 2 "\[model\].experts = 16 disagrees with .*config.json, which gives 8" "[model].experts against config.json" -- \
+    "${serve_bad[@]}" --set model.experts=16
+  # An OLMoE checkpoint (no bias, no shared expert) that calls itself DeepSeek's.
+  olmoe=$SCRATCH/olmoe
+  "$MOED" --config "$SMALL" --family olmoe "${shape[@]}" --generate-weights "$olmoe" >/dev/null
+  python3 - "$ck/config.json" "$olmoe/config.json" <<'PY2'
+import json, sys
+json.dump(json.load(open(sys.argv[1])) | {"first_k_dense_replace": 0, "num_hidden_layers": 3}, open(sys.argv[2], "w"))
+PY2
+  expect_failure 2 "no tensor named 'model.layers.0.mlp.gate.e_score_correction_bias'" "a missing selection bias" -- \
+    moed_on 0 --config "$SCRATCH/no-model.toml" --set "model.weights=\"$olmoe\""
+  python3 - "$olmoe/config.json" <<'PY2'
+import json, sys
+json.dump(json.load(open(sys.argv[1])) | {"topk_method": "group_limited_greedy"}, open(sys.argv[1], "w"))
+PY2
+  expect_failure 2 "no tensor named 'model.layers.0.mlp.shared_experts.gate_proj.weight'" "a missing shared expert" -- \
+    moed_on 0 --config "$SCRATCH/no-model.toml" --set "model.weights=\"$olmoe\""
+fi
+
+# DeepSeek-V3's own router shape: 256 experts in 8 groups of 32, 4 kept,
+# top-8 (at H=64, F=32), on 4 ranks in 2 islands against 1 rank and the reference.
+if [ "$family" = deepseek_v3 ]; then
+  big=$SCRATCH/v3-router
+  "$MOED" --config "$SMALL" --family deepseek_v3 --set model.layers=2 --set model.experts=256 --set model.top_k=8 \
+    --set model.ffn=32 --set model.groups=8 --set model.groups_kept=4 --generate-weights "$big" >/dev/null
+  v3=(--config "$SMALL" --set model.layers=2 --set model.experts=256 --set model.top_k=8 --set model.ffn=32
+    --set "model.weights=\"$big\"" --set workload.steps=2)
+  moed_on 0 "${v3[@]}" --dump-output "$SCRATCH/v3-one.bin" >/dev/null
+  moed_on 4 "${v3[@]}" --set cluster.ranks_per_island=2 --dump-output "$SCRATCH/v3-four.bin" >/dev/null
+  same_bits "$SCRATCH/v3-one.bin" "$SCRATCH/v3-four.bin" "deepseek_v3 at 256 experts, 8 groups, 4 kept, top-8: 4 ranks vs 1"
+  "$MOE_REFERENCE" "${v3[@]}" --dump "$SCRATCH/v3-one.bin" ||
+    fail "deepseek_v3 at 256 experts: moed's outputs are not within the plain-loop reference's tolerance"
+fi
+
 # [model].serve_dense: the dense first layer served too, held whole by every
 # rank and run on its own rows: the built-in workload then passes through the
 # model's every layer (the reference with it), and the front door takes the

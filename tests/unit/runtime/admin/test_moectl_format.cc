@@ -218,6 +218,17 @@ TEST(MoectlFormat, PlacementAsATable) {
             "layer  rank 0  rank 1\n"
             "0      0       0-1\n"
             "layer 0 expert 0: split into 2 shards, on ranks 0, 1\n");
+  // A model with dense layers names its rows by model layer; DeepSeek's groups are said.
+  const json deepseek = json::parse(R"({"ok":true,"epoch":0,"ranks":2,"layers":2,"experts":4,
+      "slots":[[[0],[0],[1],[1]],[[0],[0],[1],[1,0]]], "split":[[], [3]], "model_layers":[3, 4],
+      "expert_groups":{"groups":2,"kept":1,"size":2}})");
+  EXPECT_EQ(format_answer("placement", deepseek),
+            "placement epoch 0: 2 ranks, 2 layers, 4 experts\n"
+            "experts in 2 groups of 2 (ids in order); a token's experts come from 1 of them\n"
+            "layer  rank 0  rank 1\n"
+            "3      0-1     2-3\n"
+            "4      0-1,3   2-3\n"
+            "layer 4 expert 3: split into 2 shards, on ranks 1, 0\n");
   // An unexpected shape falls back to fields rather than failing.
   EXPECT_EQ(format_answer("placement", json{{"ok", true}, {"epoch", 1}, {"slots", "?"}}),
             "epoch  1\nslots  ?\n");

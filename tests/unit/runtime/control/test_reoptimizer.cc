@@ -79,6 +79,11 @@ TEST(ControlViews, PlacementAndMigrationJson) {
   const auto split = placement_json(p);
   EXPECT_EQ(split["split"][0], nlohmann::json::array({2}));
   EXPECT_EQ(split["slots"][0][2], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(j["model_layers"], nlohmann::json::array({0}));
+  EXPECT_FALSE(j.contains("expert_groups"));
+  const auto deepseek = placement_json(p, LayerNumbers({3}), {2, 1});
+  EXPECT_EQ(deepseek["model_layers"], nlohmann::json::array({3}));
+  EXPECT_EQ(deepseek["expert_groups"], (nlohmann::json{{"groups", 2}, {"kept", 1}, {"size", 2}}));
   EXPECT_TRUE(migration_json(nullptr).is_null());
   MigrationRecord m;
   m.id = 4;
