@@ -8,7 +8,8 @@
 // over its measured step time (1.0 = no overhead beyond the GEMMs). A second
 // bound replays the GEMM calls moed actually issues (row chunks, W1 and W3
 // fused, moed's kernel) to separate the cost of those choices from routing and
-// communication.
+// communication. A shared expert (DeepSeek-V3, Qwen2-MoE) runs on each
+// rank's own rows: the bound counts its three sgemms on those rows too.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -41,6 +42,17 @@ struct RowMajorExperts {
     }
     return it->second;
   }
+  std::map<int, std::vector<float>> shared_slots;  // layer -> the shared expert's W1|W3 then W2
+  const std::vector<float>& shared(const ExpertStore& store, int l) {
+    auto [it, added] = shared_slots.try_emplace(l);
+    if (added) {
+      const kernels::ExpertView v = store.shared_expert(l);
+      it->second.resize(3 * v.hidden * v.ffn);
+      v.w13_packed->unpack(it->second.data());
+      v.w2_packed->unpack(it->second.data() + 2 * v.hidden * v.ffn);
+    }
+    return it->second;
+  }
 };
 
 // Seconds this rank spends on its experts' GEMMs for one step's loads: the
@@ -48,10 +60,18 @@ struct RowMajorExperts {
 // rows), or the calls moed issued in that step (`calls`: rows per call; W1|W3
 // fused, then W2, with moed's kernel, fixed-order or OpenBLAS).
 double gemm_seconds(const ExpertStore& store, const placement::Placement& placement, int rank,
-                    const StepRecord& rec, const std::vector<std::uint32_t>* calls, RowMajorExperts& row_major,
+                    const StepRecord& rec, std::size_t local_rows, const std::vector<std::uint32_t>* calls,
+                    RowMajorExperts& row_major,
                     std::vector<float>& a, std::vector<float>& b) {
   const ModelShape& s = store.shape();
   const std::size_t H = s.hidden, F = s.ffn;
+  // Room for `rows` rows of the widest operand: an input or output row [H],
+  // or the up-projection's [2 x ffn].
+  const auto fit = [&](std::size_t rows, std::size_t ffn) {
+    const std::size_t n = rows * std::max(H, 2 * ffn);
+    a.resize(std::max(a.size(), n));
+    b.resize(std::max(b.size(), n));
+  };
   double total = 0;
   if (calls) {  // every expert has the same shape: replay with the first one held here
     for (int l = 0; l < s.layers; ++l) {
@@ -61,8 +81,7 @@ double gemm_seconds(const ExpertStore& store, const placement::Placement& placem
       const float* w13 = row_major.of(store, l, held[0]).data();
       const float* w2 = w13 + 2 * F * H;
       for (std::uint32_t m : *calls) {
-        a.resize(std::max(a.size(), m * 2 * F));
-        b.resize(std::max(b.size(), m * 2 * F));
+        fit(m, F);
         const double t0 = now_seconds();
         if (served.w13_packed) {
           kernels::gemm_fixed_order(a.data(), m, *served.w13_packed, b.data());
@@ -77,6 +96,16 @@ double gemm_seconds(const ExpertStore& store, const placement::Placement& placem
     }
     return total;
   }
+  for (int l = 0; l < s.layers && store.has_shared(); ++l) {
+    const std::size_t rows = local_rows, Fs = std::size_t(s.spec.shared_ffn);
+    const std::vector<float>& w = row_major.shared(store, l);
+    fit(rows, Fs);
+    const double t0 = now_seconds();
+    kernels::gemm_xwt(a.data(), rows, H, w.data(), Fs, b.data());                   // W1
+    kernels::gemm_xwt(a.data(), rows, H, w.data() + Fs * H, Fs, b.data());          // W3
+    kernels::gemm_xwt(b.data(), rows, Fs, w.data() + 2 * Fs * H, H, a.data());      // W2
+    total += now_seconds() - t0;
+  }
   for (int l = 0; l < s.layers; ++l) {
     for (int e : placement.experts_on(l, rank)) {
       std::size_t rows = rec.expert_load[std::size_t(l) * s.experts + e];
@@ -84,8 +113,7 @@ double gemm_seconds(const ExpertStore& store, const placement::Placement& placem
       if (rows == 0) continue;
       const float* w13 = row_major.of(store, l, e).data();
       const float* w2 = w13 + 2 * F * H;
-      a.resize(std::max(a.size(), rows * 2 * F));
-      b.resize(std::max(b.size(), rows * 2 * F));
+      fit(rows, F);
       const double t0 = now_seconds();
       kernels::gemm_xwt(a.data(), rows, H, w13, F, b.data());          // W1
       kernels::gemm_xwt(a.data(), rows, H, w13 + F * H, F, b.data());  // W3
@@ -134,8 +162,8 @@ int main(int argc, char** argv) {
       double t[2] = {0, 0};
       for (int pass = 0; pass < 2; ++pass) {
         daemon->control().all_max(0, "bound barrier");
-        t[pass] = gemm_seconds(daemon->store(), daemon->placement(), mpi.rank(), rec, pass == 1 ? &calls : nullptr,
-                               row_major, a, b);
+        t[pass] = gemm_seconds(daemon->store(), daemon->placement(), mpi.rank(), rec, daemon->engine().local_tokens(),
+                               pass == 1 ? &calls : nullptr, row_major, a, b);
       }
       daemon->control().reduce_max(t, 2, "bound figures");
       overhead_ms.push_back((wall - t[1]) * 1e3);
@@ -153,11 +181,13 @@ int main(int argc, char** argv) {
       std::cout << fmt::format(
           "{}: {} ranks, {} tokens/step ({}/rank), {} measured steps\n"
           "  moed            {:9.0f} tokens/s   step p50 {:8.2f} ms  (wall time of a whole step; the engine alone {:.2f} ms)\n"
-          "  compute bound   {:9.0f} tokens/s   step p50 {:8.2f} ms  (OpenBLAS sgemm, W1/W3/W2 per expert)\n"
+          "  compute bound   {:9.0f} tokens/s   step p50 {:8.2f} ms  (OpenBLAS sgemm, W1/W3/W2 per expert, the shared expert's too)\n"
           "  ratio           {:9.3f}            (bound / moed step wall time, median over steps)\n"
-          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the calls moed issued in each step, replayed alone, {}; {:.3f} of the step's wall time)\n"
+          "  served GEMMs    {:9.0f} tokens/s   step p50 {:8.2f} ms  (the routed experts' calls moed issued in each step, replayed alone, {}; {:.3f} of the step's wall time)\n"
           "  overhead        {:9.2f} ms per step  (step wall time minus its served GEMMs, median over steps)\n"
-          "  phases per step route {:.2f} | plan {:.2f} | experts {:.2f} | other {:.2f} | idle for rows {:.2f} | idle for answers {:.2f} ms  (mean; each maxed over ranks)\n"
+          "  phases per step route {:.2f} | plan {:.2f} | experts {:.2f} | shared {:.2f} | other {:.2f} | idle for rows {:.2f} | idle for answers {:.2f} ms  (mean; each maxed over ranks)\n"
+          "  router          {:9.3f} of the engine's step  (route: the norm, the gate GEMM and the selection, {})\n"
+          "  shared expert   {:9.3f} of the engine's step  ({})\n"
           "  copies          {:.1f} MB per step  (all ranks: rows packed into messages, gathered for GEMMs, fp32 answers, answers narrowed)\n",
           label, mpi.size(), config.workload.tokens_per_step,
           config.workload.tokens_per_step / mpi.size(), moed_ms.size(), moed_tokens_per_s,
@@ -166,7 +196,15 @@ int main(int argc, char** argv) {
           tokens / (percentile(served_ms, 0.5) / 1e3), percentile(served_ms, 0.5),
           config.experts.gemm == Gemm::openblas ? "OpenBLAS" : "fixed-order " + kernels::to_string(kernels::gemm_isa()),
           percentile(ratio_served, 0.5), percentile(overhead_ms, 0.5), s.route_ms, s.plan_ms, s.experts_ms,
-          s.other_ms, s.rows_wait_ms, s.answers_wait_ms, s.bytes_copied / 1e6);
+          s.shared_ms, s.other_ms, s.rows_wait_ms, s.answers_wait_ms, s.route_ms / s.engine_ms,
+          fmt::format("{} experts, top-{}, {}", config.model.experts, config.model.top_k,
+                      name_of(daemon->store().shape().spec.family)),
+          s.shared_ms / s.engine_ms,
+          daemon->store().has_shared()
+              ? fmt::format("F = {} on each rank's own rows, {:.2f} ms per step", daemon->store().shape().spec.shared_ffn,
+                            s.shared_ms)
+              : std::string("none in this family"),
+          s.bytes_copied / 1e6);
     }
     return 0;
   } catch (const moed::Error& e) {

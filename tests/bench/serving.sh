@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The serving-core benchmark: prints figures, asserts nothing (the machines are
 # shared and noisy; the figures are ratios measured within one run).
-#   tests/bench/serving.sh [BUILD_DIR]
+#   [ONLY=prefill|families|decode] tests/bench/serving.sh [BUILD_DIR]
 # (a) one MoE layer, H=1024 F=2816, 16 experts, top-2, 2048 tokens per rank,
 #     at 2 and 4 ranks: tokens/s against the OpenBLAS compute bound;
 # (b) the same layer at 128 tokens per rank on 4 ranks (decode-like): where
 #     the step time goes, and its overhead (step wall time minus the GEMM
 #     calls moed issued, replayed alone).
+# (c) two families' layers on 2 ranks, against the bound measured in the same
+#     run: DeepSeek-V3-shaped (H=7168 F=2048, top-8 from 8 groups with 4
+#     kept, one shared expert; 32 experts, not 256, to fit the machine, 128
+#     tokens per rank) and Qwen3-30B-A3B-shaped (H=2048 F=768, 128 experts,
+#     top-8, 512 tokens per rank): tokens/s, the router's share of the step
+#     and what the shared expert costs.
 # The prefill cases run twice, A/B: the experts on OpenBLAS sgemm (canonical
 # chunks, not batch-invariant) and on the fixed-order GEMM (the default).
 # The decode case runs three ways, A/B/C, alternating over ROUNDS rounds
@@ -28,15 +34,24 @@ flags=(--bind-to core:overload-allowed --oversubscribe)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
 export OPENBLAS_NUM_THREADS=1
 echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-for ranks in 2 4; do
+# ONLY=prefill|families|decode runs one part (default: all three).
+only=${ONLY:-all}
+case $only in all | prefill | families | decode) ;; *) echo "ONLY=$only: expected prefill, families or decode" >&2; exit 2 ;; esac
+run() { [ "$only" = all ] || [ "$only" = "$1" ]; }
+run prefill && for ranks in 2 4; do
   for gemm in openblas fixed-order; do
     mpirun "${flags[@]}" -np $ranks "$bench" --config "$root/configs/bench-prefill.toml" \
       --set workload.tokens_per_step=$((2048 * ranks)) --set experts.gemm=$gemm \
       --label "prefill, 2048 tokens/rank, experts on $gemm"
   done
 done
+run families && for model in deepseek-v3 qwen3-30b; do
+  mpirun "${flags[@]}" -np 2 "$bench" --config "$root/configs/bench-$model.toml" \
+    --label "$model-shaped layer, $(grep -m1 '^tokens_per_step' "$root/configs/bench-$model.toml" | tr -dc 0-9) tokens/step"
+done
 # Decode: the three engines alternate over ROUNDS rounds (default 3), so that
 # drift in the machine's speed hits each alike; the medians close the output.
+run decode || exit 0
 rounds=${ROUNDS:-3}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
