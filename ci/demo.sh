@@ -10,21 +10,38 @@
 # re-optimisation, moves the weights in small chunks so that the migration's
 # progress shows, then serves on until Enter (or 60 s without a terminal).
 # The bit-for-bit comparison is left out (it would replay every step).
+#
+# ci/demo.sh --family F: the same shape in model family F (mixtral,
+# deepseek_v3, qwen3_moe, qwen2_moe, olmoe, gpt_oss), from a checkpoint
+# directory in F's names with its config.json (docs/model-families.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dashboard=""
-case "${1:-}" in
-  "") ;;
-  --dashboard) dashboard=127.0.0.1:9464 ;;
-  *) echo "usage: ci/demo.sh [--dashboard]" >&2; exit 2 ;;
-esac
+dashboard="" family=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dashboard) dashboard=127.0.0.1:9464 ;;
+    --family)
+      [ $# -ge 2 ] || { echo "usage: ci/demo.sh [--dashboard] [--family F]" >&2; exit 2; }
+      family=$2
+      shift
+      ;;
+    *) echo "usage: ci/demo.sh [--dashboard] [--family F]" >&2; exit 2 ;;
+  esac
+  shift
+done
 ./ci/install-deps.sh
 ./ci/build.sh moed moe-place moectl >/dev/null
 echo "demo: built moed in ./build"
 
 out=build/demo
 mkdir -p "$out"
-./build/apps/moed --generate-weights "$out/model.safetensors"
+weights=$out/model.safetensors
+if [ -n "$family" ]; then
+  weights=$out/$family
+  ./build/apps/moed --config configs/demo.toml --family "$family" --generate-weights "$weights"
+else
+  ./build/apps/moed --generate-weights "$weights"
+fi
 
 mpirun_flags=(--oversubscribe --bind-to none)
 if [ "$(id -u)" = 0 ]; then mpirun_flags+=(--allow-run-as-root); fi
@@ -44,7 +61,7 @@ if [ -n "$dashboard" ]; then
 fi
 mpirun "${mpirun_flags[@]}" -np 4 ./build/apps/moed \
   --config configs/demo.toml \
-  --weights "$out/model.safetensors" \
+  --weights "$weights" \
   --set workload.steps=100000 --set "admin.dir=\"$PWD/$run\"" \
   --set "placement.committed=\"$PWD/$out/committed.toml\"" \
   --report-json "$out/report.json" \
@@ -91,7 +108,7 @@ wait $daemon
 
 # The same steps without any migration, in one process: the bits must match.
 steps=$(od -An -tu8 -j24 -N8 "$out/output.bin" | tr -d ' ')
-./build/apps/moed --config configs/demo.toml --weights "$out/model.safetensors" \
+./build/apps/moed --config configs/demo.toml --weights "$weights" \
   --set workload.steps="$steps" --dump-output "$out/reference.bin" >/dev/null 2>>"$out/moed.log"
 if cmp -s "$out/output.bin" "$out/reference.bin"; then
   echo "outputs: bit-identical to the same $steps steps served by one process without migration"

@@ -112,7 +112,7 @@ class PlacementFileRefuses : public ::testing::TestWithParam<BadFile> {};
 TEST_P(PlacementFileRefuses, WithAnInputErrorNamingOriginAndFault) {
   const auto& c = GetParam();
   std::vector<std::string> parts = c.parts;
-  parts.push_back("plan.toml");
+  parts.emplace_back("plan.toml");
   expect_error([&] { parse_placement(c.text, "plan.toml"); }, ErrorKind::Input, parts);
 }
 
@@ -201,7 +201,7 @@ TEST(PlacementFile, ShapeCheckNamesBothShapes) {
   for (auto [r, l, e] : {std::tuple{8, 2, 8}, std::tuple{4, 3, 8}, std::tuple{4, 2, 16}}) {
     const std::string run =
         std::to_string(r) + " ranks, " + std::to_string(l) + " layers, " + std::to_string(e) + " experts";
-    expect_error([&] { check_placement_shape(p, r, l, e, "plan.toml"); }, ErrorKind::Input,
+    expect_error([&, r = r, l = l, e = e] { check_placement_shape(p, r, l, e, "plan.toml"); }, ErrorKind::Input,
                  {"plan.toml", "4 ranks, 2 layers, 8 experts", run});
   }
 }
