@@ -223,7 +223,7 @@ void Report::print(std::ostream& os) const {
       "  step latency       p50 {:.2f} ms   p99 {:.2f} ms  (wall time)\n"
       "  wait for rows      p50 {:.2f} ms   p99 {:.2f} ms  (per layer, idle while rows travel)\n"
       "  wait for answers   p50 {:.2f} ms   p99 {:.2f} ms  (per layer, idle while only answers travel)\n"
-      "  engine             {:.2f} ms per step: route {:.2f} | plan {:.2f} | experts {:.2f} | other {:.2f} | "
+      "  engine             {:.2f} ms per step: route {:.2f} | plan {:.2f} | experts {:.2f}{} | other {:.2f} | "
       "waits: rows {:.2f}, answers {:.2f} ms\n"
       "  activation rate    {:.1f}% ({:.2f} of {} experts per token per layer)\n"
       "  expert load        std/mean {:.2f}, hottest {:.2f}x mean (last {} steps)\n"
@@ -233,7 +233,8 @@ void Report::print(std::ostream& os) const {
       info_.tokens_per_step ? fmt::format("{} tokens", info_.tokens_per_step) : std::string("front-door rows"),
       info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas, info_.numerics,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.rows_wait_p50_ms, s.rows_wait_p99_ms,
-      s.answers_wait_p50_ms, s.answers_wait_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.experts_ms, s.other_ms,
+      s.answers_wait_p50_ms, s.answers_wait_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.experts_ms,
+      s.shared_ms > 0 ? fmt::format(" | shared {:.2f}", s.shared_ms) : std::string(), s.other_ms,
       s.rows_wait_ms, s.answers_wait_ms, 100 * s.activation_rate, s.experts_per_token, info_.shape.experts,
       s.load_std_over_mean, s.load_max_over_mean, std::min<std::uint64_t>(window_, s.measured_steps),
       human_bytes(double(s.bytes[0])), share(0), human_bytes(double(s.bytes[1])), share(1),
