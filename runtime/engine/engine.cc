@@ -202,23 +202,29 @@ void Engine::run_layer(int layer, std::uint64_t step, float* x, std::size_t coun
   account_layer(layer, step, count, times, rows_wait, answers_wait, rec);
 }
 
+template <class Weight>
+ExpertCallCounts Engine::run_held(const kernels::ExpertView& ffn, const float* xn, std::size_t count,
+                                  StepRecord& rec, Weight&& weight, const std::function<void()>& between_blocks) {
+  const std::size_t H = std::size_t(shape_.hidden);
+  shared_rows_.resize(count);
+  for (std::size_t t = 0; t < count; ++t)
+    shared_rows_[t] = {xn + t * H, reinterpret_cast<std::byte*>(acc_.data() + t * H), weight(t), false};
+  const ExpertCallCounts counts = shared_executor_.run(ffn, shared_rows_, between_blocks);
+  rec.saturated += counts.saturated;
+  return counts;
+}
+
 void Engine::run_shared_expert(int layer, std::uint64_t step, std::size_t count, StepRecord& rec) {
   const double start = now_seconds();
   const std::size_t H = std::size_t(shape_.hidden);
   const float* xn = route_.normalised();
   const std::vector<float>& gate = store_.layer(layer).shared_gate;  // Qwen2-MoE's, else empty
-  shared_rows_.resize(count);
-  for (std::size_t t = 0; t < count; ++t) {
-    float weight = 1;
-    if (!gate.empty()) {
-      double logit = 0;  // one chain in index order: a row's weight depends on the row alone
-      for (std::size_t i = 0; i < H; ++i) logit += double(gate[i]) * double(xn[t * H + i]);
-      weight = float(1 / (1 + std::exp(-logit)));
-    }
-    shared_rows_[t] = {xn + t * H, reinterpret_cast<std::byte*>(acc_.data() + t * H), weight, false};
-  }
-  const ExpertCallCounts counts = shared_executor_.run(store_.shared_expert(layer), shared_rows_, setup_.poll);
-  rec.saturated += counts.saturated;
+  const ExpertCallCounts counts = run_held(store_.shared_expert(layer), xn, count, rec, [&](std::size_t t) {
+    if (gate.empty()) return 1.0f;
+    double logit = 0;  // one chain in index order: a row's weight depends on the row alone
+    for (std::size_t i = 0; i < H; ++i) logit += double(gate[i]) * double(xn[t * H + i]);
+    return float(1 / (1 + std::exp(-logit)));
+  }, setup_.poll);  // the rows in flight keep moving
   // Its NaN or inf terms poison their tokens' outputs like a routed expert's;
   // it is no placed expert, so it is logged (once per layer) but not counted per expert.
   if (counts.nonfinite) {
@@ -238,11 +244,8 @@ void Engine::run_dense_layer(int d, float* x, std::size_t count, StepRecord& rec
   dense_xn_.resize(count * H);
   kernels::rms_norm(x, store_.dense_norm(d).data(), count, int(H), float(config_.model.norm_eps), dense_xn_.data());
   acc_.assign(count * H, 0);
-  shared_rows_.resize(count);
-  for (std::size_t t = 0; t < count; ++t)
-    shared_rows_[t] = {dense_xn_.data() + t * H, reinterpret_cast<std::byte*>(acc_.data() + t * H), 1.0f, false};
-  const ExpertCallCounts counts = shared_executor_.run(store_.dense_ffn(d), shared_rows_);
-  rec.saturated += counts.saturated;
+  const ExpertCallCounts counts =
+      run_held(store_.dense_ffn(d), dense_xn_.data(), count, rec, [](std::size_t) { return 1.0f; }, {});
   if (counts.nonfinite && !std::exchange(warned_dense_, true))
     spdlog::warn("model layer {} (dense): {} output terms are NaN or inf; those elements of the tokens' outputs are "
                  "NaN. Logged once", store_.dense_model_layer(d), counts.nonfinite);

@@ -110,6 +110,13 @@ class Engine {
   // (1, or Qwen2-MoE's sigmoid gate) onto their fixed-point sums: never
   // dispatched, and exact integers whatever else lands on the sums.
   void run_shared_expert(int layer, std::uint64_t step, std::size_t count, StepRecord& rec);
+  // An FFN every rank holds whole (a shared expert, a dense layer) on this
+  // rank's `count` normalised rows xn, each weighted weight(t) onto its
+  // fixed-point sum in acc_; its saturated terms counted into rec;
+  // `between_blocks` runs between its row blocks (ExpertExecutor::run).
+  template <class Weight>
+  ExpertCallCounts run_held(const kernels::ExpertView& ffn, const float* xn, std::size_t count, StepRecord& rec,
+                            Weight&& weight, const std::function<void()>& between_blocks);
   // Dense layer d (ExpertStore::dense_ffn) on this rank's `count` rows x, in
   // place: x + FFN(RMSNorm(x)), summed on the fixed-point grid like an MoE layer.
   void run_dense_layer(int d, float* x, std::size_t count, StepRecord& rec);

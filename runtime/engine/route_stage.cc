@@ -30,6 +30,10 @@ void RouteStage::gate_logits(int layer, const float* xn, std::size_t count, floa
     for (std::size_t e = 0; e < E; ++e) logits[t * E + e] += bias[e];
 }
 
+RouterParams RouteStage::router_of(int layer) const {
+  return router_.at_layer(store_.layer(layer).selection_bias);
+}
+
 void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepRecord& rec) {
   const int H = store_.shape().hidden;
   xn_.resize(rows.count * H);
@@ -62,7 +66,7 @@ bool RouteStage::choose_experts(const Rows& rows, Routing& routing, StepRecord& 
   const std::size_t E = std::size_t(store_.shape().experts);
   logits_.resize(rows.count * E);
   gate_logits(rows.layer, xn_.data(), rows.count, logits_.data());
-  const RouterParams router = router_.at_layer(store_.layer(rows.layer).selection_bias);
+  const RouterParams router = router_of(rows.layer);
   const double* adjust = policies_.adjustments(rows.layer, rows.tags, adjust_);
   if (!adjust && !policies_.shares_tokens()) {
     route(logits_.data(), rows.count, E, router, routing);
@@ -85,8 +89,8 @@ void RouteStage::plain_selection(const Rows& rows) {
   if (!policies_.balances()) return choose(ranked_, router_.spec, plain_routing_);
   const double* adjust = policies_.adjustments(rows.layer, rows.tags, plain_adjust_, false);
   plain_ranked_.clear();
-  rank_experts(logits_.data(), adjust, rows.count, std::size_t(store_.shape().experts),
-               router_.at_layer(store_.layer(rows.layer).selection_bias), 0, plain_ranked_);
+  rank_experts(logits_.data(), adjust, rows.count, std::size_t(store_.shape().experts), router_of(rows.layer), 0,
+               plain_ranked_);
   choose(plain_ranked_, router_.spec, plain_routing_);
 }
 
@@ -104,8 +108,7 @@ void RouteStage::measure_jitter(const Rows& rows, const double* adjust, StepReco
                       float(config_.model.norm_eps), noisy_xn_.data());
     gate_logits(rows.layer, noisy_xn_.data(), count, noisy_logits_.data());
     noisy_ranked_.clear();
-    rank_experts(noisy_logits_.data(), adjust, count, E, router_.at_layer(store_.layer(rows.layer).selection_bias), 0,
-                 noisy_ranked_);
+    rank_experts(noisy_logits_.data(), adjust, count, E, router_of(rows.layer), 0, noisy_ranked_);
     rec.router.jitter_changed[i] += changed_choices(ranked_, noisy_ranked_);
   }
   rec.router.jitter_tested += count;

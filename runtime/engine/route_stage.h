@@ -54,6 +54,8 @@ class RouteStage {
   // logits[count, experts] of normalised rows xn: W_g x, plus the layer's
   // router bias when the family has one.
   void gate_logits(int layer, const float* xn, std::size_t count, float* logits) const;
+  // The router with `layer`'s selection bias (DeepSeek's), if it has one.
+  RouterParams router_of(int layer) const;
   // The router's choice (no replay), with the policies; false when the
   // router chose alone (no policy adjusts or decides).
   bool choose_experts(const Rows& rows, Routing& routing, StepRecord& rec);

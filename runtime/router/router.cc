@@ -73,12 +73,7 @@ void rank_experts(const float* logits, const double* adjust, std::size_t tokens,
                  spec.groups_kept <= spec.groups,
              "{} of {} groups over {} experts", spec.groups_kept, spec.groups, experts);
   const bool sigmoid = spec.scoring == Scoring::sigmoid, grouped = spec.groups > 1;
-  const double* bias = nullptr;
-  std::vector<double> bias_d;
-  if (params.selection_bias) {
-    bias_d.assign(params.selection_bias, params.selection_bias + experts);
-    bias = bias_d.data();
-  }
+  const float* bias = params.selection_bias;
   std::vector<double> l(experts), prob(experts), selection(experts), group_score(std::size_t(spec.groups));
   std::vector<std::uint32_t> order(experts), group_order(std::size_t(spec.groups));
   std::vector<char> selectable(experts, 1);
@@ -88,7 +83,7 @@ void rank_experts(const float* logits, const double* adjust, std::size_t tokens,
     if (sigmoid) {
       for (std::size_t e = 0; e < experts; ++e) prob[e] = 1.0 / (1.0 + std::exp(-l[e] / params.temperature));
       for (std::size_t e = 0; e < experts; ++e)
-        selection[e] = prob[e] + (bias ? bias[e] : 0.0) + (adj ? adj[e] : 0.0);
+        selection[e] = prob[e] + (bias ? double(bias[e]) : 0.0) + (adj ? adj[e] : 0.0);
     } else {
       softmax(l.data(), experts, params.temperature, prob.data());
       if (adj) {
@@ -98,15 +93,18 @@ void rank_experts(const float* logits, const double* adjust, std::size_t tokens,
         selection = prob;
       }
       if (bias)
-        for (std::size_t e = 0; e < experts; ++e) selection[e] += bias[e];
+        for (std::size_t e = 0; e < experts; ++e) selection[e] += double(bias[e]);
     }
     if (grouped) keep_best_groups(selection, spec, bias != nullptr, group_score, group_order, selectable);
 
-    // The selectable experts first, ranked by selection score (ties: the lower id).
-    std::iota(order.begin(), order.end(), 0u);
-    const auto selectable_end =
-        grouped ? std::stable_partition(order.begin(), order.end(), [&](std::uint32_t e) { return selectable[e] != 0; })
-                : order.end();
+    // The selectable experts first, in id order, then ranked by selection
+    // score (ties: the lower id). Written in place: no allocation per token.
+    std::size_t n_first = 0;
+    for (std::uint32_t e = 0; e < experts; ++e)
+      if (selectable[e]) order[n_first++] = e;
+    for (std::uint32_t e = 0, rest = std::uint32_t(n_first); e < experts; ++e)
+      if (!selectable[e]) order[rest++] = e;
+    const auto selectable_end = order.begin() + std::ptrdiff_t(n_first);
     const std::size_t n_selectable = std::size_t(selectable_end - order.begin());
     auto by_score = [&](std::uint32_t a, std::uint32_t b) {
       return selection[a] > selection[b] || (selection[a] == selection[b] && a < b);
