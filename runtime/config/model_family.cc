@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "common/error.h"
 
@@ -116,6 +118,61 @@ void family_defaults(ModelSpec& s) {
   }
 }
 
+// The expert formats moed reads, as HfConfig::expert_format and quant_method name them.
+constexpr std::string_view kExpertFormats[] = {"fp8", "mxfp4"};
+// The fp8 kernels take one scale per block of this many rows by as many columns.
+constexpr int kFp8Block = 128;
+
+// A JSON value for a message, arrays spaced as moed prints shapes ("[64, 64]").
+std::string show(const json& v) {
+  if (!v.is_array()) return v.dump();
+  std::string items;
+  for (const json& e : v) items += (items.empty() ? "" : ", ") + show(e);
+  return "[" + items + "]";
+}
+
+// fp8 as DeepSeek-V3/R1 ship it: e4m3 weights, one scale per 128x128 block. "fmt" and
+// "weight_block_size" may be left out (those are the defaults); anything else would
+// decode to wrong weights without a word, so it is refused.
+void check_fp8(const json& q, const std::string& path) {
+  if (q.contains("fmt") && q.at("fmt") != "e4m3")
+    MOED_THROW(Input, "{}: quantization_config.fmt is {}; moed reads fp8 as e4m3 (\"fmt\": \"e4m3\")", path,
+               show(q.at("fmt")));
+  if (q.contains("weight_block_size") && q.at("weight_block_size") != json::array({kFp8Block, kFp8Block}))
+    MOED_THROW(Input, "{}: quantization_config.weight_block_size is {}; moed reads fp8 with {}x{} block scales", path,
+               show(q.at("weight_block_size")), kFp8Block, kFp8Block);
+}
+
+// HfConfig::expert_format from config.json's "quantization_config" ("" without one).
+std::string read_expert_format(const json& j, const std::string& path) {
+  if (!j.contains("quantization_config") || j.at("quantization_config").is_null()) return "";
+  const json& q = j.at("quantization_config");
+  if (!q.is_object())
+    MOED_THROW(Input, "{}: \"quantization_config\" is {}, expected an object with a \"quant_method\"", path, show(q));
+  if (!q.contains("quant_method"))
+    MOED_THROW(Input, "{}: quantization_config has no \"quant_method\", expected one of \"{}\"", path,
+               fmt::join(kExpertFormats, "\", \""));
+  const json& method = q.at("quant_method");
+  const auto known = std::find(std::begin(kExpertFormats), std::end(kExpertFormats),
+                               method.is_string() ? method.get<std::string>() : "");
+  if (known == std::end(kExpertFormats))
+    MOED_THROW(Input, "{}: quantization_config.quant_method is {}, which moed does not read (it reads \"{}\")", path,
+               show(method), fmt::join(kExpertFormats, "\", \""));
+  if (*known == "fp8") check_fp8(q, path);
+  return std::string(*known);
+}
+
+// The quantization_config `format`'s checkpoints carry (read_expert_format reads it back).
+json quantization_config(std::string_view format) {
+  if (format == "fp8")
+    return json::object({{"quant_method", "fp8"},
+                         {"fmt", "e4m3"},
+                         {"activation_scheme", "dynamic"},
+                         {"weight_block_size", {kFp8Block, kFp8Block}}});
+  MOED_CHECK(format == "mxfp4", "expert format \"{}\" is none of {}", format, fmt::join(kExpertFormats, ", "));
+  return json::object({{"quant_method", "mxfp4"}});
+}
+
 }  // namespace
 
 int ModelSpec::moe_index(int layer) const {
@@ -173,6 +230,7 @@ HfConfig read_hf_config(const std::string& text, const std::string& path, const 
   d.ffn = k.integer(ffn_key(s.family));
   d.norm_eps = k.real_or("rms_norm_eps", 1e-6);
   out.torch_dtype = k.text_or("torch_dtype", "");
+  out.expert_format = read_expert_format(j, path);
   if (has_dense_ffn(s.family)) s.dense_ffn = k.integer_or("intermediate_size", 0);
 
   std::vector<int> mlp_only;
@@ -259,7 +317,8 @@ ModelSpec synthetic_spec(const SyntheticKeys& keys, const ModelDims& dims) {
   return s;
 }
 
-std::string hf_config_json(const ModelSpec& s, const ModelDims& d, std::string_view torch_dtype) {
+std::string hf_config_json(const ModelSpec& s, const ModelDims& d, std::string_view torch_dtype,
+                           std::string_view expert_format) {
   json j;
   j["model_type"] = std::string(name_of(s.family));
   j["num_hidden_layers"] = s.model_layers;
@@ -299,6 +358,7 @@ std::string hf_config_json(const ModelSpec& s, const ModelDims& d, std::string_v
     default: break;
   }
   j["torch_dtype"] = std::string(torch_dtype);
+  if (!expert_format.empty()) j["quantization_config"] = quantization_config(expert_format);
   return j.dump(2) + "\n";
 }
 

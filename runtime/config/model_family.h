@@ -94,11 +94,16 @@ struct HfConfig {
   ModelSpec spec;
   ModelDims dims;
   std::string torch_dtype;  // as config.json says ("bfloat16", "float32"), or empty
+  // How the checkpoint stores its experts, from "quantization_config": "" (none: the
+  // torch_dtype), "fp8" (DeepSeek-V3/R1: F8_E4M3 weights with an F32 weight_scale_inv
+  // per 128x128 block) or "mxfp4" (gpt-oss: U8 blocks of 32 e2m1 values and e8m0 scales).
+  std::string expert_format;
 };
 // Parses the text of config.json (`path` for messages): the family from
 // "model_type" (unless `family` is given: set by hand), the shape and the
-// router's and experts' parameters from the family's own keys. A missing,
-// mistyped or contradictory key is an Input error naming the file and key.
+// router's and experts' parameters from the family's own keys, the expert
+// format from "quantization_config". A missing, mistyped or contradictory key,
+// or a quantization moed does not read, is an Input error naming the file and key.
 HfConfig read_hf_config(const std::string& text, const std::string& path, const Family* family = nullptr);
 
 // The keys [model] gives for synthetic weights, beyond the shape (0 or -1:
@@ -112,8 +117,11 @@ ModelSpec synthetic_spec(const SyntheticKeys& keys, const ModelDims& dims);
 
 // config.json for `spec` and `dims`, as the family's own checkpoints write it
 // (read_hf_config reads it back to the same spec and dims).
-// `torch_dtype` is the tensors' ("float32", "bfloat16").
-std::string hf_config_json(const ModelSpec& spec, const ModelDims& dims, std::string_view torch_dtype = "float32");
+// `torch_dtype` is the tensors' ("float32", "bfloat16"); `expert_format` ("",
+// "fp8", "mxfp4": HfConfig::expert_format) adds the quantization_config those
+// checkpoints carry.
+std::string hf_config_json(const ModelSpec& spec, const ModelDims& dims, std::string_view torch_dtype = "float32",
+                           std::string_view expert_format = "");
 
 // Checks that span the spec's parameters: groups divide the experts, top_k
 // fits the experts the kept groups hold, ... `where` names the source

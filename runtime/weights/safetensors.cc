@@ -34,11 +34,7 @@ std::string brief(const json& value) {
 
 // Bytes per element of the dtypes whose size is known; nullopt for the others.
 std::optional<std::uint64_t> dtype_size(std::string_view dtype) {
-  static constexpr std::pair<std::string_view, std::uint64_t> kSizes[] = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
-      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
-  for (const auto& [name, size] : kSizes)
-    if (name == dtype) return size;
+  if (auto size = stored_dtype_size(dtype)) return size;
   if (auto d = parse_dtype(dtype)) return element_size(*d);  // lower-case spellings
   return std::nullopt;
 }
@@ -280,45 +276,76 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
-void SafetensorsFile::read_f32(const std::string& name, DType expected,
-                               const std::vector<std::int64_t>& expected_shape, float* out, std::int64_t first,
-                               std::int64_t count) const {
+std::optional<std::string> SafetensorsFile::dtype_of(const std::string& name) const {
+  const TensorInfo* info = find(name);
+  return info ? std::optional<std::string>(info->dtype) : std::nullopt;
+}
+
+const TensorInfo& SafetensorsFile::tensor(const std::string& name) const {
   const TensorInfo* info = find(name);
   if (!info) MOED_THROW(Input, "{}: no tensor named '{}'", path(), name);
-  auto dtype = parse_dtype(info->dtype);
-  if (!dtype)
-    MOED_THROW(Input, "{}: tensor '{}' has dtype {}, which moed cannot load (supported dtypes: {}; "
-               "expected {})", path(), name, info->dtype, kSupported, dtype_name(expected));
-  if (*dtype != expected)
-    MOED_THROW(Input, "{}: tensor '{}' has dtype {}, expected {}", path(), name, info->dtype,
-               dtype_name(expected));
-  if (info->shape != expected_shape)
-    MOED_THROW(Input, "{}: tensor '{}' has shape {}, expected {}", path(), name,
-               shape_str(info->shape), shape_str(expected_shape));
+  return *info;
+}
+
+std::span<const std::byte> SafetensorsFile::slice(const TensorInfo& info,
+                                                  const std::vector<std::int64_t>& expected_shape,
+                                                  std::uint64_t element_size, std::int64_t first,
+                                                  std::int64_t count) const {
+  if (info.shape != expected_shape)
+    MOED_THROW(Input, "{}: tensor '{}' has shape {}, expected {}", path(), info.name, shape_str(info.shape),
+               shape_str(expected_shape));
 
   // The header check already guarantees this; repeated as the last guard before the copy.
-  const std::uint64_t numel = *checked_numel(info->shape);
-  MOED_CHECK(info->end - info->begin == numel * element_size(*dtype) && info->end <= file_.size(),
-             "{}: tensor '{}' byte range", path(), name);
-  const std::byte* src = file_.data() + info->begin;
+  const std::uint64_t numel = *checked_numel(info.shape);
+  MOED_CHECK(info.end - info.begin == numel * element_size && info.end <= file_.size(), "{}: tensor '{}' byte range",
+             path(), info.name);
+  const std::byte* src = file_.data() + info.begin;
   std::uint64_t wanted = numel;
   if (count >= 0) {  // entries [first, first + count) of the leading dimension
-    const std::int64_t lead = info->shape.empty() ? 1 : info->shape[0];
-    MOED_CHECK(first >= 0 && first + count <= lead, "{}: tensor '{}': entries [{}, {}) of {}", path(), name, first,
+    const std::int64_t lead = info.shape.empty() ? 1 : info.shape[0];
+    MOED_CHECK(first >= 0 && first + count <= lead, "{}: tensor '{}': entries [{}, {}) of {}", path(), info.name, first,
                first + count, lead);
     const std::uint64_t per = lead ? numel / std::uint64_t(lead) : 0;
-    src += std::uint64_t(first) * per * element_size(*dtype);
+    src += std::uint64_t(first) * per * element_size;
     wanted = std::uint64_t(count) * per;
   }
+  return {src, static_cast<std::size_t>(wanted * element_size)};
+}
+
+void SafetensorsFile::read_f32(const std::string& name, DType expected, const std::vector<std::int64_t>& expected_shape,
+                               float* out, std::int64_t first, std::int64_t count) const {
+  const TensorInfo& info = tensor(name);
+  // Only these two convert to fp32; the quantized dtypes are read_raw's, for the kernels.
+  auto dtype = parse_dtype(info.dtype);
+  if (!dtype)
+    MOED_THROW(Input, "{}: tensor '{}' has dtype {}, which moed cannot convert to fp32 (supported dtypes: {}; "
+               "expected {})", path(), name, info.dtype, kSupported, dtype_name(expected));
+  if (*dtype != expected)
+    MOED_THROW(Input, "{}: tensor '{}' has dtype {}, expected {}", path(), name, info.dtype, dtype_name(expected));
+  const std::span<const std::byte> src = slice(info, expected_shape, element_size(*dtype), first, count);
   if (*dtype == DType::F32) {
-    if (wanted) std::memcpy(out, src, wanted * sizeof(float));  // src may be unaligned
+    if (!src.empty()) std::memcpy(out, src.data(), src.size());  // src may be unaligned
     return;
   }
-  for (std::uint64_t i = 0; i < wanted; ++i) {
+  for (std::size_t i = 0; i < src.size() / 2; ++i) {
     std::uint16_t bits;
-    std::memcpy(&bits, src + 2 * i, 2);
+    std::memcpy(&bits, src.data() + 2 * i, 2);
     out[i] = bf16_to_f32(bits);
   }
+}
+
+void SafetensorsFile::read_raw(const std::string& name, std::string_view expected_dtype,
+                               const std::vector<std::int64_t>& expected_shape, std::byte* out, std::int64_t first,
+                               std::int64_t count) const {
+  // The caller names the dtype it decodes: one of unknown size is a bug, not the file's.
+  const auto size = stored_dtype_size(expected_dtype);
+  MOED_CHECK(size.has_value(), "read_raw of '{}' as {}: a dtype of unknown size", name, expected_dtype);
+  const TensorInfo& info = tensor(name);
+  // Compared as spelled: the bytes are handed on undecoded, so only the exact format will do.
+  if (info.dtype != expected_dtype)
+    MOED_THROW(Input, "{}: tensor '{}' has dtype {}, expected {}", path(), name, info.dtype, expected_dtype);
+  const std::span<const std::byte> src = slice(info, expected_shape, *size, first, count);
+  if (!src.empty()) std::memcpy(out, src.data(), src.size());
 }
 
 // ---- Checkpoint ---------------------------------------------------------------------------
@@ -388,16 +415,31 @@ const SafetensorsFile& Checkpoint::shard(const std::string& shard_path) const {
   return *slot;  // map nodes are stable: safe to use after the lock is released
 }
 
-void Checkpoint::read_f32(const std::string& name, DType expected,
-                          const std::vector<std::int64_t>& expected_shape, float* out, std::int64_t first,
-                          std::int64_t count) const {
+const SafetensorsFile& Checkpoint::file_holding(const std::string& name) const {
   auto it = weight_map_.find(name);
   if (it == weight_map_.end()) MOED_THROW(Input, "{}: no tensor named '{}'", source_, name);
   const SafetensorsFile& file = shard(it->second);
   if (!file.find(name))
     MOED_THROW(Input, "{}: no tensor named '{}' (the index {} says it is in this shard)",
                it->second, name, source_);
-  file.read_f32(name, expected, expected_shape, out, first, count);
+  return file;
+}
+
+std::optional<std::string> Checkpoint::dtype_of(const std::string& name) const {
+  if (!contains(name)) return std::nullopt;
+  // A shard that lacks what the index places in it stays an error, not an absent tensor.
+  return file_holding(name).dtype_of(name);
+}
+
+void Checkpoint::read_f32(const std::string& name, DType expected, const std::vector<std::int64_t>& expected_shape,
+                          float* out, std::int64_t first, std::int64_t count) const {
+  file_holding(name).read_f32(name, expected, expected_shape, out, first, count);
+}
+
+void Checkpoint::read_raw(const std::string& name, std::string_view expected_dtype,
+                          const std::vector<std::int64_t>& expected_shape, std::byte* out, std::int64_t first,
+                          std::int64_t count) const {
+  file_holding(name).read_raw(name, expected_dtype, expected_shape, out, first, count);
 }
 
 }  // namespace moed::weights

@@ -1,6 +1,7 @@
 #include "runtime/weights/safetensors_format.h"
 
 #include <bit>
+#include <utility>
 
 namespace moed::weights {
 
@@ -19,6 +20,16 @@ std::optional<DType> parse_dtype(std::string_view name) {
 }
 
 std::uint64_t element_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+std::optional<std::uint64_t> stored_dtype_size(std::string_view dtype) {
+  // F8_E4M3: DeepSeek-V3/R1's fp8 expert weights; U8: gpt-oss's MXFP4 blocks and scales.
+  static constexpr std::pair<std::string_view, std::uint64_t> kSizes[] = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}, {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  for (const auto& [name, size] : kSizes)
+    if (name == dtype) return size;
+  return std::nullopt;
+}
 
 float bf16_to_f32(std::uint16_t bits) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);

@@ -23,6 +23,12 @@ std::optional<DType> parse_dtype(std::string_view name);
 // Bytes per element.
 std::uint64_t element_size(DType dtype);
 
+// Bytes per element of a dtype as safetensors headers spell it ("F32", "BF16",
+// "F8_E4M3", "U8", "I8", ...), nullopt for one whose size moed does not know. The
+// reader checks every such tensor's byte span against it, the writer the bytes it
+// is given to store as they are (SafetensorsWriter::add_raw).
+std::optional<std::uint64_t> stored_dtype_size(std::string_view dtype);
+
 float bf16_to_f32(std::uint16_t bits);
 // Round to nearest, ties to even; NaN stays a (quiet) NaN, overflow becomes inf.
 std::uint16_t f32_to_bf16(float value);

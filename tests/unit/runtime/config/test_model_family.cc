@@ -1,12 +1,14 @@
 // The model families' specs (runtime/config/model_family.h): each family's
 // config.json read into the router and expert parameters its reference code
 // uses, the layer numbers of its MoE layers, the refusals of a bad
-// config.json (naming the file and key), and config.json written back for
-// a synthetic model reading back to the same spec.
+// config.json (naming the file and key), the expert format its
+// quantization_config names, and config.json written back for a synthetic
+// model reading back to the same spec.
 #include "runtime/config/model_family.h"
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -137,6 +139,40 @@ TEST(HfConfig, AFamilySetByHandOverridesModelType) {
   EXPECT_EQ(hf.spec.family, Family::olmoe);
 }
 
+// ---- quantization_config: the expert format ----------------------------------------------
+
+// kDeepSeekV3 with `more` keys added.
+std::string deepseek_v3_with(const std::string& more) {
+  std::string text = kDeepSeekV3;
+  return text.substr(0, text.rfind('}')) + ", " + more + "}";
+}
+
+TEST(HfConfig, NoQuantizationConfigMeansUnquantizedExperts) {
+  EXPECT_EQ(read(kDeepSeekV3).expert_format, "");
+  EXPECT_EQ(read(deepseek_v3_with(R"("quantization_config": null)")).expert_format, "");
+}
+
+TEST(HfConfig, DeepSeekV3sFp8QuantizationConfigIsFp8) {
+  // As DeepSeek-V3's and R1's config.json carry it.
+  const HfConfig hf = read(deepseek_v3_with(R"("quantization_config": {"activation_scheme": "dynamic",
+    "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]})"));
+  EXPECT_EQ(hf.expert_format, "fp8");
+  EXPECT_EQ(hf.torch_dtype, "bfloat16");
+  EXPECT_EQ(hf.spec.family, Family::deepseek_v3);
+  // fmt and weight_block_size may be left out: e4m3 and 128x128 are what fp8 means then.
+  EXPECT_EQ(read(deepseek_v3_with(R"("quantization_config": {"quant_method": "fp8"})")).expert_format, "fp8");
+}
+
+TEST(HfConfig, GptOsssMxfp4QuantizationConfigIsMxfp4) {
+  // As gpt-oss's config.json carries it: the modules left in bf16 are the loader's business.
+  const HfConfig hf = read(R"({"model_type": "gpt_oss", "num_hidden_layers": 24, "hidden_size": 2880,
+    "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+      "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}})");
+  EXPECT_EQ(hf.expert_format, "mxfp4");
+  EXPECT_EQ(hf.spec.family, Family::gpt_oss);
+}
+
 struct BadConfig {
   const char* name;
   std::string json;
@@ -194,7 +230,31 @@ INSTANTIATE_TEST_SUITE_P(
                       "mlp_only_layers": [7]})",
                   {"\"mlp_only_layers\""}},
         BadConfig{"NegativeScaling", deepseek(R"("num_experts_per_tok": 2, "routed_scaling_factor": -1)"),
-                  {"\"routed_scaling_factor\""}}),
+                  {"\"routed_scaling_factor\""}},
+        BadConfig{"QuantizationConfigNotAnObject",
+                  deepseek(R"("num_experts_per_tok": 2, "quantization_config": "fp8")"),
+                  {"\"quantization_config\" is \"fp8\"", "expected an object"}},
+        BadConfig{"NoQuantMethod",
+                  deepseek(R"("num_experts_per_tok": 2, "quantization_config": {"fmt": "e4m3"})"),
+                  {"quantization_config", "\"quant_method\"", "\"fp8\", \"mxfp4\""}},
+        BadConfig{"UnknownQuantMethod",
+                  deepseek(R"("num_experts_per_tok": 2, "quantization_config": {"quant_method": "awq", "bits": 4})"),
+                  {"quantization_config.quant_method is \"awq\"", "\"fp8\", \"mxfp4\""}},
+        BadConfig{"QuantMethodNotAString",
+                  deepseek(R"("num_experts_per_tok": 2, "quantization_config": {"quant_method": 8})"),
+                  {"quantization_config.quant_method is 8", "\"fp8\", \"mxfp4\""}},
+        BadConfig{"Fp8OfAnotherFormat",
+                  deepseek(R"("num_experts_per_tok": 2, "quantization_config": {"quant_method": "fp8",
+                              "fmt": "e5m2"})"),
+                  {"quantization_config.fmt is \"e5m2\"", "e4m3"}},
+        BadConfig{"Fp8WithOtherBlocks",
+                  deepseek(R"("num_experts_per_tok": 2, "quantization_config": {"quant_method": "fp8",
+                              "weight_block_size": [64, 64]})"),
+                  {"quantization_config.weight_block_size is [64, 64]; moed reads fp8 with 128x128 block scales"}},
+        BadConfig{"Fp8PerTensor",
+                  deepseek(R"("num_experts_per_tok": 2, "quantization_config": {"quant_method": "fp8",
+                              "weight_block_size": null})"),
+                  {"quantization_config.weight_block_size is null", "128x128"}}),
     [](const ::testing::TestParamInfo<BadConfig>& info) { return std::string(info.param.name); });
 
 class SyntheticSpecs : public ::testing::TestWithParam<Family> {};
@@ -233,6 +293,39 @@ INSTANTIATE_TEST_SUITE_P(Families, SyntheticSpecs,
                          ::testing::Values(Family::mixtral, Family::deepseek_v3, Family::qwen3_moe, Family::qwen2_moe,
                                            Family::olmoe, Family::gpt_oss),
                          [](const ::testing::TestParamInfo<Family>& info) { return std::string(name_of(info.param)); });
+
+TEST(HfConfigJson, WritesEachExpertFormatsQuantizationConfigAndReadsItBack) {
+  const ModelDims dims{3, 16, 4, 64, 32, 1e-5};
+  const ModelSpec s = synthetic_spec({Family::deepseek_v3, 0, 0, -1, 1}, dims);
+  // Unquantized, as before: no quantization_config at all.
+  const auto plain = nlohmann::json::parse(hf_config_json(s, dims));
+  EXPECT_FALSE(plain.contains("quantization_config"));
+  EXPECT_EQ(read(hf_config_json(s, dims)).expert_format, "");
+  EXPECT_EQ(read(hf_config_json(s, dims, "bfloat16", "")).expert_format, "");
+
+  // fp8 exactly as DeepSeek-V3's checkpoints write it.
+  const std::string fp8 = hf_config_json(s, dims, "bfloat16", "fp8");
+  EXPECT_EQ(nlohmann::json::parse(fp8).at("quantization_config"),
+            nlohmann::json::parse(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [128, 128]})"));
+  const HfConfig back = read(fp8);
+  EXPECT_EQ(back.expert_format, "fp8");
+  EXPECT_EQ(back.torch_dtype, "bfloat16");
+  EXPECT_EQ(back.spec.moe_layers, s.moe_layers);
+
+  const ModelSpec oss = synthetic_spec({Family::gpt_oss, 0, 0, -1, 0}, dims);
+  const std::string mxfp4 = hf_config_json(oss, dims, "bfloat16", "mxfp4");
+  EXPECT_EQ(nlohmann::json::parse(mxfp4).at("quantization_config"),
+            nlohmann::json::parse(R"({"quant_method": "mxfp4"})"));
+  EXPECT_EQ(read(mxfp4).expert_format, "mxfp4");
+  EXPECT_EQ(read(mxfp4).spec.family, Family::gpt_oss);
+}
+
+TEST(HfConfigJson, AnExpertFormatMoedDoesNotWriteIsABug) {
+  const ModelDims dims{3, 16, 4, 64, 32, 1e-5};
+  const ModelSpec s = synthetic_spec({Family::mixtral, 0, 0, -1, 0}, dims);
+  expect_error([&] { hf_config_json(s, dims, "bfloat16", "int4"); }, ErrorKind::Internal, {"int4", "fp8, mxfp4"});
+}
 
 TEST(SyntheticSpec, DeepSeekTakesTheMostGroupsOfAtLeastTwoAndKeepsHalf) {
   const ModelSpec s = synthetic_spec({Family::deepseek_v3, 0, 0, -1, 0}, {2, 256, 8, 64, 32, 1e-5});

@@ -1,5 +1,6 @@
-// Safetensors reader: round trips through the writer, sharded checkpoints, and every
-// malformed-file case giving a clear Input error. Files are written byte by byte into a
+// Safetensors reader: round trips through the writer (fp32 and bf16 converted, the
+// quantized dtypes copied raw), sharded checkpoints, and every malformed-file case
+// giving a clear Input error. Files are written byte by byte into a
 // fresh temp dir. The writer's own tests are in test_safetensors_writer.cc, the dtypes'
 // in test_safetensors_format.cc.
 #include "runtime/weights/safetensors.h"
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -269,6 +271,11 @@ TEST_F(SafetensorsTest, BadEntryByteSize) {
                     {"size.safetensors", "'w'", "24 bytes", "expected 12"});
   expect_open_error(write_header("size2.safetensors", {{"w", entry("I8", {3}, 0, 4)}}, 4),
                     {"size2.safetensors", "'w'", "expected 3"});
+  // The quantized experts' dtypes are one byte an element too.
+  expect_open_error(write_header("size3.safetensors", {{"w", entry("F8_E4M3", {2, 3}, 0, 12)}}, 12),
+                    {"size3.safetensors", "'w'", "12 bytes", "expected 6", "F8_E4M3"});
+  expect_open_error(write_header("size4.safetensors", {{"w", entry("U8", {2, 16}, 0, 16)}}, 16),
+                    {"size4.safetensors", "'w'", "expected 32"});
 }
 
 TEST_F(SafetensorsTest, BadOverlappingTensors) {
@@ -377,6 +384,153 @@ TEST_F(SafetensorsReadTest, WrongShape) {
                ErrorKind::Input, {"model.safetensors", kName, "[512, 256, 1]"});
 }
 
+// ---- read_raw: the quantized dtypes, bytes as stored ---------------------------------------
+
+// A file of fp8 and MXFP4 expert tensors, written with add_raw, and a bf16 and an fp32
+// one written with add.
+class SafetensorsRawTest : public SafetensorsTest {
+ protected:
+  void SetUp() override {
+    SafetensorsTest::SetUp();
+    for (std::size_t i = 0; i < fp8_.size(); ++i) fp8_[i] = std::byte(0x80 + 7 * i);  // sign bits set too
+    for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i] = std::byte(i * 37 % 256);
+    for (std::size_t i = 0; i < scales_.size(); ++i) scales_[i] = std::byte(120 + i);
+    for (std::size_t i = 0; i < int8_.size(); ++i) int8_[i] = std::byte(256 - 3 * (i + 1));  // negative
+    SafetensorsWriter writer;
+    writer.add_raw(kFp8, "F8_E4M3", {4, 3}, fp8_.data(), fp8_.size());
+    writer.add(kScale, DType::F32, {1, 1}, &scale_);
+    writer.add_raw(kBlocks, "U8", {3, 2, 1, 16}, blocks_.data(), blocks_.size());
+    writer.add_raw(kScales, "U8", {3, 2, 1}, scales_.data(), scales_.size());
+    writer.add_raw("i8", "I8", {5}, int8_.data(), int8_.size());
+    writer.add("bias", DType::BF16, {2}, bias_);
+    writer.write(file("model.safetensors"));
+  }
+  // `n` bytes of `from`, from byte `first`.
+  static std::vector<std::byte> part(const std::vector<std::byte>& from, std::size_t first, std::size_t n) {
+    return {from.begin() + std::ptrdiff_t(first), from.begin() + std::ptrdiff_t(first + n)};
+  }
+
+  static constexpr const char* kFp8 = "model.layers.3.mlp.experts.0.gate_proj.weight";
+  static constexpr const char* kScale = "model.layers.3.mlp.experts.0.gate_proj.weight_scale_inv";
+  static constexpr const char* kBlocks = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+  static constexpr const char* kScales = "model.layers.0.mlp.experts.gate_up_proj_scales";
+  std::vector<std::byte> fp8_ = std::vector<std::byte>(12), blocks_ = std::vector<std::byte>(96),
+                         scales_ = std::vector<std::byte>(6), int8_ = std::vector<std::byte>(5);
+  float scale_ = 0.0123f;
+  float bias_[2] = {1.5f, -2.0f};
+};
+
+TEST_F(SafetensorsRawTest, RoundTripsEachDtypeByteForByte) {
+  SafetensorsFile f(file("model.safetensors"));
+  EXPECT_EQ(f.dtype_of(kFp8), "F8_E4M3");
+  EXPECT_EQ(f.dtype_of(kScale), "F32");
+  EXPECT_EQ(f.dtype_of(kBlocks), "U8");
+  EXPECT_EQ(f.dtype_of("i8"), "I8");
+  EXPECT_EQ(f.dtype_of("bias"), "BF16");
+  EXPECT_EQ(f.dtype_of("absent"), std::nullopt);
+
+  std::vector<std::byte> out(100, std::byte{0xEE});
+  f.read_raw(kFp8, "F8_E4M3", {4, 3}, out.data());
+  EXPECT_EQ(part(out, 0, 12), fp8_);
+  EXPECT_EQ(out[12], std::byte{0xEE}) << "wrote past numel";
+  f.read_raw(kBlocks, "U8", {3, 2, 1, 16}, out.data());
+  EXPECT_EQ(part(out, 0, 96), blocks_);
+  f.read_raw(kScales, "U8", {3, 2, 1}, out.data());
+  EXPECT_EQ(part(out, 0, 6), scales_);
+  f.read_raw("i8", "I8", {5}, out.data());
+  EXPECT_EQ(part(out, 0, 5), int8_);
+  // The dtypes read_f32 converts are copied unconverted too: the scales' fp32 as is,
+  // bf16 as its 16 bits.
+  f.read_raw(kScale, "F32", {1, 1}, out.data());
+  float scale = 0;
+  std::memcpy(&scale, out.data(), 4);
+  EXPECT_EQ(scale, scale_);
+  f.read_raw("bias", "BF16", {2}, out.data());
+  std::uint16_t bits[2];
+  std::memcpy(bits, out.data(), 4);
+  EXPECT_EQ(bits[0], f32_to_bf16(bias_[0]));
+  EXPECT_EQ(bits[1], f32_to_bf16(bias_[1]));
+
+  // And through a Checkpoint.
+  Checkpoint c(tmp_.path().string());
+  EXPECT_EQ(c.dtype_of(kFp8), "F8_E4M3");
+  EXPECT_EQ(c.dtype_of("absent"), std::nullopt);
+  std::fill(out.begin(), out.end(), std::byte{0});
+  c.read_raw(kBlocks, "U8", {3, 2, 1, 16}, out.data());
+  EXPECT_EQ(part(out, 0, 96), blocks_);
+}
+
+TEST_F(SafetensorsRawTest, SlicesTheLeadingDimension) {
+  // One expert of the fused MXFP4 tensors, rows [1, 3) of the fp8 weight.
+  SafetensorsFile f(file("model.safetensors"));
+  std::vector<std::byte> out(40, std::byte{0xEE});
+  f.read_raw(kBlocks, "U8", {3, 2, 1, 16}, out.data(), 1, 1);
+  EXPECT_EQ(part(out, 0, 32), part(blocks_, 32, 32));
+  EXPECT_EQ(out[32], std::byte{0xEE});
+  f.read_raw(kScales, "U8", {3, 2, 1}, out.data(), 2, 1);
+  EXPECT_EQ(part(out, 0, 2), part(scales_, 4, 2));
+  Checkpoint c(file("model.safetensors"));
+  c.read_raw(kFp8, "F8_E4M3", {4, 3}, out.data(), 1, 2);
+  EXPECT_EQ(part(out, 0, 6), part(fp8_, 3, 6));
+  c.read_raw(kFp8, "F8_E4M3", {4, 3}, out.data(), 4, 0);  // none, at the end: nothing copied
+  EXPECT_EQ(part(out, 0, 6), part(fp8_, 3, 6));
+}
+
+TEST_F(SafetensorsRawTest, WrongDtypeShapeOrNameIsAnInputErrorNamingTheTensor) {
+  SafetensorsFile f(file("model.safetensors"));
+  Checkpoint c(file("model.safetensors"));
+  std::vector<std::byte> out(100);
+  // A bf16 checkpoint's weight where fp8 is expected, and the other way round.
+  expect_error([&] { f.read_raw("bias", "F8_E4M3", {2}, out.data()); }, ErrorKind::Input,
+               {"model.safetensors: tensor 'bias' has dtype BF16, expected F8_E4M3"});
+  expect_error(
+      [&] {
+        c.read_raw(kFp8, "BF16", {4, 3}, out.data());
+      },
+      ErrorKind::Input, {"model.safetensors", kFp8, "has dtype F8_E4M3, expected BF16"});
+  expect_error([&] { f.read_raw("i8", "U8", {5}, out.data()); }, ErrorKind::Input,
+               {"model.safetensors", "'i8'", "dtype I8, expected U8"});
+  expect_error(
+      [&] {
+        c.read_raw(kBlocks, "U8", {3, 2, 16}, out.data());
+      },
+      ErrorKind::Input,
+      {std::string("model.safetensors: tensor '") + kBlocks + "' has shape [3, 2, 1, 16], expected [3, 2, 16]"});
+  expect_error(
+      [&] {
+        f.read_raw(kFp8, "F8_E4M3", {3, 4}, out.data());
+      },
+      ErrorKind::Input, {"model.safetensors", kFp8, "[4, 3]", "expected [3, 4]"});
+  expect_error(
+      [&] {
+        f.read_raw(kScale, "F8_E4M3", {1, 1}, out.data());
+      },
+      ErrorKind::Input, {"model.safetensors", kScale, "dtype F32, expected F8_E4M3"});
+  expect_error([&] { f.read_raw("experts.9.w1", "U8", {1}, out.data()); }, ErrorKind::Input,
+               {"model.safetensors", "no tensor named 'experts.9.w1'"});
+  expect_error([&] { c.read_raw("experts.9.w1", "U8", {1}, out.data()); }, ErrorKind::Input,
+               {"model.safetensors", "no tensor named 'experts.9.w1'"});
+  // A dtype of unknown size is the caller's bug.
+  expect_error([&] { f.read_raw("i8", "Q4_K", {5}, out.data()); }, ErrorKind::Internal, {"Q4_K"});
+}
+
+TEST_F(SafetensorsRawTest, ReadF32StillRefusesTheQuantizedDtypes) {
+  SafetensorsFile f(file("model.safetensors"));
+  std::vector<float> out(100);
+  expect_error(
+      [&] {
+        f.read_f32(kFp8, DType::BF16, {4, 3}, out.data());
+      },
+      ErrorKind::Input, {"model.safetensors", kFp8, "dtype F8_E4M3", "supported dtypes: F32, BF16", "expected BF16"});
+  expect_error(
+      [&] {
+        f.read_f32(kBlocks, DType::F32, {3, 2, 1, 16}, out.data());
+      },
+      ErrorKind::Input, {"model.safetensors", kBlocks, "dtype U8", "supported dtypes: F32, BF16"});
+  expect_error([&] { f.read_f32("i8", DType::F32, {5}, out.data()); }, ErrorKind::Input,
+               {"model.safetensors", "'i8'", "dtype I8", "supported dtypes: F32, BF16"});
+}
+
 // ---- sharded checkpoints ------------------------------------------------------------------
 
 class CheckpointTest : public SafetensorsTest {
@@ -461,6 +615,22 @@ TEST_F(CheckpointTest, IndexNamesTensorMissingFromShard) {
   std::vector<float> out(4);
   expect_error([&] { c.read_f32("ghost", DType::F32, {1}, out.data()); }, ErrorKind::Input,
                {"model-00001-of-00002.safetensors", "'ghost'", "index"});
+  // Not an absent tensor: the checkpoint contradicts itself.
+  expect_error([&] { c.dtype_of("ghost"); }, ErrorKind::Input,
+               {"model-00001-of-00002.safetensors", "'ghost'", "index"});
+  std::vector<std::byte> raw(4);
+  expect_error([&] { c.read_raw("ghost", "F32", {1}, raw.data()); }, ErrorKind::Input,
+               {"model-00001-of-00002.safetensors", "'ghost'", "index"});
+}
+
+TEST_F(CheckpointTest, DtypeOfOpensOnlyTheShardHoldingTheTensor) {
+  write_sharded();
+  tmp_.write("model-00002-of-00002.safetensors", le64(5) + "{oops");  // never opened below
+  Checkpoint c(file("model.safetensors.index.json"));
+  EXPECT_EQ(c.dtype_of("a.w"), "F32");
+  EXPECT_EQ(c.dtype_of("a.bias"), "BF16");
+  EXPECT_EQ(c.dtype_of("c.w"), std::nullopt);
+  expect_error([&] { c.dtype_of("b.w"); }, ErrorKind::Input, {"model-00002-of-00002.safetensors", "not valid JSON"});
 }
 
 TEST_F(CheckpointTest, BadIndexNotJson) {

@@ -80,6 +80,19 @@ TEST(SafetensorsFormat, ElementSizes) {
   EXPECT_EQ(element_size(DType::BF16), 2u);
 }
 
+TEST(SafetensorsFormat, StoredDtypeSizes) {
+  EXPECT_EQ(stored_dtype_size("F32"), 4u);
+  EXPECT_EQ(stored_dtype_size("BF16"), 2u);
+  EXPECT_EQ(stored_dtype_size("F8_E4M3"), 1u);  // DeepSeek-V3/R1's fp8 experts
+  EXPECT_EQ(stored_dtype_size("U8"), 1u);       // gpt-oss's MXFP4 blocks and scales
+  EXPECT_EQ(stored_dtype_size("I8"), 1u);
+  EXPECT_EQ(stored_dtype_size("I64"), 8u);
+  // Only as safetensors spells them: the lower-case spellings are parse_dtype's alone.
+  EXPECT_EQ(stored_dtype_size("f32"), std::nullopt);
+  EXPECT_EQ(stored_dtype_size("Q4_K"), std::nullopt);
+  EXPECT_EQ(stored_dtype_size(""), std::nullopt);
+}
+
 TEST(SafetensorsFormat, CheckedNumel) {
   EXPECT_EQ(checked_numel({}), 1u);  // a scalar
   EXPECT_EQ(checked_numel({2, 3, 4}), 24u);

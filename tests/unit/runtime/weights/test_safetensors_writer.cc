@@ -1,6 +1,6 @@
 // SafetensorsWriter (runtime/weights/safetensors_writer.h): the exact bytes it writes,
-// the standard layout (aligned data region, tensors in add() order), atomic
-// replacement with no temp file left, and its errors.
+// converted (add) or as given (add_raw), the standard layout (aligned data region,
+// tensors in add() order), atomic replacement with no temp file left, and its errors.
 #include "runtime/weights/safetensors_writer.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +103,56 @@ TEST_F(SafetensorsWriterTest, LayoutIsStandard) {
   // No temp file left behind.
   for (const auto& e : fs::directory_iterator(tmp_.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST_F(SafetensorsWriterTest, WritesRawBytesUnderTheirDtype) {
+  // Raw and converted tensors side by side, in add order, the raw bytes untouched.
+  SafetensorsWriter writer;
+  const unsigned char fp8[6] = {0x00, 0x38, 0x7E, 0x80, 0xB8, 0xFE};
+  const unsigned char blocks[2 * 16] = {0x12, 0x34, 0xFF, 0x00, 0x99};
+  const signed char int8[3] = {-128, -1, 127};
+  const float one = 1.0f;
+  writer.add_raw("w", "F8_E4M3", {2, 3}, fp8, sizeof fp8);
+  writer.add("w_scale_inv", DType::F32, {1, 1}, &one);
+  writer.add_raw("blocks", "U8", {1, 2, 16}, blocks, sizeof blocks);
+  writer.add_raw("i", "I8", {3}, int8, sizeof int8);
+  writer.add_raw("none", "U8", {0, 16}, nullptr, 0);
+  const std::string path = file("raw.safetensors");
+  writer.write(path);
+
+  const std::string bytes = read_bytes(path);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const json header = json::parse(bytes.substr(8, n));
+  EXPECT_EQ(header["w"], json::parse(R"({"dtype":"F8_E4M3","shape":[2,3],"data_offsets":[0,6]})"));
+  EXPECT_EQ(header["w_scale_inv"]["data_offsets"], json({6, 10}));
+  EXPECT_EQ(header["blocks"], json::parse(R"({"dtype":"U8","shape":[1,2,16],"data_offsets":[10,42]})"));
+  EXPECT_EQ(header["i"], json::parse(R"({"dtype":"I8","shape":[3],"data_offsets":[42,45]})"));
+  EXPECT_EQ(header["none"]["data_offsets"], json({45, 45}));
+  EXPECT_EQ(bytes.substr(8 + n), raw(fp8, 6) + raw(&one, 1) + raw(blocks, 32) + raw(int8, 3));
+}
+
+TEST_F(SafetensorsWriterTest, RawErrors) {
+  SafetensorsWriter writer;
+  const unsigned char bytes[8] = {};
+  // The size must be the shape's: 2 x 3 one-byte elements are 6 bytes.
+  expect_error(
+      [&] {
+        writer.add_raw("w", "F8_E4M3", {2, 3}, bytes, 8);
+      },
+      ErrorKind::Internal, {"'w'", "8 bytes", "[2, 3]", "F8_E4M3", "expected 6"});
+  expect_error([&] { writer.add_raw("w", "F32", {3}, bytes, 8); }, ErrorKind::Internal, {"'w'", "expected 12"});
+  // Only a dtype whose size the reader knows, spelled as the header spells it.
+  expect_error([&] { writer.add_raw("w", "Q4_K", {8}, bytes, 8); }, ErrorKind::Internal, {"'w'", "Q4_K"});
+  expect_error([&] { writer.add_raw("w", "u8", {8}, bytes, 8); }, ErrorKind::Internal, {"'w'", "u8"});
+  expect_error([&] { writer.add_raw("w", "U8", {8}, nullptr, 8); }, ErrorKind::Internal, {"'w'", "no data"});
+  expect_error([&] { writer.add_raw("w", "U8", {-8}, bytes, 8); }, ErrorKind::Internal, {"'w'", "negative"});
+  // None of those took the name.
+  writer.add_raw("w", "U8", {8}, bytes, 8);
+  expect_error([&] { writer.add_raw("w", "I8", {8}, bytes, 8); }, ErrorKind::Internal, {"'w'", "twice"});
+  const float x = 1.0f;
+  expect_error([&] { writer.add("w", DType::F32, {1}, &x); }, ErrorKind::Internal, {"'w'", "twice"});
+  expect_error([&] { writer.add_raw("__metadata__", "U8", {8}, bytes, 8); }, ErrorKind::Internal, {"__metadata__"});
 }
 
 TEST_F(SafetensorsWriterTest, Errors) {
