@@ -7,6 +7,7 @@
 namespace moed::kernels {
 
 // Rows of h floats; the sum of squares is accumulated in double, in order.
+// With eps 0 too, a finite row's scale stays finite (a zero row gives zeros).
 void rms_norm(const float* x, const float* weight, std::size_t rows, std::size_t h, float eps,
               float* out);
 

@@ -106,8 +106,16 @@ void rank_experts(const float* logits, const double* adjust, std::size_t tokens,
       if (!selectable[e]) order[rest++] = e;
     const auto selectable_end = order.begin() + std::ptrdiff_t(n_first);
     const std::size_t n_selectable = std::size_t(selectable_end - order.begin());
+    // A NaN score (a NaN logit; every softmax score of a row holding NaN or
+    // +inf) ranks below every number, NaNs tied: the order stays strict and
+    // weak, so such a row is ranked as defined (an all-NaN row takes the
+    // lowest ids), not as the sort happens to leave it. keep_best_groups
+    // skips NaN alike. Rows without NaN rank exactly as before.
     auto by_score = [&](std::uint32_t a, std::uint32_t b) {
-      return selection[a] > selection[b] || (selection[a] == selection[b] && a < b);
+      const double sa = selection[a], sb = selection[b];
+      if (sa > sb) return true;
+      if (sa == sb) return a < b;
+      return std::isnan(sb) && (!std::isnan(sa) || a < b);
     };
     std::size_t k;
     const std::size_t max_k =
@@ -136,7 +144,10 @@ void add_weights(std::span<const std::uint32_t> experts, std::span<const double>
   for (double p : scores) chosen += p;
   // softmax_after_topk: the softmax over the chosen logits is the full
   // softmax renormalised over them.
-  const double divisor = spec.renormalize || spec.softmax_after_topk ? chosen : 1.0;
+  // The chosen sum to 0 only when every chosen sigmoid underflowed (logits
+  // below about -745): they weigh 0, as Hugging Face's DeepSeek-V3 (the sum
+  // + 1e-20) gives, not 0/0. A NaN sum stays NaN.
+  const double divisor = (spec.renormalize || spec.softmax_after_topk) && chosen != 0 ? chosen : 1.0;
   for (std::size_t i = 0; i < experts.size(); ++i) out.add(experts[i], float(scores[i] / divisor * spec.scaling));
 }
 

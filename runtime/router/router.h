@@ -3,7 +3,8 @@
 // temperature) or sigmoid, a selection-only bias, group-limited selection,
 // top-k or top-p with min/max k, and the chosen scores renormalised (or not)
 // and scaled. Pure and deterministic: ties go to the lower expert id (and
-// the lower group id), and a token's choice depends on its logits alone.
+// the lower group id), a NaN score ranks below every number, and a token's
+// choice depends on its logits alone.
 #pragma once
 
 #include <cstddef>

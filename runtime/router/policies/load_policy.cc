@@ -20,6 +20,10 @@ struct Pair {
   std::uint32_t token, slot;
 };
 
+// A chosen probability renormalised over its token's choice (`sum`); 0 when
+// every chosen sigmoid underflowed to 0, as add_weights gives, not 0/0.
+double gate_weight(double prob, double sum) { return sum != 0 ? prob / sum : prob; }
+
 }  // namespace
 
 LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> replicas, const LoadParams& params,
@@ -40,13 +44,19 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
     double sum = 0;
     for (std::uint32_t i = 0; i < all.chosen[t]; ++i) sum += probs[i];
     for (std::uint32_t i = 0; i < all.chosen[t]; ++i) {
-      pairs.push_back({probs[i] / sum, std::uint32_t(t), i});
+      pairs.push_back({gate_weight(probs[i], sum), std::uint32_t(t), i});
       fate[first[t] + i] = i;
     }
   }
   if (params.policy != LoadPolicy::none) {
+    // A NaN weight (a row of NaN scores) goes after every number, NaNs tied:
+    // NaN compares unordered with everything, which would leave std::sort
+    // without a strict weak order (undefined, and the other rows' pairs
+    // placed at random).
     std::sort(pairs.begin(), pairs.end(), [](const Pair& a, const Pair& b) {
-      if (a.weight != b.weight) return a.weight > b.weight;
+      const bool a_nan = std::isnan(a.weight), b_nan = std::isnan(b.weight);
+      if (a_nan != b_nan) return b_nan;
+      if (!a_nan && a.weight != b.weight) return a.weight > b.weight;
       return a.token != b.token ? a.token < b.token : a.slot < b.slot;
     });
     std::vector<double> room(E);
@@ -96,7 +106,9 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
     for (std::uint32_t i = 0; i < all.chosen[t]; ++i) {
       const std::uint32_t f = fate[first[t] + i];
       if (counted_token) {
-        const auto weight = std::uint64_t(std::llround(probs[i] / sum * kWeightUnit));
+        // A NaN weight counts 0 (llround of NaN is no number).
+        const double share = gate_weight(probs[i], sum);
+        const auto weight = std::isnan(share) ? std::uint64_t(0) : std::uint64_t(std::llround(share * kWeightUnit));
         ++outcome.pairs;
         if (f == kDropped) ++outcome.dropped, outcome.weight_dropped += weight;
         else if (f != i) ++outcome.moved, outcome.weight_moved += weight;

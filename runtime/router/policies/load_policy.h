@@ -11,8 +11,8 @@
 //   token's new experts; a pair with no such candidate stays where it was.
 //
 // Both keep the pairs with the highest gate weight: pairs are taken in order
-// of weight (descending), then token (the canonical order of `all`), then
-// rank within the token. Pure; the result depends only on its arguments, so
+// of weight (descending; a NaN weight last), then token (the canonical order
+// of `all`), then rank within the token. Pure; the result depends only on its arguments, so
 // every rank that holds the same step computes the same bits.
 #pragma once
 
