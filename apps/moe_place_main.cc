@@ -40,10 +40,11 @@ struct ModelInfo {
 ModelInfo load_model_info(const std::string& path) {
   moed::runtime::Config c = moed::runtime::load_config(path, {});
   // What a move costs is what migration sends: the daemon holds and moves
-  // every expert in fp32, whatever [model].dtype the weights file has.
-  const std::uint64_t param_bytes = sizeof(float);
+  // experts in [experts].dtype (the checkpoint's own by default).
+  const moed::placement::WeightFormat held =
+      moed::placement::weight_format(moed::runtime::experts_dtype(c), "[experts].dtype");
   return {int(c.model.layers), int(c.model.experts), int(c.cluster.ranks_per_island),
-          std::uint64_t(3) * std::uint64_t(c.model.hidden) * std::uint64_t(c.model.ffn) * param_bytes,
+          held.bytes(std::uint64_t(3) * std::uint64_t(c.model.hidden) * std::uint64_t(c.model.ffn)),
           c.cluster.cost_same_island, c.cluster.cost_cross_island, moed::runtime::layer_numbers(c.model)};
 }
 
@@ -416,9 +417,9 @@ int main(int argc, char** argv) {
   memory_app->add_option("--set", mem.sets, "override a config key, section.key=value (repeatable)");
   memory_app->add_option("--card", mem.card, "model card (configs/models/): the model's shape and attention")
       ->type_name("FILE");
-  memory_app->add_option("--target", mem.target, "cpu (moed today: experts in f32) or gpu (default: gpu with --card)")
+  memory_app->add_option("--target", mem.target, "cpu (moed's CPU path: experts in [experts].dtype) or gpu (default: gpu with --card)")
       ->check(CLI::IsMember({"cpu", "gpu"}));
-  memory_app->add_option("--dtype", mem.dtype, "gpu: the experts' format (default: the card's or [model].dtype)")
+  memory_app->add_option("--dtype", mem.dtype, "the experts' format (default: the card's; cpu: [experts].dtype; gpu: [model].dtype)")
       ->check(CLI::IsMember(moed::placement::weight_format_names()));
   memory_app->add_option("--placement", mem.placement, "placement file (default: [placement].file)")->type_name("FILE");
   memory_app->add_option("--policy", mem.policy, "without a placement file: contiguous, round-robin or shuffled")

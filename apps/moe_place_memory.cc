@@ -62,10 +62,12 @@ Plan resolve(const MemoryArgs& a) {
   }
   const std::string target = a.target.empty() ? (p.card ? "gpu" : "cpu") : a.target;
   p.gpu = target == "gpu";
-  if (!a.dtype.empty() && !p.gpu)
-    MOED_THROW(Usage, "--dtype {}: moed's CPU path holds experts in f32; --dtype is for --target gpu", a.dtype);
-  const std::string dtype = !a.dtype.empty() ? a.dtype : p.card ? p.card->expert_dtype() : p.c.model.dtype;
-  p.held = weight_format(p.gpu ? dtype : "f32", "--dtype");
+  // The CPU path holds experts in [experts].dtype (the checkpoint's own by default).
+  const std::string dtype = !a.dtype.empty() ? a.dtype
+                            : p.card          ? p.card->expert_dtype()
+                            : p.gpu           ? p.c.model.dtype
+                                              : runtime::experts_dtype(p.c);
+  p.held = weight_format(dtype, "--dtype");
   p.overhead = a.overhead_mb >= 0 ? std::uint64_t(a.overhead_mb * 1048576.0)
                                   : p.gpu ? 0 : runtime::cpu_process_overhead_bytes();
   p.migration_in = std::uint64_t(a.migration_in), p.migration_out = std::uint64_t(a.migration_out);
@@ -76,8 +78,8 @@ Plan resolve(const MemoryArgs& a) {
 MemoryEstimate rank_estimate(const Plan& p, std::vector<SlotGroup> slots, int ranks, int rank) {
   RankMemoryInputs in = runtime::rank_memory_inputs(p.c, std::move(slots), ranks, rank);
   in.migration_in = p.migration_in, in.migration_out = p.migration_out;
+  in.expert_format = p.held;
   if (p.gpu) {
-    in.expert_format = p.held;
     in.pack_at_load = false;
     in.cpu_router = false;
   }

@@ -28,11 +28,16 @@ int generate_weights(const moed::runtime::Config& c, const std::string& path) {
   moed::runtime::SyntheticModel model{moed::runtime::ModelShape::from(c.model),
                                       std::uint64_t(c.model.seed),
                                       *moed::weights::parse_dtype(c.model.dtype)};
-  model.write(path, c.model.norm_eps);
-  std::cout << fmt::format("wrote {}: synthetic {} {}{}, {}, seed {}\n", path,
+  // The experts in [experts].dtype when it is a format checkpoints ship (fp8, mxfp4).
+  moed::kernels::WeightDtype experts = moed::kernels::WeightDtype::f32;
+  moed::kernels::parse_weight_dtype(moed::runtime::experts_dtype(c), &experts);
+  const bool shipped = experts == moed::kernels::WeightDtype::fp8 || experts == moed::kernels::WeightDtype::mxfp4;
+  model.write(path, c.model.norm_eps, shipped ? experts : moed::kernels::WeightDtype::f32);
+  std::cout << fmt::format("wrote {}: synthetic {} {}{}, {}{}, seed {}\n", path,
                            moed::runtime::name_of(model.shape().spec.family), model.shape().describe(),
                            model.shape().spec.describe_dense().empty() ? "" : " (" + model.shape().spec.describe_dense() + ")",
-                           c.model.dtype, c.model.seed);
+                           c.model.dtype, shipped ? fmt::format(", experts in {}", moed::kernels::to_string(experts)) : "",
+                           c.model.seed);
   return 0;
 }
 

@@ -14,18 +14,29 @@
 # ci/demo.sh --family F: the same shape in model family F (mixtral,
 # deepseek_v3, qwen3_moe, qwen2_moe, olmoe, gpt_oss), from a checkpoint
 # directory in F's names with its config.json (docs/model-families.md).
+#
+# ci/demo.sh --set KEY=VALUE (repeatable): a config key for every moed run,
+# e.g. --set experts.dtype=fp8 (the checkpoint is then written in fp8) or
+# --family gpt_oss --set experts.dtype=mxfp4 (docs/weight-formats.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dashboard="" family=""
+sets=()
+usage() { echo "usage: ci/demo.sh [--dashboard] [--family F] [--set KEY=VALUE]..." >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dashboard) dashboard=127.0.0.1:9464 ;;
     --family)
-      [ $# -ge 2 ] || { echo "usage: ci/demo.sh [--dashboard] [--family F]" >&2; exit 2; }
+      [ $# -ge 2 ] || usage
       family=$2
       shift
       ;;
-    *) echo "usage: ci/demo.sh [--dashboard] [--family F]" >&2; exit 2 ;;
+    --set)
+      [ $# -ge 2 ] || usage
+      sets+=(--set "$2")
+      shift
+      ;;
+    *) usage ;;
   esac
   shift
 done
@@ -38,9 +49,9 @@ mkdir -p "$out"
 weights=$out/model.safetensors
 if [ -n "$family" ]; then
   weights=$out/$family
-  ./build/apps/moed --config configs/demo.toml --family "$family" --generate-weights "$weights"
+  ./build/apps/moed --config configs/demo.toml --family "$family" "${sets[@]}" --generate-weights "$weights"
 else
-  ./build/apps/moed --generate-weights "$weights"
+  ./build/apps/moed --config configs/demo.toml "${sets[@]}" --generate-weights "$weights"
 fi
 
 mpirun_flags=(--oversubscribe --bind-to none)
@@ -65,7 +76,7 @@ mpirun "${mpirun_flags[@]}" -np 4 ./build/apps/moed \
   --set workload.steps=100000 --set "admin.dir=\"$PWD/$run\"" \
   --set "placement.committed=\"$PWD/$out/committed.toml\"" \
   --report-json "$out/report.json" \
-  "${extra[@]}" 2>"$out/moed.log" &
+  "${sets[@]}" "${extra[@]}" 2>"$out/moed.log" &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true' EXIT
 moectl() { ./build/apps/moectl --dir "$run" "$@"; }
@@ -108,7 +119,7 @@ wait $daemon
 
 # The same steps without any migration, in one process: the bits must match.
 steps=$(od -An -tu8 -j24 -N8 "$out/output.bin" | tr -d ' ')
-./build/apps/moed --config configs/demo.toml --weights "$weights" \
+./build/apps/moed --config configs/demo.toml --weights "$weights" "${sets[@]}" \
   --set workload.steps="$steps" --dump-output "$out/reference.bin" >/dev/null 2>>"$out/moed.log"
 if cmp -s "$out/output.bin" "$out/reference.bin"; then
   echo "outputs: bit-identical to the same $steps steps served by one process without migration"

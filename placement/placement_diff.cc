@@ -47,7 +47,7 @@ std::vector<std::pair<int, int>> count_by_island(const std::vector<int>& ranks,
     const int island = topology.island_of(r);
     auto it = std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.first == island; });
     if (it == out.end())
-      out.push_back({island, 1});
+      out.emplace_back(island, 1);
     else
       ++it->second;
   }

@@ -8,7 +8,9 @@
 // gain per byte is best, applied so that the result is a valid placement.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,10 @@ struct Move {
   int shard = 0, shards = 1;
   bool operator==(const Move&) const = default;
 };
+
+// The bytes a move of one shard of `shards` carries (1: a whole expert): its
+// weights in the format the ranks hold them, scales and biases included.
+using SlotBytes = std::function<std::size_t(int shards)>;
 
 // Renames the islands and ranks of `next` (a relabelling of the topology's
 // islands among themselves and of ranks within an island) to keep the most

@@ -18,7 +18,7 @@ struct WeightFormat {
   std::uint64_t bytes(std::uint64_t elements) const;
 };
 
-// "f32", "bf16", "f16", "fp8" (e4m3, f32 scale per 128x128), "mxfp4". A
+// "f32", "bf16", "f16", "fp8" (e4m3, f32 scale per 128x128), "mxfp4", "int8". A
 // Usage error naming `what` (e.g. "--dtype") and the names known otherwise.
 WeightFormat weight_format(const std::string& name, const std::string& what);
 const std::vector<std::string>& weight_format_names();

@@ -45,7 +45,9 @@ void add_bias(float* rows, std::size_t m, std::size_t width, std::size_t stride,
 void expert_ffn_up(const ExpertView& e, const float* x, std::size_t m, float* h13) {
   const std::size_t F = e.ffn, H = e.hidden;
   // [m, 2F]: W1 x in columns [0, F), W3 x in [F, 2F)
-  if (e.w13_packed)
+  if (e.w13_quant)
+    gemm_fixed_order(x, m, *e.w13_quant, h13);
+  else if (e.w13_packed)
     gemm_fixed_order(x, m, *e.w13_packed, h13);
   else
     gemm_xwt(x, m, H, e.w13, 2 * F, h13);
@@ -64,7 +66,9 @@ void expert_ffn(const ExpertView& e, const float* x, std::size_t m, float* y, fl
   const std::size_t F = e.ffn, H = e.hidden;
   expert_ffn_up(e, x, m, scratch);
   // y = act · W2ᵀ reading act with a row stride of 2F.
-  if (e.w2_packed)
+  if (e.w2_quant)
+    gemm_fixed_order(scratch, m, *e.w2_quant, y, /*lda=*/2 * F);
+  else if (e.w2_packed)
     gemm_fixed_order(scratch, m, *e.w2_packed, y, /*lda=*/2 * F);
   else
     gemm_xwt(scratch, m, F, e.w2, H, y, /*lda=*/2 * F);
@@ -76,7 +80,9 @@ void expert_ffn_down_chunk(const ExpertView& e, const float* h13, std::size_t m,
   MOED_CHECK(e.chunks >= 1 && F % e.chunks == 0 && chunk < e.chunks, "chunk {} of {} over an F of {}", chunk,
              e.chunks, F);
   const std::size_t width = F / e.chunks, first = chunk * width;
-  if (e.w2_packed)
+  if (e.w2_quant)
+    gemm_fixed_order_range(h13 + first, m, *e.w2_quant, first, first + width, y, /*lda=*/2 * F);
+  else if (e.w2_packed)
     gemm_fixed_order_range(h13 + first, m, *e.w2_packed, first, first + width, y, /*lda=*/2 * F);
   else
     gemm_xwt(h13 + first, m, width, e.w2 + first, H, y, /*lda=*/2 * F, /*ldw=*/F);

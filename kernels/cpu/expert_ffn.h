@@ -21,6 +21,7 @@
 #include <cstddef>
 
 #include "kernels/cpu/fixed_order_gemm.h"
+#include "kernels/cpu/quant_weights.h"
 
 namespace moed::kernels {
 
@@ -30,10 +31,11 @@ struct ExpertActivation {
   float alpha = 1.702f, limit = 7.0f;
 };
 
-// One expert's weights in fp32. W1 and W3 are stacked into one [2F, H] matrix
+// One expert's weights. W1 and W3 are stacked into one [2F, H] matrix
 // (rows [0, F) are W1, rows [F, 2F) are W3) so the up-projection is a single
 // GEMM. Either packed for the fixed-order GEMM (the default: a row's bits do
-// not depend on its batch) or in torch Linear layout for OpenBLAS.
+// not depend on its batch), in fp32 or in a compact format
+// ([experts].dtype: quant_weights.h), or in fp32 torch Linear layout for OpenBLAS.
 struct ExpertView {
   const PackedWeights* w13_packed = nullptr;  // [2F, H]
   const PackedWeights* w2_packed = nullptr;   // [H, F]
@@ -49,6 +51,9 @@ struct ExpertView {
   const float* b13 = nullptr;
   const float* b2 = nullptr;
   ExpertActivation activation;
+  // Compact weights (either both or neither), used in place of the packed fp32 ones.
+  const QuantWeights* w13_quant = nullptr;  // [2F, H]
+  const QuantWeights* w2_quant = nullptr;   // [H, F]
 };
 
 // Scratch floats expert_ffn needs for m rows.

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/error.h"
 #include "common/rng.h"
 #include "kernels/cpu/fixed_order_tile.h"
+#include "kernels/cpu/quant_weights.h"
 
 namespace moed::kernels {
 
@@ -29,6 +31,8 @@ constexpr std::size_t kKBlock = 256;
 constexpr std::size_t kRowBlock = 288;
 constexpr std::size_t kPanelBlock = 16;
 constexpr std::size_t kMaxTileRows = 12;  // the largest tile_rows of a kernel
+// The register-decoding tiles read A as the AVX-512 kernel packs it.
+static_assert(detail::kQuantTileRows == kMaxTileRows);
 
 float* allocate_floats(std::size_t count) {
   if (count == 0) return nullptr;
@@ -100,36 +104,94 @@ struct PanelBlock {
   bool first;
 };
 
+// Where the tiles find a panel's fp32 steps: packed fp32 weights in place;
+// compact ones (quant_weights.h) decoded into a buffer, slot 0 or 1 (the
+// two panels of a pair), just before the tiles use them.
+struct F32Panels {
+  const PackedWeights& w;
+  std::size_t n() const { return w.n(); }
+  std::size_t panels() const { return w.panels(); }
+  const float* steps(std::size_t p, std::size_t k0, std::size_t, int) const { return w.panel(p) + k0 * kP; }
+};
+struct DecodedPanels {
+  const QuantWeights& w;
+  // Set where each step is decoded in registers instead (few rows, AVX-512).
+  detail::QuantTileKernel fused = nullptr;
+  detail::QuantTile4Kernel fused4 = nullptr;
+  std::size_t n() const { return w.n(); }
+  std::size_t panels() const { return w.panels(); }
+  const float* steps(std::size_t p, std::size_t k0, std::size_t kc, int slot) const {
+    // 64-byte aligned: the AVX-512 tiles load panels with aligned loads.
+    alignas(64) thread_local float buffer[2 * kKBlock * kP];
+    float* out = buffer + std::size_t(slot) * kKBlock * kP;
+    w.decode_panel(p, k0, kc, out);
+    return out;
+  }
+};
+
+// Runs `tile(a, rows, c, ldc)` for each tile of the row block against panel
+// p: in C itself, or for a panel running past n in a buffer that holds the
+// chains' state, then copied.
+template <class Tile>
+void each_tile(std::size_t tile_rows, const float* a_block, std::size_t rows_in_block, std::size_t p, std::size_t n,
+               const PanelBlock& b, float* c, std::size_t ldc, Tile&& tile) {
+  const std::size_t j0 = p * kP, cols = std::min(kP, n - j0);
+  float edge[kMaxTileRows * kP];
+  for (std::size_t i = 0; i < rows_in_block; i += tile_rows) {
+    const std::size_t rows = std::min(tile_rows, rows_in_block - i);
+    const float* at = a_block + i * b.kc;
+    float* ct = c + i * ldc + j0;
+    if (cols == kP) {
+      tile(at, rows, ct, ldc);
+      continue;
+    }
+    if (!b.first)
+      for (std::size_t r = 0; r < rows; ++r) std::copy(ct + r * ldc, ct + r * ldc + cols, edge + r * kP);
+    tile(at, rows, edge, kP);
+    for (std::size_t r = 0; r < rows; ++r) std::copy(edge + r * kP, edge + r * kP + cols, ct + r * ldc);
+  }
+}
+
 // One row block's tiles against one block of panels and k: C[rows, those
 // panels' columns] (c points at the row block's first row).
+template <class Panels>
 void run_panel_block(const detail::FixedOrderKernel& kernel, const float* a_block, std::size_t rows_in_block,
-                     const PackedWeights& w, const PanelBlock& b, float* c, std::size_t ldc) {
+                     const Panels& w, const PanelBlock& b, float* c, std::size_t ldc) {
   const std::size_t n = w.n();
   std::size_t p = b.p_begin;
   if (kernel.pair)  // pairs of whole panels first
-    for (; p + 2 <= b.p_end && (p + 2) * kP <= n; p += 2)
+    for (; p + 2 <= b.p_end && (p + 2) * kP <= n; p += 2) {
+      const float* panel0 = w.steps(p, b.k0, b.kc, 0);
+      const float* panel1 = w.steps(p + 1, b.k0, b.kc, 1);
       for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
         const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
-        kernel.pair(a_block + i * b.kc, rows, w.panel(p) + b.k0 * kP, w.panel(p + 1) + b.k0 * kP, b.kc,
-                    c + i * ldc + p * kP, ldc, b.first);
+        kernel.pair(a_block + i * b.kc, rows, panel0, panel1, b.kc, c + i * ldc + p * kP, ldc, b.first);
       }
-  float edge[kMaxTileRows * kP];  // a tile whose panel runs past n: computed here, then copied
-  for (; p < b.p_end; ++p) {
-    const float* panel = w.panel(p) + b.k0 * kP;
-    const std::size_t j0 = p * kP, cols = std::min(kP, n - j0);
-    for (std::size_t i = 0; i < rows_in_block; i += kernel.tile_rows) {
-      const std::size_t rows = std::min(kernel.tile_rows, rows_in_block - i);
-      const float* at = a_block + i * b.kc;
-      float* ct = c + i * ldc + j0;
-      if (cols == kP) {
-        kernel.tile(at, rows, panel, b.kc, ct, ldc, b.first);
-        continue;
-      }
-      if (!b.first)
-        for (std::size_t r = 0; r < rows; ++r) std::copy(ct + r * ldc, ct + r * ldc + cols, edge + r * kP);
-      kernel.tile(at, rows, panel, b.kc, edge, kP, b.first);
-      for (std::size_t r = 0; r < rows; ++r) std::copy(edge + r * kP, edge + r * kP + cols, ct + r * ldc);
     }
+  for (; p < b.p_end; ++p) {
+    const float* panel = w.steps(p, b.k0, b.kc, 0);
+    each_tile(kernel.tile_rows, a_block, rows_in_block, p, n, b, c, ldc,
+              [&](const float* at, std::size_t rows, float* ct, std::size_t ldc_t) {
+                kernel.tile(at, rows, panel, b.kc, ct, ldc_t, b.first);
+              });
+  }
+}
+
+// The same with compact weights decoded in the tiles' registers.
+void run_fused_panel_block(const DecodedPanels& w, const float* a_block, std::size_t rows_in_block,
+                           const PanelBlock& b, float* c, std::size_t ldc) {
+  std::size_t p = b.p_begin;
+  if (rows_in_block <= detail::kQuantTile4Rows)  // fours of whole panels first
+    for (; p + 4 <= b.p_end && (p + 4) * kP <= w.n(); p += 4) {
+      const detail::QuantPanel four[4] = {w.w.panel(p), w.w.panel(p + 1), w.w.panel(p + 2), w.w.panel(p + 3)};
+      w.fused4(four, b.k0, a_block, rows_in_block, b.kc, c + p * kP, ldc, b.first);
+    }
+  for (; p < b.p_end; ++p) {
+    const detail::QuantPanel panel = w.w.panel(p);
+    each_tile(detail::kQuantTileRows, a_block, rows_in_block, p, w.n(), b, c, ldc,
+              [&](const float* at, std::size_t rows, float* ct, std::size_t ldc_t) {
+                w.fused(panel, b.k0, at, rows, b.kc, ct, ldc_t, b.first);
+              });
   }
 }
 
@@ -205,9 +267,13 @@ void gemm_fixed_order(const float* a, std::size_t m, const PackedWeights& w, flo
   gemm_fixed_order_range(a, m, w, 0, w.k(), c, lda, ldc);
 }
 
-void gemm_fixed_order_range(const float* a, std::size_t m, const PackedWeights& w, std::size_t k_begin,
-                            std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
-  MOED_CHECK(k_begin <= k_end && k_end <= w.k(), "k range [{}, {}) of a matrix with k {}", k_begin, k_end, w.k());
+namespace {
+
+// The GEMM over any panels: see gemm_fixed_order_range.
+template <class Panels>
+void run_gemm(const float* a, std::size_t m, const Panels& w, std::size_t k_begin, std::size_t k_end, float* c,
+              std::size_t lda, std::size_t ldc, std::size_t w_k) {
+  MOED_CHECK(k_begin <= k_end && k_end <= w_k, "k range [{}, {}) of a matrix with k {}", k_begin, k_end, w_k);
   const std::size_t n = w.n(), k = k_end - k_begin;
   lda = lda ? lda : k;
   ldc = ldc ? ldc : n;
@@ -233,9 +299,41 @@ void gemm_fixed_order_range(const float* a, std::size_t m, const PackedWeights& 
       for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
         const PanelBlock block{p_begin, std::min(w.panels(), p_begin + kPanelBlock), k_begin + k0,
                                std::min(kKBlock, k - k0), k0 == 0};
+        if constexpr (std::is_same_v<Panels, DecodedPanels>)
+          if (w.fused) {
+            run_fused_panel_block(w, packed_a.data() + k0 * rows_in_block, rows_in_block, block, c + i0 * ldc, ldc);
+            continue;
+          }
         run_panel_block(kernel, packed_a.data() + k0 * rows_in_block, rows_in_block, w, block, c + i0 * ldc, ldc);
       }
   }
+}
+
+}  // namespace
+
+void gemm_fixed_order_range(const float* a, std::size_t m, const PackedWeights& w, std::size_t k_begin,
+                            std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
+  run_gemm(a, m, F32Panels{w}, k_begin, k_end, c, lda, ldc, w.k());
+}
+
+void gemm_fixed_order(const float* a, std::size_t m, const QuantWeights& w, float* c, std::size_t lda,
+                      std::size_t ldc) {
+  gemm_fixed_order_range(a, m, w, 0, w.k(), c, lda, ldc);
+}
+
+void gemm_fixed_order_range(const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
+                            std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
+  DecodedPanels panels{w};
+#if MOED_X86_TILES
+  // Up to two tiles of rows: decoding in registers per tile beats decoding
+  // once to memory; beyond, the decoded panel is shared by more tiles.
+  static const bool has_bw = __builtin_cpu_supports("avx512bw");
+  if (g_isa == GemmIsa::avx512 && has_bw && m <= 2 * detail::kQuantTileRows) {
+    panels.fused = detail::avx512_quant_tile();
+    panels.fused4 = detail::avx512_quant_tile4();
+  }
+#endif
+  run_gemm(a, m, panels, k_begin, k_end, c, lda, ldc, w.k());
 }
 
 namespace detail {

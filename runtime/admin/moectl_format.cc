@@ -238,6 +238,16 @@ std::string format_placement(const json& answer) {
                                 ranks, cells.size());
   if (auto e = int_field(answer, "experts"); e >= 0) out += fmt::format(", {} experts", e);
   out += "\n";
+  if (const json slot = answer.value("slot", json()); slot.is_object() && slot.value("bytes", json()).is_number()) {
+    out += fmt::format("slots hold experts in {}: {:.3f} MB each", slot.value("dtype", json("?")).is_string()
+                                                                         ? slot["dtype"].get<std::string>()
+                                                                         : "?",
+                       slot["bytes"].get<double>() / 1e6);
+    if (const json shards = slot.value("shard_bytes", json()); shards.is_object())
+      for (const auto& [count, bytes] : shards.items())
+        if (bytes.is_number()) out += fmt::format(", a shard of {}: {:.3f} MB", count, bytes.get<double>() / 1e6);
+    out += "\n";
+  }
   if (const json groups = answer.value("expert_groups", json()); groups.is_object())
     out += fmt::format("experts in {} groups of {} (ids in order); a token's experts come from {} of them\n",
                        int_field(groups, "groups"), int_field(groups, "size"), int_field(groups, "kept"));

@@ -191,6 +191,10 @@ const config::Section<ExpertsConfig>& experts_section() {
                      "(S must divide this) gives the same bits; must divide [model].ffn; above 1, "
                      "single-expert answers travel as int64, not fp32 (part of the numerics: runs "
                      "compare bit for bit only with equal values)"),
+          choice<C>("dtype", &C::dtype, "auto", {"auto", "f32", "bf16", "fp8", "mxfp4", "int8"},
+                    "format experts are held and moved in (docs/weight-formats.md): auto = the checkpoint's "
+                    "own; fp8 and mxfp4 come from checkpoints (or synthetic weights) in them, int8 "
+                    "quantizes per output channel at load; the router stays fp32"),
       });
   return s;
 }
@@ -389,6 +393,7 @@ void resolve_model(ModelConfig& m, const std::set<std::string>& given) {
       m.dtype = hf.torch_dtype == "bfloat16" ? "bf16" : "f32";
     m.spec = std::move(hf.spec);
     m.checkpoint_dir = m.weights;
+    m.checkpoint_experts = hf.expert_format;
     return;
   }
   // Before the spec's own checks, which would name config.json's keys.
@@ -396,9 +401,15 @@ void resolve_model(ModelConfig& m, const std::set<std::string>& given) {
   SyntheticKeys keys{forced.value_or(Family::mixtral), m.groups, m.groups_kept, m.shared_experts, m.dense_layers};
   m.spec = synthetic_spec(keys, {m.layers, m.experts, m.top_k, m.hidden, m.ffn, m.norm_eps});
   m.checkpoint_dir.clear();
+  m.checkpoint_experts.clear();
 }
 
 }  // namespace
+
+std::string experts_dtype(const Config& c) {
+  if (c.experts.dtype != "auto") return c.experts.dtype;
+  return c.model.checkpoint_experts.empty() ? c.model.dtype : c.model.checkpoint_experts;
+}
 
 void validate_config(const Config& c) {
   const auto& m = c.model;

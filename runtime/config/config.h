@@ -60,6 +60,9 @@ struct ModelConfig {
   ModelSpec spec;
   // The directory holding config.json ("" for synthetic weights or a bare file).
   std::string checkpoint_dir;
+  // The format the checkpoint ships its experts in, from config.json's
+  // quantization_config ("fp8", "mxfp4"); "" when they are plain [model].dtype.
+  std::string checkpoint_experts;
 };
 
 struct RouterConfig {
@@ -100,6 +103,7 @@ struct ExpertsConfig {
   Isa isa = Isa::automatic;
   std::int64_t chunk_rows = 0, blas_threads = 1;
   std::int64_t ffn_chunks = 1;
+  std::string dtype = "auto";  // "auto" or a kernels::WeightDtype's name
 };
 
 struct EngineConfig {
@@ -170,6 +174,9 @@ ModelSpec model_spec(const ModelConfig& m);
 inline LayerNumbers layer_numbers(const ModelConfig& m) { return LayerNumbers(model_spec(m).moe_layers); }
 // Checks between keys (top_k <= experts, ...); load_config calls it.
 void validate_config(const Config& c);
+// The format experts are held in: [experts].dtype, or for "auto" the
+// checkpoint's own (its quantization_config's, else [model].dtype).
+std::string experts_dtype(const Config& c);
 // TOML with each key's doc, allowed values and default as comments.
 void print_config(std::ostream& os, const Config& c);
 

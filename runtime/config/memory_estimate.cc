@@ -42,8 +42,8 @@ RankMemoryInputs rank_memory_inputs(const Config& c, std::vector<placement::Slot
   in.expert_bias = spec.expert.biases;
   in.shared_ffn = std::uint64_t(spec.shared_ffn);
   if (c.model.serve_dense) in.dense_layers = spec.dense_layers().size(), in.dense_ffn = std::uint64_t(spec.dense_ffn);
-  // The CPU path holds and moves every expert in fp32, whatever the file's dtype.
-  in.expert_format = placement::weight_format("f32", "[model].dtype");
+  // The CPU path holds and moves experts in [experts].dtype.
+  in.expert_format = placement::weight_format(experts_dtype(c), "[experts].dtype");
   in.slots = std::move(slots);
   in.pack_at_load = c.experts.gemm == Gemm::fixed_order;
   in.cpu_router = true;

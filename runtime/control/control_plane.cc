@@ -22,7 +22,7 @@ using nlohmann::json;
 ControlPlane::ControlPlane(ControlContext context)
     : c_(context),
       numbers_(layer_numbers(context.config.model)),
-      coordinator_(context.store.slot_floats() * sizeof(float), context.stats != nullptr, numbers_),
+      coordinator_([&store = context.store](int shards) { return store.slot_bytes(shards); }, context.stats != nullptr, numbers_),
       stats_writes_("the statistics file " + context.config.stats.file),
       windows_(comm::rma_weight_movers(context.transport), context.rank),
       faults_(MigrationFaults::from_env()) {
@@ -275,7 +275,10 @@ void ControlPlane::commit_placement() {
 
 void ControlPlane::publish_placement() {
   const RouterSpec& router = model_spec(c_.config.model).router;
-  c_.snapshot.set_placement(placement_json(c_.placement, numbers_, {router.groups, router.groups_kept}));
+  const ExpertStore& store = c_.store;
+  c_.snapshot.set_placement(placement_json(c_.placement, numbers_, {router.groups, router.groups_kept},
+                                           {kernels::to_string(store.dtype()),
+                                            [&store](int shards) { return store.slot_bytes(shards); }}));
 }
 
 json ControlPlane::migration_json() const { return runtime::migration_json(coordinator_.migration(), numbers_); }

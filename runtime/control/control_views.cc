@@ -14,13 +14,15 @@ json predicted_json(const placement::Cost& now, const placement::Cost& after) {
           {"link_cost_per_token", pair(now.link_cost_per_token, after.link_cost_per_token)}};
 }
 
-json placement_json(const placement::Placement& p, const LayerNumbers& numbers, ExpertGroups groups) {
-  json layers = json::array(), split = json::array();
+json placement_json(const placement::Placement& p, const LayerNumbers& numbers, ExpertGroups groups,
+                    const SlotFormat& slot) {
+  json layers = json::array(), split = json::array(), shard_bytes = json::object();
   for (int l = 0; l < p.layers(); ++l) {
     json experts = json::array(), split_here = json::array();
     for (int e = 0; e < p.experts(); ++e) {
       experts.push_back(p.replicas(l, e));
       if (p.sharded(l, e)) split_here.push_back(e);
+      if (p.sharded(l, e) && slot.bytes) shard_bytes[std::to_string(p.shards(l, e))] = slot.bytes(p.shards(l, e));
     }
     layers.push_back(experts);
     split.push_back(split_here);
@@ -30,6 +32,7 @@ json placement_json(const placement::Placement& p, const LayerNumbers& numbers, 
   json out = {{"epoch", p.epoch()},     {"ranks", p.ranks()}, {"layers", p.layers()},
               {"experts", p.experts()}, {"slots", layers},    {"split", split},
               {"model_layers", numbers.all(p.layers())}};
+  if (slot.bytes) out["slot"] = {{"dtype", slot.dtype}, {"bytes", slot.bytes(1)}, {"shard_bytes", shard_bytes}};
   if (groups.groups > 1)
     out["expert_groups"] = {{"groups", groups.groups}, {"kept", groups.kept}, {"size", p.experts() / groups.groups}};
   return out;

@@ -21,8 +21,15 @@ namespace moed::runtime {
 struct ExpertGroups {
   int groups = 1, kept = 1;
 };
+// What a slot holds: its experts' format ([experts].dtype) and the bytes of
+// one shard of S (1: a whole expert); "slot": {"dtype", "bytes", and
+// "shard_bytes": {"S": bytes} for the shard counts the placement has}.
+struct SlotFormat {
+  std::string dtype;
+  placement::SlotBytes bytes;
+};
 nlohmann::json placement_json(const placement::Placement& p, const LayerNumbers& numbers = {},
-                              ExpertGroups groups = {});
+                              ExpertGroups groups = {}, const SlotFormat& slot = {});
 // Per layer: tokens, the hottest expert and its load over the mean, the most
 // co-activated pair.
 nlohmann::json stats_summary(const routing::RoutingStats& stats, const LayerNumbers& numbers = {});

@@ -25,13 +25,13 @@ std::uint64_t weights_checksum(const void* data, std::size_t bytes) {
   return h ^ bytes;
 }
 
-std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, std::size_t slot_bytes,
+std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, const SlotBytes& slot_bytes,
                                         int ranks, std::vector<std::size_t>* bytes_per_rank) {
   std::vector<std::size_t> next(ranks, 0), offsets(moves.size(), 0);
   for (std::size_t i = 0; i < moves.size(); ++i) {
     if (moves[i].to < 0) continue;
     offsets[i] = next[moves[i].to];
-    next[moves[i].to] += slot_bytes / std::size_t(moves[i].shards);
+    next[moves[i].to] += slot_bytes(moves[i].shards);
   }
   if (bytes_per_rank) *bytes_per_rank = next;
   return offsets;
@@ -74,7 +74,7 @@ MigrationTransfer::MigrationTransfer(std::uint64_t id, std::vector<placement::Mo
       ranks_(ranks),
       store_(store),
       faults_(faults),
-      slot_bytes_(store.slot_floats() * sizeof(float)),
+      slot_bytes_([&store](int shards) { return store.slot_bytes(shards); }),
       windows_(windows) {}
 
 MigrationTransfer::~MigrationTransfer() {
@@ -119,7 +119,7 @@ std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_
     MOED_CHECK(store_.shard_of(m.layer, m.expert) == std::pair(m.shard, m.shards),
                "migration {}: rank {} is to send shard {} of {} of layer {} expert {}, which it does not hold", id_,
                rank_, m.shard, m.shards, m.layer, m.expert);
-    store_.copy_slot(m.layer, m.expert, reinterpret_cast<float*>(window_->local().data() + at));
+    store_.copy_slot(m.layer, m.expert, reinterpret_cast<std::uint8_t*>(window_->local().data() + at));
     outgoing_.emplace_back(i, at);
     at += move_bytes(m);
     to_send_ += move_bytes(m);
@@ -179,7 +179,7 @@ void MigrationTransfer::install() {
   for (std::size_t i = 0; i < moves_.size(); ++i)
     if (moves_[i].to == rank_)
       store_.add_slot(moves_[i].layer, moves_[i].expert,
-                      reinterpret_cast<const float*>(window_->local().data() + offsets_[i]), moves_[i].shard,
+                      reinterpret_cast<const std::uint8_t*>(window_->local().data() + offsets_[i]), moves_[i].shard,
                       moves_[i].shards);
 }
 

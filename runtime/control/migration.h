@@ -29,13 +29,16 @@
 
 namespace moed::runtime {
 
+using placement::SlotBytes;
+
 // 64-bit checksum of a byte range (FNV-1a over 8-byte words, then the tail).
 std::uint64_t weights_checksum(const void* data, std::size_t bytes);
 
 // Where each destination's incoming slots sit in its window: for move i,
 // the byte offset in window of moves[i].to (0 for moves without a destination).
-// slot_bytes is a whole expert's; a shard's move carries 1/shards of it.
-std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, std::size_t slot_bytes,
+// slot_bytes(S) is what a move of one shard of S carries (S = 1: a whole
+// expert; ExpertStore::slot_bytes).
+std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, const SlotBytes& slot_bytes,
                                         int ranks, std::vector<std::size_t>* bytes_per_rank = nullptr);
 
 // Test hooks (runtime/control/fault_injection.h): the ranks that fail as a source,
@@ -103,9 +106,9 @@ class MigrationTransfer {
   int rank_, ranks_;
   ExpertStore& store_;
   MigrationFaults faults_;
-  std::size_t move_bytes(const placement::Move& m) const { return slot_bytes_ / std::size_t(m.shards); }
+  std::size_t move_bytes(const placement::Move& m) const { return slot_bytes_(m.shards); }
 
-  std::size_t slot_bytes_;  // a whole expert's
+  SlotBytes slot_bytes_;
   std::vector<std::size_t> offsets_;
   MigrationWindows& windows_;
   comm::WeightMover* window_ = nullptr;  // from windows_

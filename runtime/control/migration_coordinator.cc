@@ -45,8 +45,8 @@ ControlAction action(ControlAction::Kind kind, std::uint64_t migration) {
 }
 }  // namespace
 
-MigrationCoordinator::MigrationCoordinator(std::size_t slot_bytes, bool stats_kept, LayerNumbers numbers)
-    : slot_bytes_(slot_bytes), stats_kept_(stats_kept), numbers_(std::move(numbers)) {}
+MigrationCoordinator::MigrationCoordinator(SlotBytes slot_bytes, bool stats_kept, LayerNumbers numbers)
+    : slot_bytes_(std::move(slot_bytes)), stats_kept_(stats_kept), numbers_(std::move(numbers)) {}
 
 void MigrationCoordinator::begin_boundary() {
   actions_.clear();
@@ -131,7 +131,7 @@ void MigrationCoordinator::start(std::vector<placement::Move> moves, const std::
   m.id = next_id_++;
   m.moves = std::move(moves);
   m.why = why;
-  for (const auto& mv : m.moves) m.bytes += mv.to >= 0 ? slot_bytes_ / std::size_t(mv.shards) : 0;
+  for (const auto& mv : m.moves) m.bytes += mv.to >= 0 ? slot_bytes_(mv.shards) : 0;
   m.expected.assign(m.moves.size(), 0);
   for (double ms : steady_step_ms_) m.step_ms_before.add(ms);
   spdlog::info("migration {} ({}): {} slot move(s), {:.1f} MB", m.id, why, m.moves.size(), double(m.bytes) / 1e6);

@@ -29,6 +29,8 @@
 
 namespace moed::runtime {
 
+using placement::SlotBytes;
+
 enum class MigrationState { prepare, transfer, verify, commit, release, committed, aborted };
 std::string_view state_name(MigrationState state);
 
@@ -82,7 +84,7 @@ class MigrationCoordinator {
   // slot_bytes: the bytes one expert slot moves; stats_kept: whether
   // reoptimize has statistics to plan from.
   // `numbers`: the model layer numbers its messages name layers by.
-  MigrationCoordinator(std::size_t slot_bytes, bool stats_kept, LayerNumbers numbers = {});
+  MigrationCoordinator(SlotBytes slot_bytes, bool stats_kept, LayerNumbers numbers = {});
 
   // Runs on rank 0 before a commit is decided, with the migration and the
   // epoch it would commit: writes what must survive the switch (the committed
@@ -130,7 +132,7 @@ class MigrationCoordinator {
   void abort(const std::string& why);
   void advance(std::uint64_t epoch);
 
-  std::size_t slot_bytes_;
+  SlotBytes slot_bytes_;
   bool stats_kept_;
   LayerNumbers numbers_;
   BeforeCommit before_commit_;

@@ -21,6 +21,7 @@
 #include "common/rng.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quant_weights.h"
 #include "launch/hwloc_topology.h"
 #include "launch/launch_env.h"
 #include "launch/numa_binding.h"
@@ -262,7 +263,18 @@ Numerics probe_numerics(const Config& c) {
     kernels::InvarianceProbe probe = kernels::probe_row_invariance(16 + n % 16, std::min<std::size_t>(k, 600));
     if (!probe.invariant) return {false, "NOT batch-invariant: the start-up probe failed: " + probe.detail};
   }
-  const std::string isa = kernels::to_string(kernels::gemm_isa());
+  // The experts' own format: its decoders and GEMM at the experts' shapes
+  // (k rounded down to the format's scale grain, which mxfp4 requires).
+  kernels::WeightDtype held = kernels::WeightDtype::f32;
+  kernels::parse_weight_dtype(experts_dtype(c), &held);
+  if (experts_fixed && held != kernels::WeightDtype::f32)
+    for (std::size_t k : {H, F}) {
+      const std::size_t grain = kernels::column_grain(held), probe_k = std::max(grain, std::min<std::size_t>(k, 600) / grain * grain);
+      kernels::InvarianceProbe probe = kernels::probe_row_invariance(held, 16 + (2 * F) % 16, probe_k);
+      if (!probe.invariant) return {false, "NOT batch-invariant: the start-up probe failed: " + probe.detail};
+    }
+  const std::string isa = kernels::to_string(kernels::gemm_isa()) +
+                          (held == kernels::WeightDtype::f32 ? "" : fmt::format(", experts in {}", kernels::to_string(held)));
   if (!experts_fixed)
     return {false, fmt::format("experts on OpenBLAS sgemm ([experts].gemm): bit-exact across ranks and "
                                "placements, not across batches; router on the fixed-order GEMM ({})",
@@ -468,12 +480,12 @@ void Daemon::Startup::announce() {
       d.store_->shared_bytes() ? fmt::format(" + {:.1f} MB every rank holds (shared experts, dense layers)",
                                              double(d.store_->shared_bytes()) / 1e6)
                                : "";
-  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB){}, {}",
+  spdlog::info("on {} (local rank {} of {}, launched by {}; {}), island {}, {} expert slots ({:.1f} MB in {}){}, {}",
                where_.host, where_.local_rank, where_.local_size, where_.launcher,
                launch::describe_binding(where_, launch::probe_binding(/*gpu_count=*/0)) + "; " +
                    binding_.description,
-               d.topology_->island_of(d.rank_), d.store_->slots(), double(d.store_->expert_bytes()) / 1e6, whole,
-               tokens);
+               d.topology_->island_of(d.rank_), d.store_->slots(), double(d.store_->expert_bytes()) / 1e6,
+               kernels::to_string(d.store_->dtype()), whole, tokens);
 
   d.start_placement_ = describe_placement(c_, d.placement_);
   d.start_epoch_ = d.placement_.epoch();

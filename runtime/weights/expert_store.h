@@ -1,15 +1,18 @@
 // The weights one rank serves with: every layer's router gate and norm (the
-// router is replicated), its shared expert (every rank holds it whole) and
-// the experts of this rank's slots, in fp32, read in the model family's
-// names and layout (runtime/weights/model.h). With
-// [experts].gemm = "fixed-order" the experts are held packed for that GEMM
-// (packed once, at load or when a migrated slot arrives), else row-major.
+// router is replicated, and always fp32), its shared expert (every rank holds
+// it whole) and the experts of this rank's slots, read in the model family's
+// names and layout (runtime/weights/model.h). Experts, shared experts and
+// dense layers are held in [experts].dtype (kernels/cpu/weight_codes.h): a
+// checkpoint's own format by default. With [experts].gemm = "fixed-order"
+// they are held packed for that GEMM (packed once, at load or when a
+// migrated slot arrives), else row-major fp32 for OpenBLAS.
 // A slot may hold one shard of a split expert (placement/placement.h): its
 // F/S rows of W1 and W3 and columns of W2 (kernels/cpu/expert_ffn.h), served
 // as a view of F/S and [experts].ffn_chunks / S canonical chunks.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <utility>
 #include <vector>
@@ -29,10 +32,11 @@ struct LayerWeights {
   std::vector<float> shared_gate;     // [hidden] (Qwen2-MoE's shared_expert_gate), else empty
 };
 
-// An expert's tensors as loaded, in moed's layout: W1|W3 [2F, H], W2 [H, F]
-// and (biased families) b1|b3 [2F], b2 [H].
+// An expert's tensors as loaded, in moed's layout and the format held:
+// W1|W3 [2F, H], W2 [H, F] and (biased families) b1|b3 [2F], b2 [H] in fp32.
 struct ExpertTensors {
-  std::vector<float> w13, w2, b13, b2;
+  kernels::EncodedMatrix w13, w2;
+  std::vector<float> b13, b2;
 };
 
 class ExpertStore {
@@ -59,28 +63,29 @@ class ExpertStore {
   int dense_model_layer(int d) const { return dense_.at(std::size_t(d)).model_layer; }
   const std::vector<float>& dense_norm(int d) const { return dense_.at(std::size_t(d)).norm; }
   kernels::ExpertView dense_ffn(int d) const;
-  std::size_t expert_bytes() const;  // fp32 bytes of the held slots (shards: 1/S)
-  std::size_t shared_bytes() const;  // fp32 bytes of the shared experts and dense layers
+  std::size_t expert_bytes() const;  // bytes of the held slots, as slot_bytes counts them
+  std::size_t shared_bytes() const;  // bytes of the shared experts and dense layers
   int slots() const;
 
   bool packed() const { return packed_; }
+  kernels::WeightDtype dtype() const { return dtype_; }
 
-  // Live migration moves slots as flat fp32 arrays: W1|W3 ([2F, H]) then W2
-  // ([H, F]), row-major whichever way the two ranks hold them, then the
-  // biases when the family has them (b1|b3 [2F], b2 [H]); a shard's are its
-  // own ([2F/S, H], [H, F/S], [2F/S], and b2 whole), slot_floats(S) floats.
-  std::size_t slot_floats(int shards = 1) const {
-    const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn), S = std::size_t(shards);
-    return 3 * H * F / S + (biased() ? 2 * F / S + H : 0);
-  }
-  void copy_slot(int layer, int expert, float* out) const;  // slot_floats(its shards) floats
+  // Live migration moves a slot as its bytes in the format held
+  // (kernels/cpu/encoded_matrix.h, row-major whichever way the two ranks
+  // pack them): W1|W3 ([2F, H]), then W2 ([H, F]), each its codes then its
+  // scales, then the biases in fp32 when the family has them (b1|b3 [2F],
+  // b2 [H]); a shard's are its own ([2F/S, H], [H, F/S], [2F/S], and b2
+  // whole): slot_bytes(S) bytes.
+  std::size_t slot_bytes(int shards = 1) const;
+  void copy_slot(int layer, int expert, std::uint8_t* out) const;  // slot_bytes(its shards) bytes
   // Installs shard `shard` of `shards` (0 of 1: a whole copy).
-  void add_slot(int layer, int expert, const float* weights, int shard = 0, int shards = 1);
+  void add_slot(int layer, int expert, const std::uint8_t* bytes, int shard = 0, int shards = 1);
   void drop_slot(int layer, int expert);
 
  private:
-  // One of the two forms, as packed_ says.
+  // One of the three forms: compact (dtype_ not f32), packed fp32 or row-major fp32 (packed_).
   struct Slot {
+    kernels::QuantWeights w13_quant, w2_quant;
     kernels::PackedWeights w13_packed, w2_packed;
     std::vector<float> w13;  // [2F/S, H]
     std::vector<float> w2;   // [H, F/S]
@@ -91,11 +96,17 @@ class ExpertStore {
   };
   bool biased() const { return shape_.spec.expert.biases; }
   Slot make_slot(ExpertTensors t, std::size_t ffn, int shard, int shards) const;
+  Slot bare_slot(std::vector<float> b13, std::vector<float> b2, std::size_t ffn, int shard, int shards) const;
+  Slot f32_slot(const float* w13, const float* w2, std::vector<float> b13, std::vector<float> b2, std::size_t ffn,
+                int shard, int shards) const;
+  // A compact slot's W1|W3 and W2 back in the format held.
+  std::pair<kernels::EncodedMatrix, kernels::EncodedMatrix> encoded(const Slot& slot) const;
   kernels::ExpertView view_of(const Slot& slot, std::size_t chunks) const;
   const Slot* find(int layer, int expert) const;
 
   ModelShape shape_;
   bool packed_ = true;
+  kernels::WeightDtype dtype_ = kernels::WeightDtype::f32;
   int ffn_chunks_ = 1;
   std::vector<LayerWeights> layers_;
   std::map<std::pair<int, int>, Slot> slots_;  // (layer, expert) -> weights

@@ -11,6 +11,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/rng.h"
+#include "kernels/cpu/encoded_matrix.h"
 #include "runtime/weights/safetensors_writer.h"
 
 namespace moed::runtime {
@@ -181,7 +182,7 @@ std::size_t numel(const std::vector<std::int64_t>& dims) {
 
 }  // namespace
 
-void SyntheticModel::add_tensors(weights::SafetensorsWriter& writer) const {
+void SyntheticModel::add_tensors(weights::SafetensorsWriter& writer, kernels::WeightDtype experts) const {
   const ModelSpec& spec = shape_.spec;
   const std::int64_t E = shape_.experts, H = shape_.hidden, F = shape_.ffn, Fs = spec.shared_ffn;
   std::vector<float> buf;
@@ -190,6 +191,19 @@ void SyntheticModel::add_tensors(weights::SafetensorsWriter& writer) const {
     make(buf.data());
     writer.add(name, dtype_, dims, buf.data());
   };
+  // An FFN's matrix: in fp8, its e4m3 codes and the fp32 scale of each
+  // 128 x 128 tile beside it (`<name>_scale_inv`), as DeepSeek ships them;
+  // otherwise in the checkpoint's float dtype (int8 quantizes at load).
+  auto add_matrix = [&](const std::string& name, const std::vector<std::int64_t>& dims, auto&& make) {
+    if (experts != kernels::WeightDtype::fp8) return add(name, dims, make);
+    buf.resize(numel(dims));
+    make(buf.data());
+    const kernels::EncodedMatrix m = kernels::encode(experts, buf.data(), std::size_t(dims[0]), std::size_t(dims[1]));
+    const std::int64_t tile = kernels::kFp8Tile;
+    writer.add_raw(name, "F8_E4M3", dims, m.codes.data(), m.codes.size());
+    writer.add_raw(name + "_scale_inv", "F32", {(dims[0] + tile - 1) / tile, (dims[1] + tile - 1) / tile},
+                   m.scales.data(), m.scales.size());
+  };
   for (int i = 0; i < shape_.layers; ++i) {
     const int l = spec.model_layer(i);
     add(names_.norm(l), {H}, [&](float* p) { norm(l, p); });
@@ -197,18 +211,18 @@ void SyntheticModel::add_tensors(weights::SafetensorsWriter& writer) const {
     if (spec.router.gate_bias) add(names_.gate_bias(l), {E}, [&](float* p) { gate_bias(l, p); });
     if (spec.router.selection_bias) add(names_.selection_bias(l), {E}, [&](float* p) { selection_bias(l, p); });
     if (spec.family == Family::gpt_oss) {
-      add_fused_experts(writer, l);
+      add_fused_experts(writer, l, experts);
     } else {
       for (int e = 0; e < E; ++e) {
-        add(names_.expert(l, e, ExpertPart::gate), {F, H}, [&](float* p) { up(l, e, 1, p); });
-        add(names_.expert(l, e, ExpertPart::down), {H, F}, [&](float* p) { down(l, e, p); });
-        add(names_.expert(l, e, ExpertPart::up), {F, H}, [&](float* p) { up(l, e, 3, p); });
+        add_matrix(names_.expert(l, e, ExpertPart::gate), {F, H}, [&](float* p) { up(l, e, 1, p); });
+        add_matrix(names_.expert(l, e, ExpertPart::down), {H, F}, [&](float* p) { down(l, e, p); });
+        add_matrix(names_.expert(l, e, ExpertPart::up), {F, H}, [&](float* p) { up(l, e, 3, p); });
       }
     }
     if (Fs > 0) {
-      add(names_.shared(l, ExpertPart::gate), {Fs, H}, [&](float* p) { shared(l, ExpertPart::gate, p); });
-      add(names_.shared(l, ExpertPart::up), {Fs, H}, [&](float* p) { shared(l, ExpertPart::up, p); });
-      add(names_.shared(l, ExpertPart::down), {H, Fs}, [&](float* p) { shared(l, ExpertPart::down, p); });
+      add_matrix(names_.shared(l, ExpertPart::gate), {Fs, H}, [&](float* p) { shared(l, ExpertPart::gate, p); });
+      add_matrix(names_.shared(l, ExpertPart::up), {Fs, H}, [&](float* p) { shared(l, ExpertPart::up, p); });
+      add_matrix(names_.shared(l, ExpertPart::down), {H, Fs}, [&](float* p) { shared(l, ExpertPart::down, p); });
     }
     if (spec.shared_gated) add(names_.shared_gate(l), {1, H}, [&](float* p) { shared_gate(l, p); });
   }
@@ -217,17 +231,20 @@ void SyntheticModel::add_tensors(weights::SafetensorsWriter& writer) const {
   const std::int64_t Fd = spec.dense_ffn;
   for (int l : spec.dense_layers()) {
     add(names_.norm(l), {H}, [&](float* p) { norm(l, p); });
-    add(names_.dense(l, ExpertPart::gate), {Fd, H}, [&](float* p) { dense(l, ExpertPart::gate, p); });
-    add(names_.dense(l, ExpertPart::up), {Fd, H}, [&](float* p) { dense(l, ExpertPart::up, p); });
-    add(names_.dense(l, ExpertPart::down), {H, Fd}, [&](float* p) { dense(l, ExpertPart::down, p); });
+    add_matrix(names_.dense(l, ExpertPart::gate), {Fd, H}, [&](float* p) { dense(l, ExpertPart::gate, p); });
+    add_matrix(names_.dense(l, ExpertPart::up), {Fd, H}, [&](float* p) { dense(l, ExpertPart::up, p); });
+    add_matrix(names_.dense(l, ExpertPart::down), {H, Fd}, [&](float* p) { dense(l, ExpertPart::down, p); });
   }
 }
 
 // gpt-oss's layout, as transformers' GptOssExperts holds it: gate_up_proj
 // [E, H, 2F] with the gate in the even columns and the up-projection in the
 // odd ones (W1|W3 transposed and interleaved), down_proj [E, F, H] (W2
-// transposed), and their biases [E, 2F] (interleaved alike) and [E, H].
-void SyntheticModel::add_fused_experts(weights::SafetensorsWriter& writer, int l) const {
+// transposed), and their biases [E, 2F] (interleaved alike) and [E, H]. In
+// mxfp4, as gpt-oss ships it: gate_up_proj_blocks [E, 2F, H/32, 16] (rows
+// interleaved alike, not transposed) with _scales [E, 2F, H/32], and
+// down_proj_blocks [E, H, F/32, 16] with _scales [E, H, F/32].
+void SyntheticModel::add_fused_experts(weights::SafetensorsWriter& writer, int l, kernels::WeightDtype experts) const {
   const std::size_t E = std::size_t(shape_.experts), H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn);
   std::vector<float> gate_up(E * H * 2 * F), gate_up_bias(E * 2 * F), down_t(E * F * H), down_bias(E * H);
   std::vector<float> w1(F * H), w3(F * H), w2(H * F), b1(F), b3(F);
@@ -250,18 +267,53 @@ void SyntheticModel::add_fused_experts(weights::SafetensorsWriter& writer, int l
     }
   }
   const auto e = std::int64_t(E), h = std::int64_t(H), f = std::int64_t(F);
-  writer.add(names_.fused(l, "gate_up_proj"), dtype_, {e, h, 2 * f}, gate_up.data());
   writer.add(names_.fused(l, "gate_up_proj_bias"), dtype_, {e, 2 * f}, gate_up_bias.data());
-  writer.add(names_.fused(l, "down_proj"), dtype_, {e, f, h}, down_t.data());
   writer.add(names_.fused(l, "down_proj_bias"), dtype_, {e, h}, down_bias.data());
+  if (experts != kernels::WeightDtype::mxfp4) {
+    writer.add(names_.fused(l, "gate_up_proj"), dtype_, {e, h, 2 * f}, gate_up.data());
+    writer.add(names_.fused(l, "down_proj"), dtype_, {e, f, h}, down_t.data());
+    return;
+  }
+  // Each expert's W1 and W3 encoded apart (as the loader's in-memory model
+  // does), their rows then interleaved.
+  std::vector<std::uint8_t> gu_codes, gu_scales, d_codes, d_scales;
+  for (std::size_t x = 0; x < E; ++x) {
+    up(l, int(x), 1, w1.data());
+    up(l, int(x), 3, w3.data());
+    down(l, int(x), w2.data());
+    const kernels::EncodedMatrix m1 = kernels::encode(experts, w1.data(), F, H),
+                                 m3 = kernels::encode(experts, w3.data(), F, H),
+                                 m2 = kernels::encode(experts, w2.data(), H, F);
+    const std::size_t code_row = H / 2, scale_row = H / kernels::kMxBlock;
+    for (std::size_t j = 0; j < F; ++j)
+      for (const kernels::EncodedMatrix* m : {&m1, &m3}) {
+        gu_codes.insert(gu_codes.end(), m->codes.begin() + std::ptrdiff_t(j * code_row),
+                        m->codes.begin() + std::ptrdiff_t((j + 1) * code_row));
+        gu_scales.insert(gu_scales.end(), m->scales.begin() + std::ptrdiff_t(j * scale_row),
+                         m->scales.begin() + std::ptrdiff_t((j + 1) * scale_row));
+      }
+    d_codes.insert(d_codes.end(), m2.codes.begin(), m2.codes.end());
+    d_scales.insert(d_scales.end(), m2.scales.begin(), m2.scales.end());
+  }
+  const std::int64_t bh = h / kernels::kMxBlock, bf = f / kernels::kMxBlock;
+  writer.add_raw(names_.fused(l, "gate_up_proj_blocks"), "U8", {e, 2 * f, bh, 16}, gu_codes.data(), gu_codes.size());
+  writer.add_raw(names_.fused(l, "gate_up_proj_scales"), "U8", {e, 2 * f, bh}, gu_scales.data(), gu_scales.size());
+  writer.add_raw(names_.fused(l, "down_proj_blocks"), "U8", {e, h, bf, 16}, d_codes.data(), d_codes.size());
+  writer.add_raw(names_.fused(l, "down_proj_scales"), "U8", {e, h, bf}, d_scales.data(), d_scales.size());
 }
 
-void SyntheticModel::write(const std::string& path, double norm_eps) const {
+void SyntheticModel::write(const std::string& path, double norm_eps, kernels::WeightDtype experts) const {
   namespace fs = std::filesystem;
+  const bool fused = shape_.spec.family == Family::gpt_oss;
+  if ((experts == kernels::WeightDtype::mxfp4 && !fused) || (experts == kernels::WeightDtype::fp8 && fused))
+    MOED_THROW(Usage, "--generate-weights: {} checkpoints are written in {}'s layout only; this model is {} (its "
+                      "experts can still be held in {} from synthetic weights in memory)",
+               kernels::to_string(experts), fused ? "DeepSeek's per-expert" : "gpt-oss's fused",
+               name_of(shape_.spec.family), kernels::to_string(experts));
   weights::SafetensorsWriter writer;
   writer.set_metadata("format", "pt");
   writer.set_metadata("moed.synthetic", fmt::format("seed={} {} {}", seed_, name_of(shape_.spec.family), shape_.describe()));
-  add_tensors(writer);
+  add_tensors(writer, experts);
   if (path.size() > 12 && path.ends_with(".safetensors")) {  // the tensors alone; [model].family says whose
     writer.write(path);
     return;
@@ -273,7 +325,10 @@ void SyntheticModel::write(const std::string& path, double norm_eps) const {
                ec ? ec.message() : "a file of that name is in the way");
   writer.write((fs::path(path) / "model.safetensors").string());
   const ModelDims dims{shape_.layers, shape_.experts, shape_.top_k, shape_.hidden, shape_.ffn, norm_eps};
-  write_file_atomically((fs::path(path) / "config.json").string(), hf_config_json(shape_.spec, dims, dtype_ == weights::DType::BF16 ? "bfloat16" : "float32"));
+  const bool shipped = experts == kernels::WeightDtype::fp8 || experts == kernels::WeightDtype::mxfp4;
+  write_file_atomically((fs::path(path) / "config.json").string(),
+                        hf_config_json(shape_.spec, dims, dtype_ == weights::DType::BF16 ? "bfloat16" : "float32",
+                                       shipped ? kernels::to_string(experts) : ""));
 }
 
 }  // namespace moed::runtime

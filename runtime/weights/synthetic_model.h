@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/weight_codes.h"
 #include "runtime/weights/model.h"
 #include "runtime/weights/safetensors_format.h"
 #include "runtime/weights/safetensors_writer.h"
@@ -46,8 +47,12 @@ class SyntheticModel {
   // Writes the checkpoint in the family's names and layout: a directory
   // with config.json (its RMSNorm epsilon `norm_eps`) and model.safetensors,
   // or, for a path ending in .safetensors, that file alone (whose family a
-  // loader must then be told: [model].family). Each file atomically.
-  void write(const std::string& path, double norm_eps) const;
+  // loader must then be told: [model].family). Each file atomically. The
+  // experts (shared and dense FFNs too) in `experts`: fp8 as DeepSeek ships
+  // it, mxfp4 as gpt-oss does (each family's layout only), else in the
+  // float dtype.
+  void write(const std::string& path, double norm_eps,
+             kernels::WeightDtype experts = kernels::WeightDtype::f32) const;
 
  private:
   std::string stream_name(int layer, int expert, ExpertPart part) const;
@@ -55,8 +60,8 @@ class SyntheticModel {
   // out[0, n) = scale x uniform(-1, 1), the stream of `name`, rounded to the dtype.
   void fill(const std::string& name, float scale, std::size_t n, float* out) const;
   void whole_ffn(const std::string& name, std::size_t F, ExpertPart part, float* out) const;
-  void add_tensors(weights::SafetensorsWriter& writer) const;
-  void add_fused_experts(weights::SafetensorsWriter& writer, int layer) const;
+  void add_tensors(weights::SafetensorsWriter& writer, kernels::WeightDtype experts) const;
+  void add_fused_experts(weights::SafetensorsWriter& writer, int layer, kernels::WeightDtype experts) const;
 
   ModelShape shape_;
   TensorNames names_;

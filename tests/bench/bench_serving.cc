@@ -36,9 +36,9 @@ struct RowMajorExperts {
   std::map<std::pair<int, int>, std::vector<float>> slots;  // (layer, expert) -> W1|W3 then W2
   const std::vector<float>& of(const ExpertStore& store, int l, int e) {
     auto [it, added] = slots.try_emplace({l, e});
-    if (added) {
-      it->second.resize(store.slot_floats());
-      store.copy_slot(l, e, it->second.data());
+    if (added) {  // the bench serves fp32 experts: a slot's bytes are W1|W3 then W2 as floats
+      it->second.resize(store.slot_bytes() / sizeof(float));
+      store.copy_slot(l, e, reinterpret_cast<std::uint8_t*>(it->second.data()));
     }
     return it->second;
   }

@@ -6,11 +6,16 @@
 #     per step, shuffled order, 2 islands): the same bits for every token;
 #   - the plain-loop reference (moe_reference) agrees within its tolerance;
 #   - the front door: one request at a time on 1 rank and all at once from 2
-#     clients per rank on 4 ranks give the same bits.
-# Usage: test_families.sh deepseek_v3|qwen3_moe|qwen2_moe|olmoe|gpt_oss
+#     clients per rank on 4 ranks, after a live migration, give the same bits;
+#     moectl placement names the format the slots hold.
+# With DTYPE, the experts are held in that format ([experts].dtype): fp8 and
+# mxfp4 from a checkpoint written in it (the format by default: auto), bf16
+# from a bf16 checkpoint, int8 quantized at load from an f32 one.
+# Usage: test_families.sh deepseek_v3|qwen3_moe|qwen2_moe|olmoe|gpt_oss [f32|bf16|fp8|mxfp4|int8]
 source "$(dirname "$0")/lib.sh"
 : "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
 family=${1:?family}
+dtype=${2:-f32}
 N=300  # tokens compared: the first N of every run
 H=64   # tests/mpi/small.toml's hidden size
 
@@ -32,12 +37,29 @@ gpt_oss | qwen3_moe | olmoe) shape=(--set model.experts=16 --set model.top_k=4) 
 qwen2_moe) ;;
 *) fail "unknown family $family" ;;
 esac
+written=()  # how the checkpoint is written
+served=()   # how it is served
+case "$dtype" in
+f32) ;;
+fp8) shape+=(--set model.ffn=128) && written=(--set experts.dtype=fp8) ;;  # 128 x 128 scale tiles
+mxfp4) written=(--set experts.dtype=mxfp4) ;;
+bf16) written=(--set model.dtype=bf16) ;;
+int8) served=(--set experts.dtype=int8) ;;
+*) fail "unknown dtype $dtype" ;;
+esac
 ck=$SCRATCH/checkpoint
-"$MOED" --config "$SMALL" --family "$family" "${shape[@]}" "${synthetic[@]}" --generate-weights "$ck" >/dev/null ||
-  fail "--generate-weights --family $family"
+"$MOED" --config "$SMALL" --family "$family" "${shape[@]}" "${synthetic[@]}" "${written[@]}" --generate-weights "$ck" \
+  >/dev/null || fail "--generate-weights --family $family ${written[*]}"
 [ -f "$ck/config.json" ] && [ -f "$ck/model.safetensors" ] || fail "no config.json and model.safetensors in $ck"
 grep -q "\"model_type\": \"$family\"" "$ck/config.json" || fail "config.json does not say model_type $family"
-base=(--config "$SMALL" "${shape[@]}" --set "model.weights=\"$ck\"")
+base=(--config "$SMALL" "${shape[@]}" "${served[@]}" --set "model.weights=\"$ck\"")
+# The plain-loop reference reads fp8 and mxfp4 through the synthetic model in
+# memory, whose values the checkpoint holds (test_expert_formats).
+reference=("${base[@]}")
+case "$dtype" in fp8 | mxfp4)
+  reference=(--config "$SMALL" "${shape[@]}" "${synthetic[@]}" --set model.family="$family" --set experts.dtype="$dtype") ;;
+esac
+family="$family${2:+ in $dtype}"  # in messages; the DeepSeek-only checks below run without DTYPE
 
 # serve NAME RANKS TOKENS_PER_STEP [FLAGS...]: enough steps to cover N tokens.
 serve() {
@@ -53,7 +75,7 @@ same_tokens() {  # same_tokens NAME WHAT: NAME's first N token rows equal ref's
 }
 
 serve ref 0 100
-"$MOE_REFERENCE" "${base[@]}" --set workload.tokens_per_step=100 --set workload.steps=3 --dump "$SCRATCH/ref.bin" ||
+"$MOE_REFERENCE" "${reference[@]}" --set workload.tokens_per_step=100 --set workload.steps=3 --dump "$SCRATCH/ref.bin" ||
   fail "$family: moed's outputs are not within the plain-loop reference's tolerance"
 serve two 2 100
 same_tokens two "2 ranks"
@@ -89,10 +111,29 @@ start fd1 0
   --out "$SCRATCH/fd-ref.bin" >/dev/null
 stop
 start fd4 4
-"$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 24 --first-layer $first_moe \
-  --out "$SCRATCH/fd-four.bin" >/dev/null
+# A live migration meanwhile (model layer numbers: the first MoE layer's
+# expert 3, to rank 2): its stages advance at step boundaries, which the
+# requests drive, so they go on until it has committed; every pass gives the
+# same bits as 1 rank one request at a time.
+"$MOECTL" --dir "$run/admin" migrate $first_moe 3 2 >"$run/migrate.txt" 2>&1 &
+mover=$!
+passes=0
+while :; do
+  "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 4 --mode concurrent --requests 24 --first-layer $first_moe \
+    --out "$SCRATCH/fd-four.bin" >/dev/null
+  passes=$((passes + 1))
+  same_bits "$SCRATCH/fd-ref.bin" "$SCRATCH/fd-four.bin" "$family, front door pass $passes: 4 ranks, 2 clients each, vs 1 rank one at a time" >/dev/null
+  kill -0 $mover 2>/dev/null || break
+  [ $passes -lt 100 ] || { cat "$run/migrate.txt" >&2; fail "$family: the migration did not end within 100 passes"; }
+done
+wait $mover && grep -q committed "$run/migrate.txt" ||
+  { cat "$run/migrate.txt" "$run/err.txt" >&2; fail "$family: migrating layer $first_moe expert 3 did not commit"; }
+"$MOECTL" --dir "$run/admin" placement >"$run/placement.txt"
+grep -q "slots hold experts in $dtype" "$run/placement.txt" ||
+  { cat "$run/placement.txt" >&2; fail "$family: moectl placement does not say the slots hold $dtype"; }
+echo "ok: $family, front door: 4 ranks, 2 clients each, vs 1 rank one at a time, $passes passes across a live migration"
+echo "ok: $family: $(grep 'slots hold' "$run/placement.txt")"
 stop
-same_bits "$SCRATCH/fd-ref.bin" "$SCRATCH/fd-four.bin" "$family, front door: 4 ranks, 2 clients each, vs 1 rank one at a time"
 
 # Bad checkpoints (DeepSeek's, which has every part to get wrong): each is
 # refused with exit 2, naming the file, key or tensor. edit KEY=JSON...
@@ -165,8 +206,9 @@ fi
 # dense layer's number.
 if [ "$first_moe" != 0 ]; then
   base+=(--set model.serve_dense=true)
+  reference+=(--set model.serve_dense=true)
   serve dense-ref 0 100
-  "$MOE_REFERENCE" "${base[@]}" --set workload.tokens_per_step=100 --set workload.steps=3 --dump "$SCRATCH/dense-ref.bin" ||
+  "$MOE_REFERENCE" "${reference[@]}" --set workload.tokens_per_step=100 --set workload.steps=3 --dump "$SCRATCH/dense-ref.bin" ||
     fail "$family, serve_dense: moed's outputs are not within the plain-loop reference's tolerance"
   cmp -s "$SCRATCH/ref.bin" "$SCRATCH/dense-ref.bin" && fail "$family, serve_dense: the dense layer changed nothing"
   serve dense-four 4 37 --set workload.order=shuffled --set cluster.ranks_per_island=2
@@ -191,7 +233,7 @@ fi
 # model's layers, and the outputs stay those of one process serving the same
 # steps without any migration.
 if [ "$family" = deepseek_v3 ] || [ "$family" = gpt_oss ]; then
-  base=(--config "$SMALL" "${shape[@]}" --set "model.weights=\"$ck\"")
+  base=(--config "$SMALL" "${shape[@]}" "${served[@]}" --set "model.weights=\"$ck\"")
   [ "$family" = deepseek_v3 ] && base+=(--set router.bias_gamma=0.001)
   run=$SCRATCH/ops
   mkdir -p "$run"

@@ -123,5 +123,24 @@ expect_failure 2 "--gpu-memory" "memory: a bad size" -- "$MOE_PLACE" memory --ra
 expect_failure 2 "how many ranks" "memory: no rank count" -- "$MOE_PLACE" memory
 expect_failure 2 "needs --gpu-memory" "memory: --fewest-gpus without a size" -- "$MOE_PLACE" memory --fewest-gpus
 expect_failure 2 "cannot read it" "memory: a missing card" -- "$MOE_PLACE" memory --card "$SCRATCH/none.toml" --ranks 2
-expect_failure 2 "f32" "memory: --dtype on the CPU path" -- "$MOE_PLACE" memory --ranks 2 --target cpu --dtype bf16
+# fp8 experts (a byte a weight, a scale per 128 x 128 tile): 8 slots of 6.3 MB a rank.
+check fp8 '[model]
+layers = 2
+experts = 8
+hidden = 1024
+ffn = 2048
+[experts]
+dtype = "fp8"
+[workload]
+tokens_per_step = 32'
+
+# On the CPU path --dtype prices the experts in that format: fp8 a quarter of f32.
+plan_bytes() { "$MOE_PLACE" memory --ranks 2 --target cpu --json "$@" |
+  python3 -c "import json,sys; print(json.load(sys.stdin)['per_rank'][0]['after_load_bytes'])"; }
+f32=$(plan_bytes --set model.hidden=1024 --set model.ffn=2048 --dtype f32)
+fp8=$(plan_bytes --set model.hidden=1024 --set model.ffn=2048 --dtype fp8)
+# (the experts are 302 MB a rank in f32: 3/4 of them go, the rest of the rank stays)
+python3 -c "import sys; f, q = int(sys.argv[1]), int(sys.argv[2]); sys.exit(0 if 0 < q < 0.35 * f else 1)" "$f32" "$fp8" ||
+  fail "moe-place memory --dtype fp8 does not price the experts at a quarter of f32 ($fp8 vs $f32 bytes)"
+echo "ok: moe-place memory --target cpu --dtype fp8: $fp8 bytes a rank against $f32 for f32"
 echo "PASS"

@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kernels/cpu/encoded_matrix.h"
 #include "routing/routing_trace.h"
 #include "runtime/config/config.h"
 #include "runtime/weights/model.h"
@@ -39,6 +40,29 @@ struct Layer {
   std::vector<Expert> experts;
   Expert shared;  // w1 empty: none
 };
+
+// [experts].dtype other than f32: each expert matrix as the format holds
+// it, w = value(code) read one weight at a time (EncodedMatrix::value, the
+// plain definition; moed's GEMM decodes panels with vector code instead).
+// The reference computes in double on these values. Checkpoints shipping
+// fp8 or mxfp4 are not read here: their synthetic model in memory is.
+void hold_in_format(const Config& c, const ModelShape& s, Expert& x) {
+  moed::kernels::WeightDtype held = moed::kernels::WeightDtype::f32;
+  moed::kernels::parse_weight_dtype(moed::runtime::experts_dtype(c), &held);
+  if (held == moed::kernels::WeightDtype::f32 || x.w1.empty()) return;
+  if (!c.model.checkpoint_experts.empty())
+    throw std::runtime_error("moe_reference: a checkpoint in " + c.model.checkpoint_experts +
+                             " is checked through its synthetic model in memory");
+  const std::size_t H = std::size_t(s.hidden), F = x.w1.size() / H;
+  auto held_values = [&](std::vector<float>& w, std::size_t n, std::size_t k) {
+    const moed::kernels::EncodedMatrix m = moed::kernels::encode(held, w.data(), n, k);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < k; ++j) w[i * k + j] = m.value(i, j);
+  };
+  held_values(x.w1, F, H);
+  held_values(x.w3, F, H);
+  held_values(x.w2, H, F);
+}
 
 std::size_t numel(const std::vector<std::int64_t>& dims) {
   return std::size_t(std::accumulate(dims.begin(), dims.end(), std::int64_t{1}, std::multiplies<>()));
@@ -329,7 +353,12 @@ int main(int argc, char** argv) {
     Config c = load_config(config_path, overrides);
     ModelShape s = ModelShape::from(c.model);
     std::vector<Layer> model = load_model(c, s);
-    const std::vector<Dense> dense = load_dense(c, s);
+    std::vector<Dense> dense = load_dense(c, s);
+    for (Layer& layer : model) {
+      for (Expert& x : layer.experts) hold_in_format(c, s, x);
+      hold_in_format(c, s, layer.shared);
+    }
+    for (Dense& d : dense) hold_in_format(c, s, d.ffn);
     auto workload = make_workload(c, model[0].gate.data());
     OutputFile dump = read_output_dump(dump_path);
     const std::uint64_t N = std::uint64_t(c.workload.tokens_per_step), steps = std::uint64_t(c.workload.steps);

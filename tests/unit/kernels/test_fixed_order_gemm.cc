@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "tests/unit/kernels/isas_here.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::kernels {
@@ -30,18 +31,7 @@ std::vector<float> fma_chain(const std::vector<float>& a, std::size_t m, std::si
   return c;
 }
 
-std::vector<GemmIsa> isas_here() {
-  std::vector<GemmIsa> out{GemmIsa::portable};
-  for (GemmIsa isa : {GemmIsa::avx2, GemmIsa::avx512}) {
-    try {
-      set_gemm_isa(isa);
-      out.push_back(isa);
-    } catch (const std::exception&) {
-    }
-  }
-  set_gemm_isa(best_gemm_isa());
-  return out;
-}
+using test::isas_here;
 
 // Restores the kernel the process started with.
 class WithIsa {
@@ -207,7 +197,7 @@ TEST(PackedWeights, UnpackGivesTheMatrixBack) {
     std::vector<float> back(n * k, -1.0f);
     packed.unpack(back.data());
     EXPECT_EQ(back, w) << n << " x " << k;
-    const PackedWeights copy = packed;
+    const PackedWeights copy = packed;  // NOLINT(performance-unnecessary-copy-initialization): under test
     std::vector<float> again(n * k, -1.0f);
     copy.unpack(again.data());
     EXPECT_EQ(again, w);

@@ -221,9 +221,11 @@ TEST(MoectlFormat, PlacementAsATable) {
   // A model with dense layers names its rows by model layer; DeepSeek's groups are said.
   const json deepseek = json::parse(R"({"ok":true,"epoch":0,"ranks":2,"layers":2,"experts":4,
       "slots":[[[0],[0],[1],[1]],[[0],[0],[1],[1,0]]], "split":[[], [3]], "model_layers":[3, 4],
-      "expert_groups":{"groups":2,"kept":1,"size":2}})");
+      "expert_groups":{"groups":2,"kept":1,"size":2},
+      "slot":{"dtype":"fp8","bytes":44302336,"shard_bytes":{"2":22151168}}})");
   EXPECT_EQ(format_answer("placement", deepseek),
             "placement epoch 0: 2 ranks, 2 layers, 4 experts\n"
+            "slots hold experts in fp8: 44.302 MB each, a shard of 2: 22.151 MB\n"
             "experts in 2 groups of 2 (ids in order); a token's experts come from 1 of them\n"
             "layer  rank 0  rank 1\n"
             "3      0-1     2-3\n"

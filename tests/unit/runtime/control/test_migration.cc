@@ -78,9 +78,9 @@ class Migration : public ::testing::Test {
   Migration() : config(small_config()), placement(placement::contiguous(kRanks, 2, 4)), world(kRanks) {
     for (int r = 0; r < kRanks; ++r) ranks.push_back(std::make_unique<Rank>(world, config, placement, r));
   }
-  std::size_t slot_bytes() const { return ranks[0]->store.slot_floats() * sizeof(float); }
-  std::vector<float> weights_of(int rank, int layer, int expert) const {
-    std::vector<float> w(ranks[std::size_t(rank)]->store.slot_floats());
+  std::size_t slot_bytes() const { return ranks[0]->store.slot_bytes(); }
+  std::vector<std::uint8_t> weights_of(int rank, int layer, int expert) const {
+    std::vector<std::uint8_t> w(ranks[std::size_t(rank)]->store.slot_bytes());
     ranks[std::size_t(rank)]->store.copy_slot(layer, expert, w.data());
     return w;
   }
@@ -122,7 +122,7 @@ class Migration : public ::testing::Test {
 TEST_F(Migration, MovesASlotInChunksAndTheWeightsArriveIntact) {
   // Layer 1 expert 3 lives on rank 1 (contiguous: experts 2-3); it moves to rank 0.
   const std::vector<placement::Move> moves{{1, 3, 1, 0, 1}};
-  const std::vector<float> original = weights_of(1, 1, 3);
+  const std::vector<std::uint8_t> original = weights_of(1, 1, 3);
   for (const auto& refusal : prepare(moves, 1)) EXPECT_FALSE(refusal.has_value());
   const std::vector<std::uint64_t> expected = transfer(slot_bytes() / 3 + 1, moves.size());
   EXPECT_EQ(expected[0], weights_checksum(original.data(), slot_bytes()));
@@ -188,7 +188,7 @@ TEST_F(Migration, WindowsAreKeptAndGrownNotRemadeEachTime) {
     for (auto& r : ranks) r->transfer->install();
     for (auto& r : ranks) r->transfer->release();
   };
-  const std::vector<float> original = weights_of(0, 0, 0);
+  const std::vector<std::uint8_t> original = weights_of(0, 0, 0);
   run({{0, 0, 0, 1, 0}}, 1);  // rank 0 -> 1: a first window, one slot on each rank
   EXPECT_EQ(world.windows_created, 1);
   run({{0, 0, 1, 0, 1}}, 2);  // and back: a source stages its slot in its own part, so it fits
@@ -213,9 +213,9 @@ TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
   FakeWorld world(3);
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < 3; ++r) ranks.push_back(std::make_unique<Rank>(world, c, p, r));
-  const std::size_t shard_floats = ranks[1]->store.slot_floats(2);
-  ASSERT_EQ(shard_floats * 2, ranks[1]->store.slot_floats());
-  std::vector<float> original(shard_floats);
+  const std::size_t shard_bytes = ranks[1]->store.slot_bytes(2);
+  ASSERT_EQ(shard_bytes * 2, ranks[1]->store.slot_bytes());
+  std::vector<std::uint8_t> original(shard_bytes);
   ranks[1]->store.copy_slot(1, 2, original.data());
   const std::vector<placement::Move> moves{{1, 2, 1, 2, 1, 1, 2}};
   for (auto& r : ranks) {
@@ -223,13 +223,13 @@ TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
                                                       MigrationFaults{});
     EXPECT_FALSE(r->transfer->prepare(0).has_value());
   }
-  EXPECT_EQ(ranks[1]->transfer->bytes_to_send(), shard_floats * sizeof(float));
+  EXPECT_EQ(ranks[1]->transfer->bytes_to_send(), shard_bytes);
   for (auto& r : ranks) r->transfer->send(1 << 20);
   for (auto& r : ranks) r->transfer->send(0);  // flushes
   std::vector<std::uint64_t> expected(1, 0);
   for (auto& r : ranks)
     for (const auto& [i, sum] : r->transfer->source_checksums()) expected.at(i) = sum;
-  EXPECT_EQ(expected[0], weights_checksum(original.data(), shard_floats * sizeof(float)));
+  EXPECT_EQ(expected[0], weights_checksum(original.data(), shard_bytes));
   for (auto& r : ranks) EXPECT_TRUE(r->transfer->verify(expected).empty());
   for (auto& r : ranks) r->transfer->install();
   for (auto& r : ranks) r->transfer->release();
@@ -238,7 +238,7 @@ TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
   const kernels::ExpertView view = ranks[2]->store.expert(1, 2);
   EXPECT_EQ(view.ffn, 4u);
   EXPECT_EQ(view.chunks, 2u);
-  std::vector<float> landed(shard_floats);
+  std::vector<std::uint8_t> landed(shard_bytes);
   ranks[2]->store.copy_slot(1, 2, landed.data());
   EXPECT_EQ(landed, original);
   // A rank asked to send a shard it does not hold says so.
@@ -252,7 +252,7 @@ TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
 TEST(WindowOffsets, PackEachDestinationsSlotsInMoveOrder) {
   const std::vector<placement::Move> moves{{0, 0, 0, 2, 0}, {0, 1, 1, 2, -1}, {1, 0, 2, 0, 2}, {1, 1, 0, -1, 0}};
   std::vector<std::size_t> per_rank;
-  const auto offsets = window_offsets(moves, 100, 3, &per_rank);
+  const auto offsets = window_offsets(moves, [](int shards) { return std::size_t(100 / shards); }, 3, &per_rank);
   EXPECT_EQ(offsets, (std::vector<std::size_t>{0, 100, 0, 0}));
   EXPECT_EQ(per_rank, (std::vector<std::size_t>{100, 0, 200}));
 }

@@ -19,6 +19,8 @@ using K = ControlAction::Kind;
 using S = MigrationState;
 constexpr int kRanks = 4;
 constexpr std::size_t kSlotBytes = 1000;
+// A slot of kSlotBytes whose shards carry their share.
+std::size_t slot_bytes(int shards) { return kSlotBytes / std::size_t(shards); }
 
 placement::Placement four_ranks() { return placement::contiguous(kRanks, 2, 8); }  // expert e on rank e / 2
 
@@ -62,7 +64,7 @@ class FakeRanks {
     reports[0].sent_bytes = sent_;  // rank 0 is the only source here
     reports[0].send_seconds = last.kind == K::transfer ? 0.5 : 0;
     if (sent_ == total())
-      for (std::size_t i = 0; i < moves_.size(); ++i) reports[0].checksums.push_back({i, 100 + i});
+      for (std::size_t i = 0; i < moves_.size(); ++i) reports[0].checksums.emplace_back(i, 100 + i);
     if (last.kind == K::prepare && faults_.refuse) reports[2].refused = "rank 2: 1 MB over [migration].memory_mb";
     if (last.kind == K::transfer && faults_.fail_send) reports[0].failed = "rank 0: put failed";
     if (last.kind == K::verify && faults_.corrupt) reports[3].bad_moves = {0};
@@ -107,7 +109,7 @@ class TransferChunks : public ::testing::TestWithParam<int> {};
 
 TEST_P(TransferChunks, CommitsAfterEveryByteIsSent) {
   const int chunks = GetParam();
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks({.chunk = (kSlotBytes + chunks - 1) / chunks});
   const auto p = four_ranks();
   std::vector<ControlAction> first = boundary(c, ranks, 0, [&] { EXPECT_TRUE(c.migrate(p, 1, 3, 0, {}).ok()); });
@@ -128,7 +130,7 @@ TEST_P(TransferChunks, CommitsAfterEveryByteIsSent) {
 INSTANTIATE_TEST_SUITE_P(Chunks, TransferChunks, ::testing::Values(1, 2, 3, 7));
 
 TEST(MigrationCoordinator, VerifyCarriesTheSourceChecksumsAndCommitTheNextEpoch) {
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks({});
   const auto p = four_ranks();
   boundary(c, ranks, 5, [&] { c.migrate(p, 0, 0, 3, {}); });
@@ -146,7 +148,7 @@ TEST(MigrationCoordinator, VerifyCarriesTheSourceChecksumsAndCommitTheNextEpoch)
 // before the commit is decided; when it cannot be, no rank switches.
 TEST(MigrationCoordinator, ACommittedFileThatCannotBeWrittenAbortsBeforeTheSwitch) {
   for (const bool writable : {true, false}) {
-    MigrationCoordinator c(kSlotBytes, true);
+    MigrationCoordinator c(slot_bytes, true);
     std::vector<std::uint64_t> epochs;
     c.set_before_commit([&](const MigrationRecord& m, std::uint64_t epoch) -> std::optional<std::string> {
       EXPECT_EQ(m.state, S::verify);
@@ -183,7 +185,7 @@ class Aborts : public ::testing::TestWithParam<AbortCase> {};
 
 TEST_P(Aborts, EndBeforeCommitAndSayWhy) {
   const AbortCase& t = GetParam();
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks(t.faults);
   const auto p = four_ranks();
   boundary(c, ranks, 0, [&] { c.migrate(p, 1, 3, 0, {}); });
@@ -219,7 +221,7 @@ TEST(MigrateAShard, FromItsHolderWithinItsIsland) {
   auto p = four_ranks();
   p.set_shards(1, 3, {0, 1});
   const placement::Topology islands({0, 0, 1, 1}), one_island({0, 0, 0, 0});
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   c.begin_boundary();
   const Verdict across = c.migrate(p, 1, 3, 2, 1, &islands);
   EXPECT_EQ(across.code, admin::code::kRefused);
@@ -235,7 +237,7 @@ class ShutdownDuring : public ::testing::TestWithParam<std::pair<int, bool>> {};
 
 TEST_P(ShutdownDuring, AbortsBeforeCommitFinishesAfter) {
   const auto [boundaries_before, finishes] = GetParam();
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks({});
   const auto p = four_ranks();
   boundary(c, ranks, 0, [&] { c.migrate(p, 1, 3, 0, {}); });
@@ -265,7 +267,7 @@ class Requests : public ::testing::TestWithParam<RefusalCase> {};
 
 TEST_P(Requests, AreAcceptedOrRefusedWithTheirCode) {
   const RefusalCase& t = GetParam();
-  MigrationCoordinator c(kSlotBytes, t.situation != Situation::no_stats);
+  MigrationCoordinator c(slot_bytes, t.situation != Situation::no_stats);
   FakeRanks ranks({});
   const auto p = four_ranks();
   boundary(c, ranks, 0, [&] {
@@ -309,7 +311,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RefusalCase{Situation::draining, Ask::unknown, admin::code::kShuttingDown}));
 
 TEST(MigrationCoordinator, BusyMessageNamesTheRunningMigrationAndItsState) {
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks({});
   const auto p = four_ranks();
   boundary(c, ranks, 0, [&] { c.migrate(p, 0, 0, 3, {}); });
@@ -319,7 +321,7 @@ TEST(MigrationCoordinator, BusyMessageNamesTheRunningMigrationAndItsState) {
 }
 
 TEST(MigrationCoordinator, ASecondRequestInTheSameBoundaryIsBusy) {
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   const auto p = four_ranks();
   c.begin_boundary();
   EXPECT_TRUE(c.migrate(p, 0, 0, 3, {}).ok());
@@ -334,7 +336,7 @@ TEST(MigrationCoordinator, ASecondRequestInTheSameBoundaryIsBusy) {
 }
 
 TEST(MigrationCoordinator, ReoptimizeGathersPlansThenMigrates) {
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks({});
   std::vector<ControlAction> gather;
   gather = boundary(c, ranks, 0, [&] { EXPECT_TRUE(c.reoptimize().ok()); });
@@ -355,7 +357,7 @@ TEST(MigrationCoordinator, ReoptimizeGathersPlansThenMigrates) {
 
 TEST(MigrationCoordinator, ADryRunOrAnEmptyPlanStartsNothing) {
   for (bool dry_run : {true, false}) {
-    MigrationCoordinator c(kSlotBytes, true);
+    MigrationCoordinator c(slot_bytes, true);
     c.begin_boundary();
     c.reoptimize();
     c.end_boundary(0);
@@ -370,7 +372,7 @@ TEST(MigrationCoordinator, ADryRunOrAnEmptyPlanStartsNothing) {
 }
 
 TEST(MigrationCoordinator, AFailedPlanFreesTheCoordinator) {
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   c.begin_boundary();
   c.reoptimize();
   c.end_boundary(0);
@@ -382,7 +384,7 @@ TEST(MigrationCoordinator, AFailedPlanFreesTheCoordinator) {
 }
 
 TEST(MigrationCoordinator, DrainStopsOnlyWhenTheMigrationHasEnded) {
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks({});
   const auto p = four_ranks();
   boundary(c, ranks, 0, [&] { c.migrate(p, 0, 0, 3, {}); });
@@ -394,7 +396,7 @@ TEST(MigrationCoordinator, DrainStopsOnlyWhenTheMigrationHasEnded) {
 }
 
 TEST(MigrationCoordinator, StepTimesBeforeAndDuringAreKeptInBoundedMemory) {
-  MigrationCoordinator c(kSlotBytes, true);
+  MigrationCoordinator c(slot_bytes, true);
   FakeRanks ranks({.chunk = 1});
   for (int i = 0; i < 1000; ++i) c.note_step(i < 744 ? 100.0 : 10.0);  // only the last 256 count
   const auto p = four_ranks();

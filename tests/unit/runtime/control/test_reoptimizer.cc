@@ -84,6 +84,9 @@ TEST(ControlViews, PlacementAndMigrationJson) {
   const auto deepseek = placement_json(p, LayerNumbers({3}), {2, 1});
   EXPECT_EQ(deepseek["model_layers"], nlohmann::json::array({3}));
   EXPECT_EQ(deepseek["expert_groups"], (nlohmann::json{{"groups", 2}, {"kept", 1}, {"size", 2}}));
+  EXPECT_FALSE(deepseek.contains("slot"));
+  const auto fp8 = placement_json(p, {}, {}, {"fp8", [](int shards) { return std::size_t(1000 / shards + 7); }});
+  EXPECT_EQ(fp8["slot"], (nlohmann::json{{"dtype", "fp8"}, {"bytes", 1007}, {"shard_bytes", {{"2", 507}}}}));
   EXPECT_TRUE(migration_json(nullptr).is_null());
   MigrationRecord m;
   m.id = 4;

@@ -463,11 +463,11 @@ TEST_P(EngineNonFinite, BadExpertGivesNanOutputsAndCounts) {
   constexpr int kBadLayer = 1, kBadExpert = 2;
   const auto spoil = [bad = bad_value](ExpertStore& store) {
     if (!store.holds(kBadLayer, kBadExpert)) return;
-    std::vector<float> w(store.slot_floats());
-    store.copy_slot(kBadLayer, kBadExpert, w.data());
+    std::vector<float> w(store.slot_bytes() / sizeof(float));  // fp32 experts: the bytes are floats
+    store.copy_slot(kBadLayer, kBadExpert, reinterpret_cast<std::uint8_t*>(w.data()));
     w[3] = bad;  // w1 row 0: the hidden unit 0 of every row, then every output through w2
     store.drop_slot(kBadLayer, kBadExpert);
-    store.add_slot(kBadLayer, kBadExpert, w.data());
+    store.add_slot(kBadLayer, kBadExpert, reinterpret_cast<const std::uint8_t*>(w.data()));
   };
   Plain plain(c, spoil);
   const std::vector<RankRun> runs = run_steps(c, k.make(), placement::Topology(k.island_of_rank), 17, spoil);

@@ -109,7 +109,8 @@ TEST(ExpertStore, SlotsSurviveTheFlatFormMigrationMoves) {
     EXPECT_EQ(store.slots(), 4);  // 2 layers x 2 experts
     EXPECT_TRUE(store.holds(1, 1));
     EXPECT_FALSE(store.holds(1, 2));
-    EXPECT_EQ(store.expert_bytes(), 4 * store.slot_floats() * sizeof(float));
+    EXPECT_EQ(store.expert_bytes(), 4 * store.slot_bytes());
+    EXPECT_EQ(store.slot_bytes(), std::size_t(3 * kHidden * kFfn) * sizeof(float));
     test::expect_error([&] { store.expert(1, 2); }, ErrorKind::Internal, {"2"});
 
     const std::vector<float> x = rows_of(5, 9);
@@ -120,7 +121,7 @@ TEST(ExpertStore, SlotsSurviveTheFlatFormMigrationMoves) {
       return y;
     };
     const std::vector<float> before = outputs(store, 1);
-    std::vector<float> flat(store.slot_floats());
+    std::vector<std::uint8_t> flat(store.slot_bytes());
     store.copy_slot(1, 1, flat.data());
     store.drop_slot(1, 1);
     EXPECT_FALSE(store.holds(1, 1));
