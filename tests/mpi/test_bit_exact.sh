@@ -2,10 +2,13 @@
 # Bit-exactness of moed's outputs across rank counts, placements, routing
 # modes, workloads and weight sources; and agreement with the independent
 # plain-loop reference (moe_reference) within its fp32 tolerance.
-# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights|engine|policies|sharded
+# Usage: test_bit_exact.sh contiguous|shuffled|topp|trace|weights|engine|policies|sharded [DTYPE]
+# DTYPE: the experts held in that format ([experts].dtype; small.toml's F of 96
+# leaves bf16 and int8 for split experts, whose shards cut no scale block).
 source "$(dirname "$0")/lib.sh"
 mode=${1:?mode}
 base=(--config "$SMALL")
+[ -n "${2:-}" ] && base+=(--set experts.dtype="$2")
 
 case "$mode" in
 contiguous)
