@@ -148,7 +148,14 @@ BoundaryActions ControlPlane::decide() {
   if (optimizing_.valid() && optimizing_.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
     finish_reoptimize();
   BoundaryActions out;
+  const MigrationRecord* migration = coordinator_.migration();
+  const auto state_before = migration ? std::optional(migration->state) : std::nullopt;
   out.actions = coordinator_.end_boundary(c_.placement.epoch());
+  // A stage that ends with no action to send (release -> committed) shows at
+  // once too: an idle front door takes no step whose figures would publish it,
+  // and moectl follows the migration until it reads committed.
+  migration = coordinator_.migration();
+  if (migration && (!state_before || migration->state != *state_before)) publish_migration();
   out.stop = coordinator_.stop();
   out.follow = std::move(follow_asked_);
   follow_asked_.clear();

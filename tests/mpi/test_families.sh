@@ -111,11 +111,14 @@ start fd1 0
   --out "$SCRATCH/fd-ref.bin" >/dev/null
 stop
 start fd4 4
-# A live migration meanwhile (model layer numbers: the first MoE layer's
-# expert 3, to rank 2): its stages advance at step boundaries, which the
-# requests drive, so they go on until it has committed; every pass gives the
-# same bits as 1 rank one request at a time.
-"$MOECTL" --dir "$run/admin" migrate $first_moe 3 2 >"$run/migrate.txt" 2>&1 &
+# A live migration while the front door is idle (model layer numbers: the
+# first MoE layer's expert 3, to rank 2): it commits without any request.
+timeout 60 "$MOECTL" --dir "$run/admin" migrate $first_moe 3 2 >"$run/migrate.txt" 2>&1 && grep -q committed "$run/migrate.txt" ||
+  { cat "$run/migrate.txt" "$run/err.txt" >&2; fail "$family: migrating layer $first_moe expert 3 on an idle front door did not commit"; }
+echo "ok: $family: $(grep committed "$run/migrate.txt")"
+# Another while requests come, pass after pass until it has committed (expert
+# 5 to rank 3): every pass gives the same bits as 1 rank one request at a time.
+"$MOECTL" --dir "$run/admin" migrate $first_moe 5 3 >"$run/migrate.txt" 2>&1 &
 mover=$!
 passes=0
 while :; do
@@ -127,11 +130,11 @@ while :; do
   [ $passes -lt 100 ] || { cat "$run/migrate.txt" >&2; fail "$family: the migration did not end within 100 passes"; }
 done
 wait $mover && grep -q committed "$run/migrate.txt" ||
-  { cat "$run/migrate.txt" "$run/err.txt" >&2; fail "$family: migrating layer $first_moe expert 3 did not commit"; }
+  { cat "$run/migrate.txt" "$run/err.txt" >&2; fail "$family: migrating layer $first_moe expert 5 did not commit"; }
 "$MOECTL" --dir "$run/admin" placement >"$run/placement.txt"
 grep -q "slots hold experts in $dtype" "$run/placement.txt" ||
   { cat "$run/placement.txt" >&2; fail "$family: moectl placement does not say the slots hold $dtype"; }
-echo "ok: $family, front door: 4 ranks, 2 clients each, vs 1 rank one at a time, $passes passes across a live migration"
+echo "ok: $family, front door: 4 ranks, 2 clients each, vs 1 rank one at a time, $passes passes across a live migration and after one"
 echo "ok: $family: $(grep 'slots hold' "$run/placement.txt")"
 stop
 
