@@ -262,6 +262,15 @@ bool cpu_has_avx512dq() {
 #endif
 }
 
+bool cpu_has_avx512bw() {
+#if MOED_X86_TILES
+  static const bool has = __builtin_cpu_supports("avx512bw");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void gemm_fixed_order(const float* a, std::size_t m, const PackedWeights& w, float* c, std::size_t lda,
                       std::size_t ldc) {
   gemm_fixed_order_range(a, m, w, 0, w.k(), c, lda, ldc);
@@ -327,8 +336,7 @@ void gemm_fixed_order_range(const float* a, std::size_t m, const QuantWeights& w
 #if MOED_X86_TILES
   // Up to two tiles of rows: decoding in registers per tile beats decoding
   // once to memory; beyond, the decoded panel is shared by more tiles.
-  static const bool has_bw = __builtin_cpu_supports("avx512bw");
-  if (g_isa == GemmIsa::avx512 && has_bw && m <= 2 * detail::kQuantTileRows) {
+  if (g_isa == GemmIsa::avx512 && cpu_has_avx512bw() && m <= 2 * detail::kQuantTileRows) {
     panels.fused = detail::avx512_quant_tile();
     panels.fused4 = detail::avx512_quant_tile4();
   }

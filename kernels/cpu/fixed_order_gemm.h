@@ -65,6 +65,9 @@ GemmIsa gemm_isa();
 // Whether the CPU has AVX-512 DQ (64-bit integer multiplies and conversions
 // in vectors), which some elementwise AVX-512 loops need beyond the kernels' F.
 bool cpu_has_avx512dq();
+// Whether it has AVX-512 BW (byte and word vectors), which the compact
+// weights' decoders need beyond F (quant_weights.h).
+bool cpu_has_avx512bw();
 
 // C[m, n] = A[m, k] · Wᵀ in the fixed order above. A's rows are lda apart
 // (0: k), C's rows ldc apart (0: n). Only C[i][0..n) is written.

@@ -41,8 +41,7 @@ const detail::PanelDecoders& decoders() {
   static const detail::PanelDecoders portable = detail::decoders_built_here();
 #if MOED_X86_TILES
   static const detail::PanelDecoders avx2 = detail::avx2_decoders();
-  static const bool has_bw = __builtin_cpu_supports("avx512bw");
-  static const detail::PanelDecoders avx512 = has_bw ? detail::avx512_decoders() : avx2;
+  static const detail::PanelDecoders avx512 = cpu_has_avx512bw() ? detail::avx512_decoders() : avx2;
   switch (gemm_isa()) {
     case GemmIsa::avx512:
       return avx512;

@@ -73,7 +73,11 @@ float bf16_value(std::uint16_t code) { return std::bit_cast<float>(std::uint32_t
 
 std::uint16_t bf16_code(float value) {
   const auto bits = std::bit_cast<std::uint32_t>(value);
-  if (std::isnan(value)) return std::uint16_t((bits >> 16) | 0x40);  // quiet
+  // Rounding could carry a NaN's payload into the exponent and make it inf:
+  // keep the top half and set the quiet bit instead.
+  if (std::isnan(value)) return std::uint16_t((bits >> 16) | 0x40);
+  // Adding 0x7fff rounds halves down; the extra 1 when the kept lsb is odd
+  // makes ties go to even; a carry into the exponent is right (up to inf).
   const std::uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
   return std::uint16_t((bits + rounding) >> 16);
 }

@@ -127,6 +127,13 @@ class TensorSource {
   // Float values [n, k] of `name` (or made by `make`), encoded in the format held.
   template <class Make>
   EncodedMatrix encoded_floats(const std::string& name, std::int64_t n, std::int64_t k, Make&& make) const {
+    if (held_ == WeightDtype::f32) {  // the floats are the codes: read them in place
+      EncodedMatrix m{held_, std::size_t(n), std::size_t(k), {}, {}};
+      m.codes.resize(EncodedMatrix::code_bytes(held_, m.n, m.k));
+      auto* out = reinterpret_cast<float*>(m.codes.data());  // operator new aligns them for floats
+      fetch(name, {n, k}, out, [&] { make(out); });
+      return m;
+    }
     std::vector<float> values(std::size_t(n * k));
     fetch(name, {n, k}, values.data(), [&] { make(values.data()); });
     return kernels::encode(held_, values.data(), std::size_t(n), std::size_t(k));
@@ -438,11 +445,6 @@ ExpertStore::Slot ExpertStore::f32_slot(const float* w13, const float* w2, std::
   return slot;
 }
 
-std::pair<EncodedMatrix, EncodedMatrix> ExpertStore::encoded(const Slot& slot) const {
-  MOED_CHECK(dtype_ != WeightDtype::f32, "f32 slots are copied as their floats");
-  return {slot.w13_quant.encoded(), slot.w2_quant.encoded()};
-}
-
 const ExpertStore::Slot* ExpertStore::find(int layer, int expert) const {
   auto it = slots_.find({layer, expert});
   return it == slots_.end() ? nullptr : &it->second;
@@ -530,10 +532,10 @@ void ExpertStore::copy_slot(int layer, int expert, std::uint8_t* out) const {
   const Slot* slot = find(layer, expert);
   MOED_CHECK(slot, "layer {} expert {} is not held by this rank", layer, expert);
   const std::size_t H = std::size_t(shape_.hidden), F = slot->ffn / std::size_t(slot->shards);
-  if (dtype_ != WeightDtype::f32) {
-    const auto [w13, w2] = encoded(*slot);
+  if (dtype_ != WeightDtype::f32) {  // the codes and scales back from the panels
+    const EncodedMatrix w13 = slot->w13_quant.encoded();
     w13.to_bytes(out);
-    w2.to_bytes(out + w13.bytes());
+    slot->w2_quant.encoded().to_bytes(out + w13.bytes());
   } else if (packed_) {  // the floats straight into `out` (4-byte aligned: slots are whole floats)
     slot->w13_packed.unpack(reinterpret_cast<float*>(out));
     slot->w2_packed.unpack(reinterpret_cast<float*>(out) + 2 * F * H);

@@ -99,8 +99,6 @@ class ExpertStore {
   Slot bare_slot(std::vector<float> b13, std::vector<float> b2, std::size_t ffn, int shard, int shards) const;
   Slot f32_slot(const float* w13, const float* w2, std::vector<float> b13, std::vector<float> b2, std::size_t ffn,
                 int shard, int shards) const;
-  // A compact slot's W1|W3 and W2 back in the format held.
-  std::pair<kernels::EncodedMatrix, kernels::EncodedMatrix> encoded(const Slot& slot) const;
   kernels::ExpertView view_of(const Slot& slot, std::size_t chunks) const;
   const Slot* find(int layer, int expert) const;
 

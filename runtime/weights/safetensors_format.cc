@@ -3,6 +3,8 @@
 #include <bit>
 #include <utility>
 
+#include "kernels/cpu/weight_codes.h"
+
 namespace moed::weights {
 
 const char* dtype_name(DType dtype) {
@@ -31,20 +33,10 @@ std::optional<std::uint64_t> stored_dtype_size(std::string_view dtype) {
   return std::nullopt;
 }
 
-float bf16_to_f32(std::uint16_t bits) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
-}
+// One conversion in the project: the expert formats' (kernels/cpu/weight_codes.h).
+float bf16_to_f32(std::uint16_t bits) { return kernels::bf16_value(bits); }
 
-std::uint16_t f32_to_bf16(float value) {
-  auto bits = std::bit_cast<std::uint32_t>(value);
-  // Rounding could carry a NaN's payload into the exponent and make it inf: keep the
-  // top half and set the quiet bit instead.
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
-  // Adding 0x7FFF rounds halves down, the extra 1 when the kept lsb is odd makes ties go to
-  // even; a carry into the exponent is correct (up to inf for the largest finite values).
-  std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<std::uint16_t>((bits + rounding) >> 16);
-}
+std::uint16_t f32_to_bf16(float value) { return kernels::bf16_code(value); }
 
 std::optional<std::uint64_t> checked_numel(const std::vector<std::int64_t>& shape) {
   std::uint64_t n = 1;

@@ -12,6 +12,7 @@
 #include "common/summary_stats.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
+#include "tests/bench/bench_timing.h"
 
 using namespace moed;
 
@@ -21,18 +22,11 @@ double gflops_of(std::size_t m, std::size_t n, std::size_t k, double seconds_per
   return 2.0 * double(m) * double(n) * double(k) / seconds_per_call / 1e9;
 }
 
+// Warmed once, then bench::seconds_per_call.
 template <class F>
 double seconds_per_call(F&& call, double budget) {
-  call();  // warm
-  const auto start = std::chrono::steady_clock::now();
-  int calls = 0;
-  double elapsed = 0;
-  do {
-    call();
-    ++calls;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  } while (elapsed < budget);
-  return elapsed / calls;
+  call();
+  return bench::seconds_per_call(call, budget);
 }
 
 }  // namespace

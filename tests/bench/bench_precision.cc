@@ -47,6 +47,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/quant_weights.h"
 #include "kernels/cpu/weight_codes.h"
+#include "tests/bench/bench_timing.h"
 
 using namespace moed;
 using kernels::EncodedMatrix;
@@ -54,6 +55,8 @@ using kernels::ExpertView;
 using kernels::PackedWeights;
 using kernels::QuantWeights;
 using kernels::WeightDtype;
+using bench::seconds_per_call;
+using bench::seconds_since;
 
 namespace {
 
@@ -69,24 +72,6 @@ const std::vector<Shape> kShapes{{"serving", "the serving benchmark's layer (con
                                  {"deepseek-v3", "DeepSeek-V3's expert", 7168, 2048}};
 const std::vector<WeightDtype> kDtypes{WeightDtype::f32, WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4,
                                        WeightDtype::int8};
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Seconds per call of `call`, calling it until `budget` seconds have passed (at least once).
-template <class F>
-double seconds_per_call(F&& call, double budget) {
-  const auto start = std::chrono::steady_clock::now();
-  int calls = 0;
-  double elapsed = 0;
-  do {
-    call();
-    ++calls;
-    elapsed = seconds_since(start);
-  } while (elapsed < budget);
-  return elapsed / calls;
-}
 
 double median(const std::vector<double>& v) { return percentile(v, 0.5); }
 
