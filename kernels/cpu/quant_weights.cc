@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/rng.h"
+#include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/quant_decode_body.h"
 
 namespace moed::kernels {
@@ -21,7 +22,7 @@ constexpr std::size_t kTile = std::size_t(kFp8Tile), kBlock = std::size_t(kMxBlo
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
 // Bytes a panel's k step of codes takes.
-std::size_t step_bytes(WeightDtype dtype) {
+std::size_t bytes_per_step(WeightDtype dtype) {
   switch (dtype) {
     case WeightDtype::f32:
       return 4 * kP;
@@ -65,7 +66,7 @@ std::uint8_t* allocate_bytes(std::size_t count) {
 
 void QuantWeights::Free::operator()(std::uint8_t* p) const { std::free(p); }
 
-std::size_t QuantWeights::panel_code_bytes() const { return k_ * step_bytes(dtype_); }
+std::size_t QuantWeights::panel_code_bytes() const { return k_ * bytes_per_step(dtype_); }
 
 std::size_t QuantWeights::panel_scale_bytes() const {
   switch (dtype_) {
@@ -88,11 +89,14 @@ QuantWeights::QuantWeights(const EncodedMatrix& m) : dtype_(m.dtype), n_(m.n), k
                  m.scales.size() == EncodedMatrix::scale_bytes(m.dtype, m.n, m.k),
              "{} matrix [{}, {}] of {} code and {} scale bytes", to_string(m.dtype), m.n, m.k, m.codes.size(),
              m.scales.size());
+  // moed's int8 codes are symmetric, [-127, 127]; the bf16 products' decoders rely on it.
+  MOED_CHECK(m.dtype != WeightDtype::int8 || std::find(m.codes.begin(), m.codes.end(), 0x80) == m.codes.end(),
+             "int8 matrix [{}, {}] holds the code -128", m.n, m.k);
   code_bytes_ = panels() * panel_code_bytes();
   scale_bytes_ = panels() * panel_scale_bytes();
   data_.reset(allocate_bytes(bytes()));
   std::memset(data_.get(), 0, bytes());  // rows past n: code 0, scale 0 (mxfp4: e8m0 0), value 0
-  const std::size_t step = step_bytes(dtype_), tiles_k = ceil_div(k_, kTile);
+  const std::size_t step = bytes_per_step(dtype_), tiles_k = ceil_div(k_, kTile);
   for (std::size_t p = 0; p < panels(); ++p) {
     std::uint8_t* codes = data_.get() + p * panel_code_bytes();
     std::uint8_t* scales = data_.get() + code_bytes_ + p * panel_scale_bytes();
@@ -142,7 +146,7 @@ QuantWeights& QuantWeights::operator=(const QuantWeights& other) {
 EncodedMatrix QuantWeights::encoded() const {
   EncodedMatrix m{dtype_, n_, k_, std::vector<std::uint8_t>(EncodedMatrix::code_bytes(dtype_, n_, k_)),
                   std::vector<std::uint8_t>(EncodedMatrix::scale_bytes(dtype_, n_, k_))};
-  const std::size_t step = step_bytes(dtype_), tiles_k = ceil_div(k_, kTile);
+  const std::size_t step = bytes_per_step(dtype_), tiles_k = ceil_div(k_, kTile);
   for (std::size_t row = 0; row < n_; ++row) {
     const std::size_t p = row / kP, r = row % kP;
     for (std::size_t kk = 0; kk < k_; ++kk) {
@@ -173,7 +177,7 @@ EncodedMatrix QuantWeights::encoded() const {
 
 void QuantWeights::decode_panel(std::size_t p, std::size_t k0, std::size_t kc, float* out) const {
   const detail::PanelDecoders& d = decoders();
-  const std::uint8_t* c = codes(p) + k0 * step_bytes(dtype_);
+  const std::uint8_t* c = codes(p) + k0 * bytes_per_step(dtype_);
   switch (dtype_) {
     case WeightDtype::bf16:
       return d.bf16(reinterpret_cast<const std::uint16_t*>(c), kc, out);
@@ -185,7 +189,7 @@ void QuantWeights::decode_panel(std::size_t p, std::size_t k0, std::size_t kc, f
       const std::size_t group = dtype_ == WeightDtype::fp8 ? kTile : kBlock;
       for (std::size_t kk = 0; kk < kc;) {
         const std::size_t at = k0 + kk, g = at / group, steps = std::min(kc - kk, (g + 1) * group - at);
-        const std::uint8_t* sc = c + kk * step_bytes(dtype_);
+        const std::uint8_t* sc = c + kk * bytes_per_step(dtype_);
         if (dtype_ == WeightDtype::fp8)
           d.fp8(sc, steps, reinterpret_cast<const float*>(scales(p))[g], out + kk * kP);
         else
@@ -220,6 +224,7 @@ detail::QuantPanel QuantWeights::panel(std::size_t p) const {
 }
 
 InvarianceProbe probe_row_invariance(WeightDtype dtype, std::size_t n, std::size_t k) {
+  if (compact_products() == CompactProducts::bf16) return probe_bf16_dot_invariance(dtype, n, k);
   CounterRng rng(hash_name(fmt::format("quant-gemm-probe-{}", to_string(dtype))));
   std::uint64_t counter = 0;
   auto random = [&](std::size_t count) {

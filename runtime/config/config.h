@@ -104,6 +104,7 @@ struct ExpertsConfig {
   std::int64_t chunk_rows = 0, blas_threads = 1;
   std::int64_t ffn_chunks = 1;
   std::string dtype = "auto";  // "auto" or a kernels::WeightDtype's name
+  std::string products = "auto";  // "auto", "f32" or "bf16" (kernels::CompactProducts)
 };
 
 struct EngineConfig {

@@ -19,6 +19,7 @@
 #include "common/listen_address.h"
 #include "common/log.h"
 #include "common/rng.h"
+#include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/quant_weights.h"
@@ -274,7 +275,10 @@ Numerics probe_numerics(const Config& c) {
       if (!probe.invariant) return {false, "NOT batch-invariant: the start-up probe failed: " + probe.detail};
     }
   const std::string isa = kernels::to_string(kernels::gemm_isa()) +
-                          (held == kernels::WeightDtype::f32 ? "" : fmt::format(", experts in {}", kernels::to_string(held)));
+                          (held == kernels::WeightDtype::f32
+                               ? ""
+                               : fmt::format(", experts in {}, {} products", kernels::to_string(held),
+                                             kernels::to_string(kernels::compact_products())));
   if (!experts_fixed)
     return {false, fmt::format("experts on OpenBLAS sgemm ([experts].gemm): bit-exact across ranks and "
                                "placements, not across batches; router on the fixed-order GEMM ({})",
@@ -379,6 +383,7 @@ void Daemon::Startup::read_host() {
 
 void Daemon::Startup::probe_this_rank() {
   choose_gemm_isa(c_);
+  kernels::set_compact_products(local_products(c_));
   numerics_ = probe_numerics(c_);
   d_.fault_ = fault_from_env();
 }
@@ -403,6 +408,14 @@ void Daemon::Startup::load_weights() {
 
 // The claim holds for the job only if it holds on every rank's CPU.
 void Daemon::Startup::agree_numerics() {
+  // Every rank multiplies compact experts alike: under products = auto, one
+  // rank without bf16 dot products moves all of them to f32.
+  const bool f32_here = kernels::compact_products() == kernels::CompactProducts::f32;
+  if (d_.control_.all_max(f32_here ? 1 : 0, "compact experts' products") && !f32_here) {
+    spdlog::info("[experts].products = auto: f32, as another rank cannot run bf16 dot products");
+    kernels::set_compact_products(kernels::CompactProducts::f32);
+    numerics_ = probe_numerics(c_);
+  }
   if (!numerics_.batch_invariant && c_.experts.gemm == Gemm::fixed_order) spdlog::warn("numerics: {}", numerics_.description);
   if (d_.control_.all_max(numerics_.batch_invariant ? 0 : 1, "numerics probe") && numerics_.batch_invariant)
     numerics_ = {false, "NOT batch-invariant: the start-up probe failed on another rank (see its log)"};

@@ -578,4 +578,18 @@ void ExpertStore::drop_slot(int layer, int expert) {
   MOED_CHECK(slots_.erase({layer, expert}) == 1, "layer {} expert {} is not held", layer, expert);
 }
 
+kernels::CompactProducts local_products(const Config& c) {
+  const bool compact = experts_dtype(c) != "f32" && c.experts.gemm == Gemm::fixed_order;
+  const bool here = kernels::cpu_has_bf16_dot() && kernels::gemm_isa() == kernels::GemmIsa::avx512;
+  if (c.experts.products == "bf16") {
+    if (!here)
+      MOED_THROW(Usage, "[experts].products = bf16: this CPU {}", kernels::cpu_has_bf16_dot()
+                     ? fmt::format("runs them only with the avx512 GEMM kernel, and [experts].isa = {}",
+                                   name_of(c.experts.isa))
+                     : std::string("lacks AVX-512 BF16 or VBMI (Zen 4 and Intel since Sapphire Rapids have both)"));
+    return kernels::CompactProducts::bf16;
+  }
+  return c.experts.products == "auto" && compact && here ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32;
+}
+
 }  // namespace moed::runtime

@@ -41,6 +41,7 @@
 
 #include "common/rng.h"
 #include "common/summary_stats.h"
+#include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/encoded_matrix.h"
 #include "kernels/cpu/expert_ffn.h"
 #include "kernels/cpu/fixed_order_gemm.h"
@@ -48,6 +49,9 @@
 #include "kernels/cpu/quant_weights.h"
 #include "kernels/cpu/weight_codes.h"
 #include "tests/bench/bench_timing.h"
+#if MOED_BENCH_ONEDNN
+#include "tests/bench/onednn_matmul.h"
+#endif
 
 using namespace moed;
 using kernels::EncodedMatrix;
@@ -445,6 +449,10 @@ struct Row {
   double stream_gbs = 0;
   std::array<double, 3> decode_gflops{};  // m = 1, 4, 16
   double prefill_gflops = 0, sgemm_gflops = 0;
+  // oneDNN's dense matmul of the same shapes (0: not measured): bf16 for
+  // bf16, fp8 and mxfp4 (which it has no GEMM for), int8 (u8 x s8) for int8.
+  std::array<double, 3> onednn_decode_gflops{};
+  double onednn_prefill_gflops = 0;
   Accuracy acc;
 };
 
@@ -452,6 +460,47 @@ constexpr std::array<std::size_t, 3> kDecodeRows{1, 4, 16};
 constexpr std::size_t kPrefillRows = 256, kAccuracyRows = 64;
 
 double flops_per_call(const Shape& s, std::size_t m) { return 2.0 * double(m) * 3.0 * double(s.H) * double(s.F); }
+
+#if MOED_BENCH_ONEDNN
+// One expert's two GEMMs as oneDNN runs them densely.
+struct OneDnnExpert {
+  bench::OneDnnMatmul w13, w2;
+  OneDnnExpert(bench::OneDnnMatmul::Kind kind, std::size_t m, const Original& w)
+      : w13(kind, m, 2 * w.F, w.H, w.w13.data()), w2(kind, m, w.H, w.F, w.w2.data()) {}
+  void run() {
+    w13.run();
+    w2.run();
+  }
+};
+
+// oneDNN at the decode sizes, cycling through a set of n experts as moed's
+// decode does, and at prefill; bf16 for the bf16-valued dtypes, int8 for int8.
+void measure_onednn(const Shape& shape, WeightDtype dtype, const Original& w, std::size_t n, const Options& o,
+                    Row& row) {
+  if (dtype == WeightDtype::f32) return;  // its bound is OpenBLAS's sgemm
+  const auto kind = dtype == WeightDtype::int8 ? bench::OneDnnMatmul::Kind::int8 : bench::OneDnnMatmul::Kind::bf16;
+  auto gflops = [&](std::size_t m, std::size_t experts) {
+    std::vector<OneDnnExpert> set;
+    set.reserve(experts);
+    for (std::size_t i = 0; i < experts; ++i) set.emplace_back(kind, m, w);
+    std::size_t next = 0;
+    auto call = [&] {
+      set[next].run();
+      next = (next + 1) % experts;
+    };
+    for (std::size_t i = 0; i < experts; ++i) call();
+    std::vector<double> runs;
+    for (int r = 0; r < o.reps; ++r) runs.push_back(seconds_per_call(call, o.seconds));
+    return flops_per_call(shape, m) / median(runs) / kGB;
+  };
+  // Its weights take bf16's bytes (int8's: int8's): the set that size, past the LLC.
+  const double bytes = 3.0 * double(shape.H) * double(shape.F) * (kind == bench::OneDnnMatmul::Kind::bf16 ? 2 : 1);
+  const std::size_t experts = std::max<std::size_t>(
+      2, std::min(n * 4, std::size_t(std::ceil(o.llc_times * double(o.llc) / bytes))));
+  for (std::size_t i = 0; i < kDecodeRows.size(); ++i) row.onednn_decode_gflops[i] = gflops(kDecodeRows[i], experts);
+  row.onednn_prefill_gflops = gflops(kPrefillRows, 1);
+}
+#endif
 
 Row measure(const Shape& shape, WeightDtype dtype, const std::vector<Original>& originals, const Slot& reference,
             const std::vector<float>& x_acc, const std::vector<float>& y_ref, const Options& o) {
@@ -555,6 +604,9 @@ Row measure(const Shape& shape, WeightDtype dtype, const std::vector<Original>& 
     row.prefill_gflops = flops_per_call(shape, kPrefillRows) / median(ffn_runs) / kGB;
     row.sgemm_gflops = flops_per_call(shape, kPrefillRows) / median(blas_runs) / kGB;
   }
+#if MOED_BENCH_ONEDNN
+  measure_onednn(shape, dtype, originals[0], n, o, row);
+#endif
   return row;
 }
 
@@ -595,13 +647,34 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
                  kernels::to_string(r.dtype), o.llc_times);
   }
 
+  const bool onednn = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.onednn_prefill_gflops > 0; });
   fmt::print(
-      "prefill, {} rows per expert, GFLOP/s per core (bound: OpenBLAS fp32 sgemm, same two GEMMs, no activation):\n",
-      kPrefillRows);
-  fmt::print("  {:<6} {:>9} {:>11} {:>6}\n", "dtype", "expert", "sgemm fp32", "ratio");
-  for (const Row& r : rows)
-    fmt::print("  {:<6} {:>9.1f} {:>11.1f} {:>6.2f}\n", kernels::to_string(r.dtype), r.prefill_gflops, r.sgemm_gflops,
-               r.prefill_gflops / r.sgemm_gflops);
+      "prefill, {} rows per expert, GFLOP/s per core (bound: the best dense GEMM of the two shapes, no activation:\n"
+      "OpenBLAS fp32 sgemm for f32; {}):\n",
+      kPrefillRows,
+      onednn ? "oneDNN's bf16 matmul for bf16, fp8 and mxfp4, its int8 matmul (u8 activations) for int8"
+             : "oneDNN is not installed, so OpenBLAS's sgemm for all");
+  fmt::print("  {:<6} {:>9} {:>11} {:>12} {:>6}\n", "dtype", "expert", "sgemm fp32", "oneDNN dense", "ratio");
+  for (const Row& r : rows) {
+    const double bound = r.onednn_prefill_gflops > 0 ? r.onednn_prefill_gflops : r.sgemm_gflops;
+    fmt::print("  {:<6} {:>9.1f} {:>11.1f} {:>12} {:>6.2f}\n", kernels::to_string(r.dtype), r.prefill_gflops,
+               r.sgemm_gflops, r.onednn_prefill_gflops > 0 ? fmt::format("{:.1f}", r.onednn_prefill_gflops) : "-",
+               r.prefill_gflops / bound);
+  }
+  if (onednn) {
+    fmt::print(
+        "moed against oneDNN's dense matmul at decode, the same set cycling (GFLOP/s; > 1: moed faster):\n");
+    fmt::print("  {:<6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}\n", "dtype", "oneDNN m=1", "m=4", "m=16", "x m=1",
+               "x m=4", "x m=16");
+    for (const Row& r : rows) {
+      if (r.onednn_prefill_gflops <= 0) continue;
+      fmt::print("  {:<6} {:>10.2f} {:>10.2f} {:>10.2f}", kernels::to_string(r.dtype), r.onednn_decode_gflops[0],
+                 r.onednn_decode_gflops[1], r.onednn_decode_gflops[2]);
+      for (std::size_t i = 0; i < kDecodeRows.size(); ++i)
+        fmt::print(" {:>8.2f}", r.decode_gflops[i] / r.onednn_decode_gflops[i]);
+      fmt::print("\n");
+    }
+  }
 
   fmt::print("accuracy, {} unit-variance rows (per row: rel err = |y - y_fp32| / |y_fp32|, cos = cosine similarity):\n",
              kAccuracyRows);
@@ -634,6 +707,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "fp8", "mxfp4", "int8"}));
   app.add_option("--isa", isa, "fixed-order kernel and decoders: avx512, avx2 or portable")
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
+  std::string products = "auto";
+  app.add_option("--products", products,
+                 "compact dtypes' products: f32, bf16 (AVX-512 BF16 dot products) or auto (bf16 where the CPU "
+                 "has them)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   app.add_option("--llc-mb", llc_mb, "last-level cache in MB (default: what sysconf or /sys says)")
       ->check(CLI::Range(1.0, 1e6));
   app.add_option("--llc-times", llc_times, "a decode set's bytes at least this many times the LLC")
@@ -667,6 +745,8 @@ int main(int argc, char** argv) {
       isa_set = true;
     }
   if (!isa_set) return 2;  // unreachable: CLI11 checked the name
+  if (products == "auto") products = kernels::cpu_has_bf16_dot() ? "bf16" : "f32";
+  kernels::set_compact_products(products == "bf16" ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32);
   std::vector<Shape> shapes;
   for (const Shape& s : kShapes)
     if (shape_names.empty() || std::find(shape_names.begin(), shape_names.end(), s.name) != shape_names.end())
@@ -689,8 +769,8 @@ int main(int argc, char** argv) {
       o.reps, o.seconds, quick ? " (--quick)" : "", o.llc_times, o.memory_gb);
   fmt::print(
       "FLOPs per expert call: 2 m (3 H F); weights uniform at the synthetic model's scales (no outliers: real\n"
-      "checkpoints quantize worse); prefill bound: OpenBLAS fp32 sgemm, as moed links no oneDNN: no dense\n"
-      "bf16/fp8/int8 GEMM to compare (moed's compact dtypes decode to fp32 and multiply at fp32 FMA rate)\n");
+      "checkpoints quantize worse); compact dtypes multiply with {} products ([experts].products)\n",
+      kernels::to_string(kernels::compact_products()));
   for (const Shape& shape : shapes) {
     // Two distinct experts (one where the set is a single expert); the decode sets copy them.
     std::vector<Original> originals;

@@ -11,11 +11,14 @@
 # With DTYPE, the experts are held in that format ([experts].dtype): fp8 and
 # mxfp4 from a checkpoint written in it (the format by default: auto), bf16
 # from a bf16 checkpoint, int8 quantized at load from an f32 one.
-# Usage: test_families.sh deepseek_v3|qwen3_moe|qwen2_moe|olmoe|gpt_oss [f32|bf16|fp8|mxfp4|int8]
+# With PRODUCTS, [experts].products (the default, auto, takes bf16 dot
+# products where the CPU has them).
+# Usage: test_families.sh deepseek_v3|qwen3_moe|qwen2_moe|olmoe|gpt_oss [f32|bf16|fp8|mxfp4|int8 [auto|f32|bf16]]
 source "$(dirname "$0")/lib.sh"
 : "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
 family=${1:?family}
 dtype=${2:-f32}
+products=${3:-auto}
 N=300  # tokens compared: the first N of every run
 H=64   # tests/mpi/small.toml's hidden size
 
@@ -52,14 +55,16 @@ ck=$SCRATCH/checkpoint
   >/dev/null || fail "--generate-weights --family $family ${written[*]}"
 [ -f "$ck/config.json" ] && [ -f "$ck/model.safetensors" ] || fail "no config.json and model.safetensors in $ck"
 grep -q "\"model_type\": \"$family\"" "$ck/config.json" || fail "config.json does not say model_type $family"
+served+=(--set experts.products="$products")
 base=(--config "$SMALL" "${shape[@]}" "${served[@]}" --set "model.weights=\"$ck\"")
 # The plain-loop reference reads fp8 and mxfp4 through the synthetic model in
 # memory, whose values the checkpoint holds (test_expert_formats).
 reference=("${base[@]}")
 case "$dtype" in fp8 | mxfp4)
-  reference=(--config "$SMALL" "${shape[@]}" "${synthetic[@]}" --set model.family="$family" --set experts.dtype="$dtype") ;;
+  reference=(--config "$SMALL" "${shape[@]}" "${synthetic[@]}" --set model.family="$family" --set experts.dtype="$dtype"
+    --set experts.products="$products") ;;
 esac
-family="$family${2:+ in $dtype}"  # in messages; the DeepSeek-only checks below run without DTYPE
+family="$family${2:+ in $dtype}${3:+ with $products products}"  # in messages; the DeepSeek-only checks below run without DTYPE
 
 # serve NAME RANKS TOKENS_PER_STEP [FLAGS...]: enough steps to cover N tokens.
 serve() {

@@ -19,6 +19,7 @@
 #include "kernels/cpu/encoded_matrix.h"
 #include "routing/routing_trace.h"
 #include "runtime/config/config.h"
+#include "runtime/weights/expert_store.h"
 #include "runtime/weights/model.h"
 #include "runtime/daemon/output_dump.h"
 #include "runtime/weights/safetensors.h"
@@ -261,8 +262,18 @@ std::vector<Choice> route_token(std::vector<double> logits, const Layer& L, cons
 
 double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
 
+// With [experts].products = bf16, moed rounds what a compact expert's GEMMs
+// read to bf16: its input (fp32, then bf16) and the activation before W2.
+// The reference does the same to its doubles; the rest stays in double.
+bool g_bf16_inputs = false;
+double as_gemm_input(double v) {
+  return g_bf16_inputs ? double(moed::kernels::bf16_value(moed::kernels::bf16_code(float(v)))) : v;
+}
+
 // y = W2 act(W1 x + b1, W3 x + b3) + b2: SwiGLU, or gpt-oss's clamped form.
-std::vector<double> expert_forward(const Expert& w, const ExpertSpec& spec, const std::vector<double>& xn) {
+std::vector<double> expert_forward(const Expert& w, const ExpertSpec& spec, const std::vector<double>& x_in) {
+  std::vector<double> xn = x_in;
+  for (double& v : xn) v = as_gemm_input(v);
   const std::size_t H = xn.size(), F = w.w1.size() / H;
   std::vector<double> act(F), y(H, 0.0);
   for (std::size_t f = 0; f < F; ++f) {
@@ -278,6 +289,7 @@ std::vector<double> expert_forward(const Expert& w, const ExpertSpec& spec, cons
     } else {
       act[f] = g * sigmoid(g) * u;
     }
+    act[f] = as_gemm_input(act[f]);
   }
   for (std::size_t i = 0; i < H; ++i) {
     y[i] = w.b2.empty() ? 0 : w.b2[i];
@@ -359,6 +371,13 @@ int main(int argc, char** argv) {
       hold_in_format(c, s, layer.shared);
     }
     for (Dense& d : dense) hold_in_format(c, s, d.ffn);
+    g_bf16_inputs = local_products(c) == moed::kernels::CompactProducts::bf16;
+    // The reference rounds the same activations to bf16, but from values a
+    // few fp32 ulps from moed's, so now and then one lands on the other side
+    // of a bf16 rounding and moves its terms by one bf16 step (2^-8): the
+    // default tolerance then is that step, not fp32's.
+    if (g_bf16_inputs && !app.count("--atol")) atol = 0x1p-8;
+    if (g_bf16_inputs && !app.count("--rtol")) rtol = 0x1p-8;
     auto workload = make_workload(c, model[0].gate.data());
     OutputFile dump = read_output_dump(dump_path);
     const std::uint64_t N = std::uint64_t(c.workload.tokens_per_step), steps = std::uint64_t(c.workload.steps);

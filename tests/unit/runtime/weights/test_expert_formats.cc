@@ -96,6 +96,27 @@ TEST_P(ExpertFormats, MigratedSlotsKeepTheirBits) {
   EXPECT_TRUE(same_bits(outputs(a.expert(0, 5), x, 5), outputs(b.expert(0, 5), x, 5)));
 }
 
+// With bf16 dot products too, a row's bits are its own, and a migrated
+// slot's are the source's.
+TEST_P(ExpertFormats, Bf16ProductsKeepARowsBitsAndAMigratedSlotsBits) {
+  const Case k = GetParam();
+  if (k.dtype == "f32") GTEST_SKIP() << "f32 experts multiply in f32";
+  kernels::set_compact_products(kernels::CompactProducts::bf16);
+  const Config c = config_of(k.family, k.dtype);
+  const placement::Placement p = placement::contiguous(2, 2, 8);
+  ExpertStore a = ExpertStore::load(c, p, 0);
+  const ExpertStore b = ExpertStore::load(c, p, 1);
+  const std::vector<float> x = test::random_floats(7 * 64, 5);
+  const std::vector<float> row(x.begin() + 3 * 64, x.begin() + 4 * 64);
+  const std::vector<float> batch = outputs(b.expert(0, 5), x, 7), alone = outputs(b.expert(0, 5), row, 1);
+  EXPECT_EQ(std::memcmp(batch.data() + 3 * 64, alone.data(), 64 * sizeof(float)), 0);
+  std::vector<std::uint8_t> flat(b.slot_bytes());
+  b.copy_slot(0, 5, flat.data());
+  a.add_slot(0, 5, flat.data());
+  EXPECT_TRUE(same_bits(outputs(a.expert(0, 5), x, 7), batch));
+  kernels::set_compact_products(kernels::CompactProducts::f32);
+}
+
 // A checkpoint written with its experts in the format loads the values the
 // in-memory synthetic model holds.
 TEST_P(ExpertFormats, ACheckpointInTheFormatLoadsTheSameExperts) {
@@ -144,6 +165,29 @@ TEST(ExpertFormatErrors, ShapesOffTheScaleGrainAreRefused) {
   test::expect_error([&] { ExpertStore::load(config_of("mixtral", "fp8", {"experts.ffn_chunks=4"}), split, 0); },
                      ErrorKind::Usage, {"layer 0 expert 1 is split into 4 shards of 64 columns", "multiples of 128"});
   EXPECT_NO_THROW(ExpertStore::load(config_of("mixtral", "mxfp4", {"experts.ffn_chunks=4"}), split, 0));
+}
+
+TEST(ExpertProducts, AutoTakesBf16WhereTheCpuHasItAndBf16IsRefusedWhereItCannot) {
+  EXPECT_EQ(local_products(config_of("mixtral", "f32")), kernels::CompactProducts::f32);
+  EXPECT_EQ(local_products(config_of("mixtral", "fp8", {"experts.products=f32"})), kernels::CompactProducts::f32);
+  const bool here = kernels::cpu_has_bf16_dot() && kernels::gemm_isa() == kernels::GemmIsa::avx512;
+  EXPECT_EQ(local_products(config_of("mixtral", "fp8")),
+            here ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32);
+  test::expect_error([] { (void)config_of("mixtral", "f32", {"experts.products=bf16"}); }, ErrorKind::Usage,
+                     {"[experts].products = \"bf16\"", "f32"});
+  test::expect_error([] { (void)config_of("mixtral", "int8", {"experts.products=bf16", "experts.gemm=openblas"}); },
+                     ErrorKind::Usage, {"[experts].products = \"bf16\"", "openblas"});
+  if (!kernels::cpu_has_bf16_dot()) {
+    test::expect_error([] { (void)local_products(config_of("mixtral", "fp8", {"experts.products=bf16"})); },
+                       ErrorKind::Usage, {"[experts].products = bf16", "AVX-512 BF16"});
+    return;
+  }
+  EXPECT_EQ(local_products(config_of("mixtral", "fp8", {"experts.products=bf16"})), kernels::CompactProducts::bf16);
+  kernels::set_gemm_isa(kernels::GemmIsa::avx2);  // as [experts].isa = avx2 sets it
+  test::expect_error([] { (void)local_products(config_of("mixtral", "fp8", {"experts.products=bf16", "experts.isa=avx2"})); },
+                     ErrorKind::Usage, {"[experts].products = bf16", "avx512 GEMM kernel", "avx2"});
+  EXPECT_EQ(local_products(config_of("mixtral", "fp8", {"experts.isa=avx2"})), kernels::CompactProducts::f32);
+  kernels::set_gemm_isa(kernels::best_gemm_isa());
 }
 
 TEST(ExpertFormatErrors, ACheckpointThatCannotBecomeTheFormatNamesTheTensor) {

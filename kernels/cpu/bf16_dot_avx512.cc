@@ -1,0 +1,386 @@
+// The bf16 dot-product kernels (bf16_dot_tile.h) for AVX-512 BF16: decoders
+// that turn each format's codes into bf16 with byte and word permutes (every
+// code value is exact in bf16), and tiles of up to 12 rows x 16 or 32
+// columns built on vdpbf16ps. Compiled with -mavx512bf16 and VBMI, called
+// only where the CPU has both; includes nothing but the intrinsics and
+// bf16_dot_tile.h.
+#include <immintrin.h>
+
+#include "kernels/cpu/bf16_dot_tile.h"
+
+namespace moed::kernels::detail {
+namespace {
+
+// bf16 codes of the formats' magnitudes, built once at compile time.
+constexpr std::uint16_t bf16_of_fp8_magnitude(int m) {  // e4m3: eeee.mmm, bias 7
+  const int e = m >> 3, f = m & 7;
+  if (e > 0) return std::uint16_t((e + 120) << 7 | f << 4);
+  if (f == 0) return 0;
+  int shift = 0;  // f x 2^-9, normalised
+  while ((f << shift) < 8) ++shift;
+  return std::uint16_t((121 - shift) << 7 | ((f << shift) & 7) << 4);
+}
+constexpr std::uint16_t bf16_of_integer(int i) {  // 0..127, exact
+  if (i == 0) return 0;
+  int e = 0;
+  while ((i >> (e + 1)) != 0) ++e;
+  return std::uint16_t((e + 127) << 7 | ((i << (7 - e)) & 0x7f));
+}
+constexpr std::uint16_t kFp4Bf16[8] = {0, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0};
+
+// 128-entry byte tables, high and low bytes of each magnitude's bf16 code,
+// as the two 64-byte halves vpermi2b reads.
+struct ByteTables {
+  __m512i hi0, hi1, lo0, lo1;
+};
+template <class Code>
+ByteTables byte_tables(Code code) {
+  alignas(64) unsigned char hi[128], lo[128];
+  for (int m = 0; m < 128; ++m) {
+    hi[m] = static_cast<unsigned char>(code(m) >> 8);
+    lo[m] = static_cast<unsigned char>(code(m) & 0xff);
+  }
+  return {_mm512_load_si512(hi), _mm512_load_si512(hi + 64), _mm512_load_si512(lo), _mm512_load_si512(lo + 64)};
+}
+
+// The byte permutes that lay out two k pairs from 4 steps of 16 one-byte
+// codes: output byte 2e + b of pair u (element e = 2 l + s) is the low (b 0)
+// or high (b 1) byte of step 2u + s, lane l.
+__m512i assemble_index(int u) {
+  alignas(64) unsigned char idx[64];
+  for (int j = 0; j < 64; ++j) {
+    const int e = j / 2, b = j % 2, l = e / 2, s = e % 2;
+    idx[j] = static_cast<unsigned char>(b << 6 | ((2 * u + s) * 16 + l));
+  }
+  return _mm512_load_si512(idx);
+}
+
+__mmask64 first_bytes(std::size_t count) { return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1; }
+
+// Each format's decoder turns up to 4 steps of one panel (two k pairs) into
+// two vectors of bf16 pairs; missing steps decode to 0. Its tables are
+// members, so a kernel holding one keeps them in registers.
+template <bool Signed>  // int8 (two's complement) or fp8 (sign and magnitude)
+struct ByteCodes {
+  static constexpr std::size_t kStepBytes = 16;
+  ByteTables t = Signed ? byte_tables(bf16_of_integer) : byte_tables(bf16_of_fp8_magnitude);
+  __m512i pair0 = assemble_index(0), pair1 = assemble_index(1), sign = _mm512_set1_epi8(char(0x80));
+  void two(const std::uint8_t* src, std::size_t steps, __m512i& out0, __m512i& out1) const {
+    const __m512i c =
+        steps >= 4 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(first_bytes(kStepBytes * steps), src);
+    const __m512i mag = Signed ? _mm512_abs_epi8(c) : c;  // bit 7 is not read by vpermi2b
+    __m512i hi = _mm512_permutex2var_epi8(t.hi0, mag, t.hi1);
+    const __m512i lo = _mm512_permutex2var_epi8(t.lo0, mag, t.lo1);
+    hi = _mm512_ternarylogic_epi32(hi, c, sign, 0xf8);  // hi | (c & sign)
+    out0 = _mm512_permutex2var_epi8(lo, pair0, hi);
+    out1 = _mm512_permutex2var_epi8(lo, pair1, hi);
+  }
+};
+
+struct Bf16Codes {
+  static constexpr std::size_t kStepBytes = 32;
+  __m512i interleave = [] {
+    alignas(64) std::uint16_t idx[32];
+    for (int e = 0; e < 32; ++e) idx[e] = static_cast<std::uint16_t>((e % 2) * 16 + e / 2);
+    return _mm512_load_si512(idx);
+  }();
+  void two(const std::uint8_t* src, std::size_t steps, __m512i& out0, __m512i& out1) const {
+    const __m512i c0 = steps >= 4 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(first_bytes(32 * steps), src);
+    const __m512i c1 = steps >= 4 ? _mm512_loadu_si512(src + 64)
+                                  : _mm512_maskz_loadu_epi8(first_bytes(steps > 2 ? 32 * (steps - 2) : 0), src + 64);
+    out0 = _mm512_permutexvar_epi16(interleave, c0);
+    out1 = _mm512_permutexvar_epi16(interleave, c1);
+  }
+};
+
+// mxfp4: a step is 8 bytes, lane 2i's nibble low in byte i. Each 16-bit
+// slot gathers its code byte (vpermb), shifts its nibble down (vpsrlvw), and
+// looks up its bf16 code (vpermw reads 5 bits: the table repeats).
+struct Fp4Codes {
+  static constexpr std::size_t kStepBytes = 8;
+  __m512i gather0 = gather_index(0), gather1 = gather_index(1), shift, values;
+  static __m512i gather_index(int u) {
+    alignas(64) unsigned char g[64];
+    for (int j = 0; j < 64; ++j) {
+      const int e = j / 2, l = e / 2, s = e % 2;
+      g[j] = static_cast<unsigned char>((2 * u + s) * 8 + l / 2);
+    }
+    return _mm512_load_si512(g);
+  }
+  Fp4Codes() {
+    alignas(64) std::uint16_t sh[32], v[32];
+    for (int e = 0; e < 32; ++e) {
+      sh[e] = static_cast<std::uint16_t>(((e / 2) % 2) * 4);
+      const int nibble = e % 16;
+      v[e] = static_cast<std::uint16_t>(kFp4Bf16[nibble & 7] | (nibble & 8 ? 0x8000 : 0));
+    }
+    shift = _mm512_load_si512(sh);
+    values = _mm512_load_si512(v);
+  }
+  void two(const std::uint8_t* src, std::size_t steps, __m512i& out0, __m512i& out1) const {
+    const __m512i c = _mm512_castsi256_si512(steps >= 4 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
+                                                        : _mm256_maskz_loadu_epi8(__mmask32(first_bytes(8 * steps)), src));
+    out0 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(gather0, c), shift), values);
+    out1 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(gather1, c), shift), values);
+  }
+};
+
+template <class Codes>
+void decode_with(const QuantPanel& w, std::size_t k0, std::size_t kc, std::uint16_t* out) {
+  static const Codes codes;
+  const std::uint8_t* src = w.codes + k0 * Codes::kStepBytes;
+  for (std::size_t s = 0; s < kc; s += 4) {
+    __m512i p0, p1;
+    codes.two(src + s * Codes::kStepBytes, kc - s, p0, p1);
+    _mm512_store_si512(out + 16 * s, p0);
+    if (kc - s > 2) _mm512_store_si512(out + 16 * s + 32, p1);
+  }
+}
+
+void decode_any(const QuantPanel& w, std::size_t k0, std::size_t kc, std::uint16_t* out) {
+  switch (w.kind) {
+    case QuantPanel::bf16:
+      return decode_with<Bf16Codes>(w, k0, kc, out);
+    case QuantPanel::fp8:
+      return decode_with<ByteCodes<false>>(w, k0, kc, out);
+    case QuantPanel::int8:
+      return decode_with<ByteCodes<true>>(w, k0, kc, out);
+    case QuantPanel::mxfp4:
+      return decode_with<Fp4Codes>(w, k0, kc, out);
+  }
+}
+
+inline __m512 dot(__m512 acc, std::uint32_t x, __m512i w) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(int(x)), (__m512bh)w);
+}
+
+// Accumulators are named variables, as in fixed_order_gemm_avx512.cc.
+#define MOED_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+template <int Rows>
+struct Tile {
+  static void run(const DotTileArgs& g, const std::uint16_t* w) {
+#define MOED_DECLARE(r) __m512 acc##r = _mm512_setzero_ps();
+    MOED_ROWS(MOED_DECLARE)
+#undef MOED_DECLARE
+    const auto chain = [&](std::size_t t0, std::size_t t1) __attribute__((always_inline)) {
+      for (std::size_t t = t0; t < t1; ++t) {
+        const __m512i wv = _mm512_load_si512(w + 32 * t);
+        const std::uint32_t* x = g.a + t * Rows;
+#define MOED_STEP(r) \
+  if constexpr (r < Rows) acc##r = dot(acc##r, x[r], wv);
+        MOED_ROWS(MOED_STEP)
+#undef MOED_STEP
+      }
+    };
+    if (g.block_pairs == 0) {
+      if (!g.first) {
+#define MOED_LOAD(r) \
+  if constexpr (r < Rows) acc##r = _mm512_loadu_ps(g.c + r * g.ldc);
+        MOED_ROWS(MOED_LOAD)
+#undef MOED_LOAD
+      }
+      chain(0, g.npairs);
+#define MOED_STORE(r) \
+  if constexpr (r < Rows) _mm512_storeu_ps(g.c + r * g.ldc, acc##r);
+      MOED_ROWS(MOED_STORE)
+#undef MOED_STORE
+      return;
+    }
+    for (std::size_t t0 = 0, b = 0; t0 < g.npairs; t0 += g.block_pairs, ++b) {
+#define MOED_ZERO(r) acc##r = _mm512_setzero_ps();
+      MOED_ROWS(MOED_ZERO)
+#undef MOED_ZERO
+      chain(t0, t0 + g.block_pairs < g.npairs ? t0 + g.block_pairs : g.npairs);
+      const __m512 s = _mm512_loadu_ps(g.scales + 16 * b);
+      const bool from_zero = g.first && b == 0;
+#define MOED_SCALE(r)                                                                          \
+  if constexpr (r < Rows) {                                                                    \
+    const __m512 total = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + r * g.ldc); \
+    _mm512_storeu_ps(g.c + r * g.ldc, _mm512_fmadd_ps(acc##r, s, total));                     \
+  }
+      MOED_ROWS(MOED_SCALE)
+#undef MOED_SCALE
+    }
+  }
+};
+
+// Two panels side by side: each broadcast feeds two dot products.
+template <int Rows>
+struct TilePair {
+  static void run(const DotTileArgs& g, const std::uint16_t* w0, const std::uint16_t* w1, const float* scales1) {
+#define MOED_DECLARE(r) __m512 lo##r = _mm512_setzero_ps(), hi##r = _mm512_setzero_ps();
+    MOED_ROWS(MOED_DECLARE)
+#undef MOED_DECLARE
+    const auto chain = [&](std::size_t t0, std::size_t t1) __attribute__((always_inline)) {
+      for (std::size_t t = t0; t < t1; ++t) {
+        const __m512i v0 = _mm512_load_si512(w0 + 32 * t), v1 = _mm512_load_si512(w1 + 32 * t);
+        const std::uint32_t* x = g.a + t * Rows;
+#define MOED_STEP(r)                                                  \
+  if constexpr (r < Rows) {                                           \
+    const __m512bh x##r = (__m512bh)_mm512_set1_epi32(int(x[r]));     \
+    lo##r = _mm512_dpbf16_ps(lo##r, x##r, (__m512bh)v0);              \
+    hi##r = _mm512_dpbf16_ps(hi##r, x##r, (__m512bh)v1);              \
+  }
+        MOED_ROWS(MOED_STEP)
+#undef MOED_STEP
+      }
+    };
+    if (g.block_pairs == 0) {
+      if (!g.first) {
+#define MOED_LOAD(r)                                \
+  if constexpr (r < Rows) {                         \
+    lo##r = _mm512_loadu_ps(g.c + r * g.ldc);       \
+    hi##r = _mm512_loadu_ps(g.c + r * g.ldc + 16);  \
+  }
+        MOED_ROWS(MOED_LOAD)
+#undef MOED_LOAD
+      }
+      chain(0, g.npairs);
+#define MOED_STORE(r)                               \
+  if constexpr (r < Rows) {                         \
+    _mm512_storeu_ps(g.c + r * g.ldc, lo##r);       \
+    _mm512_storeu_ps(g.c + r * g.ldc + 16, hi##r);  \
+  }
+      MOED_ROWS(MOED_STORE)
+#undef MOED_STORE
+      return;
+    }
+    for (std::size_t t0 = 0, b = 0; t0 < g.npairs; t0 += g.block_pairs, ++b) {
+#define MOED_ZERO(r) lo##r = hi##r = _mm512_setzero_ps();
+      MOED_ROWS(MOED_ZERO)
+#undef MOED_ZERO
+      chain(t0, t0 + g.block_pairs < g.npairs ? t0 + g.block_pairs : g.npairs);
+      const __m512 s0 = _mm512_loadu_ps(g.scales + 16 * b), s1 = _mm512_loadu_ps(scales1 + 16 * b);
+      const bool from_zero = g.first && b == 0;
+#define MOED_SCALE(r)                                                                                   \
+  if constexpr (r < Rows) {                                                                             \
+    const __m512 t_lo = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + r * g.ldc);            \
+    const __m512 t_hi = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + r * g.ldc + 16);       \
+    _mm512_storeu_ps(g.c + r * g.ldc, _mm512_fmadd_ps(lo##r, s0, t_lo));                                \
+    _mm512_storeu_ps(g.c + r * g.ldc + 16, _mm512_fmadd_ps(hi##r, s1, t_hi));                           \
+  }
+      MOED_ROWS(MOED_SCALE)
+#undef MOED_SCALE
+    }
+  }
+};
+#undef MOED_ROWS
+
+// Panels x Rows cells (at most 4 x 12, 12 used), pairs decoded in
+// registers (DotFusedTile).
+#define MOED_ROW_CELLS(X, p) X(p, 0) X(p, 1) X(p, 2) X(p, 3) X(p, 4) X(p, 5) X(p, 6) X(p, 7) X(p, 8) X(p, 9) X(p, 10) X(p, 11)
+#define MOED_CELLS(X) MOED_ROW_CELLS(X, 0) MOED_ROW_CELLS(X, 1) MOED_ROW_CELLS(X, 2) MOED_ROW_CELLS(X, 3)
+template <int Panels, int Rows, class Codes>
+struct Fused {
+  static_assert(Panels * Rows <= 12, "12 accumulators, the tables and the decoded pairs fill the 32 registers");
+  static void run(const DotTileArgs& g, const QuantPanel* w, std::size_t k0, std::size_t kc,
+                  const float* const* scales) {
+    static const Codes codes_static;
+    const Codes codes = codes_static;  // its tables in registers
+    const std::uint8_t* src[4];
+    for (int p = 0; p < 4; ++p) src[p] = w[p].codes + k0 * Codes::kStepBytes;
+#define MOED_DECLARE(p, r) __m512 acc##p##r = _mm512_setzero_ps();
+    MOED_CELLS(MOED_DECLARE)
+#undef MOED_DECLARE
+    // Pairs [t0, t1), t0 even: two at a time, then the last one alone. Each
+    // panel's two pairs are decoded just before their products, so that
+    // few decoded vectors are live at once.
+    const auto chain = [&](std::size_t t0, std::size_t t1) __attribute__((always_inline)) {
+      for (std::size_t t = t0; t < t1; t += 2) {
+        const std::size_t steps = kc - 2 * t;
+        const bool both = t + 1 < t1;
+        const std::uint32_t* x = g.a + t * Rows;
+#define MOED_DOT0(p, r) \
+  if constexpr (r < Rows) acc##p##r = dot(acc##p##r, x[r], v0);
+#define MOED_DOT1(p, r) \
+  if constexpr (r < Rows) acc##p##r = dot(acc##p##r, x[Rows + r], v1);
+#define MOED_PANEL(p)                                                    \
+  if constexpr (p < Panels) {                                            \
+    __m512i v0, v1;                                                      \
+    codes.two(src[p] + 2 * t * Codes::kStepBytes, steps, v0, v1);       \
+    MOED_ROW_CELLS(MOED_DOT0, p)                                         \
+    if (both) {                                                          \
+      MOED_ROW_CELLS(MOED_DOT1, p)                                       \
+    }                                                                    \
+  }
+        MOED_PANEL(0) MOED_PANEL(1) MOED_PANEL(2) MOED_PANEL(3)
+#undef MOED_PANEL
+#undef MOED_DOT1
+#undef MOED_DOT0
+      }
+    };
+    if (g.block_pairs == 0) {
+      if (!g.first) {
+#define MOED_LOAD(p, r) \
+  if constexpr (p < Panels && r < Rows) acc##p##r = _mm512_loadu_ps(g.c + r * g.ldc + 16 * p);
+        MOED_CELLS(MOED_LOAD)
+#undef MOED_LOAD
+      }
+      chain(0, g.npairs);
+#define MOED_STORE(p, r) \
+  if constexpr (p < Panels && r < Rows) _mm512_storeu_ps(g.c + r * g.ldc + 16 * p, acc##p##r);
+      MOED_CELLS(MOED_STORE)
+#undef MOED_STORE
+      return;
+    }
+    for (std::size_t t0 = 0, b = 0; t0 < g.npairs; t0 += g.block_pairs, ++b) {
+#define MOED_ZERO(p, r) acc##p##r = _mm512_setzero_ps();
+      MOED_CELLS(MOED_ZERO)
+#undef MOED_ZERO
+      chain(t0, t0 + g.block_pairs < g.npairs ? t0 + g.block_pairs : g.npairs);
+      const bool from_zero = g.first && b == 0;
+#define MOED_SCALE(p, r)                                                                                    \
+  if constexpr (p < Panels && r < Rows) {                                                                   \
+    float* at = g.c + r * g.ldc + 16 * p;                                                                   \
+    const __m512 total = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(at);                            \
+    _mm512_storeu_ps(at, _mm512_fmadd_ps(acc##p##r, _mm512_loadu_ps(scales[p] + 16 * b), total));           \
+  }
+      MOED_CELLS(MOED_SCALE)
+#undef MOED_SCALE
+    }
+  }
+};
+#undef MOED_CELLS
+#undef MOED_ROW_CELLS
+
+template <int Rows, class Codes>
+struct FusedRows {
+  static void run(const DotTileArgs& g, const QuantPanel* w, std::size_t k0, std::size_t kc,
+                  const float* const* scales) {
+    Fused<int(dot_fused_panels(Rows)), Rows, Codes>::run(g, w, k0, kc, scales);
+  }
+};
+template <int Rows>
+using FusedBf16 = FusedRows<Rows, Bf16Codes>;
+template <int Rows>
+using FusedFp8 = FusedRows<Rows, ByteCodes<false>>;
+template <int Rows>
+using FusedInt8 = FusedRows<Rows, ByteCodes<true>>;
+template <int Rows>
+using FusedFp4 = FusedRows<Rows, Fp4Codes>;
+
+void fused_any(const DotTileArgs& g, const QuantPanel* w, std::size_t k0, std::size_t kc,
+               const float* const* scales) {
+  switch (w[0].kind) {
+    case QuantPanel::bf16:
+      return run_rows<FusedBf16, 12>(g.rows, g, w, k0, kc, scales);
+    case QuantPanel::fp8:
+      return run_rows<FusedFp8, 12>(g.rows, g, w, k0, kc, scales);
+    case QuantPanel::int8:
+      return run_rows<FusedInt8, 12>(g.rows, g, w, k0, kc, scales);
+    case QuantPanel::mxfp4:
+      return run_rows<FusedFp4, 12>(g.rows, g, w, k0, kc, scales);
+  }
+}
+
+void tile_any(const DotTileArgs& g, const std::uint16_t* w) { run_rows<Tile, 12>(g.rows, g, w); }
+void pair_any(const DotTileArgs& g, const std::uint16_t* w0, const std::uint16_t* w1, const float* scales1) {
+  run_rows<TilePair, 12>(g.rows, g, w0, w1, scales1);
+}
+
+}  // namespace
+
+DotKernels avx512_bf16_dot_kernels() { return {decode_any, tile_any, 12, pair_any, fused_any}; }
+
+}  // namespace moed::kernels::detail

@@ -1,0 +1,56 @@
+// The GEMM over compact weights with bf16 dot products ([experts].products =
+// bf16): the activations are rounded to bf16, every weight's code value
+// (exact in bf16 in every format) meets them two k steps at a time as
+// AVX-512 BF16's vdpbf16ps multiplies them, and the format's scales apply
+// to fp32 partial sums. About twice the fp32 FMA rate, and fewer
+// instructions to decode a weight.
+//
+// The bits of C[i][j] (bf16_dot_tile.h gives each step exactly):
+//   x = bf16(A[i][k]), round to nearest even, for the row alone;
+//   the chain over k pairs (2t, 2t + 1) from the range's first column, each
+//     pair as vdpbf16ps adds it (odd product first, subnormals flushed);
+//   bf16: C = the chain over the whole range;
+//   int8: C = chain x scale[j], one fp32 multiply;
+//   fp8 (128-step scale blocks) and mxfp4 (32): a chain from +0 per block,
+//     C = fma(chain, scale, C) block by block from +0.
+// A row's bits depend on nothing but the row and W: not on its batch, its
+// position, the tiles, or whether AVX-512 BF16 or the portable loops ran.
+// What it costs: an activation keeps 8 significant bits, not 24 (relative
+// error up to 2^-9 each); docs/weight-formats.md measures the effect.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "kernels/cpu/fixed_order_gemm.h"
+#include "kernels/cpu/quant_weights.h"
+
+namespace moed::kernels {
+
+// How compact weights multiply: f32 = each weight's value (scale applied)
+// times the fp32 activation, the fp32 fma chain of quant_weights.h; bf16 =
+// the above.
+enum class CompactProducts { f32, bf16 };
+const char* to_string(CompactProducts products);
+// Whether this CPU runs the bf16 products in hardware: AVX-512 F, BW, VL,
+// VBMI and BF16 (Zen 4, Intel since Sapphire Rapids; Cooper Lake lacks VBMI).
+// Elsewhere they run as portable loops, with the same bits, many times slower.
+bool cpu_has_bf16_dot();
+// The products gemm_fixed_order on QuantWeights uses from now on (the daemon
+// sets it once at start-up from [experts].products; f32 until then).
+void set_compact_products(CompactProducts products);
+CompactProducts compact_products();
+
+// C[m, n] = bf16(A[m, k]) · Wᵀ over the k range [k_begin, k_end) (a points
+// at the range's first column, as in gemm_fixed_order_range), in the order
+// above. fp8 and mxfp4 ranges start on a scale block (128, 32 steps).
+// Runs the AVX-512 BF16 kernels where the CPU has them and gemm_isa() is
+// avx512, else the portable ones.
+void gemm_bf16_dot_range(const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
+                         std::size_t k_end, float* c, std::size_t lda = 0, std::size_t ldc = 0);
+
+// The start-up probe: a row's bits at every position and batch size tried,
+// against the portable loops on the row alone.
+InvarianceProbe probe_bf16_dot_invariance(WeightDtype dtype, std::size_t n, std::size_t k);
+
+}  // namespace moed::kernels
