@@ -11,6 +11,7 @@ packages=(
   libmetis-dev
   libtomlplusplus-dev libspdlog-dev
   libopenblas-dev
+  libdnnl-dev  # oneDNN: the dense bf16 and int8 bounds of tests/bench/precision.sh (moed does not link it)
   nlohmann-json3-dev libcli11-dev
   libgtest-dev
   libcpp-httplib-dev prometheus chromium

@@ -168,7 +168,7 @@ struct Tile {
         const __m512i wv = _mm512_load_si512(w + 32 * t);
         const std::uint32_t* x = g.a + t * Rows;
 #define MOED_STEP(r) \
-  if constexpr (r < Rows) acc##r = dot(acc##r, x[r], wv);
+  if constexpr ((r) < Rows) acc##r = dot(acc##r, x[(r)], wv);
         MOED_ROWS(MOED_STEP)
 #undef MOED_STEP
       }
@@ -176,13 +176,13 @@ struct Tile {
     if (g.block_pairs == 0) {
       if (!g.first) {
 #define MOED_LOAD(r) \
-  if constexpr (r < Rows) acc##r = _mm512_loadu_ps(g.c + r * g.ldc);
+  if constexpr ((r) < Rows) acc##r = _mm512_loadu_ps(g.c + (r) * g.ldc);
         MOED_ROWS(MOED_LOAD)
 #undef MOED_LOAD
       }
       chain(0, g.npairs);
 #define MOED_STORE(r) \
-  if constexpr (r < Rows) _mm512_storeu_ps(g.c + r * g.ldc, acc##r);
+  if constexpr ((r) < Rows) _mm512_storeu_ps(g.c + (r) * g.ldc, acc##r);
       MOED_ROWS(MOED_STORE)
 #undef MOED_STORE
       return;
@@ -195,9 +195,9 @@ struct Tile {
       const __m512 s = _mm512_loadu_ps(g.scales + 16 * b);
       const bool from_zero = g.first && b == 0;
 #define MOED_SCALE(r)                                                                          \
-  if constexpr (r < Rows) {                                                                    \
-    const __m512 total = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + r * g.ldc); \
-    _mm512_storeu_ps(g.c + r * g.ldc, _mm512_fmadd_ps(acc##r, s, total));                     \
+  if constexpr ((r) < Rows) {                                                                    \
+    const __m512 total = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + (r) * g.ldc); \
+    _mm512_storeu_ps(g.c + (r) * g.ldc, _mm512_fmadd_ps(acc##r, s, total));                     \
   }
       MOED_ROWS(MOED_SCALE)
 #undef MOED_SCALE
@@ -217,8 +217,8 @@ struct TilePair {
         const __m512i v0 = _mm512_load_si512(w0 + 32 * t), v1 = _mm512_load_si512(w1 + 32 * t);
         const std::uint32_t* x = g.a + t * Rows;
 #define MOED_STEP(r)                                                  \
-  if constexpr (r < Rows) {                                           \
-    const __m512bh x##r = (__m512bh)_mm512_set1_epi32(int(x[r]));     \
+  if constexpr ((r) < Rows) {                                           \
+    const __m512bh x##r = (__m512bh)_mm512_set1_epi32(int(x[(r)]));     \
     lo##r = _mm512_dpbf16_ps(lo##r, x##r, (__m512bh)v0);              \
     hi##r = _mm512_dpbf16_ps(hi##r, x##r, (__m512bh)v1);              \
   }
@@ -229,18 +229,18 @@ struct TilePair {
     if (g.block_pairs == 0) {
       if (!g.first) {
 #define MOED_LOAD(r)                                \
-  if constexpr (r < Rows) {                         \
-    lo##r = _mm512_loadu_ps(g.c + r * g.ldc);       \
-    hi##r = _mm512_loadu_ps(g.c + r * g.ldc + 16);  \
+  if constexpr ((r) < Rows) {                         \
+    lo##r = _mm512_loadu_ps(g.c + (r) * g.ldc);       \
+    hi##r = _mm512_loadu_ps(g.c + (r) * g.ldc + 16);  \
   }
         MOED_ROWS(MOED_LOAD)
 #undef MOED_LOAD
       }
       chain(0, g.npairs);
 #define MOED_STORE(r)                               \
-  if constexpr (r < Rows) {                         \
-    _mm512_storeu_ps(g.c + r * g.ldc, lo##r);       \
-    _mm512_storeu_ps(g.c + r * g.ldc + 16, hi##r);  \
+  if constexpr ((r) < Rows) {                         \
+    _mm512_storeu_ps(g.c + (r) * g.ldc, lo##r);       \
+    _mm512_storeu_ps(g.c + (r) * g.ldc + 16, hi##r);  \
   }
       MOED_ROWS(MOED_STORE)
 #undef MOED_STORE
@@ -254,11 +254,11 @@ struct TilePair {
       const __m512 s0 = _mm512_loadu_ps(g.scales + 16 * b), s1 = _mm512_loadu_ps(scales1 + 16 * b);
       const bool from_zero = g.first && b == 0;
 #define MOED_SCALE(r)                                                                                   \
-  if constexpr (r < Rows) {                                                                             \
-    const __m512 t_lo = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + r * g.ldc);            \
-    const __m512 t_hi = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + r * g.ldc + 16);       \
-    _mm512_storeu_ps(g.c + r * g.ldc, _mm512_fmadd_ps(lo##r, s0, t_lo));                                \
-    _mm512_storeu_ps(g.c + r * g.ldc + 16, _mm512_fmadd_ps(hi##r, s1, t_hi));                           \
+  if constexpr ((r) < Rows) {                                                                             \
+    const __m512 t_lo = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + (r) * g.ldc);            \
+    const __m512 t_hi = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(g.c + (r) * g.ldc + 16);       \
+    _mm512_storeu_ps(g.c + (r) * g.ldc, _mm512_fmadd_ps(lo##r, s0, t_lo));                                \
+    _mm512_storeu_ps(g.c + (r) * g.ldc + 16, _mm512_fmadd_ps(hi##r, s1, t_hi));                           \
   }
       MOED_ROWS(MOED_SCALE)
 #undef MOED_SCALE
@@ -292,13 +292,13 @@ struct Fused {
         const bool both = t + 1 < t1;
         const std::uint32_t* x = g.a + t * Rows;
 #define MOED_DOT0(p, r) \
-  if constexpr (r < Rows) acc##p##r = dot(acc##p##r, x[r], v0);
+  if constexpr ((r) < Rows) acc##p##r = dot(acc##p##r, x[(r)], v0);
 #define MOED_DOT1(p, r) \
-  if constexpr (r < Rows) acc##p##r = dot(acc##p##r, x[Rows + r], v1);
+  if constexpr ((r) < Rows) acc##p##r = dot(acc##p##r, x[Rows + (r)], v1);
 #define MOED_PANEL(p)                                                    \
-  if constexpr (p < Panels) {                                            \
+  if constexpr ((p) < Panels) {                                            \
     __m512i v0, v1;                                                      \
-    codes.two(src[p] + 2 * t * Codes::kStepBytes, steps, v0, v1);       \
+    codes.two(src[(p)] + 2 * t * Codes::kStepBytes, steps, v0, v1);       \
     MOED_ROW_CELLS(MOED_DOT0, p)                                         \
     if (both) {                                                          \
       MOED_ROW_CELLS(MOED_DOT1, p)                                       \
@@ -313,13 +313,13 @@ struct Fused {
     if (g.block_pairs == 0) {
       if (!g.first) {
 #define MOED_LOAD(p, r) \
-  if constexpr (p < Panels && r < Rows) acc##p##r = _mm512_loadu_ps(g.c + r * g.ldc + 16 * p);
+  if constexpr ((p) < Panels && (r) < Rows) acc##p##r = _mm512_loadu_ps(g.c + (r) * g.ldc + 16 * (p));
         MOED_CELLS(MOED_LOAD)
 #undef MOED_LOAD
       }
       chain(0, g.npairs);
 #define MOED_STORE(p, r) \
-  if constexpr (p < Panels && r < Rows) _mm512_storeu_ps(g.c + r * g.ldc + 16 * p, acc##p##r);
+  if constexpr ((p) < Panels && (r) < Rows) _mm512_storeu_ps(g.c + (r) * g.ldc + 16 * (p), acc##p##r);
       MOED_CELLS(MOED_STORE)
 #undef MOED_STORE
       return;
@@ -331,10 +331,10 @@ struct Fused {
       chain(t0, t0 + g.block_pairs < g.npairs ? t0 + g.block_pairs : g.npairs);
       const bool from_zero = g.first && b == 0;
 #define MOED_SCALE(p, r)                                                                                    \
-  if constexpr (p < Panels && r < Rows) {                                                                   \
-    float* at = g.c + r * g.ldc + 16 * p;                                                                   \
+  if constexpr ((p) < Panels && (r) < Rows) {                                                                   \
+    float* at = g.c + (r) * g.ldc + 16 * (p);                                                                   \
     const __m512 total = from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(at);                            \
-    _mm512_storeu_ps(at, _mm512_fmadd_ps(acc##p##r, _mm512_loadu_ps(scales[p] + 16 * b), total));           \
+    _mm512_storeu_ps(at, _mm512_fmadd_ps(acc##p##r, _mm512_loadu_ps(scales[(p)] + 16 * b), total));           \
   }
       MOED_CELLS(MOED_SCALE)
 #undef MOED_SCALE

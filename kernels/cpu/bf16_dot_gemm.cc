@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/rng.h"
 #include "kernels/cpu/bf16_dot_tile.h"
+#include "kernels/cpu/row_probe.h"
 #include "kernels/cpu/weight_codes.h"
 
 namespace moed::kernels {
@@ -257,7 +257,17 @@ namespace detail {
 DotKernels portable_dot_kernels() { return {portable_decode, portable_tile, 4}; }
 }  // namespace detail
 
-const char* to_string(CompactProducts products) { return products == CompactProducts::bf16 ? "bf16" : "f32"; }
+const char* to_string(CompactProducts products) {
+  switch (products) {
+    case CompactProducts::f32:
+      return "f32";
+    case CompactProducts::bf16:
+      return "bf16";
+    case CompactProducts::int8:
+      return "int8";
+  }
+  return "?";
+}
 
 bool cpu_has_bf16_dot() {
 #if MOED_X86_TILES
@@ -278,31 +288,15 @@ void gemm_bf16_dot_range(const float* a, std::size_t m, const QuantWeights& w, s
 }
 
 InvarianceProbe probe_bf16_dot_invariance(WeightDtype dtype, std::size_t n, std::size_t k) {
-  CounterRng rng(hash_name(fmt::format("bf16-dot-probe-{}", to_string(dtype))));
-  std::uint64_t counter = 0;
-  auto random = [&](std::size_t count) {
-    std::vector<float> v(count);
-    for (float& x : v) x = rng.symmetric(counter++);
-    return v;
-  };
+  detail::ProbeValues random(fmt::format("bf16-dot-probe-{}", to_string(dtype)));
   const QuantWeights w(encode(dtype, random(n * k).data(), n, k));
   const std::vector<float> row = random(k);
   std::vector<float> want(n);
   run(detail::portable_dot_kernels(), row.data(), 1, w, 0, k, want.data(), k, n);
   const detail::DotKernels here = kernels_here();
-  for (std::size_t m : {1, 2, 5, 12, 13, 31, 145}) {
-    std::vector<float> a = random(m * k), c(m * n);
-    for (std::size_t pos = 0; pos < m; pos += (m > 16 ? 7 : 1)) {
-      std::vector<float> batch = a;
-      std::copy(row.begin(), row.end(), batch.begin() + std::ptrdiff_t(pos * k));
-      run(here, batch.data(), m, w, 0, k, c.data(), k, n);
-      if (std::memcmp(c.data() + pos * n, want.data(), n * sizeof(float)) != 0)
-        return {false, fmt::format("{} weights, bf16 products: a row at position {} of {} rows differs from the "
-                                   "portable loops on the row alone (n {} k {})",
-                                   to_string(dtype), pos, m, n, k)};
-    }
-  }
-  return {true, ""};
+  return detail::probe_row_positions(
+      random, row, want, [&](const float* a, std::size_t m, float* c) { run(here, a, m, w, 0, k, c, k, n); },
+      fmt::format("the portable loops on the row alone ({} weights, bf16 products)", to_string(dtype)));
 }
 
 }  // namespace moed::kernels

@@ -29,8 +29,9 @@ namespace moed::kernels {
 
 // How compact weights multiply: f32 = each weight's value (scale applied)
 // times the fp32 activation, the fp32 fma chain of quant_weights.h; bf16 =
-// the above.
-enum class CompactProducts { f32, bf16 };
+// the above; int8 = int8 weights against activations quantized to 8 bits
+// (int8_dot_gemm.h), other formats as bf16.
+enum class CompactProducts { f32, bf16, int8 };
 const char* to_string(CompactProducts products);
 // Whether this CPU runs the bf16 products in hardware: AVX-512 F, BW, VL,
 // VBMI and BF16 (Zen 4, Intel since Sapphire Rapids; Cooper Lake lacks VBMI).

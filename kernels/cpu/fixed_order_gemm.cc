@@ -12,6 +12,7 @@
 #include "common/rng.h"
 #include "kernels/cpu/fixed_order_tile.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
+#include "kernels/cpu/int8_dot_gemm.h"
 #include "kernels/cpu/quant_weights.h"
 
 namespace moed::kernels {
@@ -333,7 +334,15 @@ void gemm_fixed_order(const float* a, std::size_t m, const QuantWeights& w, floa
 
 void gemm_fixed_order_range(const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
                             std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
-  if (compact_products() == CompactProducts::bf16) return gemm_bf16_dot_range(a, m, w, k_begin, k_end, c, lda, ldc);
+  switch (compact_products()) {
+    case CompactProducts::int8:
+      if (w.dtype() == WeightDtype::int8) return gemm_int8_dot_range(a, m, w, k_begin, k_end, c, lda, ldc);
+      [[fallthrough]];
+    case CompactProducts::bf16:
+      return gemm_bf16_dot_range(a, m, w, k_begin, k_end, c, lda, ldc);
+    case CompactProducts::f32:
+      break;
+  }
   DecodedPanels panels{w};
 #if MOED_X86_TILES
   // Up to two tiles of rows: decoding in registers per tile beats decoding

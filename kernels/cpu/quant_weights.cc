@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/rng.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
+#include "kernels/cpu/int8_dot_gemm.h"
 #include "kernels/cpu/quant_decode_body.h"
+#include "kernels/cpu/row_probe.h"
 
 namespace moed::kernels {
 
@@ -224,33 +225,18 @@ detail::QuantPanel QuantWeights::panel(std::size_t p) const {
 }
 
 InvarianceProbe probe_row_invariance(WeightDtype dtype, std::size_t n, std::size_t k) {
-  if (compact_products() == CompactProducts::bf16) return probe_bf16_dot_invariance(dtype, n, k);
-  CounterRng rng(hash_name(fmt::format("quant-gemm-probe-{}", to_string(dtype))));
-  std::uint64_t counter = 0;
-  auto random = [&](std::size_t count) {
-    std::vector<float> v(count);
-    for (float& x : v) x = rng.symmetric(counter++);
-    return v;
-  };
+  if (compact_products() == CompactProducts::int8 && dtype == WeightDtype::int8) return probe_int8_dot_invariance(n, k);
+  if (compact_products() != CompactProducts::f32) return probe_bf16_dot_invariance(dtype, n, k);
+  detail::ProbeValues random(fmt::format("quant-gemm-probe-{}", to_string(dtype)));
   const EncodedMatrix encoded = encode(dtype, random(n * k).data(), n, k);
   const std::vector<float> values = encoded.values(), row = random(k);
   const QuantWeights quant(encoded);
   const PackedWeights packed(values.data(), n, k);
   std::vector<float> want(n);
   gemm_fixed_order(row.data(), 1, packed, want.data());
-  for (std::size_t m : {1, 2, 5, 12, 13, 31, 145}) {
-    std::vector<float> a = random(m * k), c(m * n);
-    for (std::size_t pos = 0; pos < m; pos += (m > 16 ? 7 : 1)) {
-      std::vector<float> batch = a;
-      std::copy(row.begin(), row.end(), batch.begin() + std::ptrdiff_t(pos * k));
-      gemm_fixed_order(batch.data(), m, quant, c.data());
-      if (std::memcmp(c.data() + pos * n, want.data(), n * sizeof(float)) != 0)
-        return {false, fmt::format("{} weights: a row at position {} of {} rows differs from the fp32 chain on "
-                                   "their values ({} kernel, n {} k {})",
-                                   to_string(dtype), pos, m, to_string(gemm_isa()), n, k)};
-    }
-  }
-  return {true, ""};
+  return detail::probe_row_positions(
+      random, row, want, [&](const float* a, std::size_t m, float* c) { gemm_fixed_order(a, m, quant, c); },
+      fmt::format("the fp32 chain on their values ({} weights, {} kernel)", to_string(dtype), to_string(gemm_isa())));
 }
 
 }  // namespace moed::kernels

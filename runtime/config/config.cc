@@ -195,12 +195,13 @@ const config::Section<ExpertsConfig>& experts_section() {
                     "format experts are held and moved in (docs/weight-formats.md): auto = the checkpoint's "
                     "own; fp8 and mxfp4 come from checkpoints (or synthetic weights) in them, int8 "
                     "quantizes per output channel at load; the router stays fp32"),
-          choice<C>("products", &C::products, "auto", {"auto", "f32", "bf16"},
+          choice<C>("products", &C::products, "auto", {"auto", "f32", "bf16", "int8"},
                     "how compact experts (dtype other than f32) multiply (docs/weight-formats.md): f32 = "
                     "each weight's value times the fp32 activation; bf16 = activations rounded to bf16 and "
                     "AVX-512 BF16 dot products, about 2x faster, needs AVX-512 BF16 and VBMI on every rank; "
-                    "auto = bf16 where every rank has them (part of the numerics: runs compare bit for bit "
-                    "only with equal products)"),
+                    "int8 = for int8 experts, activations quantized to 8 bits per row and AVX-512 VNNI int8 "
+                    "products (needs VNNI and VBMI), faster again and less exact; auto = bf16 where every rank "
+                    "has it, else f32 (part of the numerics: runs compare bit for bit only with equal products)"),
       });
   return s;
 }
@@ -433,13 +434,17 @@ void validate_config(const Config& c) {
     MOED_THROW(Usage, "config: [experts].gemm = \"openblas\" cannot serve {}'s {}: every rank runs it on its own "
                "rows in one call, whose bits OpenBLAS ties to the row count; use gemm = \"fixed-order\"",
                name_of(m.spec.family), m.spec.shared_ffn > 0 ? "shared expert" : "dense layers ([model].serve_dense)");
+  if (c.experts.products == "int8" && experts_dtype(c) != "int8")
+    MOED_THROW(Usage, "config: [experts].products = \"int8\" multiplies int8 experts, and these are {} "
+               "([experts].dtype{}); set dtype to int8, or products to bf16 or f32",
+               experts_dtype(c), c.experts.dtype == "auto" ? " = auto, the checkpoint's own" : "");
   if (c.experts.products == "bf16" && experts_dtype(c) == "f32")
     MOED_THROW(Usage, "config: [experts].products = \"bf16\" multiplies compact experts, and these are f32 "
                "([experts].dtype{}); set dtype to bf16, fp8, mxfp4 or int8, or products to f32",
                c.experts.dtype == "auto" ? " = auto, the checkpoint's own" : "");
-  if (c.experts.products == "bf16" && c.experts.gemm == Gemm::openblas)
-    MOED_THROW(Usage, "config: [experts].products = \"bf16\" runs in moed's fixed-order GEMM; [experts].gemm = "
-               "\"openblas\" multiplies in fp32");
+  if (c.experts.products != "auto" && c.experts.products != "f32" && c.experts.gemm == Gemm::openblas)
+    MOED_THROW(Usage, "config: [experts].products = \"{}\" runs in moed's fixed-order GEMM; [experts].gemm = "
+               "\"openblas\" multiplies in fp32", c.experts.products);
   if (c.router.mode == RouterMode::topp && m.spec.router.scoring == Scoring::sigmoid)
     MOED_THROW(Usage, "config: [router].mode = \"topp\" needs a softmax router; {}'s sigmoid scores are no "
                "probabilities to cover", name_of(m.spec.family));

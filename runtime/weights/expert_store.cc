@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "kernels/cpu/int8_dot_gemm.h"
 #include "runtime/weights/finite_check.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/synthetic_model.h"
@@ -581,6 +582,14 @@ void ExpertStore::drop_slot(int layer, int expert) {
 kernels::CompactProducts local_products(const Config& c) {
   const bool compact = experts_dtype(c) != "f32" && c.experts.gemm == Gemm::fixed_order;
   const bool here = kernels::cpu_has_bf16_dot() && kernels::gemm_isa() == kernels::GemmIsa::avx512;
+  if (c.experts.products == "int8") {
+    if (!kernels::cpu_has_int8_dot() || kernels::gemm_isa() != kernels::GemmIsa::avx512)
+      MOED_THROW(Usage, "[experts].products = int8: this CPU {}", kernels::cpu_has_int8_dot()
+                     ? fmt::format("runs them only with the avx512 GEMM kernel, and [experts].isa = {}",
+                                   name_of(c.experts.isa))
+                     : std::string("lacks AVX-512 VNNI or VBMI (Zen 4 and Intel since Ice Lake have both)"));
+    return kernels::CompactProducts::int8;
+  }
   if (c.experts.products == "bf16") {
     if (!here)
       MOED_THROW(Usage, "[experts].products = bf16: this CPU {}", kernels::cpu_has_bf16_dot()

@@ -118,10 +118,11 @@ class ExpertStore {
   std::vector<DenseLayer> dense_;
 };
 
-// [experts].products on this host: f32 for f32 experts, bf16 where asked
-// (a Usage error where the CPU cannot: AVX-512 BF16 and VBMI, with the
-// avx512 GEMM kernel), and for auto, bf16 where this host can. The daemon's
-// ranks then agree (all fall back to f32 under auto when one cannot).
+// [experts].products on this host: f32 for f32 experts; bf16 or int8 where
+// asked (a Usage error where the CPU cannot: AVX-512 BF16 or VNNI, and
+// VBMI, with the avx512 GEMM kernel); for auto, bf16 where this host can.
+// The daemon's ranks then agree (all fall back to f32 under auto when one
+// cannot).
 kernels::CompactProducts local_products(const Config& c);
 
 }  // namespace moed::runtime

@@ -10,12 +10,16 @@
 //              (every call reads its weights from DRAM), against the bound
 //              weight bytes per call / the bandwidth this core gets summing a
 //              buffer the size of that set;
-//   prefill    expert_ffn at 256 rows against OpenBLAS fp32 sgemm of the
-//              same two GEMMs (the only dense GEMM moed links);
+//   prefill    expert_ffn at 256 rows against the best dense GEMM of the
+//              same two shapes: OpenBLAS fp32 sgemm, and where oneDNN is
+//              installed its bf16 and int8 matmuls (and those at decode);
 //   accuracy   64 unit-variance rows: the dtype's output against fp32 on the
-//              dtype's own values (bitwise equal by design) and against the
-//              unquantized fp32 weights; and, on a 4-layer toy MoE, how many
-//              tokens' top-2 sets at the last layer match the fp32 run.
+//              dtype's own values (bitwise equal with f32 products, by
+//              design) and against the unquantized fp32 weights; and, on a
+//              4-layer toy MoE, how many tokens' top-2 sets at the last
+//              layer match the fp32 run.
+// Compact dtypes multiply with --products (auto: bf16 where the CPU has it,
+// and int8 once more with int8 products where it has VNNI: "int8/vnni").
 // Figures are medians over --reps measurements; it asserts nothing beyond the
 // bitwise check (the machines are shared and noisy).
 // Usage: bench_precision [--quick] [--reps N] [--seconds S] [--shape NAME]...
@@ -43,6 +47,7 @@
 #include "common/summary_stats.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/encoded_matrix.h"
+#include "kernels/cpu/int8_dot_gemm.h"
 #include "kernels/cpu/expert_ffn.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/gemm.h"
@@ -442,6 +447,8 @@ struct Options {
 
 struct Row {
   WeightDtype dtype = WeightDtype::f32;
+  kernels::CompactProducts products = kernels::CompactProducts::f32;
+  std::string label;  // the dtype; int8/vnni: int8 with int8 products
   std::size_t slot_bytes = 0, wire = 0;
   double copy_ms = 0, install_ms = 0;
   bool roundtrip = false;
@@ -502,11 +509,26 @@ void measure_onednn(const Shape& shape, WeightDtype dtype, const Original& w, st
 }
 #endif
 
-Row measure(const Shape& shape, WeightDtype dtype, const std::vector<Original>& originals, const Slot& reference,
-            const std::vector<float>& x_acc, const std::vector<float>& y_ref, const Options& o) {
+// A dtype as measured: with the products it multiplies with.
+struct Variant {
+  WeightDtype dtype;
+  kernels::CompactProducts products;
+  std::string label() const {
+    const bool vnni = dtype == WeightDtype::int8 && products == kernels::CompactProducts::int8;
+    return fmt::format("{}{}", kernels::to_string(dtype), vnni ? "/vnni" : "");
+  }
+};
+
+Row measure(const Shape& shape, const Variant& variant, const std::vector<Original>& originals,
+            const Slot& reference, const std::vector<float>& x_acc, const std::vector<float>& y_ref,
+            const Options& o) {
   const std::size_t H = shape.H, F = shape.F;
+  const WeightDtype dtype = variant.dtype;
+  kernels::set_compact_products(variant.products);
   Row row;
   row.dtype = dtype;
+  row.products = variant.products;
+  row.label = variant.label();
   // Distinct experts in this dtype; the decode set is copies of them.
   std::vector<Slot> distinct;
   for (const Original& orig : originals) distinct.push_back(encode_slot(dtype, orig));
@@ -622,29 +644,29 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
   fmt::print(
       "memory and migration of one expert slot (copy out: encoded() + to_bytes; install: from_bytes + pack; one core, "
       "the wire not included):\n");
-  fmt::print("  {:<6} {:>9} {:>7} {:>6} {:>12} {:>9} {:>10} {:>10} {:>9}\n", "dtype", "slot MB", "/ f32", "bits/w",
+  fmt::print("  {:<9} {:>9} {:>7} {:>6} {:>12} {:>9} {:>10} {:>10} {:>9}\n", "dtype", "slot MB", "/ f32", "bits/w",
              fmt::format("GB/{} slots", o.rank_slots), "moved MB", "copy ms", "install ms", "roundtrip");
   for (const Row& r : rows)
-    fmt::print("  {:<6} {:>9.2f} {:>7.3f} {:>6.2f} {:>12.2f} {:>9.2f} {:>10.2f} {:>10.2f} {:>9}\n",
-               kernels::to_string(r.dtype), double(r.slot_bytes) / kMB, double(r.slot_bytes) / double(f32_bytes),
+    fmt::print("  {:<9} {:>9.2f} {:>7.3f} {:>6.2f} {:>12.2f} {:>9.2f} {:>10.2f} {:>10.2f} {:>9}\n",
+               r.label, double(r.slot_bytes) / kMB, double(r.slot_bytes) / double(f32_bytes),
                double(r.slot_bytes) * 8 / weights, double(r.slot_bytes) * o.rank_slots / kGB, double(r.wire) / kMB,
                r.copy_ms, r.install_ms, r.roundtrip ? "same" : "DIFFERS");
 
   fmt::print(
       "decode, GFLOP/s per core, cycling through the set (bound: a call's weight bytes at the stream GB/s of a\n"
       "buffer the set's size; at m rows it is m x the bound at 1):\n");
-  fmt::print("  {:<6} {:>7} {:>8} {:>6} {:>11} {:>9} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6}\n", "dtype", "experts",
+  fmt::print("  {:<9} {:>7} {:>8} {:>6} {:>11} {:>9} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6}\n", "dtype", "experts",
              "set MB", "x LLC", "stream GB/s", "bound m=1", "m=1", "ratio", "m=4", "ratio", "m=16", "ratio");
   for (const Row& r : rows) {
     const double bound1 = flops_per_call(s, 1) / (double(r.slot_bytes) / (r.stream_gbs * kGB)) / kGB;
-    fmt::print("  {:<6} {:>7} {:>8.0f} {:>6.1f} {:>11.1f} {:>9.2f}", kernels::to_string(r.dtype), r.set_experts,
+    fmt::print("  {:<9} {:>7} {:>8.0f} {:>6.1f} {:>11.1f} {:>9.2f}", r.label, r.set_experts,
                double(r.set_bytes) / kMB, double(r.set_bytes) / double(o.llc), r.stream_gbs, bound1);
     for (std::size_t i = 0; i < kDecodeRows.size(); ++i)
       fmt::print(" {:>8.2f} {:>6.2f}", r.decode_gflops[i], r.decode_gflops[i] / (bound1 * double(kDecodeRows[i])));
     fmt::print("\n");
     if (double(r.set_bytes) < o.llc_times * double(o.llc))
       fmt::print("  ({}: --memory-gb held the set under {}x the LLC: part of its weights may come from the cache)\n",
-                 kernels::to_string(r.dtype), o.llc_times);
+                 r.label, o.llc_times);
   }
 
   const bool onednn = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.onednn_prefill_gflops > 0; });
@@ -654,21 +676,21 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
       kPrefillRows,
       onednn ? "oneDNN's bf16 matmul for bf16, fp8 and mxfp4, its int8 matmul (u8 activations) for int8"
              : "oneDNN is not installed, so OpenBLAS's sgemm for all");
-  fmt::print("  {:<6} {:>9} {:>11} {:>12} {:>6}\n", "dtype", "expert", "sgemm fp32", "oneDNN dense", "ratio");
+  fmt::print("  {:<9} {:>9} {:>11} {:>12} {:>6}\n", "dtype", "expert", "sgemm fp32", "oneDNN dense", "ratio");
   for (const Row& r : rows) {
     const double bound = r.onednn_prefill_gflops > 0 ? r.onednn_prefill_gflops : r.sgemm_gflops;
-    fmt::print("  {:<6} {:>9.1f} {:>11.1f} {:>12} {:>6.2f}\n", kernels::to_string(r.dtype), r.prefill_gflops,
+    fmt::print("  {:<9} {:>9.1f} {:>11.1f} {:>12} {:>6.2f}\n", r.label, r.prefill_gflops,
                r.sgemm_gflops, r.onednn_prefill_gflops > 0 ? fmt::format("{:.1f}", r.onednn_prefill_gflops) : "-",
                r.prefill_gflops / bound);
   }
   if (onednn) {
     fmt::print(
         "moed against oneDNN's dense matmul at decode, the same set cycling (GFLOP/s; > 1: moed faster):\n");
-    fmt::print("  {:<6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}\n", "dtype", "oneDNN m=1", "m=4", "m=16", "x m=1",
+    fmt::print("  {:<9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}\n", "dtype", "oneDNN m=1", "m=4", "m=16", "x m=1",
                "x m=4", "x m=16");
     for (const Row& r : rows) {
       if (r.onednn_prefill_gflops <= 0) continue;
-      fmt::print("  {:<6} {:>10.2f} {:>10.2f} {:>10.2f}", kernels::to_string(r.dtype), r.onednn_decode_gflops[0],
+      fmt::print("  {:<9} {:>10.2f} {:>10.2f} {:>10.2f}", r.label, r.onednn_decode_gflops[0],
                  r.onednn_decode_gflops[1], r.onednn_decode_gflops[2]);
       for (std::size_t i = 0; i < kDecodeRows.size(); ++i)
         fmt::print(" {:>8.2f}", r.decode_gflops[i] / r.onednn_decode_gflops[i]);
@@ -678,11 +700,15 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
 
   fmt::print("accuracy, {} unit-variance rows (per row: rel err = |y - y_fp32| / |y_fp32|, cos = cosine similarity):\n",
              kAccuracyRows);
-  fmt::print("  {:<6} {:>21} {:>8} | {:>25} {:>12} {:>12}\n", "dtype", "vs fp32 on its values", "bitwise",
+  fmt::print("  {:<9} {:>21} {:>8} | {:>25} {:>12} {:>12}\n", "dtype", "vs fp32 on its values", "bitwise",
              "vs unquantized: rel err max", "rel err mean", "cos min");
   for (const Row& r : rows)
-    fmt::print("  {:<6} {:>21.3g} {:>8} | {:>25.3e} {:>12.3e} {:>12.8f}\n", kernels::to_string(r.dtype),
-               r.acc.same_max_abs, r.acc.bitwise ? "yes" : "NO", r.acc.rel_max, r.acc.rel_mean, r.acc.cos_min);
+    fmt::print("  {:<9} {:>21.3g} {:>8} | {:>25.3e} {:>12.3e} {:>12.8f}\n", r.label,
+               r.acc.same_max_abs,
+               r.products != kernels::CompactProducts::f32 && r.dtype != WeightDtype::f32 ? "-"
+               : r.acc.bitwise                                                            ? "yes"
+                                                                                          : "NO",
+               r.acc.rel_max, r.acc.rel_mean, r.acc.cos_min);
 }
 
 }  // namespace
@@ -709,9 +735,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
   std::string products = "auto";
   app.add_option("--products", products,
-                 "compact dtypes' products: f32, bf16 (AVX-512 BF16 dot products) or auto (bf16 where the CPU "
-                 "has them)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+                 "compact dtypes' products: f32, bf16 (AVX-512 BF16 dot products), int8 (int8 experts: VNNI) or "
+                 "auto (bf16 where the CPU has them; int8 measured with bf16 and, where the CPU has VNNI, int8)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   app.add_option("--llc-mb", llc_mb, "last-level cache in MB (default: what sysconf or /sys says)")
       ->check(CLI::Range(1.0, 1e6));
   app.add_option("--llc-times", llc_times, "a decode set's bytes at least this many times the LLC")
@@ -745,17 +771,25 @@ int main(int argc, char** argv) {
       isa_set = true;
     }
   if (!isa_set) return 2;  // unreachable: CLI11 checked the name
+  // auto: bf16 products where the CPU has them, and int8 a second time with
+  // int8 products where it has those.
+  const bool both_int8 = products == "auto" && kernels::cpu_has_int8_dot();
   if (products == "auto") products = kernels::cpu_has_bf16_dot() ? "bf16" : "f32";
-  kernels::set_compact_products(products == "bf16" ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32);
+  const kernels::CompactProducts chosen = products == "bf16"   ? kernels::CompactProducts::bf16
+                                          : products == "int8" ? kernels::CompactProducts::int8
+                                                               : kernels::CompactProducts::f32;
+  kernels::set_compact_products(chosen);
   std::vector<Shape> shapes;
   for (const Shape& s : kShapes)
     if (shape_names.empty() || std::find(shape_names.begin(), shape_names.end(), s.name) != shape_names.end())
       shapes.push_back(s);
-  std::vector<WeightDtype> dtypes;
+  std::vector<Variant> variants;
   for (WeightDtype d : kDtypes)
     if (dtype_names.empty() ||
-        std::find(dtype_names.begin(), dtype_names.end(), kernels::to_string(d)) != dtype_names.end())
-      dtypes.push_back(d);
+        std::find(dtype_names.begin(), dtype_names.end(), kernels::to_string(d)) != dtype_names.end()) {
+      variants.push_back({d, chosen});
+      if (d == WeightDtype::int8 && both_int8) variants.push_back({d, kernels::CompactProducts::int8});
+    }
 
   kernels::set_blas_threads(1);
   const auto start = std::chrono::steady_clock::now();
@@ -769,8 +803,8 @@ int main(int argc, char** argv) {
       o.reps, o.seconds, quick ? " (--quick)" : "", o.llc_times, o.memory_gb);
   fmt::print(
       "FLOPs per expert call: 2 m (3 H F); weights uniform at the synthetic model's scales (no outliers: real\n"
-      "checkpoints quantize worse); compact dtypes multiply with {} products ([experts].products)\n",
-      kernels::to_string(kernels::compact_products()));
+      "checkpoints quantize worse); compact dtypes multiply with {} products ([experts].products){}\n",
+      kernels::to_string(chosen), both_int8 ? "; int8/vnni: int8 products (8-bit activations, AVX-512 VNNI)" : "");
   for (const Shape& shape : shapes) {
     // Two distinct experts (one where the set is a single expert); the decode sets copy them.
     std::vector<Original> originals;
@@ -780,7 +814,7 @@ int main(int argc, char** argv) {
     const std::vector<float> x_acc = normalish_rows(kAccuracyRows, shape.H, 77);
     const std::vector<float> y_ref = ffn(reference, x_acc, kAccuracyRows);
     std::vector<Row> rows;
-    for (WeightDtype d : dtypes) rows.push_back(measure(shape, d, originals, reference, x_acc, y_ref, o));
+    for (const Variant& v : variants) rows.push_back(measure(shape, v, originals, reference, x_acc, y_ref, o));
     print_shape(shape, rows, o);
     std::fflush(stdout);
   }
@@ -790,13 +824,15 @@ int main(int argc, char** argv) {
       "   residual), each dtype's run against the unquantized fp32 run: tokens whose top-{} set is identical ==\n",
       kToyTopK, kToyLayers, kToyH, kToyF, kToyExperts, kToyTopK, kToyTokens, kToyTopK);
   const ToyModel toy = make_toy();
+  kernels::set_compact_products(kernels::CompactProducts::f32);
   const ToyRun ref = run_toy(toy, WeightDtype::f32);
-  fmt::print("  {:<6}", "dtype");
+  fmt::print("  {:<9}", "dtype");
   for (std::size_t l = 0; l < kToyLayers; ++l) fmt::print(" {:>9}", fmt::format("layer {}", l + 1));
   fmt::print(" {:>22}\n", "final residual rel err");
-  for (WeightDtype d : dtypes) {
-    const ToyRun run = run_toy(toy, d);
-    fmt::print("  {:<6}", kernels::to_string(d));
+  for (const Variant& v : variants) {
+    kernels::set_compact_products(v.products);
+    const ToyRun run = run_toy(toy, v.dtype);
+    fmt::print("  {:<9}", v.label());
     for (std::size_t l = 0; l < kToyLayers; ++l) {
       std::size_t same = 0;
       for (std::size_t t = 0; t < kToyTokens; ++t) same += run.sets[l][t] == ref.sets[l][t];

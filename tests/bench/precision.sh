@@ -5,9 +5,12 @@
 # dtype: resident bytes of a slot and of a rank, one slot's migration (copy
 # out and install, and its bytes), decode GFLOP/s at 1, 4 and 16 rows with
 # the weights read from DRAM against the stream bandwidth bound, prefill at
-# 256 rows against OpenBLAS fp32 sgemm, and accuracy against fp32 (bitwise on
-# the dtype's own values; relative error and cosine against the unquantized
-# weights); then top-2 agreement on a 4-layer toy MoE. Prints figures,
+# 256 rows against the best dense GEMM (OpenBLAS fp32 sgemm; oneDNN's bf16
+# and int8 matmuls where libdnnl-dev is installed, also compared at decode),
+# and accuracy against fp32 (on the dtype's own values, bitwise with f32
+# products; relative error and cosine against the unquantized weights); then
+# top-2 agreement on a 4-layer toy MoE. Compact dtypes multiply with auto's
+# products, int8 also with int8 products (int8/vnni). Prints figures,
 # asserts nothing: each ratio's bound is measured in the same run, medians
 # of several measurements (the machines are shared and noisy).
 #   [QUICK=1] [CORE=N] tests/bench/precision.sh [BUILD_DIR] [bench_precision options]
@@ -15,7 +18,7 @@
 # minute on the 2-core build machine; the default, 5 of 0.25 s and 4x, about
 # five). CORE=N pins the run to core N (taskset); by default the kernel
 # places it. Options go to bench_precision (--help: --shape, --dtype, --isa,
-# --reps, --seconds, --llc-mb, --memory-gb, --rank-slots).
+# --products, --reps, --seconds, --llc-mb, --memory-gb, --rank-slots).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build
@@ -36,5 +39,5 @@ if [ -n "${CORE:-}" ]; then
   command -v taskset >/dev/null || { echo "CORE=$CORE: taskset is missing (util-linux)" >&2; exit 2; }
   pin=(taskset -c "$CORE")
 fi
-export OPENBLAS_NUM_THREADS=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1  # OpenBLAS and oneDNN (OpenMP) on the one core
 exec "${pin[@]}" "$bench" "${args[@]}" "$@"

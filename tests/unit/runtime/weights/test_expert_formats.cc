@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/expert_ffn.h"
+#include "kernels/cpu/int8_dot_gemm.h"
 #include "placement/placement.h"
 #include "runtime/config/config.h"
 #include "runtime/weights/expert_store.h"
@@ -96,24 +97,27 @@ TEST_P(ExpertFormats, MigratedSlotsKeepTheirBits) {
   EXPECT_TRUE(same_bits(outputs(a.expert(0, 5), x, 5), outputs(b.expert(0, 5), x, 5)));
 }
 
-// With bf16 dot products too, a row's bits are its own, and a migrated
-// slot's are the source's.
-TEST_P(ExpertFormats, Bf16ProductsKeepARowsBitsAndAMigratedSlotsBits) {
+// With bf16 dot products too (and int8 ones for int8), a row's bits are its
+// own, and a migrated slot's are the source's.
+TEST_P(ExpertFormats, DotProductsKeepARowsBitsAndAMigratedSlotsBits) {
   const Case k = GetParam();
   if (k.dtype == "f32") GTEST_SKIP() << "f32 experts multiply in f32";
-  kernels::set_compact_products(kernels::CompactProducts::bf16);
-  const Config c = config_of(k.family, k.dtype);
-  const placement::Placement p = placement::contiguous(2, 2, 8);
-  ExpertStore a = ExpertStore::load(c, p, 0);
-  const ExpertStore b = ExpertStore::load(c, p, 1);
-  const std::vector<float> x = test::random_floats(7 * 64, 5);
-  const std::vector<float> row(x.begin() + 3 * 64, x.begin() + 4 * 64);
-  const std::vector<float> batch = outputs(b.expert(0, 5), x, 7), alone = outputs(b.expert(0, 5), row, 1);
-  EXPECT_EQ(std::memcmp(batch.data() + 3 * 64, alone.data(), 64 * sizeof(float)), 0);
-  std::vector<std::uint8_t> flat(b.slot_bytes());
-  b.copy_slot(0, 5, flat.data());
-  a.add_slot(0, 5, flat.data());
-  EXPECT_TRUE(same_bits(outputs(a.expert(0, 5), x, 7), batch));
+  for (auto products : {kernels::CompactProducts::bf16, kernels::CompactProducts::int8}) {
+    if (products == kernels::CompactProducts::int8 && k.dtype != "int8") continue;
+    kernels::set_compact_products(products);
+    const Config c = config_of(k.family, k.dtype);
+    const placement::Placement p = placement::contiguous(2, 2, 8);
+    ExpertStore a = ExpertStore::load(c, p, 0);
+    const ExpertStore b = ExpertStore::load(c, p, 1);
+    const std::vector<float> x = test::random_floats(7 * 64, 5);
+    const std::vector<float> row(x.begin() + 3 * 64, x.begin() + 4 * 64);
+    const std::vector<float> batch = outputs(b.expert(0, 5), x, 7), alone = outputs(b.expert(0, 5), row, 1);
+    EXPECT_EQ(std::memcmp(batch.data() + 3 * 64, alone.data(), 64 * sizeof(float)), 0) << to_string(products);
+    std::vector<std::uint8_t> flat(b.slot_bytes());
+    b.copy_slot(0, 5, flat.data());
+    a.add_slot(0, 5, flat.data());
+    EXPECT_TRUE(same_bits(outputs(a.expert(0, 5), x, 7), batch)) << to_string(products);
+  }
   kernels::set_compact_products(kernels::CompactProducts::f32);
 }
 
@@ -167,7 +171,7 @@ TEST(ExpertFormatErrors, ShapesOffTheScaleGrainAreRefused) {
   EXPECT_NO_THROW(ExpertStore::load(config_of("mixtral", "mxfp4", {"experts.ffn_chunks=4"}), split, 0));
 }
 
-TEST(ExpertProducts, AutoTakesBf16WhereTheCpuHasItAndBf16IsRefusedWhereItCannot) {
+TEST(ExpertProducts, AutoTakesBf16WhereTheCpuHasItAndTheOthersAreRefusedWhereTheyCannot) {
   EXPECT_EQ(local_products(config_of("mixtral", "f32")), kernels::CompactProducts::f32);
   EXPECT_EQ(local_products(config_of("mixtral", "fp8", {"experts.products=f32"})), kernels::CompactProducts::f32);
   const bool here = kernels::cpu_has_bf16_dot() && kernels::gemm_isa() == kernels::GemmIsa::avx512;
@@ -177,6 +181,13 @@ TEST(ExpertProducts, AutoTakesBf16WhereTheCpuHasItAndBf16IsRefusedWhereItCannot)
                      {"[experts].products = \"bf16\"", "f32"});
   test::expect_error([] { (void)config_of("mixtral", "int8", {"experts.products=bf16", "experts.gemm=openblas"}); },
                      ErrorKind::Usage, {"[experts].products = \"bf16\"", "openblas"});
+  test::expect_error([] { (void)config_of("mixtral", "fp8", {"experts.products=int8"}); }, ErrorKind::Usage,
+                     {"[experts].products = \"int8\"", "int8 experts", "fp8"});
+  if (kernels::cpu_has_int8_dot())
+    EXPECT_EQ(local_products(config_of("mixtral", "int8", {"experts.products=int8"})), kernels::CompactProducts::int8);
+  else
+    test::expect_error([] { (void)local_products(config_of("mixtral", "int8", {"experts.products=int8"})); },
+                       ErrorKind::Usage, {"[experts].products = int8", "VNNI"});
   if (!kernels::cpu_has_bf16_dot()) {
     test::expect_error([] { (void)local_products(config_of("mixtral", "fp8", {"experts.products=bf16"})); },
                        ErrorKind::Usage, {"[experts].products = bf16", "AVX-512 BF16"});
