@@ -336,7 +336,8 @@ void gemm_fixed_order_range(const float* a, std::size_t m, const QuantWeights& w
                             std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
   switch (compact_products()) {
     case CompactProducts::int8:
-      if (w.dtype() == WeightDtype::int8) return gemm_int8_dot_range(a, m, w, k_begin, k_end, c, lda, ldc);
+      if (w.dtype() == WeightDtype::int8 || w.dtype() == WeightDtype::mxfp4)
+        return gemm_int8_dot_range(a, m, w, k_begin, k_end, c, lda, ldc);
       [[fallthrough]];
     case CompactProducts::bf16:
       return gemm_bf16_dot_range(a, m, w, k_begin, k_end, c, lda, ldc);

@@ -24,6 +24,17 @@ __m512i lane_major() {
 
 // Four panels (64 columns) x up to 6 rows: each broadcast row feeds four
 // products, 24 accumulators.
+// One quad step of a row against four panels' codes w0..w3 (both 6-row
+// tiles): x the step's packed activations, acc<panel><row> the sums.
+#define MOED_ROW(r)                                        \
+  if constexpr ((r) < Rows) {                              \
+    const __m512i x##r = _mm512_set1_epi32(int(x[(r)]));   \
+    acc0##r = _mm512_dpbusd_epi32(acc0##r, w0, x##r);      \
+    acc1##r = _mm512_dpbusd_epi32(acc1##r, w1, x##r);      \
+    acc2##r = _mm512_dpbusd_epi32(acc2##r, w2, x##r);      \
+    acc3##r = _mm512_dpbusd_epi32(acc3##r, w3, x##r);      \
+  }
+
 #define MOED_ROW_CELLS(X, p) X(p, 0) X(p, 1) X(p, 2) X(p, 3) X(p, 4) X(p, 5)
 #define MOED_CELLS(X) MOED_ROW_CELLS(X, 0) MOED_ROW_CELLS(X, 1) MOED_ROW_CELLS(X, 2) MOED_ROW_CELLS(X, 3)
 
@@ -53,16 +64,7 @@ struct Tile {
       };
       const __m512i w0 = load(panel[0]), w1 = load(panel[1]), w2 = load(panel[2]), w3 = load(panel[3]);
       const std::uint32_t* x = g.a + (s / 4) * Rows;
-#define MOED_ROW(r)                                      \
-  if constexpr ((r) < Rows) {                              \
-    const __m512i x##r = _mm512_set1_epi32(int(x[(r)]));   \
-    acc0##r = _mm512_dpbusd_epi32(acc0##r, w0, x##r);    \
-    acc1##r = _mm512_dpbusd_epi32(acc1##r, w1, x##r);    \
-    acc2##r = _mm512_dpbusd_epi32(acc2##r, w2, x##r);    \
-    acc3##r = _mm512_dpbusd_epi32(acc3##r, w3, x##r);    \
-  }
       MOED_ROW(0) MOED_ROW(1) MOED_ROW(2) MOED_ROW(3) MOED_ROW(4) MOED_ROW(5)
-#undef MOED_ROW
     }
 #define MOED_STORE(p, r) \
   if constexpr ((r) < Rows) _mm512_storeu_si512(g.c + (r) * g.ldc + 16 * (p), acc##p##r);
@@ -84,8 +86,132 @@ void prepare(const std::uint8_t* codes, std::size_t kc, std::uint8_t* out) {
                                         offset));
 }
 
+// mxfp4: a step's 8 bytes hold lanes (2i, 2i + 1) in byte i's nibbles.
+// Nibbles become bytes (2 v + 128) by a 16-entry table (vpshufb), and each
+// quad's 64 bytes are gathered lane-major from the low- and high-nibble
+// vectors (vpermi2b: bit 6 picks the high one).
+struct Fp4Tables {
+  alignas(64) unsigned char table[64], idx[2][64];
+  Fp4Tables() {
+    static constexpr int kTwice[8] = {0, 1, 2, 3, 4, 6, 8, 12};  // 2 x e2m1's magnitudes
+    for (int j = 0; j < 64; ++j) {
+      const int nibble = j % 16, v = kTwice[nibble & 7];
+      table[j] = static_cast<unsigned char>((nibble & 8 ? -v : v) + 128);
+      for (int u = 0; u < 2; ++u) {
+        const int l = j / 4, s = j % 4;  // byte 4 l + s of quad u: step 4 u + s, lane l
+        idx[u][j] = static_cast<unsigned char>((l % 2) << 6 | ((4 * u + s) * 8 + l / 2));
+      }
+    }
+  }
+};
+
+void prepare_fp4(const std::uint8_t* codes, std::size_t kc, std::uint8_t* out) {
+  static const Fp4Tables t;
+  const __m512i lookup = _mm512_load_si512(t.table), quad0 = _mm512_load_si512(t.idx[0]),
+                quad1 = _mm512_load_si512(t.idx[1]), low = _mm512_set1_epi8(0x0f);
+  for (std::size_t s = 0; s < kc; s += 8) {
+    const __m512i c = _mm512_loadu_si512(codes + 8 * s);
+    const __m512i lo = _mm512_shuffle_epi8(lookup, _mm512_and_si512(c, low));
+    const __m512i hi = _mm512_shuffle_epi8(lookup, _mm512_and_si512(_mm512_srli_epi16(c, 4), low));
+    _mm512_store_si512(out + 16 * s, _mm512_permutex2var_epi8(lo, quad0, hi));
+    _mm512_store_si512(out + 16 * s + 64, _mm512_permutex2var_epi8(lo, quad1, hi));
+  }
+}
+
+// A scale block's exact sum into its fp32 total (int8_dot_tile.h):
+// out = fma(float(acc - offset), scale, from_zero ? +0 : out).
+inline void block_total(__m512i acc, std::int32_t offset, const float* scale, float* out, bool from_zero) {
+  const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(offset)));
+  _mm512_storeu_ps(out,
+                   _mm512_fmadd_ps(sum, _mm512_loadu_ps(scale), from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(out)));
+}
+
+// Both mxfp4 tiles end a block so (acc, from_zero, b: the tile's own).
+#define MOED_SCALE(p, r)                                                                  \
+  if constexpr ((r) < Rows)                                                               \
+    block_total(acc##p##r, g.offsets[(r) * g.offsets_stride + b], g.scales[(p)] + 16 * b, \
+                g.out + (r) * g.ldc + 16 * (p), from_zero);
+
+#define MOED_ROW_CELLS(X, p) X(p, 0) X(p, 1) X(p, 2) X(p, 3) X(p, 4) X(p, 5)
+#define MOED_CELLS(X) MOED_ROW_CELLS(X, 0) MOED_ROW_CELLS(X, 1) MOED_ROW_CELLS(X, 2) MOED_ROW_CELLS(X, 3)
+
+template <int Rows>
+struct Fp4Tile {
+  static void run(const Fp4TileArgs& g) {
+#define MOED_DECLARE(p, r) __m512i acc##p##r;
+    MOED_CELLS(MOED_DECLARE)
+#undef MOED_DECLARE
+    for (std::size_t b = 0; b < g.blocks; ++b) {
+#define MOED_ZERO(p, r) acc##p##r = _mm512_setzero_si512();
+      MOED_CELLS(MOED_ZERO)
+#undef MOED_ZERO
+      for (std::size_t t = 8 * b; t < 8 * b + 8; ++t) {
+        const __m512i w0 = _mm512_load_si512(g.panels[0] + 64 * t), w1 = _mm512_load_si512(g.panels[1] + 64 * t),
+                      w2 = _mm512_load_si512(g.panels[2] + 64 * t), w3 = _mm512_load_si512(g.panels[3] + 64 * t);
+        const std::uint32_t* x = g.a + t * Rows;
+        MOED_ROW(0) MOED_ROW(1) MOED_ROW(2) MOED_ROW(3) MOED_ROW(4) MOED_ROW(5)
+      }
+      const bool from_zero = g.first && b == 0;
+      MOED_CELLS(MOED_SCALE)
+    }
+  }
+};
+#undef MOED_CELLS
+#undef MOED_ROW_CELLS
+#undef MOED_ROW
+
+void fp4_tile_any(const Fp4TileArgs& g) { run_rows<Fp4Tile, 6>(g.rows, g); }
+
+// Raw mxfp4 codes, decoded as prepare_fp4 lays them out, in registers.
+#define MOED_ROW_CELLS(X, p) X(p, 0) X(p, 1) X(p, 2)
+#define MOED_CELLS(X) MOED_ROW_CELLS(X, 0) MOED_ROW_CELLS(X, 1) MOED_ROW_CELLS(X, 2) MOED_ROW_CELLS(X, 3)
+template <int Rows>
+struct Fp4Fused {
+  static void run(const Fp4TileArgs& g) {
+    static const Fp4Tables t;
+    const __m512i lookup = _mm512_load_si512(t.table), quad0 = _mm512_load_si512(t.idx[0]),
+                  quad1 = _mm512_load_si512(t.idx[1]), low = _mm512_set1_epi8(0x0f);
+#define MOED_DECLARE(p, r) __m512i acc##p##r;
+    MOED_CELLS(MOED_DECLARE)
+#undef MOED_DECLARE
+    for (std::size_t b = 0; b < g.blocks; ++b) {
+#define MOED_ZERO(p, r) acc##p##r = _mm512_setzero_si512();
+      MOED_CELLS(MOED_ZERO)
+#undef MOED_ZERO
+      for (std::size_t s = 32 * b; s < 32 * b + 32; s += 8) {  // two quads a panel
+        const std::uint32_t* x = g.a + (s / 4) * Rows;
+#define MOED_DOT(p, r)                                                                   \
+  if constexpr ((r) < Rows) {                                                            \
+    acc##p##r = _mm512_dpbusd_epi32(acc##p##r, w0, _mm512_set1_epi32(int(x[(r)])));      \
+    acc##p##r = _mm512_dpbusd_epi32(acc##p##r, w1, _mm512_set1_epi32(int(x[Rows + (r)]))); \
+  }
+#define MOED_PANEL(p)                                                                              \
+  {                                                                                                \
+    const __m512i c = _mm512_loadu_si512(g.panels[(p)] + 8 * s);                                   \
+    const __m512i lo = _mm512_shuffle_epi8(lookup, _mm512_and_si512(c, low));                      \
+    const __m512i hi = _mm512_shuffle_epi8(lookup, _mm512_and_si512(_mm512_srli_epi16(c, 4), low)); \
+    const __m512i w0 = _mm512_permutex2var_epi8(lo, quad0, hi), w1 = _mm512_permutex2var_epi8(lo, quad1, hi); \
+    MOED_ROW_CELLS(MOED_DOT, p)                                                                    \
+  }
+        MOED_PANEL(0) MOED_PANEL(1) MOED_PANEL(2) MOED_PANEL(3)
+#undef MOED_PANEL
+#undef MOED_DOT
+      }
+      const bool from_zero = g.first && b == 0;
+      MOED_CELLS(MOED_SCALE)
+    }
+  }
+};
+#undef MOED_CELLS
+#undef MOED_ROW_CELLS
+#undef MOED_SCALE
+
+void fp4_fused_any(const Fp4TileArgs& g) { run_rows<Fp4Fused, 3>(g.rows, g); }
+
 }  // namespace
 
-Int8Kernels avx512_vnni_int8_kernels() { return {tile_any, prepare, 6}; }
+Int8Kernels avx512_vnni_int8_kernels() {
+  return {tile_any, prepare, 6, prepare_fp4, fp4_tile_any, fp4_fused_any};
+}
 
 }  // namespace moed::kernels::detail

@@ -1,6 +1,7 @@
 #include "kernels/cpu/int8_dot_gemm.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,6 +10,7 @@
 #include "common/error.h"
 #include "kernels/cpu/int8_dot_tile.h"
 #include "kernels/cpu/row_probe.h"
+#include "kernels/cpu/weight_codes.h"
 
 namespace moed::kernels {
 
@@ -26,6 +28,34 @@ void portable_prepare(const std::uint8_t* codes, std::size_t kc, std::uint8_t* o
   for (std::size_t s = 0; s < (kc + 3) / 4 * 4; ++s)
     for (std::size_t l = 0; l < kP; ++l)
       out[(s / 4) * 64 + 4 * l + s % 4] = s < kc ? std::uint8_t(codes[s * kP + l] ^ 0x80) : 0;
+}
+
+// 2 x e2m1's value of a nibble (an integer in [-12, 12]).
+int twice_fp4(unsigned nibble) {
+  static constexpr int kTwice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  return nibble & 8 ? -kTwice[nibble & 7] : kTwice[nibble & 7];
+}
+
+void portable_prepare_fp4(const std::uint8_t* codes, std::size_t kc, std::uint8_t* out) {
+  for (std::size_t s = 0; s < kc; ++s)
+    for (std::size_t l = 0; l < kP; ++l)
+      out[(s / 4) * 64 + 4 * l + s % 4] = std::uint8_t(twice_fp4(codes[s * kP / 2 + l / 2] >> (4 * (l % 2)) & 15) + 128);
+}
+
+void portable_fp4_tile(const detail::Fp4TileArgs& g) {
+  for (std::size_t p = 0; p < detail::kInt8TilePanels; ++p)
+    for (std::size_t r = 0; r < g.rows; ++r)
+      for (std::size_t l = 0; l < kP; ++l) {
+        float& out = g.out[r * g.ldc + 16 * p + l];
+        for (std::size_t b = 0; b < g.blocks; ++b) {
+          std::int32_t acc = 0;
+          for (std::size_t s = 32 * b; s < 32 * b + 32; ++s)
+            acc += std::int32_t(std::int8_t(g.a[(s / 4) * g.rows + r] >> (8 * (s % 4)) & 0xff)) *
+                   g.panels[p][(s / 4) * 64 + 4 * l + s % 4];
+          const float sum = float(acc - g.offsets[r * g.offsets_stride + b]);
+          out = std::fma(sum, g.scales[p][16 * b + l], g.first && b == 0 ? 0.0f : out);
+        }
+      }
 }
 
 void portable_tile(const detail::Int8TileArgs& g) {
@@ -76,7 +106,8 @@ float quantize_row(const float* x, std::size_t k, std::int8_t* q, std::int32_t* 
 // A row block's activations quantized and packed: per k block, tile after
 // tile, quad-major inside a tile (a[t * tile + r]).
 void pack_rows(const float* a, std::size_t lda, std::size_t rows, std::size_t k, std::size_t tile_rows,
-               std::uint32_t* dst, float* row_scale, std::int32_t* row_sum) {
+               std::uint32_t* dst, float* row_scale, std::int32_t* row_sum,
+               std::int32_t* block_offsets = nullptr) {
   thread_local std::vector<std::int8_t> q;
   const std::size_t stride = (k + 3) / 4 * 4;
   q.resize(rows * stride);
@@ -84,6 +115,12 @@ void pack_rows(const float* a, std::size_t lda, std::size_t rows, std::size_t k,
     std::int8_t* row = q.data() + r * stride;
     row_scale[r] = quantize_row(a + r * lda, k, row, &row_sum[r]);
     std::fill(row + k, row + stride, std::int8_t(0));
+    if (block_offsets)  // 128 x each 32-step block's sum (mxfp4's scale blocks)
+      for (std::size_t b = 0; b < k / 32; ++b) {
+        std::int32_t sum = 0;
+        for (std::size_t kk = 32 * b; kk < 32 * b + 32; ++kk) sum += row[kk];
+        block_offsets[r * (k / 32) + b] = 128 * sum;
+      }
   }
   for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
     const std::size_t quads = (std::min(kKBlock, k - k0) + 3) / 4;
@@ -157,10 +194,116 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
   }
 }
 
+// e8m0 / 2 = 2^(e - 128), exact (a subnormal for e 0).
+float half_e8m0(std::uint32_t e) { return e == 0 ? 0x1p-128f : std::bit_cast<float>((e - 1) << 23); }
+
+// A few rows of mxfp4: fours of panels decoded in registers, each over all
+// of k (the packed rows of one tile, k-major over the whole range).
+void fused_fp4(const detail::Int8Kernels& kern, const QuantWeights& w, std::size_t k_begin, std::size_t k,
+               std::size_t rows, const std::uint32_t* a, const std::int32_t* offsets, float* totals,
+               std::size_t cols) {
+  constexpr std::size_t kTilePanels = detail::kInt8TilePanels;
+  const std::size_t blocks = k / 32;
+  thread_local std::vector<float> scales[kTilePanels];
+  for (std::size_t p = 0; p < w.panels(); p += kTilePanels) {
+    const std::uint8_t* four[kTilePanels];
+    const float* four_scales[kTilePanels];
+    for (std::size_t i = 0; i < kTilePanels; ++i) {
+      const detail::QuantPanel panel = w.panel(std::min(p + i, w.panels() - 1));  // past the last: padding
+      four[i] = panel.codes + k_begin * kP / 2;
+      scales[i].resize(blocks * kP);
+      for (std::size_t b = 0; b < blocks; ++b)
+        for (std::size_t l = 0; l < kP; ++l) scales[i][16 * b + l] = half_e8m0(panel.scales[(k_begin / 32 + b) * kP + l]);
+      four_scales[i] = scales[i].data();
+    }
+    kern.fp4_fused({four, four_scales, blocks, a, offsets, blocks, rows, totals + p * kP, cols, true});
+  }
+}
+
+// mxfp4 (int8_dot_gemm.h): the int8 products per 32-step scale block, each
+// block's exact sum scaled into an fp32 total, times the row's scale.
+void run_fp4(const detail::Int8Kernels& kern, const float* a, std::size_t m, const QuantWeights& w,
+             std::size_t k_begin, std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
+  constexpr std::size_t kBlock = 32, kTilePanels = detail::kInt8TilePanels;
+  MOED_CHECK(k_begin <= k_end && k_end <= w.k() && k_begin % kBlock == 0 && k_end % kBlock == 0,
+             "mxfp4 k range [{}, {}) of a matrix with k {}: not on its 32-step blocks", k_begin, k_end, w.k());
+  const std::size_t n = w.n(), k = k_end - k_begin, blocks = k / kBlock;
+  lda = lda ? lda : k;
+  ldc = ldc ? ldc : n;
+  if (m == 0 || n == 0) return;
+  const std::size_t panels = w.panels(), cols = (panels + kTilePanels - 1) / kTilePanels * kTilePanels * kP;
+  // Up to 4 tiles of rows (decode): one row block, whose tiles share each
+  // prepared block of four panels, going through all of k before the next
+  // four (long streams of weights); more: the blocking above.
+  // Up to 12 rows: row blocks of at most 3, each through the fused tiles
+  // (weights decoded in registers, once per block: cheaper here than
+  // preparing them once for all).
+  const bool streaming = m <= 4 * kern.tile_rows;
+  const bool fused = kern.fp4_fused && m <= 4 * detail::kFp4FusedRows;
+  const std::size_t fused_blocks = (m + detail::kFp4FusedRows - 1) / detail::kFp4FusedRows;
+  const std::size_t row_block = fused       ? (m + fused_blocks - 1) / fused_blocks
+                                : streaming ? m
+                                            : kRowBlock / kern.tile_rows * kern.tile_rows;
+  thread_local std::vector<std::uint32_t> packed;
+  thread_local std::vector<std::int32_t> row_sum, offsets;
+  thread_local std::vector<float> row_scale, totals;
+  alignas(64) thread_local std::uint8_t prepared[kTilePanels][kKBlock * kP];
+  thread_local float scales[kTilePanels][kKBlock / kBlock * kP];
+  const std::size_t rows_max = std::min(row_block, m);
+  packed.resize(rows_max * ((k + 3) / 4 + 1));
+  row_sum.resize(rows_max);
+  row_scale.resize(rows_max);
+  offsets.resize(rows_max * std::max<std::size_t>(blocks, 1));
+  totals.resize(rows_max * cols);
+  for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
+    const std::size_t rows_in_block = std::min(row_block, m - i0);
+    pack_rows(a + i0 * lda, lda, rows_in_block, k, kern.tile_rows, packed.data(), row_scale.data(), row_sum.data(),
+              offsets.data());
+    std::fill(totals.begin(), totals.begin() + std::ptrdiff_t(rows_in_block * cols), 0.0f);
+    if (fused) {
+      fused_fp4(kern, w, k_begin, k, rows_in_block, packed.data(), offsets.data(), totals.data(), cols);
+      for (std::size_t r = 0; r < rows_in_block; ++r)
+        for (std::size_t j = 0; j < n; ++j) c[(i0 + r) * ldc + j] = totals[r * cols + j] * row_scale[r];
+      continue;
+    }
+    const std::size_t panel_block = streaming ? kTilePanels : kPanelBlock;
+    for (std::size_t p_begin = 0; p_begin < panels; p_begin += panel_block)
+      for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
+        const std::size_t kc = std::min(kKBlock, k - k0), quads = kc / 4;
+        const std::uint32_t* a_block = packed.data() + (k0 / 4) * rows_in_block;
+        for (std::size_t p = p_begin; p < std::min(panels, p_begin + panel_block); p += kTilePanels) {
+          const std::uint8_t* four[kTilePanels];
+          const float* four_scales[kTilePanels];
+          for (std::size_t i = 0; i < kTilePanels; ++i) {
+            four[i] = prepared[0];  // a missing panel's columns are padding
+            four_scales[i] = scales[0];
+            if (p + i >= panels) continue;
+            const detail::QuantPanel panel = w.panel(p + i);
+            kern.prepare_fp4(panel.codes + (k_begin + k0) * kP / 2, kc, prepared[i]);
+            for (std::size_t b = 0; b < kc / kBlock; ++b)
+              for (std::size_t l = 0; l < kP; ++l)
+                scales[i][16 * b + l] = half_e8m0(panel.scales[((k_begin + k0) / kBlock + b) * kP + l]);
+            four[i] = prepared[i];
+            four_scales[i] = scales[i];
+          }
+          for (std::size_t i = 0; i < rows_in_block; i += kern.tile_rows) {
+            const std::size_t rows = std::min(kern.tile_rows, rows_in_block - i);
+            kern.fp4_tile({four, four_scales, kc / kBlock, a_block + i * quads, offsets.data() + i * blocks + k0 / kBlock,
+                           blocks, rows, totals.data() + i * cols + p * kP, cols, k0 == 0});
+          }
+        }
+      }
+    for (std::size_t r = 0; r < rows_in_block; ++r)
+      for (std::size_t j = 0; j < n; ++j) c[(i0 + r) * ldc + j] = totals[r * cols + j] * row_scale[r];
+  }
+}
+
 }  // namespace
 
 namespace detail {
-Int8Kernels portable_int8_kernels() { return {portable_tile, portable_prepare, 4}; }
+Int8Kernels portable_int8_kernels() {
+  return {portable_tile, portable_prepare, 4, portable_prepare_fp4, portable_fp4_tile};
+}
 }  // namespace detail
 
 bool cpu_has_int8_dot() {
@@ -175,19 +318,24 @@ bool cpu_has_int8_dot() {
 
 void gemm_int8_dot_range(const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
                          std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
+  if (w.dtype() == WeightDtype::mxfp4) return run_fp4(kernels_here(), a, m, w, k_begin, k_end, c, lda, ldc);
   run(kernels_here(), a, m, w, k_begin, k_end, c, lda, ldc);
 }
 
-InvarianceProbe probe_int8_dot_invariance(std::size_t n, std::size_t k) {
-  detail::ProbeValues random("int8-dot-probe");
-  const QuantWeights w(encode(WeightDtype::int8, random(n * k).data(), n, k));
+InvarianceProbe probe_int8_dot_invariance(WeightDtype dtype, std::size_t n, std::size_t k) {
+  detail::ProbeValues random(std::string("int8-dot-probe-") + to_string(dtype));
+  const QuantWeights w(encode(dtype, random(n * k).data(), n, k));
   const std::vector<float> row = random(k);
   std::vector<float> want(n);
-  run(detail::portable_int8_kernels(), row.data(), 1, w, 0, k, want.data(), k, n);
+  const auto run_any = [&](const detail::Int8Kernels& kern, const float* a, std::size_t m, float* c) {
+    if (dtype == WeightDtype::mxfp4) return run_fp4(kern, a, m, w, 0, k, c, k, n);
+    run(kern, a, m, w, 0, k, c, k, n);
+  };
+  run_any(detail::portable_int8_kernels(), row.data(), 1, want.data());
   const detail::Int8Kernels here = kernels_here();
   return detail::probe_row_positions(
-      random, row, want, [&](const float* a, std::size_t m, float* c) { run(here, a, m, w, 0, k, c, k, n); },
-      "the portable loops on the row alone (int8 weights, int8 products)");
+      random, row, want, [&](const float* a, std::size_t m, float* c) { run_any(here, a, m, c); },
+      std::string("the portable loops on the row alone (") + to_string(dtype) + " weights, int8 products)");
 }
 
 }  // namespace moed::kernels

@@ -1,5 +1,5 @@
-// The GEMM over int8 experts with int8 dot products ([experts].products =
-// int8): each row's activations quantized to 8 bits, multiplied with the
+// The GEMM over int8 (and mxfp4) experts with int8 dot products
+// ([experts].products = int8): each row's activations quantized to 8 bits, multiplied with the
 // weights' s8 codes four k steps at a time as AVX-512 VNNI's vpdpbusd does,
 // in exact int32 sums. About twice the bf16 products' rate, and what the
 // CPU's int8 units are for; the price is the activations' precision.
@@ -28,13 +28,21 @@ namespace moed::kernels {
 // bits, many times slower).
 bool cpu_has_int8_dot();
 
-// C[m, n] as above; w must hold int8 codes. Runs the AVX-512 VNNI tile where
-// the CPU has it and gemm_isa() is avx512, else the portable loops.
+// mxfp4 weights take the same products per 32-step scale block: with q as
+// above and v = 2 x each code's e2m1 value (an integer in [-12, 12]),
+//   S_b = sum over the block's steps of q[k] v[j][k], exact;
+//   total = fma(float(S_b), 2^(e_b - 128), total) block by block from +0
+//           (2^(e - 128) is the e8m0 scale halved: exact);
+//   C = total * (amax / 127).
+//
+// C[m, n] as above; w must hold int8 or mxfp4 codes (mxfp4: the range on
+// 32-step blocks). Runs the AVX-512 VNNI tiles where the CPU has them and
+// gemm_isa() is avx512, else the portable loops.
 void gemm_int8_dot_range(const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
                          std::size_t k_end, float* c, std::size_t lda = 0, std::size_t ldc = 0);
 
 // The start-up probe: a row's bits at every position and batch size tried,
 // against the portable loops on the row alone.
-InvarianceProbe probe_int8_dot_invariance(std::size_t n, std::size_t k);
+InvarianceProbe probe_int8_dot_invariance(WeightDtype dtype, std::size_t n, std::size_t k);
 
 }  // namespace moed::kernels

@@ -37,10 +37,42 @@ using Int8Prepare = void (*)(const std::uint8_t* codes, std::size_t kc, std::uin
 
 constexpr std::size_t kInt8TilePanels = 4;
 
+// mxfp4 codes: the steps [0, kc) of a panel (8 bytes a step, lane 2i's
+// nibble low in byte i) as prepare() lays int8 codes out, each code
+// 2 x its e2m1 value (an integer in [-12, 12]) + 128. kc a multiple of 32.
+using Fp4Prepare = void (*)(const std::uint8_t* codes, std::size_t kc, std::uint8_t* out);
+
+// The same products over prepared mxfp4 panels, in scale blocks of 32 steps
+// (8 quads): per block b a sum from 0, S = acc - offsets[r][b]
+// (the caller's 128 x the row's block sum of activations), then
+// out[r][16 p + l] = fma(float(S), scales[p][16 b + l], out), from +0 at the
+// first block when `first`. out is fp32, rows ldc apart, 64 columns.
+struct Fp4TileArgs {
+  const std::uint8_t* const* panels;  // prepared, 4 of them (the missing ones: any prepared panel)
+  const float* const* scales;         // per panel, 16 per block
+  std::size_t blocks;
+  const std::uint32_t* a;
+  const std::int32_t* offsets;  // offsets[r * offsets_stride + b]
+  std::size_t offsets_stride;
+  std::size_t rows;
+  float* out;
+  std::size_t ldc;
+  bool first;
+};
+using Fp4Tile = void (*)(const Fp4TileArgs& args);
+
+// At up to kFp4FusedRows rows (decode): the same over raw mxfp4 codes (the
+// panels at the range's first step), each quad decoded in registers as the
+// tile reaches it: no prepared buffer, four streams of weights in flight.
+constexpr std::size_t kFp4FusedRows = 3;
+
 struct Int8Kernels {
   Int8Tile tile;  // up to tile_rows rows of kInt8TilePanels panels
   Int8Prepare prepare;
   std::size_t tile_rows;
+  Fp4Prepare prepare_fp4;
+  Fp4Tile fp4_tile;   // up to tile_rows rows of kInt8TilePanels prepared panels
+  Fp4Tile fp4_fused = nullptr;  // up to kFp4FusedRows rows of kInt8TilePanels raw panels
 };
 Int8Kernels portable_int8_kernels();
 Int8Kernels avx512_vnni_int8_kernels();  // only where the CPU has AVX-512 VNNI, BW and VBMI

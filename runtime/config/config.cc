@@ -199,8 +199,8 @@ const config::Section<ExpertsConfig>& experts_section() {
                     "how compact experts (dtype other than f32) multiply (docs/weight-formats.md): f32 = "
                     "each weight's value times the fp32 activation; bf16 = activations rounded to bf16 and "
                     "AVX-512 BF16 dot products, about 2x faster, needs AVX-512 BF16 and VBMI on every rank; "
-                    "int8 = for int8 experts, activations quantized to 8 bits per row and AVX-512 VNNI int8 "
-                    "products (needs VNNI and VBMI), faster again and less exact; auto = bf16 where every rank "
+                    "int8 = for int8 and mxfp4 experts, activations quantized to 8 bits per row and AVX-512 "
+                    "VNNI int8 products (needs VNNI and VBMI), faster again and less exact; auto = bf16 where every rank "
                     "has it, else f32 (part of the numerics: runs compare bit for bit only with equal products)"),
       });
   return s;
@@ -434,9 +434,9 @@ void validate_config(const Config& c) {
     MOED_THROW(Usage, "config: [experts].gemm = \"openblas\" cannot serve {}'s {}: every rank runs it on its own "
                "rows in one call, whose bits OpenBLAS ties to the row count; use gemm = \"fixed-order\"",
                name_of(m.spec.family), m.spec.shared_ffn > 0 ? "shared expert" : "dense layers ([model].serve_dense)");
-  if (c.experts.products == "int8" && experts_dtype(c) != "int8")
-    MOED_THROW(Usage, "config: [experts].products = \"int8\" multiplies int8 experts, and these are {} "
-               "([experts].dtype{}); set dtype to int8, or products to bf16 or f32",
+  if (c.experts.products == "int8" && experts_dtype(c) != "int8" && experts_dtype(c) != "mxfp4")
+    MOED_THROW(Usage, "config: [experts].products = \"int8\" multiplies int8 and mxfp4 experts, and these are {} "
+               "([experts].dtype{}); set dtype to int8 or mxfp4, or products to bf16 or f32",
                experts_dtype(c), c.experts.dtype == "auto" ? " = auto, the checkpoint's own" : "");
   if (c.experts.products == "bf16" && experts_dtype(c) == "f32")
     MOED_THROW(Usage, "config: [experts].products = \"bf16\" multiplies compact experts, and these are f32 "

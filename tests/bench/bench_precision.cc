@@ -19,7 +19,8 @@
 //              4-layer toy MoE, how many tokens' top-2 sets at the last
 //              layer match the fp32 run.
 // Compact dtypes multiply with --products (auto: bf16 where the CPU has it,
-// and int8 once more with int8 products where it has VNNI: "int8/vnni").
+// and int8 and mxfp4 once more with int8 products where it has VNNI:
+// "int8/vnni", "mxfp4/vnni").
 // Figures are medians over --reps measurements; it asserts nothing beyond the
 // bitwise check (the machines are shared and noisy).
 // Usage: bench_precision [--quick] [--reps N] [--seconds S] [--shape NAME]...
@@ -448,7 +449,7 @@ struct Options {
 struct Row {
   WeightDtype dtype = WeightDtype::f32;
   kernels::CompactProducts products = kernels::CompactProducts::f32;
-  std::string label;  // the dtype; int8/vnni: int8 with int8 products
+  std::string label;  // the dtype; int8/vnni, mxfp4/vnni: with int8 products
   std::size_t slot_bytes = 0, wire = 0;
   double copy_ms = 0, install_ms = 0;
   bool roundtrip = false;
@@ -514,7 +515,8 @@ struct Variant {
   WeightDtype dtype;
   kernels::CompactProducts products;
   std::string label() const {
-    const bool vnni = dtype == WeightDtype::int8 && products == kernels::CompactProducts::int8;
+    const bool vnni =
+        (dtype == WeightDtype::int8 || dtype == WeightDtype::mxfp4) && products == kernels::CompactProducts::int8;
     return fmt::format("{}{}", kernels::to_string(dtype), vnni ? "/vnni" : "");
   }
 };
@@ -644,10 +646,10 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
   fmt::print(
       "memory and migration of one expert slot (copy out: encoded() + to_bytes; install: from_bytes + pack; one core, "
       "the wire not included):\n");
-  fmt::print("  {:<9} {:>9} {:>7} {:>6} {:>12} {:>9} {:>10} {:>10} {:>9}\n", "dtype", "slot MB", "/ f32", "bits/w",
+  fmt::print("  {:<10} {:>9} {:>7} {:>6} {:>12} {:>9} {:>10} {:>10} {:>9}\n", "dtype", "slot MB", "/ f32", "bits/w",
              fmt::format("GB/{} slots", o.rank_slots), "moved MB", "copy ms", "install ms", "roundtrip");
   for (const Row& r : rows)
-    fmt::print("  {:<9} {:>9.2f} {:>7.3f} {:>6.2f} {:>12.2f} {:>9.2f} {:>10.2f} {:>10.2f} {:>9}\n",
+    fmt::print("  {:<10} {:>9.2f} {:>7.3f} {:>6.2f} {:>12.2f} {:>9.2f} {:>10.2f} {:>10.2f} {:>9}\n",
                r.label, double(r.slot_bytes) / kMB, double(r.slot_bytes) / double(f32_bytes),
                double(r.slot_bytes) * 8 / weights, double(r.slot_bytes) * o.rank_slots / kGB, double(r.wire) / kMB,
                r.copy_ms, r.install_ms, r.roundtrip ? "same" : "DIFFERS");
@@ -655,11 +657,11 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
   fmt::print(
       "decode, GFLOP/s per core, cycling through the set (bound: a call's weight bytes at the stream GB/s of a\n"
       "buffer the set's size; at m rows it is m x the bound at 1):\n");
-  fmt::print("  {:<9} {:>7} {:>8} {:>6} {:>11} {:>9} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6}\n", "dtype", "experts",
+  fmt::print("  {:<10} {:>7} {:>8} {:>6} {:>11} {:>9} {:>8} {:>6} {:>8} {:>6} {:>8} {:>6}\n", "dtype", "experts",
              "set MB", "x LLC", "stream GB/s", "bound m=1", "m=1", "ratio", "m=4", "ratio", "m=16", "ratio");
   for (const Row& r : rows) {
     const double bound1 = flops_per_call(s, 1) / (double(r.slot_bytes) / (r.stream_gbs * kGB)) / kGB;
-    fmt::print("  {:<9} {:>7} {:>8.0f} {:>6.1f} {:>11.1f} {:>9.2f}", r.label, r.set_experts,
+    fmt::print("  {:<10} {:>7} {:>8.0f} {:>6.1f} {:>11.1f} {:>9.2f}", r.label, r.set_experts,
                double(r.set_bytes) / kMB, double(r.set_bytes) / double(o.llc), r.stream_gbs, bound1);
     for (std::size_t i = 0; i < kDecodeRows.size(); ++i)
       fmt::print(" {:>8.2f} {:>6.2f}", r.decode_gflops[i], r.decode_gflops[i] / (bound1 * double(kDecodeRows[i])));
@@ -676,21 +678,21 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
       kPrefillRows,
       onednn ? "oneDNN's bf16 matmul for bf16, fp8 and mxfp4, its int8 matmul (u8 activations) for int8"
              : "oneDNN is not installed, so OpenBLAS's sgemm for all");
-  fmt::print("  {:<9} {:>9} {:>11} {:>12} {:>6}\n", "dtype", "expert", "sgemm fp32", "oneDNN dense", "ratio");
+  fmt::print("  {:<10} {:>9} {:>11} {:>12} {:>6}\n", "dtype", "expert", "sgemm fp32", "oneDNN dense", "ratio");
   for (const Row& r : rows) {
     const double bound = r.onednn_prefill_gflops > 0 ? r.onednn_prefill_gflops : r.sgemm_gflops;
-    fmt::print("  {:<9} {:>9.1f} {:>11.1f} {:>12} {:>6.2f}\n", r.label, r.prefill_gflops,
+    fmt::print("  {:<10} {:>9.1f} {:>11.1f} {:>12} {:>6.2f}\n", r.label, r.prefill_gflops,
                r.sgemm_gflops, r.onednn_prefill_gflops > 0 ? fmt::format("{:.1f}", r.onednn_prefill_gflops) : "-",
                r.prefill_gflops / bound);
   }
   if (onednn) {
     fmt::print(
         "moed against oneDNN's dense matmul at decode, the same set cycling (GFLOP/s; > 1: moed faster):\n");
-    fmt::print("  {:<9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}\n", "dtype", "oneDNN m=1", "m=4", "m=16", "x m=1",
+    fmt::print("  {:<10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}\n", "dtype", "oneDNN m=1", "m=4", "m=16", "x m=1",
                "x m=4", "x m=16");
     for (const Row& r : rows) {
       if (r.onednn_prefill_gflops <= 0) continue;
-      fmt::print("  {:<9} {:>10.2f} {:>10.2f} {:>10.2f}", r.label, r.onednn_decode_gflops[0],
+      fmt::print("  {:<10} {:>10.2f} {:>10.2f} {:>10.2f}", r.label, r.onednn_decode_gflops[0],
                  r.onednn_decode_gflops[1], r.onednn_decode_gflops[2]);
       for (std::size_t i = 0; i < kDecodeRows.size(); ++i)
         fmt::print(" {:>8.2f}", r.decode_gflops[i] / r.onednn_decode_gflops[i]);
@@ -700,10 +702,10 @@ void print_shape(const Shape& s, const std::vector<Row>& rows, const Options& o)
 
   fmt::print("accuracy, {} unit-variance rows (per row: rel err = |y - y_fp32| / |y_fp32|, cos = cosine similarity):\n",
              kAccuracyRows);
-  fmt::print("  {:<9} {:>21} {:>8} | {:>25} {:>12} {:>12}\n", "dtype", "vs fp32 on its values", "bitwise",
+  fmt::print("  {:<10} {:>21} {:>8} | {:>25} {:>12} {:>12}\n", "dtype", "vs fp32 on its values", "bitwise",
              "vs unquantized: rel err max", "rel err mean", "cos min");
   for (const Row& r : rows)
-    fmt::print("  {:<9} {:>21.3g} {:>8} | {:>25.3e} {:>12.3e} {:>12.8f}\n", r.label,
+    fmt::print("  {:<10} {:>21.3g} {:>8} | {:>25.3e} {:>12.3e} {:>12.8f}\n", r.label,
                r.acc.same_max_abs,
                r.products != kernels::CompactProducts::f32 && r.dtype != WeightDtype::f32 ? "-"
                : r.acc.bitwise                                                            ? "yes"
@@ -736,7 +738,8 @@ int main(int argc, char** argv) {
   std::string products = "auto";
   app.add_option("--products", products,
                  "compact dtypes' products: f32, bf16 (AVX-512 BF16 dot products), int8 (int8 experts: VNNI) or "
-                 "auto (bf16 where the CPU has them; int8 measured with bf16 and, where the CPU has VNNI, int8)")
+                 "auto (bf16 where the CPU has them; int8 and mxfp4 measured with bf16 and, where the CPU has VNNI, "
+                 "int8)")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   app.add_option("--llc-mb", llc_mb, "last-level cache in MB (default: what sysconf or /sys says)")
       ->check(CLI::Range(1.0, 1e6));
@@ -788,7 +791,8 @@ int main(int argc, char** argv) {
     if (dtype_names.empty() ||
         std::find(dtype_names.begin(), dtype_names.end(), kernels::to_string(d)) != dtype_names.end()) {
       variants.push_back({d, chosen});
-      if (d == WeightDtype::int8 && both_int8) variants.push_back({d, kernels::CompactProducts::int8});
+      if ((d == WeightDtype::int8 || d == WeightDtype::mxfp4) && both_int8)
+        variants.push_back({d, kernels::CompactProducts::int8});
     }
 
   kernels::set_blas_threads(1);
@@ -804,7 +808,8 @@ int main(int argc, char** argv) {
   fmt::print(
       "FLOPs per expert call: 2 m (3 H F); weights uniform at the synthetic model's scales (no outliers: real\n"
       "checkpoints quantize worse); compact dtypes multiply with {} products ([experts].products){}\n",
-      kernels::to_string(chosen), both_int8 ? "; int8/vnni: int8 products (8-bit activations, AVX-512 VNNI)" : "");
+      kernels::to_string(chosen),
+      both_int8 ? "; int8/vnni, mxfp4/vnni: int8 products (8-bit activations, AVX-512 VNNI)" : "");
   for (const Shape& shape : shapes) {
     // Two distinct experts (one where the set is a single expert); the decode sets copy them.
     std::vector<Original> originals;
@@ -826,13 +831,13 @@ int main(int argc, char** argv) {
   const ToyModel toy = make_toy();
   kernels::set_compact_products(kernels::CompactProducts::f32);
   const ToyRun ref = run_toy(toy, WeightDtype::f32);
-  fmt::print("  {:<9}", "dtype");
+  fmt::print("  {:<10}", "dtype");
   for (std::size_t l = 0; l < kToyLayers; ++l) fmt::print(" {:>9}", fmt::format("layer {}", l + 1));
   fmt::print(" {:>22}\n", "final residual rel err");
   for (const Variant& v : variants) {
     kernels::set_compact_products(v.products);
     const ToyRun run = run_toy(toy, v.dtype);
-    fmt::print("  {:<9}", v.label());
+    fmt::print("  {:<10}", v.label());
     for (std::size_t l = 0; l < kToyLayers; ++l) {
       std::size_t same = 0;
       for (std::size_t t = 0; t < kToyTokens; ++t) same += run.sets[l][t] == ref.sets[l][t];

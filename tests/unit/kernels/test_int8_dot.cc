@@ -20,7 +20,8 @@
 namespace moed::kernels {
 namespace {
 
-// The definition for row x (its range [k0, k1)) against W's row j.
+// The definition for row x (its range [k0, k1)) against W's row j: int8
+// codes in one exact sum, mxfp4's 2 x e2m1 values per 32-step block.
 float definition(const EncodedMatrix& e, const float* x, std::size_t j, std::size_t k0, std::size_t k1) {
   float amax = 0;
   for (std::size_t kk = k0; kk < k1; ++kk) {
@@ -28,13 +29,26 @@ float definition(const EncodedMatrix& e, const float* x, std::size_t j, std::siz
     amax = std::max(amax, std::fabs(x[kk]));
   }
   const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-  std::int64_t acc = 0;
-  for (std::size_t kk = k0; kk < k1; ++kk)
-    acc += std::int64_t(std::nearbyint(x[kk] * inv)) * std::int8_t(e.codes[j * e.k + kk]);
-  return float(acc) * (amax / 127.0f) * e.scale(j, 0);
+  auto q = [&](std::size_t kk) { return std::int64_t(std::nearbyint(x[kk] * inv)); };
+  if (e.dtype == WeightDtype::int8) {
+    std::int64_t acc = 0;
+    for (std::size_t kk = k0; kk < k1; ++kk) acc += q(kk) * std::int8_t(e.codes[j * e.k + kk]);
+    return float(acc) * (amax / 127.0f) * e.scale(j, 0);
+  }
+  float total = 0;
+  for (std::size_t b = k0; b < k1; b += 32) {
+    std::int64_t acc = 0;
+    for (std::size_t kk = b; kk < b + 32; ++kk) {
+      const std::size_t at = j * e.k + kk;
+      acc += q(kk) * std::int64_t(2 * fp4_value(std::uint8_t(e.codes[at / 2] >> (4 * (at % 2)) & 15)));
+    }
+    total = std::fma(float(acc), e.scale(j, b) / 2, total);
+  }
+  return total * (amax / 127.0f);
 }
 
 struct Case {
+  WeightDtype dtype;
   std::size_t m, n, k;
 };
 
@@ -49,7 +63,7 @@ class Int8Dot : public ::testing::TestWithParam<Case> {
 
 TEST_P(Int8Dot, EveryKernelIsTheDefinition) {
   const Case c = GetParam();
-  const EncodedMatrix e = encode(WeightDtype::int8, test::random_floats(c.n * c.k, 51).data(), c.n, c.k);
+  const EncodedMatrix e = encode(c.dtype, test::random_floats(c.n * c.k, 51).data(), c.n, c.k);
   const QuantWeights w(e);
   std::vector<float> a = test::random_floats(c.m * c.k, 52);
   if (c.m > 2) {
@@ -59,7 +73,7 @@ TEST_P(Int8Dot, EveryKernelIsTheDefinition) {
   std::vector<float> want(c.m * c.n);
   for (std::size_t i = 0; i < c.m; ++i)
     for (std::size_t j = 0; j < c.n; ++j) want[i * c.n + j] = definition(e, a.data() + i * c.k, j, 0, c.k);
-  const std::size_t k0 = c.k / 3, k1 = c.k - c.k / 5;
+  const std::size_t grain = column_grain(c.dtype), k0 = c.k / 3 / grain * grain, k1 = (c.k - c.k / 5) / grain * grain;
   const QuantWeights columns(columns_of(e, k0, k1));
   for (GemmIsa isa : test::isas_here()) {
     set_gemm_isa(isa);
@@ -75,7 +89,7 @@ TEST_P(Int8Dot, EveryKernelIsTheDefinition) {
 }
 
 TEST_P(Int8Dot, RowBitsDoNotDependOnTheBatch) {
-  const InvarianceProbe probe = probe_row_invariance(WeightDtype::int8, GetParam().n, GetParam().k);
+  const InvarianceProbe probe = probe_row_invariance(GetParam().dtype, GetParam().n, GetParam().k);
   EXPECT_TRUE(probe.invariant) << probe.detail;
 }
 
@@ -83,7 +97,7 @@ TEST_P(Int8Dot, RowBitsDoNotDependOnTheBatch) {
 // 254): the error against fp32 on the same values stays within that.
 TEST_P(Int8Dot, ErrorIsTheActivationsRounding) {
   const Case c = GetParam();
-  const EncodedMatrix e = encode(WeightDtype::int8, test::random_floats(c.n * c.k, 61).data(), c.n, c.k);
+  const EncodedMatrix e = encode(c.dtype, test::random_floats(c.n * c.k, 61).data(), c.n, c.k);
   const std::vector<float> values = e.values(), a = test::random_floats(c.m * c.k, 62);
   std::vector<float> got(c.m * c.n);
   gemm_fixed_order(a.data(), c.m, QuantWeights(e), got.data());
@@ -101,13 +115,24 @@ TEST_P(Int8Dot, ErrorIsTheActivationsRounding) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, Int8Dot,
-                         ::testing::Values(Case{1, 48, 64}, Case{3, 100, 301}, Case{13, 100, 301},
-                                           Case{300, 40, 544}),
-                         [](const auto& info) {
-                           const Case& c = info.param;
-                           return fmt::format("{}x{}x{}", c.m, c.n, c.k);
-                         });
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (WeightDtype d : {WeightDtype::int8, WeightDtype::mxfp4}) {
+    const std::size_t odd_k = d == WeightDtype::mxfp4 ? 320 : 301;  // mxfp4 needs k % 32 == 0
+    // One tile; four panels and a partial group of them; mxfp4's fused row
+    // blocks (up to 12 rows); more tiles than streaming takes (the blocked
+    // path); two row blocks past 256 steps.
+    for (Case c : {Case{d, 1, 48, 64}, Case{d, 3, 100, odd_k}, Case{d, 8, 100, odd_k}, Case{d, 13, 100, odd_k},
+                   Case{d, 30, 96, odd_k}, Case{d, 300, 40, 544}})
+      out.push_back(c);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Int8Dot, ::testing::ValuesIn(cases()), [](const auto& info) {
+  const Case& c = info.param;
+  return fmt::format("{}_{}x{}x{}", to_string(c.dtype), c.m, c.n, c.k);
+});
 
 // The other compact formats multiply with bf16 products under int8.
 TEST(Int8Dot, OtherFormatsTakeBf16Products) {

@@ -97,13 +97,13 @@ TEST_P(ExpertFormats, MigratedSlotsKeepTheirBits) {
   EXPECT_TRUE(same_bits(outputs(a.expert(0, 5), x, 5), outputs(b.expert(0, 5), x, 5)));
 }
 
-// With bf16 dot products too (and int8 ones for int8), a row's bits are its
+// With bf16 dot products too (and int8 ones for int8 and mxfp4), a row's bits are its
 // own, and a migrated slot's are the source's.
 TEST_P(ExpertFormats, DotProductsKeepARowsBitsAndAMigratedSlotsBits) {
   const Case k = GetParam();
   if (k.dtype == "f32") GTEST_SKIP() << "f32 experts multiply in f32";
   for (auto products : {kernels::CompactProducts::bf16, kernels::CompactProducts::int8}) {
-    if (products == kernels::CompactProducts::int8 && k.dtype != "int8") continue;
+    if (products == kernels::CompactProducts::int8 && k.dtype != "int8" && k.dtype != "mxfp4") continue;
     kernels::set_compact_products(products);
     const Config c = config_of(k.family, k.dtype);
     const placement::Placement p = placement::contiguous(2, 2, 8);
@@ -182,7 +182,7 @@ TEST(ExpertProducts, AutoTakesBf16WhereTheCpuHasItAndTheOthersAreRefusedWhereThe
   test::expect_error([] { (void)config_of("mixtral", "int8", {"experts.products=bf16", "experts.gemm=openblas"}); },
                      ErrorKind::Usage, {"[experts].products = \"bf16\"", "openblas"});
   test::expect_error([] { (void)config_of("mixtral", "fp8", {"experts.products=int8"}); }, ErrorKind::Usage,
-                     {"[experts].products = \"int8\"", "int8 experts", "fp8"});
+                     {"[experts].products = \"int8\"", "int8 and mxfp4 experts", "fp8"});
   if (kernels::cpu_has_int8_dot())
     EXPECT_EQ(local_products(config_of("mixtral", "int8", {"experts.products=int8"})), kernels::CompactProducts::int8);
   else
