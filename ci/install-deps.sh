@@ -14,6 +14,7 @@ packages=(
   libdnnl-dev  # oneDNN: the dense bf16 and int8 bounds of tests/bench/precision.sh (moed does not link it)
   nlohmann-json3-dev libcli11-dev
   libgtest-dev
+  libssl-dev  # HMAC-SHA-256 of the network front door's challenge-response (client/auth.h)
   libcpp-httplib-dev prometheus chromium
   slurm-wlm munge
   iproute2

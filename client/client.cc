@@ -6,7 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/auth.h"
+#include "client/link.h"
 
 namespace moed::client {
 
@@ -18,6 +19,7 @@ enum class SlotState { free, held, in_flight, done, failed };
 // so bf16 rows too) from one shared-memory layout to another.
 void copy_slot(const std::byte* from, const wire::Layout& a, std::byte* to, const wire::Layout& b,
                std::uint32_t rows) {
+  if (from == to && a.slot_bytes == b.slot_bytes) return;  // a network link lent its slots: already there
   std::memcpy(to + b.ids_offset, from + a.ids_offset, std::size_t(rows) * sizeof(std::uint64_t));
   std::memcpy(to + b.positions_offset, from + a.positions_offset, std::size_t(rows) * sizeof(std::uint32_t));
   std::memcpy(to + b.rows_offset, from + a.rows_offset, std::size_t(rows) * a.hidden * sizeof(float));
@@ -32,7 +34,8 @@ std::string grant_text(const wire::Layout& l) {
 struct Client::Impl {
   std::string path;
   Options options;
-  std::unique_ptr<Connection> conn;
+  std::optional<wire::Key> key;  // read once, for network addresses
+  std::unique_ptr<Link> conn;
   std::uint64_t next_tag = 1;
   std::uint64_t reconnects = 0;
   bool stopping = false;  // the daemon answered shutting_down: the connection is about to end
@@ -108,15 +111,21 @@ struct Client::Impl {
   void send_submit(std::size_t slot) {
     const Slot& s = slots[slot];
     try {
-      conn->send(wire::encode(wire::Submit{s.tag, std::uint32_t(slot), s.layer, s.rows, s.dtype}));
+      conn->submit(wire::Submit{s.tag, std::uint32_t(slot), s.layer, s.rows, s.dtype});
     } catch (const Lost& lost) {
       recover(lost);
     }
   }
 
+  std::unique_ptr<Link> open(Deadline deadline, Link* previous) {
+    return open_link(path, key ? &*key : nullptr, hello(), deadline, previous);
+  }
+  // Connects within reconnect_ms of `since`, backing off from 10 ms to 500
+  // ms between tries; nullptr and `failure` set when no daemon answered.
+  std::unique_ptr<Link> connect_again(Clock::time_point since, const Lost& cause, std::string& failure);
   void recover(const Lost& cause);
   void drain();
-  void carry_over(std::unique_ptr<Connection> fresh);
+  void carry_over(std::unique_ptr<Link> fresh);
   void give_up(const std::string& message, std::optional<wire::Status> status);
 
   void check_slot(int slot) const {
@@ -143,21 +152,15 @@ void Client::Impl::drain() {
   }
 }
 
-void Client::Impl::recover(const Lost& cause) {
-  if (!reconnecting()) throw Error(cause.what(), cause.status());
-  drain();
-  stopping = false;
-  if (!lost_since) lost_since = Clock::now();
-  const auto started = *lost_since;
-  const auto until = started + std::chrono::milliseconds(options.reconnect_ms);
+std::unique_ptr<Link> Client::Impl::connect_again(Clock::time_point since, const Lost& cause, std::string& failure) {
+  const auto until = since + std::chrono::milliseconds(options.reconnect_ms);
   auto backoff = std::chrono::milliseconds(10);
   std::string last = cause.what();
   int last_errno = cause.err(), tries = 0;
   for (;;) {
     ++tries;
     try {
-      carry_over(std::make_unique<Connection>(path, hello(), Deadline{until, true}));
-      return;
+      return open(Deadline{until, true}, conn.get());
     } catch (const Lost& e) {
       last = e.what(), last_errno = e.err();
     } catch (const Error& e) {
@@ -169,11 +172,25 @@ void Client::Impl::recover(const Lost& cause) {
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, until - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
-  const auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
-  give_up("moed client: lost the connection to " + path + " (" + cause.what() + ") and could not connect again: tried " +
-              std::to_string(tries) + " times over " + std::to_string(tried) + " ms (reconnect_ms " +
-              std::to_string(options.reconnect_ms) + "); last: " + last +
-              (last_errno ? " (errno " + std::to_string(last_errno) + ")" : ""),
+  const auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count();
+  failure = "tried " + std::to_string(tries) + " times over " + std::to_string(tried) + " ms (reconnect_ms " +
+            std::to_string(options.reconnect_ms) + "); last: " + last +
+            (last_errno ? " (errno " + std::to_string(last_errno) + ")" : "");
+  return nullptr;
+}
+
+void Client::Impl::recover(const Lost& cause) {
+  if (!reconnecting()) throw Error(cause.what(), cause.status());
+  drain();
+  stopping = false;
+  if (!lost_since) lost_since = Clock::now();
+  std::string failure;
+  if (auto fresh = connect_again(*lost_since, cause, failure)) {
+    carry_over(std::move(fresh));
+    return;
+  }
+  give_up("moed client: lost the connection to " + path + " (" + cause.what() + ") and could not connect again: " +
+              failure,
           cause.status());
 }
 
@@ -193,7 +210,7 @@ void Client::Impl::give_up(const std::string& message, std::optional<wire::Statu
 // Moves every slot's contents into the new connection's memory and submits
 // again what had no answer. Nothing of the client changes until every
 // submit went out: a connection lost meanwhile is simply tried again.
-void Client::Impl::carry_over(std::unique_ptr<Connection> fresh) {
+void Client::Impl::carry_over(std::unique_ptr<Link> fresh) {
   const wire::Layout &a = conn->layout(), &b = fresh->layout();
   const bool same_model = a.hidden == b.hidden && conn->welcome().layers == fresh->welcome().layers;
   const std::uint32_t common_rows = std::min(a.max_rows, b.max_rows);
@@ -213,7 +230,7 @@ void Client::Impl::carry_over(std::unique_ptr<Connection> fresh) {
     if (s.state == SlotState::in_flight) {
       std::memcpy(fresh->slot(std::uint32_t(i)) + b.rows_offset, s.inputs.data(), s.inputs.size());
       tags[i] = next_tag++;
-      fresh->send(wire::encode(wire::Submit{tags[i], std::uint32_t(i), s.layer, s.rows, s.dtype}));
+      fresh->submit(wire::Submit{tags[i], std::uint32_t(i), s.layer, s.rows, s.dtype});
     }
   }
   fresh->take_address_of(*conn);
@@ -229,14 +246,29 @@ void Client::Impl::carry_over(std::unique_ptr<Connection> fresh) {
   ++reconnects;
 }
 
-Client::Client(const std::string& socket_path, Options options) : impl_(std::make_unique<Impl>()) {
+Client::Client(const std::string& address, Options options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  m.path = socket_path;
+  m.path = address;
   m.options = options;
+  if (is_network_address(address)) {
+    if (options.key_file.empty())
+      throw Error("moed client: " + address + " is a network address: Options::key_file must name the cluster's key");
+    try {
+      m.key = wire::read_key_file(options.key_file);
+    } catch (const std::runtime_error& e) {
+      throw Error(std::string("moed client: ") + e.what());
+    }
+  }
+  // A daemon that is restarting (or not up yet) is waited for, as a lost
+  // connection is: a model process may start before the experts.
+  const auto started = Clock::now();
   try {
-    m.conn = std::make_unique<Connection>(socket_path, m.hello(), Deadline::after(options.timeout_ms));
+    m.conn = m.open(Deadline::after(options.timeout_ms), nullptr);
   } catch (const Lost& e) {
-    throw Error(e.what(), e.status());  // the first connection is not retried
+    std::string failure;
+    if (m.reconnecting()) m.conn = m.connect_again(started, e, failure);
+    if (!m.conn) throw Error(m.reconnecting() ? "moed client: cannot connect to " + address + ": " + failure : e.what(),
+                             e.status());
   }
   m.slots.resize(m.conn->layout().slots);
 }

@@ -63,12 +63,18 @@ struct Options {
   // at once as a lost connection always did. A wait that reconnects can
   // take up to reconnect_ms + timeout_ms.
   int reconnect_ms = 60'000;
+  // The cluster's key (a file of mode 0600), for ucx:// addresses.
+  std::string key_file;
 };
 
 class MOED_CLIENT_CXX_API Client {
  public:
-  // Connects to a rank's front-door socket: <[ingress].dir>/moed-ingress-<rank>.sock.
-  explicit Client(const std::string& socket_path, Options options = {});
+  // Connects to a rank's front door: its socket on this host
+  // (<[ingress].dir>/moed-ingress-<rank>.sock, bare or as unix:///PATH), or
+  // its network door, ucx://HOST:PORT (with Options::key_file). A daemon
+  // that does not answer yet is tried again for reconnect_ms, as a lost
+  // connection is; a refusal (a wrong key, too many clients) throws at once.
+  explicit Client(const std::string& address, Options options = {});
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

@@ -140,7 +140,10 @@ wire::Frame Connection::next_frame(Deadline deadline) {
   }
 }
 
-void Connection::take_address_of(Connection& old) {
+void Connection::take_address_of(Link& old_link) {
+  auto* unix_old = dynamic_cast<Connection*>(&old_link);
+  if (!unix_old) return;  // a network link's memory is its own
+  Connection& old = *unix_old;
   const std::uint64_t bytes = welcome_.layout.region_bytes();
   if (old.region_ && old.welcome_.layout.region_bytes() == bytes) {
     // MAP_FIXED replaces the old mapping in one step: no moment where the

@@ -94,12 +94,13 @@ std::string to_string(Status status) {
   return "unknown";
 }
 
-Layout make_layout(std::uint32_t hidden, std::uint32_t max_rows, std::uint32_t slots) {
+Layout make_layout(std::uint32_t hidden, std::uint32_t max_rows, std::uint32_t slots, bool staged) {
   Layout l;
   l.hidden = hidden, l.max_rows = max_rows, l.slots = slots;
   l.ids_offset = 0;
   l.positions_offset = round_up(std::uint64_t(max_rows) * 8, kAlign);
-  l.rows_offset = l.positions_offset + round_up(std::uint64_t(max_rows) * 4, kAlign);
+  l.rows_offset = l.positions_offset + round_up(std::uint64_t(max_rows) * 4, kAlign) +
+                  (staged ? round_up(std::uint64_t(max_rows) * 12, kAlign) : 0);
   l.slot_bytes = round_up(l.rows_offset + std::uint64_t(max_rows) * hidden * 4, kPage);
   return l;
 }
@@ -129,6 +130,26 @@ std::vector<std::byte> encode(const ErrorReply& m) {
       .finish();
 }
 
+std::vector<std::byte> encode(const Challenge& m) {
+  Writer w(Type::challenge);
+  for (std::uint8_t b : m.nonce) w.put(b);
+  return w.finish();
+}
+
+std::vector<std::byte> encode(const Login& m) {
+  Writer w(Type::login);
+  w.put(m.hello.slots).put(m.hello.max_rows);
+  for (std::uint8_t b : m.client_nonce) w.put(b);
+  for (std::uint8_t b : m.proof) w.put(b);
+  return w.finish();
+}
+
+std::vector<std::byte> encode(const Accepted& m) {
+  Writer w(Type::accepted);
+  for (std::uint8_t b : m.proof) w.put(b);
+  return w.finish();
+}
+
 void FrameReader::feed(std::span<const std::byte> bytes) {
   if (start_ > 0 && start_ == buffer_.size()) buffer_.clear(), start_ = 0;
   buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
@@ -151,7 +172,7 @@ std::optional<Frame> FrameReader::next(std::string& error) {
     error = "protocol version " + std::to_string(version) + "; this side speaks " + std::to_string(kVersion);
     return std::nullopt;
   }
-  if (type < std::uint16_t(Type::hello) || type > std::uint16_t(Type::error)) {
+  if (type < std::uint16_t(Type::hello) || type > std::uint16_t(Type::accepted)) {
     error = "unknown frame type " + std::to_string(type);
     return std::nullopt;
   }
@@ -189,9 +210,11 @@ std::optional<Welcome> decode_welcome(std::span<const std::byte> payload, std::s
   l.ids_offset = r.get<std::uint64_t>(), l.positions_offset = r.get<std::uint64_t>();
   l.rows_offset = r.get<std::uint64_t>(), l.slot_bytes = r.get<std::uint64_t>();
   if (!r.whole("welcome", error)) return std::nullopt;
-  const Layout want = make_layout(l.hidden, l.max_rows, l.slots);
-  if (l.ids_offset != want.ids_offset || l.positions_offset != want.positions_offset ||
-      l.rows_offset != want.rows_offset || l.slot_bytes != want.slot_bytes) {
+  auto same = [&](const Layout& want) {
+    return l.ids_offset == want.ids_offset && l.positions_offset == want.positions_offset &&
+           l.rows_offset == want.rows_offset && l.slot_bytes == want.slot_bytes;
+  };
+  if (!same(make_layout(l.hidden, l.max_rows, l.slots)) && !same(make_layout(l.hidden, l.max_rows, l.slots, true))) {
     error = "welcome: the shared-memory layout is not the one this client computes";
     return std::nullopt;
   }
@@ -240,6 +263,57 @@ std::optional<ErrorReply> decode_error(std::span<const std::byte> payload, std::
   }
   m.status = Status(status);
   return m;
+}
+
+namespace {
+
+template <std::size_t N>
+void get_array(Reader& r, std::array<std::uint8_t, N>& out) {
+  for (std::uint8_t& b : out) b = r.get<std::uint8_t>();
+}
+
+}  // namespace
+
+std::optional<Challenge> decode_challenge(std::span<const std::byte> payload, std::string& error) {
+  Reader r(payload);
+  Challenge m;
+  get_array(r, m.nonce);
+  if (!r.whole("challenge", error)) return std::nullopt;
+  return m;
+}
+
+std::optional<Login> decode_login(std::span<const std::byte> payload, std::string& error) {
+  Reader r(payload);
+  Login m;
+  m.hello.slots = r.get<std::uint32_t>();
+  m.hello.max_rows = r.get<std::uint32_t>();
+  get_array(r, m.client_nonce);
+  get_array(r, m.proof);
+  if (!r.whole("login", error)) return std::nullopt;
+  return m;
+}
+
+std::optional<Accepted> decode_accepted(std::span<const std::byte> payload, std::string& error) {
+  Reader r(payload);
+  Accepted m;
+  get_array(r, m.proof);
+  if (!r.whole("accepted", error)) return std::nullopt;
+  return m;
+}
+
+std::optional<Frame> decode_frame(std::span<const std::byte> bytes, std::string& error) {
+  FrameReader reader;
+  reader.feed(bytes);
+  auto f = reader.next(error);
+  if (!f) {
+    if (error.empty()) error = "a message header of " + std::to_string(bytes.size()) + " bytes is not a whole frame";
+    return std::nullopt;
+  }
+  if (reader.buffered() != 0) {
+    error = "a message header holds " + std::to_string(reader.buffered()) + " bytes after its frame";
+    return std::nullopt;
+  }
+  return f;
 }
 
 float bf16_to_float(std::uint16_t v) {

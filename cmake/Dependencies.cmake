@@ -13,6 +13,8 @@ find_package(CLI11 REQUIRED)
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 find_package(Threads REQUIRED)
+# OpenSSL: HMAC-SHA-256 for the network front door's challenge-response.
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 # METIS ships neither a CMake nor a pkg-config file.
 find_path(METIS_INCLUDE_DIR metis.h REQUIRED)

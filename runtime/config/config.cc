@@ -162,7 +162,21 @@ const config::Section<IngressConfig>& ingress_section() {
                      "with no work anywhere, ranks check again after 50 us, doubling up to this: "
                      "the most delay before idle ranks pick up work"),
           integer<C>("max_client_mb", &C::max_client_mb, 256, 1, 1 << 20,
-                     "shared memory per client at most (fewer slots are granted beyond it)"),
+                     "slot memory per client at most (fewer slots are granted beyond it)"),
+          text<C>("listen", &C::listen, "",
+                  "network door: HOST:PORT addresses, comma-separated, where clients on other hosts connect "
+                  "over UCX (rank r listens on PORT + r; \"*\" is every interface; port 0: any); empty: none"),
+          text<C>("key_file", &C::key_file, "",
+                  "the cluster's key (mode 0600, 32 to 4096 bytes) network clients must prove they hold; "
+                  "needed by listen"),
+          text<C>("transports", &C::transports, "",
+                  "UCX transports for network clients, UCX_TLS syntax (e.g. \"tcp\"); empty: UCX's choice"),
+          integer<C>("handshake_timeout_ms", &C::handshake_timeout_ms, 5000, 10, 600'000,
+                     "a network client that has not logged in within this is cut off"),
+          integer<C>("max_handshakes", &C::max_handshakes, 64, 1, 65536,
+                     "network handshakes in progress at once per rank; more connections are refused"),
+          integer<C>("max_handshakes_per_peer", &C::max_handshakes_per_peer, 8, 1, 65536,
+                     "network handshakes in progress at once from one address"),
       });
   return s;
 }
@@ -450,6 +464,12 @@ void validate_config(const Config& c) {
                "probabilities to cover", name_of(m.spec.family));
   if (c.workload.kind == WorkloadKind::ingress && c.ingress.dir.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"ingress\" needs [ingress].dir, the directory of the front-door sockets");
+  if (!c.ingress.listen.empty() && c.workload.kind != WorkloadKind::ingress)
+    MOED_THROW(Usage, "config: [ingress].listen opens the network door of the front door; it needs [workload].kind = "
+               "\"ingress\"");
+  if (!c.ingress.listen.empty() && c.ingress.key_file.empty())
+    MOED_THROW(Usage, "config: [ingress].listen needs [ingress].key_file: network clients must prove they hold the "
+               "cluster's key (e.g. head -c 32 /dev/urandom > key; chmod 600 key)");
   if (c.workload.kind == WorkloadKind::trace && c.workload.trace.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
   if (c.workload.kind == WorkloadKind::synthetic && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))

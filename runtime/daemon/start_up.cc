@@ -228,6 +228,24 @@ ingress::Limits ingress_limits(const Config& c) {
   return l;
 }
 
+// The front door's counters as status shows them.
+nlohmann::json front_door_json(const ingress::FrontDoor& door) {
+  const ingress::FrontDoorCounters c = door.counters();
+  nlohmann::json out{{"clients", c.clients},        {"accepted", c.accepted},
+                     {"submits_served", c.submits_served}, {"rows_served", c.rows_served},
+                     {"refused", c.refused}};
+  if (!door.network_addresses().empty()) {
+    const ingress::NetworkCounters n = door.network_counters();
+    out["network"] = {{"connections", n.connections},
+                      {"logged_in", n.logged_in},
+                      {"auth_failures", n.auth_failures},
+                      {"handshake_timeouts", n.handshake_timeouts},
+                      {"handshakes_refused", n.handshakes_refused},
+                      {"endpoints", n.endpoints}};
+  }
+  return out;
+}
+
 std::string describe_workload(const Config& c, const Workload* w) {
   if (w) return w->describe();
   return fmt::format("front door at {} (at most {} rows per layer per step per rank, {} us to fill)", c.ingress.dir,
@@ -477,9 +495,26 @@ void Daemon::Startup::open_front_door() {
   for (int l = 0; l < spec.model_layers; ++l) layers.batch_of[std::size_t(l)] = spec.moe_index(l);
   for (int d = 0; d < d_.store_->dense_layers(); ++d)  // served dense layers: batches after the MoE layers'
     layers.batch_of[std::size_t(d_.store_->dense_model_layer(d))] = int(c_.model.layers) + d;
+  std::optional<ingress::NetworkOptions> network;
+  if (!c_.ingress.listen.empty()) {
+    network.emplace();
+    network->listen = ingress::rank_listen_addresses(c_.ingress.listen, d_.rank_);
+    try {
+      network->key = wire::read_key_file(c_.ingress.key_file);
+    } catch (const std::runtime_error& e) {
+      MOED_THROW(Usage, "[ingress].key_file: {}", e.what());
+    }
+    network->transports = c_.ingress.transports;
+    network->handshake_timeout = std::chrono::milliseconds(c_.ingress.handshake_timeout_ms);
+    network->max_handshakes = int(c_.ingress.max_handshakes);
+    network->max_handshakes_per_peer = int(c_.ingress.max_handshakes_per_peer);
+  }
   d_.front_door_ = std::make_unique<ingress::FrontDoor>(c_.ingress.dir, d_.rank_, mpi_.size(), int(c_.model.hidden),
-                                                        std::move(layers), ingress_limits(c_));
+                                                        std::move(layers), ingress_limits(c_), std::move(network));
   spdlog::info("front door {}", d_.front_door_->path());
+  for (const std::string& a : d_.front_door_->network_addresses()) spdlog::info("front door {}", a);
+  if (d_.snapshot_)
+    d_.snapshot_->set_front_door_counters([door = d_.front_door_.get()] { return front_door_json(*door); });
 }
 
 void Daemon::Startup::announce() {

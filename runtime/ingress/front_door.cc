@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/socket_service.h"
 #include "runtime/ingress/intake.h"
@@ -56,18 +57,17 @@ bool send_frame(int fd, const std::vector<std::byte>& frame, int memfd = -1) {
 
 }  // namespace
 
-// One connected client: its socket, its shared memory and its slots.
-class Session : public SocketConnection, public std::enable_shared_from_this<Session> {
+// A client on this host: its socket and the shared memory of its slots.
+class UnixSession final : public SocketConnection, public Session, public std::enable_shared_from_this<UnixSession> {
  public:
-  Session(UniqueFd fd, std::uint64_t serial, PeerCredentials peer)
+  UnixSession(UniqueFd fd, std::uint64_t serial, PeerCredentials peer)
       : SocketConnection(std::move(fd), serial, peer), connected_(Clock::now()) {}
-  ~Session() override {
-    if (region_) ::munmap(region_, layout_.region_bytes());
+  ~UnixSession() override {
+    if (region()) ::munmap(region(), layout().region_bytes());
   }
 
   Clock::time_point connected() const { return connected_; }
-  bool welcomed() const { return region_ != nullptr; }
-  const wire::Layout& layout() const { return layout_; }
+  bool welcomed() const { return region() != nullptr; }
   wire::FrameReader& reader() { return reader_; }
 
   // Creates the sealed shared memory and maps it; returns the memfd to send.
@@ -81,15 +81,11 @@ class Session : public SocketConnection, public std::enable_shared_from_this<Ses
       MOED_THROW(Runtime, "cannot seal the shared memory: {}", errno_text(errno));
     void* p = ::mmap(nullptr, layout.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, memfd_.get(), 0);
     if (p == MAP_FAILED) MOED_THROW(Runtime, "cannot map the shared memory: {}", errno_text(errno));
-    region_ = static_cast<std::byte*>(p);
-    layout_ = layout;
-    in_flight_.assign(layout.slots, false);
+    set_region(static_cast<std::byte*>(p), layout);
     return memfd_.get();
   }
   // The memfd is sent once; the mapping keeps the memory.
   void forget_memfd() { memfd_.reset(); }
-
-  std::byte* slot(std::uint32_t s) { return region_ + std::uint64_t(s) * layout_.slot_bytes; }
 
   // Any thread; a frame is sent whole or the client is cut off (it does not
   // read its answers, and answers are tiny).
@@ -98,9 +94,11 @@ class Session : public SocketConnection, public std::enable_shared_from_this<Ses
     if (dead_) return;
     if (!send_frame(fd(), frame, memfd)) kill();
   }
-  void send_error(std::uint64_t tag, std::uint32_t slot, wire::Status status, const std::string& message) {
+  void answer_done(const wire::Submit& m) override { send(wire::encode(wire::Done{m.tag, m.slot, m.rows})); }
+  void answer_error(std::uint64_t tag, std::uint32_t slot, wire::Status status, const std::string& message) override {
     send(wire::encode(wire::ErrorReply{tag, slot, status, message}));
   }
+  std::string describe() const override { return fmt::format("client {} (pid {})", serial(), peer().pid); }
   // Ends the connection; the memory stays mapped until the last step using it lets go.
   void kill() {
     dead_ = true;
@@ -111,20 +109,14 @@ class Session : public SocketConnection, public std::enable_shared_from_this<Ses
     }
     ::shutdown(fd(), SHUT_RDWR);
   }
-  bool dead() const { return dead_; }
-
-  // Guarded by FrontDoor::Impl::mutex.
-  std::vector<bool>& in_flight() { return in_flight_; }
+  bool dead() const override { return dead_; }
 
  private:
   UniqueFd memfd_;
   Clock::time_point connected_;
   wire::FrameReader reader_;
-  wire::Layout layout_;
-  std::byte* region_ = nullptr;
   std::mutex send_mutex_;
   std::atomic<bool> dead_{false};
-  std::vector<bool> in_flight_;
 };
 
 void LayerBatch::clear() {
@@ -136,16 +128,18 @@ void LayerBatch::clear() {
 
 namespace {
 
-// Every connection of the front door is a Session: admit makes them.
-Session& session(SocketConnection& c) { return static_cast<Session&>(c); }
+// Every connection of the Unix door is a UnixSession: admit makes them.
+UnixSession& session(SocketConnection& c) { return static_cast<UnixSession&>(c); }
 
 }  // namespace
 
-struct FrontDoor::Impl final : SocketService::Handler {
+struct FrontDoor::Impl final : SocketService::Handler, Desk {
   int rank = 0, ranks = 1, hidden = 0, layers = 0;  // layers: MoE layers
   ModelLayers model_layers;
   Limits limits;
   std::unique_ptr<SocketService> service;
+  std::unique_ptr<NetworkDoor> network;
+  std::string network_file;
 
   // Shared with the step thread.
   mutable std::mutex mutex;
@@ -164,19 +158,28 @@ struct FrontDoor::Impl final : SocketService::Handler {
   // SocketService::Handler, on the server thread.
   void refuse(int fd, Refusal why, const PeerCredentials& peer) override;
   std::shared_ptr<SocketConnection> admit(UniqueFd fd, std::uint64_t serial, const PeerCredentials& peer) override {
-    return std::make_shared<Session>(std::move(fd), serial, peer);
+    return std::make_shared<UnixSession>(std::move(fd), serial, peer);
   }
   bool serve(SocketConnection& c, short revents) override;
   void closed(SocketConnection& c) override { drop(session(c), "its connection ended"); }
   int poll_timeout_ms(const SocketConnections&) override { return kMaxPollWaitMs; }
 
-  void read_from(Session& s);
-  void handle(Session& s, const wire::Frame& f);
-  void welcome(Session& s, const wire::Hello& hello);
-  void queue_submit(Session& s, const wire::Submit& m);
-  void drop(Session& s, const char* why);
+  void read_from(UnixSession& s);
+  void handle(UnixSession& s, const wire::Frame& f);
+  void welcome(UnixSession& s, const wire::Hello& hello);
   void reject(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status, const std::string& message);
-  void count_refusal();
+
+  // Desk, for both doors.
+  std::optional<wire::Layout> grant(const wire::Hello& hello, bool staged, std::string& refusal) const override;
+  wire::Welcome welcome(const wire::Layout& layout) const override {
+    return {std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(model_layers.batch_of.size()), layout};
+  }
+  bool admit(std::shared_ptr<Session> s) override;
+  std::optional<Refused> reserve(Session& s, const wire::Submit& m) override;
+  void enqueue(Session& s, const wire::Submit& m) override;
+  void unreserve(Session& s, const wire::Submit& m) override;
+  void drop(Session& s, const char* why) override;
+  void count_refusal() override;
 };
 
 void FrontDoor::Impl::count_refusal() {
@@ -188,7 +191,7 @@ void FrontDoor::Impl::count_refusal() {
 void FrontDoor::Impl::reject(std::uint64_t tag, std::uint32_t slot, Session& s, wire::Status status,
                              const std::string& message) {
   count_refusal();
-  s.send_error(tag, slot, status, message);
+  s.answer_error(tag, slot, status, message);
 }
 
 void FrontDoor::Impl::refuse(int fd, Refusal why, const PeerCredentials& peer) {
@@ -204,7 +207,7 @@ void FrontDoor::Impl::refuse(int fd, Refusal why, const PeerCredentials& peer) {
 }
 
 bool FrontDoor::Impl::serve(SocketConnection& c, short revents) {
-  Session& s = session(c);
+  UnixSession& s = session(c);
   if (revents) read_from(s);
   if (!s.welcomed() && !s.dead() && Clock::now() - s.connected() > limits.hello_timeout) {
     reject(0, wire::kNoSlot, s, wire::Status::bad_request, "no hello within the time allowed");
@@ -213,7 +216,7 @@ bool FrontDoor::Impl::serve(SocketConnection& c, short revents) {
   return !s.dead();
 }
 
-void FrontDoor::Impl::read_from(Session& s) {
+void FrontDoor::Impl::read_from(UnixSession& s) {
   std::byte buffer[8192];
   for (std::size_t got = 0; got < kReadPerTurn && !s.dead();) {
     const ssize_t n = ::recv(s.fd(), buffer, sizeof buffer, MSG_DONTWAIT);
@@ -234,7 +237,7 @@ void FrontDoor::Impl::read_from(Session& s) {
   }
 }
 
-void FrontDoor::Impl::handle(Session& s, const wire::Frame& f) {
+void FrontDoor::Impl::handle(UnixSession& s, const wire::Frame& f) {
   std::string error;
   if (!s.welcomed()) {
     auto hello = f.type == wire::Type::hello ? wire::decode_hello(f.payload, error) : std::nullopt;
@@ -253,44 +256,59 @@ void FrontDoor::Impl::handle(Session& s, const wire::Frame& f) {
     s.kill();
     return;
   }
-  queue_submit(s, *submit);
+  if (auto refused = reserve(s, *submit)) return reject(submit->tag, submit->slot, s, refused->first, refused->second);
+  enqueue(s, *submit);
 }
 
-void FrontDoor::Impl::welcome(Session& s, const wire::Hello& hello) {
-  std::uint32_t slots = std::clamp<std::uint32_t>(hello.slots, 1, limits.max_slots);
+std::optional<wire::Layout> FrontDoor::Impl::grant(const wire::Hello& hello, bool staged, std::string& refusal) const {
+  const std::uint32_t slots = std::clamp<std::uint32_t>(hello.slots, 1, limits.max_slots);
   const std::uint32_t rows = std::clamp<std::uint32_t>(
       hello.max_rows, 1, std::min<std::uint32_t>(limits.max_rows, std::uint32_t(limits.max_tokens_per_step)));
-  wire::Layout layout = wire::make_layout(std::uint32_t(hidden), rows, slots);
+  wire::Layout layout = wire::make_layout(std::uint32_t(hidden), rows, slots, staged);
   while (layout.slots > 1 && layout.region_bytes() > limits.max_client_bytes)
-    layout = wire::make_layout(std::uint32_t(hidden), rows, layout.slots - 1);
-  if (layout.region_bytes() > limits.max_client_bytes) {
-    reject(0, wire::kNoSlot, s, wire::Status::bad_request,
-           fmt::format("one slot of {} rows of {} floats ({} bytes) exceeds [ingress].max_client_mb", rows, hidden,
-                       layout.slot_bytes));
+    layout = wire::make_layout(std::uint32_t(hidden), rows, layout.slots - 1, staged);
+  if (layout.region_bytes() <= limits.max_client_bytes) return layout;
+  refusal = fmt::format("one slot of {} rows of {} floats ({} bytes) exceeds [ingress].max_client_mb", rows, hidden,
+                        layout.slot_bytes);
+  return std::nullopt;
+}
+
+bool FrontDoor::Impl::admit(std::shared_ptr<Session> s) {
+  std::lock_guard lock(mutex);
+  if (clients.size() >= std::size_t(limits.max_clients)) return false;
+  clients.push_back({std::move(s), {}});
+  ++counts.clients;
+  ++counts.accepted;
+  return true;
+}
+
+void FrontDoor::Impl::welcome(UnixSession& s, const wire::Hello& hello) {
+  std::string refusal;
+  const auto layout = grant(hello, false, refusal);
+  if (!layout) {
+    reject(0, wire::kNoSlot, s, wire::Status::bad_request, refusal);
     s.kill();
     return;
   }
-  const int memfd = s.map_region(layout);
+  const int memfd = s.map_region(*layout);
   // Counted before the welcome goes: a client that has its welcome is
-  // connected in the counters too.
+  // connected in the counters too. (The socket service bounds Unix clients.)
   {
     std::lock_guard lock(mutex);
     clients.push_back({s.shared_from_this(), {}});
     ++counts.clients;
     ++counts.accepted;
   }
-  s.send(wire::encode(wire::Welcome{std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(model_layers.batch_of.size()), layout}),
-          memfd);
+  s.send(wire::encode(welcome(*layout)), memfd);
   s.forget_memfd();
   if (s.dead()) {
     drop(s, "the welcome could not be sent");
     return;
   }
-  spdlog::debug("front door: client {} (pid {}) connected: {} slots of {} rows", s.serial(), s.peer().pid,
-                layout.slots, layout.max_rows);
+  spdlog::debug("front door: {} connected: {} slots of {} rows", s.describe(), layout->slots, layout->max_rows);
 }
 
-void FrontDoor::Impl::queue_submit(Session& s, const wire::Submit& m) {
+std::optional<Refused> FrontDoor::Impl::reserve(Session& s, const wire::Submit& m) {
   const wire::Layout& l = s.layout();
   std::string problem;
   if (m.slot >= l.slots)
@@ -303,17 +321,23 @@ void FrontDoor::Impl::queue_submit(Session& s, const wire::Submit& m) {
                           "layers only with [model].serve_dense = true", m.layer, model_layers.dense);
   else if (m.rows == 0 || m.rows > l.max_rows)
     problem = fmt::format("{} rows: a submit holds 1 to {} rows", m.rows, l.max_rows);
-  if (!problem.empty()) return reject(m.tag, m.slot, s, wire::Status::bad_request, problem);
+  if (!problem.empty()) return Refused{wire::Status::bad_request, problem};
   std::lock_guard lock(mutex);
-  if (s.in_flight()[m.slot]) {
-    ++counts.refused;
-    s.send_error(m.tag, m.slot, wire::Status::busy,
-                  fmt::format("slot {} already has a submit in flight; wait for it first", m.slot));
-    return;
-  }
+  if (s.in_flight()[m.slot])
+    return Refused{wire::Status::busy, fmt::format("slot {} already has a submit in flight; wait for it first", m.slot)};
+  s.in_flight()[m.slot] = true;
+  return std::nullopt;
+}
+
+void FrontDoor::Impl::unreserve(Session& s, const wire::Submit& m) {
+  std::lock_guard lock(mutex);
+  if (m.slot < s.in_flight().size()) s.in_flight()[m.slot] = false;
+}
+
+void FrontDoor::Impl::enqueue(Session& s, const wire::Submit& m) {
+  std::lock_guard lock(mutex);
   auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session.get() == &s; });
   if (it == clients.end()) return;  // going away
-  s.in_flight()[m.slot] = true;
   const std::uint64_t ticket = next_ticket++;
   wire::Submit& queued = tickets[ticket] = m;
   queued.layer = std::uint32_t(model_layers.batch_of[m.layer]);  // from here on, the batch
@@ -326,7 +350,7 @@ void FrontDoor::Impl::queue_submit(Session& s, const wire::Submit& m) {
 // A client leaves: its queued submits go with it; a step that took one
 // keeps the session (and its memory) until it lets go.
 void FrontDoor::Impl::drop(Session& s, const char* why) {
-  s.kill();
+  if (auto* unix_session = dynamic_cast<UnixSession*>(&s)) unix_session->kill();
   std::lock_guard lock(mutex);
   auto it = std::find_if(clients.begin(), clients.end(), [&](const Queued& q) { return q.session.get() == &s; });
   if (it == clients.end()) return;
@@ -336,14 +360,15 @@ void FrontDoor::Impl::drop(Session& s, const char* why) {
   }
   clients.erase(it);
   --counts.clients;
-  spdlog::debug("front door: client {} (pid {}) gone: {}", s.serial(), s.peer().pid, why);
+  spdlog::debug("front door: {} gone: {}", s.describe(), why);
 }
 
 int ModelLayers::batches() const {
   return int(std::count_if(batch_of.begin(), batch_of.end(), [](int i) { return i >= 0; }));
 }
 
-FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, ModelLayers layers_, Limits limits)
+FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, ModelLayers layers_, Limits limits,
+                     std::optional<NetworkOptions> network)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   const int layers = layers_.batches();
@@ -354,20 +379,50 @@ FrontDoor::FrontDoor(const std::string& dir, int rank, int ranks, int hidden, Mo
   m.service = std::make_unique<SocketService>(dir, socket_path(dir, rank),
                                               SocketNames{"front-door socket", "[ingress].dir"}, m,
                                               limits.max_clients);
+  // The network door's addresses are listed before the socket serves: once
+  // a rank's socket answers, its .ucx file is there.
+  if (network) {
+    m.network = std::make_unique<NetworkDoor>(std::move(*network), m, fmt::format("rank-{}", rank));
+    m.network_file = network_file(dir, rank);
+    std::string lines;
+    for (const std::string& a : m.network->addresses()) lines += "ucx://" + a + "\n";
+    write_file_atomically(m.network_file, lines);
+  }
   m.service->start();
 }
 
 FrontDoor::~FrontDoor() {
   Impl& m = *impl_;
   m.service->stop();
-  std::lock_guard lock(m.mutex);
-  for (auto& c : m.clients)
-    for (const QueuedSubmit& q : c.queue) {
-      const wire::Submit& submit = m.tickets.at(q.ticket);
-      c.session->send_error(submit.tag, submit.slot, wire::Status::shutting_down,
-                            "the daemon is shutting down; this layer was not served");
-    }
-  for (const auto& c : m.service->connections()) session(*c).kill();
+  {
+    std::lock_guard lock(m.mutex);
+    for (auto& c : m.clients)
+      for (const QueuedSubmit& q : c.queue) {
+        const wire::Submit& submit = m.tickets.at(q.ticket);
+        c.session->answer_error(submit.tag, submit.slot, wire::Status::shutting_down,
+                                "the daemon is shutting down; this layer was not served");
+      }
+    for (const auto& c : m.service->connections()) session(*c).kill();
+  }
+  if (m.network) {
+    ::unlink(m.network_file.c_str());
+    m.network.reset();  // sends the answers above, then closes
+  }
+}
+
+std::string FrontDoor::network_file(const std::string& dir, int rank) {
+  return fmt::format("{}/moed-ingress-{}.ucx", dir, rank);
+}
+
+std::vector<std::string> FrontDoor::network_addresses() const {
+  std::vector<std::string> out;
+  if (impl_->network)
+    for (const std::string& a : impl_->network->addresses()) out.push_back("ucx://" + a);
+  return out;
+}
+
+NetworkCounters FrontDoor::network_counters() const {
+  return impl_->network ? impl_->network->counters() : NetworkCounters{};
 }
 
 const std::string& FrontDoor::path() const { return impl_->service->path(); }
@@ -393,7 +448,7 @@ void FrontDoor::wait_for_work(std::chrono::microseconds idle) {
 namespace {
 
 // Copies a submit's rows out of its slot as fp32; the first bad value, if any.
-std::optional<std::string> copy_rows(Session& s, const wire::Submit& m, std::size_t hidden, float* out) {
+std::optional<std::string> copy_rows(const Session& s, const wire::Submit& m, std::size_t hidden, float* out) {
   const std::byte* rows = s.slot(m.slot) + s.layout().rows_offset;
   const std::size_t n = std::size_t(m.rows) * hidden;
   if (m.dtype == wire::DType::bf16) {
@@ -448,12 +503,11 @@ void FrontDoor::take(std::vector<LayerBatch>& batches) {
         t.session->in_flight()[t.submit.slot] = false;
         ++m.counts.refused;
       }
-      t.session->send_error(t.submit.tag, t.submit.slot, wire::Status::not_finite, *bad);
+      t.session->answer_error(t.submit.tag, t.submit.slot, wire::Status::not_finite, *bad);
       continue;
     }
-    const std::byte* slot = t.session->slot(t.submit.slot);
-    const auto* ids = reinterpret_cast<const std::uint64_t*>(slot + t.session->layout().ids_offset);
-    const auto* pos = reinterpret_cast<const std::uint32_t*>(slot + t.session->layout().positions_offset);
+    const std::uint64_t* ids = t.session->request_ids(t.submit);
+    const std::uint32_t* pos = t.session->positions(t.submit);
     b.request_ids.insert(b.request_ids.end(), ids, ids + t.submit.rows);
     b.positions.insert(b.positions.end(), pos, pos + t.submit.rows);
     b.pieces.push_back({std::move(t.session), t.submit, first});
@@ -488,7 +542,7 @@ void FrontDoor::complete(std::vector<LayerBatch>& batches) {
     m.counts.rows_served += rows;
   }
   for (LayerBatch& b : batches) {
-    for (LayerBatch::Piece& p : b.pieces) p.session->send(wire::encode(wire::Done{p.submit.tag, p.submit.slot, p.submit.rows}));
+    for (LayerBatch::Piece& p : b.pieces) p.session->answer_done(p.submit);
     b.pieces.clear();  // lets go of sessions that have gone
   }
 }

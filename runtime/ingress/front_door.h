@@ -20,10 +20,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client/protocol.h"
+#include "runtime/ingress/network_door.h"
 
 namespace moed::runtime::ingress {
 
@@ -77,7 +79,11 @@ class FrontDoor {
  public:
   // Binds the socket and starts the thread; throws a moed::Error naming the
   // path (Usage for a bad [ingress].dir).
-  FrontDoor(const std::string& dir, int rank, int ranks, int hidden, ModelLayers layers, Limits limits);
+  // With `network`, it also listens for clients on other hosts
+  // (network_door.h) and writes the addresses, one ucx://HOST:PORT a line,
+  // to <dir>/moed-ingress-<rank>.ucx.
+  FrontDoor(const std::string& dir, int rank, int ranks, int hidden, ModelLayers layers, Limits limits,
+            std::optional<NetworkOptions> network = std::nullopt);
   // Answers every queued submit with shutting_down and closes every client.
   ~FrontDoor();
   FrontDoor(const FrontDoor&) = delete;
@@ -85,6 +91,9 @@ class FrontDoor {
 
   const std::string& path() const;
   static std::string socket_path(const std::string& dir, int rank);
+  static std::string network_file(const std::string& dir, int rank);
+  // ucx://HOST:PORT for each address listened on; empty without a network door.
+  std::vector<std::string> network_addresses() const;
 
   // Step thread. Waits until a submit is queued, at most `idle`; once one is,
   // waits at most max_wait for a layer's budget to fill.
@@ -98,6 +107,7 @@ class FrontDoor {
   void complete(std::vector<LayerBatch>& batches);
 
   FrontDoorCounters counters() const;
+  NetworkCounters network_counters() const;  // zeros without a network door
 
  private:
   struct Impl;

@@ -1,5 +1,7 @@
 #include "runtime/observe/snapshot.h"
 
+#include <fmt/format.h>
+
 #include <utility>
 
 namespace moed::runtime {
@@ -114,13 +116,42 @@ json Snapshot::status() const {
   std::lock_guard lock(mu_);
   json status = status_;
   if (front_door_ && !status.is_null()) status["idle_turns"] = idle_turns_.load(std::memory_order_relaxed);
+  if (front_door_counters_ && !status.is_null()) status["front_door"] = front_door_counters_();
   return status;
 }
+
+void Snapshot::set_front_door_counters(std::function<nlohmann::json()> counters) {
+  front_door_counters_ = std::move(counters);
+}
+
+namespace {
+
+// The front door's counters in Prometheus' text format: a flat object's
+// numbers, and one level of nesting ("network": {...}) as a name prefix.
+void append_front_door_metrics(const json& counters, int rank, std::string& out) {
+  auto put = [&](const std::string& name, const json& value) {
+    const std::string metric = "moed_front_door_" + name;
+    out += fmt::format("# HELP {} the front door's {} (moectl status: front_door), this rank's\n# TYPE {} gauge\n", metric,
+                       name, metric);
+    out += fmt::format("{}{{rank=\"{}\"}} {}\n", metric, rank, value.get<double>());
+  };
+  for (const auto& [key, value] : counters.items()) {
+    if (value.is_number()) put(key, value);
+    if (value.is_object())
+      for (const auto& [inner, v] : value.items())
+        if (v.is_number()) put(key + "_" + inner, v);
+  }
+}
+
+}  // namespace
 
 std::optional<std::string> Snapshot::metrics_text() const {
   std::lock_guard lock(mu_);
   if (metrics_.empty()) return std::nullopt;
-  return metrics_;
+  if (!front_door_counters_) return metrics_;
+  std::string out = metrics_;
+  append_front_door_metrics(front_door_counters_(), rank_, out);
+  return out;
 }
 
 json Snapshot::placement() const {

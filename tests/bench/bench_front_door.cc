@@ -82,8 +82,9 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i)
       threads.emplace_back([&, i] {
         try {
-          client::Client c(fmt::format("{}/moed-ingress-{}.sock", dir, i % ranks),
-                           client::Options{std::uint32_t(micro + 1), std::uint32_t(batch), 120'000});
+          client::Options options;
+          options.slots = std::uint32_t(micro + 1), options.max_rows = std::uint32_t(batch), options.timeout_ms = 120'000;
+          client::Client c(fmt::format("{}/moed-ingress-{}.sock", dir, i % ranks), options);
           // This client's tokens: its own block of the synthetic workload's ids.
           std::vector<float> x(std::size_t(micro * batch) * H);
           workload->tokens(std::uint64_t(i) * std::uint64_t(micro * batch), std::size_t(micro * batch), x.data());

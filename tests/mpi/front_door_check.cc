@@ -9,6 +9,9 @@
 //   front_door_check --dir DIR --ranks R --mode decode --positions P --out FILE [--drift D]
 //   front_door_check --dir DIR --mode hold      (submits, then waits to be killed)
 //
+// --key-file K: through the ranks' network doors (the addresses each rank
+// lists in DIR/moed-ingress-<rank>.ucx), proving key K.
+//
 // Request r has 1 + (hash % 48) rows at a layer from hash among the model's
 // layers L .. (--first-layer L, 0 by default: a model whose first layers are
 // dense sends moed only the MoE layers after them), with request id
@@ -38,6 +41,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <random>
@@ -200,7 +204,17 @@ void on_threads(int n, Work work) {
     if (!e.empty()) throw std::runtime_error(e);
 }
 
-std::string socket_of(const std::string& dir, int rank) { return dir + "/moed-ingress-" + std::to_string(rank) + ".sock"; }
+// Rank `rank`'s front door: its socket, or with a key file, the first
+// network address it lists in <dir>/moed-ingress-<rank>.ucx.
+std::string door_of(const std::string& dir, int rank, const std::string& key_file) {
+  const std::string base = dir + "/moed-ingress-" + std::to_string(rank);
+  if (key_file.empty()) return base + ".sock";
+  std::ifstream listed(base + ".ucx");
+  std::string address;
+  if (!std::getline(listed, address) || address.empty())
+    throw std::runtime_error(base + ".ucx lists no network address (is [ingress].listen set?)");
+  return address;
+}
 
 }  // namespace
 
@@ -228,10 +242,14 @@ int main(int argc, char** argv) {
                         ->check(CLI::NonNegativeNumber);
   app.add_option("--resume-file", resume_file, "go on from the pause once this file exists")->needs(pause_opt);
   pause_opt->needs(app.get_option("--resume-file"));
+  std::string key_file;
+  app.add_option("--key-file", key_file, "connect through the ranks' network doors, proving this key");
   CLI11_PARSE(app, argc, argv);
+  moed::client::Options options;
+  options.slots = 4, options.max_rows = 64, options.timeout_ms = 60'000, options.key_file = key_file;
   try {
     if (mode == "hold") {
-      Client c(socket_of(dir, 0));
+      Client c(door_of(dir, 0, key_file), options);
       const int s = c.acquire();
       std::fill_n(static_cast<float*>(c.rows(s)), c.hidden(), 1.0f);
       c.request_ids(s)[0] = 1, c.positions(s)[0] = 0;
@@ -243,7 +261,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<Client>> clients;
     const int n_clients = mode == "serial" ? 1 : ranks * per_rank;
     for (int i = 0; i < n_clients; ++i)
-      clients.push_back(std::make_unique<Client>(socket_of(dir, i % ranks), moed::client::Options{4, 64, 60'000}));
+      clients.push_back(std::make_unique<Client>(door_of(dir, i % ranks, key_file), options));
     std::vector<std::vector<int>> share(static_cast<std::size_t>(n_clients));
     for (int r = 0; r < count; ++r) share[std::size_t(r % n_clients)].push_back(r);
     if (mode == "decode") {

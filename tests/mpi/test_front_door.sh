@@ -13,7 +13,10 @@
 #     the rows' request ids and positions, so its outputs differ from no
 #     smoothing and its flip rate is lower; they are cmp-equal at 1 rank with
 #     one client and at 2 ranks in 2 islands with 4 clients; demotion serves.
-# Usage: test_front_door.sh batching|faults|policies
+#   network: the network door ([ingress].listen) on loopback: bit-identical
+#     to the Unix door; a wrong key, a key file others may read, a listen
+#     address without a port or a key are refused, and status counts them.
+# Usage: test_front_door.sh batching|faults|policies|network
 source "$(dirname "$0")/lib.sh"
 : "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
 mode=${1:?mode}
@@ -176,6 +179,43 @@ policies)
   stop
   grep -q "router policies .*demote" "$run/out.txt" || { cat "$run/out.txt" >&2; fail "demotion's figures missing from the report"; }
   echo "ok: demotion serves through the front door: $(grep -m1 'router policies' "$run/out.txt" | sed 's/^ *//')"
+  ;;
+network)
+  # The network door on loopback: the same bits as the Unix door, whatever
+  # door or rank serves a row; a wrong key gets nothing, and is counted.
+  head -c 32 /dev/urandom >"$SCRATCH/key" && chmod 600 "$SCRATCH/key"
+  head -c 32 /dev/urandom >"$SCRATCH/other-key" && chmod 600 "$SCRATCH/other-key"
+  listen=(--set 'ingress.listen="127.0.0.1:0"' --set "ingress.key_file=\"$SCRATCH/key\"")
+  expect_failure 2 'listen needs \[ingress\]\.key_file' "a network door without a key" -- \
+    "$MOED" --config "$SMALL" --set workload.kind=ingress --set "ingress.dir=\"$SCRATCH/unused\"" \
+    --set 'ingress.listen="127.0.0.1:0"'
+  chmod 644 "$SCRATCH/key"
+  expect_failure 2 'key_file: key file .*mode 0644 lets others read or write the key' "a key others may read" -- \
+    "$MOED" --config "$SMALL" --set workload.kind=ingress --set "ingress.dir=\"$SCRATCH/unused\"" "${listen[@]}"
+  chmod 600 "$SCRATCH/key"
+  expect_failure 2 'is not HOST:PORT' "a listen address without a port" -- \
+    "$MOED" --config "$SMALL" --set workload.kind=ingress --set "ingress.dir=\"$SCRATCH/unused\"" \
+    --set 'ingress.listen="127.0.0.1"' --set "ingress.key_file=\"$SCRATCH/key\""
+  start net 2 "${listen[@]}"
+  for r in 0 1; do
+    wait_until 60 test -s "$run/sock/moed-ingress-$r.ucx" || fail "rank $r listed no network address"
+    grep -q '^ucx://127\.0\.0\.1:[0-9]*$' "$run/sock/moed-ingress-$r.ucx" || fail "rank $r: $(cat "$run/sock/moed-ingress-$r.ucx")"
+  done
+  check 2 concurrent "$SCRATCH/unix.bin"
+  check 2 concurrent "$SCRATCH/network.bin" --key-file "$SCRATCH/key"
+  check 1 serial "$SCRATCH/network-serial.bin" --key-file "$SCRATCH/key"
+  same_bits "$SCRATCH/unix.bin" "$SCRATCH/network.bin" "2 ranks, 2 clients each: the network door vs the Unix door"
+  same_bits "$SCRATCH/unix.bin" "$SCRATCH/network-serial.bin" "one network client on rank 0, one request at a time"
+  expect_failure 1 "does not hold the cluster's key" "a client with another key" -- \
+    "$FRONT_DOOR_CHECK" --dir "$run/sock" --ranks 1 --mode serial --out /dev/null --key-file "$SCRATCH/other-key"
+  "$MOECTL" --dir "$run/admin" --json status >"$SCRATCH/status.json"
+  $PYTHON - "$SCRATCH/status.json" <<'PY' || fail "status does not count the refused key"
+import json, sys
+door = json.loads(open(sys.argv[1]).readline())["front_door"]
+print("front door (rank 0):", door)
+sys.exit(0 if door["network"]["auth_failures"] == 1 and door["network"]["logged_in"] >= 3 else 1)
+PY
+  stop
   ;;
 *) fail "unknown mode $mode" ;;
 esac

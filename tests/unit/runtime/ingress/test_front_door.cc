@@ -78,6 +78,11 @@ class FrontDoorTest : public ::testing::Test {
     return test::wait_until([&] { return door_->counters().clients == 0; }, "the front door to hold no client");
   }
 
+  static client::Options asking(std::uint32_t slots, std::uint32_t max_rows) {
+    client::Options o;
+    o.slots = slots, o.max_rows = max_rows, o.timeout_ms = 10'000;
+    return o;
+  }
   static client::Options reconnecting_within(int ms) {
     client::Options o;
     o.reconnect_ms = ms;
@@ -190,7 +195,7 @@ TEST_F(FrontDoorTest, BadSubmitsAreRefusedWithTheReason) {
   limits.max_rows = 8;
   start(limits);
   keep_stepping();
-  client::Client c(path(), {2, 64, 10'000});
+  client::Client c(path(), asking(2, 64));
   EXPECT_EQ(c.max_rows(), 8);  // granted fewer than asked
   auto expect_refusal = [&](int layer, std::uint32_t n, wire::Status status, const char* words) {
     const int s = c.acquire();
@@ -344,7 +349,7 @@ TEST_F(FrontDoorTest, AFloodingClientDoesNotStarveAnother) {
   Limits limits;
   limits.max_tokens_per_step = 32;
   start(limits);
-  client::Client flood(path(), {8, 32, 10'000}), calm(path());
+  client::Client flood(path(), asking(8, 32)), calm(path());
   for (int s = 0; s < 8; ++s) {
     ASSERT_EQ(flood.acquire(), s);
     std::fill_n(static_cast<float*>(flood.rows(s)), 32 * kHidden, 1.0f);

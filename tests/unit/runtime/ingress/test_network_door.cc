@@ -1,0 +1,303 @@
+// The front door's network side with real clients (libmoed_client) over
+// UCX on loopback, in this process; a test thread plays the step thread and
+// "serves" each row as 2 x + (its request id mod 7) + its position, so that
+// ids and positions that crossed wrong show in the outputs.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "client/auth.h"
+#include "client/client.h"
+#include "client/ucx_am.h"
+#include "runtime/ingress/front_door.h"
+#include "tests/unit/test_support.h"
+
+namespace moed::runtime::ingress {
+namespace {
+
+constexpr int kHidden = 512, kLayers = 2;
+
+float served(float x, std::uint64_t id, std::uint32_t position) { return 2 * x + float(id % 7) + float(position); }
+
+class NetworkDoorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    key_file_ = write_key("key", 'k');
+    other_key_file_ = write_key("other", 'o');
+  }
+  void TearDown() override {
+    stepping_ = false;
+    if (stepper_.joinable()) stepper_.join();
+    door_.reset();
+  }
+
+  std::string write_key(const std::string& name, char fill) {
+    const std::string path = tmp_.file(name);
+    std::ofstream(path) << std::string(32, fill);
+    ::chmod(path.c_str(), 0600);
+    return path;
+  }
+
+  void start(NetworkOptions network = {}) {
+    if (network.listen.empty()) network.listen = {"127.0.0.1:0"};
+    network.key = wire::read_key_file(key_file_);
+    Limits limits;
+    limits.max_wait = std::chrono::microseconds(0);
+    ModelLayers layers;
+    for (int l = 0; l < kLayers; ++l) layers.batch_of.push_back(l);
+    door_ = std::make_unique<FrontDoor>(tmp_.file("sock"), 0, 1, kHidden, std::move(layers), limits, network);
+    stepping_ = true;
+    stepper_ = std::thread([this] {
+      std::vector<LayerBatch> batches;
+      while (stepping_) {
+        door_->wait_for_work(std::chrono::microseconds(2000));
+        door_->take(batches);
+        for (LayerBatch& b : batches)
+          for (std::size_t r = 0; r < b.rows(); ++r)
+            for (std::size_t c = 0; c < std::size_t(kHidden); ++c) {
+              float& v = b.x[r * kHidden + c];
+              v = served(v, b.request_ids[r], b.positions[r]);
+            }
+        door_->complete(batches);
+      }
+    });
+  }
+  std::string address() const { return door_->network_addresses().at(0); }
+  client::Options options(const std::string& key_file) const {
+    client::Options o;
+    o.key_file = key_file;
+    o.timeout_ms = 30'000;
+    o.reconnect_ms = 0;
+    return o;
+  }
+
+  struct Rows {
+    std::vector<float> x;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::uint32_t> positions;
+  };
+  static Rows rows(std::size_t n) {
+    Rows r;
+    for (std::size_t i = 0; i < n * kHidden; ++i) r.x.push_back(float(i % 1000) * 0.25f - 3);
+    for (std::size_t i = 0; i < n; ++i) r.ids.push_back(1000 + i * 3), r.positions.push_back(std::uint32_t(i % 11));
+    return r;
+  }
+  static std::vector<float> forward(client::Client& c, int layer, const Rows& r) {
+    std::vector<float> y(r.x.size());
+    c.forward(layer, r.x.data(), r.ids.size(), r.ids.data(), r.positions.data(), y.data());
+    return y;
+  }
+
+  test::TempDir tmp_;
+  std::string key_file_, other_key_file_;
+  std::unique_ptr<FrontDoor> door_;
+  std::atomic<bool> stepping_{false};
+  std::thread stepper_;
+};
+
+TEST_F(NetworkDoorTest, ANetworkClientGetsTheBitsOfAClientOnTheHost) {
+  start();
+  EXPECT_EQ(address().rfind("ucx://127.0.0.1:", 0), 0u) << address();
+  std::ifstream listed(FrontDoor::network_file(tmp_.file("sock"), 0));
+  std::string line;
+  std::getline(listed, line);
+  EXPECT_EQ(line, address());
+  client::Client net(address(), options(key_file_));
+  client::Client local(door_->path());
+  EXPECT_EQ(net.hidden(), kHidden);
+  EXPECT_EQ(net.layers(), kLayers);
+  // 1 row (eager), and more rows than a submit holds (rendezvous, split by forward()).
+  for (std::size_t n : {std::size_t(1), std::size_t(net.max_rows()) + 44}) {
+    const Rows r = rows(n);
+    const std::vector<float> a = forward(net, 1, r), b = forward(local, 1, r);
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << n << " rows";
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(a[i * kHidden + 5], served(r.x[i * kHidden + 5], r.ids[i], r.positions[i])) << "row " << i;
+  }
+  EXPECT_EQ(door_->network_counters().logged_in, 1u);
+  EXPECT_EQ(door_->counters().clients, 2u);
+}
+
+TEST_F(NetworkDoorTest, Bf16RowsAndSeveralSlotsInFlight) {
+  start();
+  client::Client c(address(), options(key_file_));
+  const Rows r = rows(8);
+  std::vector<int> slots;
+  for (int k = 0; k < c.slots(); ++k) {
+    const int s = c.acquire();
+    auto* out = static_cast<std::uint16_t*>(c.rows(s));
+    for (std::size_t i = 0; i < r.x.size(); ++i) out[i] = wire::float_to_bf16(r.x[i] + float(k));
+    std::memcpy(c.request_ids(s), r.ids.data(), 8 * sizeof(std::uint64_t));
+    std::memcpy(c.positions(s), r.positions.data(), 8 * sizeof(std::uint32_t));
+    c.submit(s, 0, 8, wire::DType::bf16);
+    slots.push_back(s);
+  }
+  for (int k = 0; k < int(slots.size()); ++k) {
+    c.wait(slots[std::size_t(k)]);
+    const auto* y = static_cast<const std::uint16_t*>(c.rows(slots[std::size_t(k)]));
+    for (std::size_t i = 0; i < 8; ++i) {
+      const float x = wire::bf16_to_float(wire::float_to_bf16(r.x[i * kHidden] + float(k)));
+      ASSERT_EQ(y[i * kHidden], wire::float_to_bf16(served(x, r.ids[i], r.positions[i]))) << "slot " << k << " row " << i;
+    }
+    c.release(slots[std::size_t(k)]);
+  }
+}
+
+TEST_F(NetworkDoorTest, AWrongKeyGetsNothingAndOthersAreServed) {
+  start();
+  client::Client good(address(), options(key_file_));
+  try {
+    client::Client bad(address(), options(other_key_file_));
+    FAIL() << "a client with another key was let in";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), wire::Status::forbidden);
+    EXPECT_NE(std::string(e.what()).find("does not hold the cluster's key"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(door_->network_counters().auth_failures, 1u);
+  EXPECT_EQ(door_->network_counters().logged_in, 1u);
+  const Rows r = rows(3);
+  const std::vector<float> y = forward(good, 0, r);
+  EXPECT_EQ(y[0], served(r.x[0], r.ids[0], r.positions[0]));
+  EXPECT_TRUE(test::wait_until([&] { return door_->network_counters().endpoints == 1; },
+                               "the refused client's endpoint to be closed"));
+}
+
+TEST_F(NetworkDoorTest, NoKeyFileOrAnOpenOneIsRefusedBeforeConnecting) {
+  start();
+  try {
+    client::Client c(address(), options(""));
+    FAIL() << "connected without a key";
+  } catch (const client::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("key_file"), std::string::npos) << e.what();
+  }
+  ::chmod(key_file_.c_str(), 0644);
+  try {
+    client::Client c(address(), options(key_file_));
+    FAIL() << "read a key others may read";
+  } catch (const client::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mode 0644"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(door_->network_counters().connections, 0u);
+}
+
+// A raw UCX peer that speaks the protocol by hand.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address)
+      : worker_("raw-peer", "", [](ucp_ep_h, const wire::Frame&, std::size_t) { return netio::Placement{}; }) {
+    ep_ = worker_.connect(netio::resolve(address.substr(6)));
+  }
+  // The next frame, or nullopt when the connection is lost.
+  std::optional<wire::Frame> next() {
+    for (;;) {
+      worker_.progress();
+      for (netio::Event& e : worker_.take_events()) {
+        if (e.kind == netio::Event::Kind::lost) lost_ = true;
+        if (e.kind == netio::Event::Kind::frame) frames_.push_back(std::move(e.frame));
+      }
+      if (!frames_.empty()) {
+        wire::Frame f = std::move(frames_.front());
+        frames_.pop_front();
+        return f;
+      }
+      if (lost_) return std::nullopt;
+      worker_.wait(100);
+    }
+  }
+  void send(std::vector<std::byte> frame) { worker_.send(ep_, std::move(frame)); }
+
+ private:
+  netio::AmWorker worker_;
+  ucp_ep_h ep_ = nullptr;
+  std::deque<wire::Frame> frames_;
+  bool lost_ = false;
+};
+
+wire::Nonce challenge_of(RawPeer& p) {
+  std::string error;
+  auto f = p.next();
+  EXPECT_TRUE(f && f->type == wire::Type::challenge);
+  return wire::decode_challenge(f->payload, error).value().nonce;
+}
+
+TEST_F(NetworkDoorTest, AReplayedLoginIsRefused) {
+  start();
+  const wire::Key key = wire::read_key_file(key_file_);
+  wire::Login login;
+  login.hello = {2, 16};
+  login.client_nonce = wire::make_nonce();
+  std::vector<std::byte> recorded;
+  {
+    RawPeer first(address());
+    login.proof = wire::client_proof(key, challenge_of(first), login.client_nonce, login.hello);
+    recorded = wire::encode(login);
+    first.send(recorded);
+    auto accepted = first.next();
+    ASSERT_TRUE(accepted && accepted->type == wire::Type::accepted);
+  }
+  RawPeer replay(address());
+  challenge_of(replay);  // a fresh nonce: the recorded proof answers another
+  replay.send(recorded);
+  auto answer = replay.next();
+  ASSERT_TRUE(answer && answer->type == wire::Type::error);
+  std::string error;
+  EXPECT_EQ(wire::decode_error(answer->payload, error)->status, wire::Status::forbidden);
+  EXPECT_EQ(door_->network_counters().auth_failures, 1u);
+  EXPECT_EQ(door_->network_counters().logged_in, 1u);
+}
+
+TEST_F(NetworkDoorTest, StalledAndFloodingHandshakesAreCutOffWhileServingGoesOn) {
+  NetworkOptions network;
+  network.handshake_timeout = std::chrono::milliseconds(300);
+  network.max_handshakes = 3;
+  network.max_handshakes_per_peer = 3;
+  start(network);
+  client::Client good(address(), options(key_file_));
+  std::vector<std::unique_ptr<RawPeer>> stalling;
+  for (int i = 0; i < 6; ++i) stalling.push_back(std::make_unique<RawPeer>(address()));
+  for (auto& p : stalling) p->next();  // a challenge, or the rejection
+  EXPECT_TRUE(test::wait_until([&] { return door_->network_counters().handshakes_refused >= 3; },
+                               "three of six handshakes to be refused"));
+  const Rows r = rows(2);
+  EXPECT_EQ(forward(good, 0, r)[0], served(r.x[0], r.ids[0], r.positions[0]));  // served meanwhile
+  EXPECT_TRUE(test::wait_until([&] { return door_->network_counters().handshake_timeouts == 3; },
+                               "the three stalled handshakes to time out"));
+  EXPECT_EQ(door_->network_counters().handshakes_refused, 3u);
+  client::Client later(address(), options(key_file_));  // room again
+  EXPECT_EQ(forward(later, 1, r)[0], served(r.x[0], r.ids[0], r.positions[0]));
+}
+
+int open_fds() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+TEST_F(NetworkDoorTest, ClientsLeaveNothingBehind) {
+  start();
+  const Rows r = rows(300);
+  auto one_client = [&] {
+    client::Client c(address(), options(key_file_));
+    forward(c, 0, r);
+  };
+  one_client();  // UCX's first use in this process opens what it keeps
+  ASSERT_TRUE(test::wait_until([&] { return door_->counters().clients == 0; }, "the first client to be dropped"));
+  const int fds = open_fds();
+  for (int i = 0; i < 3; ++i) one_client();
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        const NetworkCounters n = door_->network_counters();
+        return door_->counters().clients == 0 && n.endpoints == 0 && n.outstanding == 0;
+      },
+      "every client's endpoint, operations and session to be gone"));
+  EXPECT_EQ(open_fds(), fds);
+  EXPECT_EQ(door_->network_counters().logged_in, 4u);
+}
+
+}  // namespace
+}  // namespace moed::runtime::ingress
