@@ -2,6 +2,7 @@
 // message kept in the handle.
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "client/client.h"
 #include "client/moed_client.h"
@@ -33,15 +34,25 @@ int guarded(moed_client* c, F&& f) {
 
 extern "C" {
 
-moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32_t max_rows, int32_t timeout_ms,
-                                 char* error, size_t error_size) {
+moed_client* moed_client_open(const char* const* addresses, size_t count, const moed_client_options* options,
+                              char* error, size_t error_size) {
   try {
     moed::client::Options o;
-    if (slots) o.slots = slots;
-    if (max_rows) o.max_rows = max_rows;
-    o.timeout_ms = timeout_ms;
+    if (options) {
+      if (options->slots) o.slots = options->slots;
+      if (options->max_rows) o.max_rows = options->max_rows;
+      o.timeout_ms = options->timeout_ms;
+      if (options->reconnect_ms >= 0) o.reconnect_ms = options->reconnect_ms;
+      if (options->key_file) o.key_file = options->key_file;
+      if (options->spread != MOED_SPREAD_ROUND_ROBIN && options->spread != MOED_SPREAD_LEAST_LOADED)
+        throw moed::client::Error("moed client: unknown spread " + std::to_string(options->spread));
+      o.spread = moed::client::Spread(options->spread);
+    }
+    if (!addresses || count == 0) throw moed::client::Error("moed client: no address to connect to");
+    std::vector<std::string> list;
+    for (size_t i = 0; i < count; ++i) list.emplace_back(addresses[i] ? addresses[i] : "");
     auto c = std::make_unique<moed_client>();
-    c->client = std::make_unique<moed::client::Client>(socket_path ? socket_path : "", o);
+    c->client = std::make_unique<moed::client::Client>(list, o);
     return c.release();
   } catch (const std::exception& e) {
     if (error && error_size) {
@@ -50,6 +61,13 @@ moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32
     }
     return nullptr;
   }
+}
+
+moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32_t max_rows, int32_t timeout_ms,
+                                 char* error, size_t error_size) {
+  const moed_client_options o{slots, max_rows, timeout_ms, -1, nullptr, MOED_SPREAD_ROUND_ROBIN};
+  const char* address = socket_path ? socket_path : "";
+  return moed_client_open(&address, 1, &o, error, error_size);
 }
 
 void moed_client_close(moed_client* c) { delete c; }

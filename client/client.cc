@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "client/auth.h"
+#include "client/homes.h"
 #include "client/link.h"
 
 namespace moed::client {
@@ -32,7 +33,8 @@ std::string grant_text(const wire::Layout& l) {
 }  // namespace
 
 struct Client::Impl {
-  std::string path;
+  std::string path;                    // for messages: the address, or the homes' addresses
+  std::vector<std::string> addresses;  // one, or the homes
   Options options;
   std::optional<wire::Key> key;  // read once, for network addresses
   std::unique_ptr<Link> conn;
@@ -118,6 +120,8 @@ struct Client::Impl {
   }
 
   std::unique_ptr<Link> open(Deadline deadline, Link* previous) {
+    if (addresses.size() > 1)
+      return std::make_unique<Homes>(addresses, *key, hello(), deadline, options.spread, previous);
     return open_link(path, key ? &*key : nullptr, hello(), deadline, previous);
   }
   // Connects within reconnect_ms of `since`, backing off from 10 ms to 500
@@ -246,13 +250,17 @@ void Client::Impl::carry_over(std::unique_ptr<Link> fresh) {
   ++reconnects;
 }
 
-Client::Client(const std::string& address, Options options) : impl_(std::make_unique<Impl>()) {
+Client::Client(const std::string& address, Options options) : Client(std::vector<std::string>{address}, options) {}
+
+Client::Client(const std::vector<std::string>& addresses, Options options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  m.path = address;
+  if (addresses.empty()) throw Error("moed client: no address to connect to");
+  m.addresses = addresses;
   m.options = options;
-  if (is_network_address(address)) {
+  for (const std::string& a : addresses) m.path += (m.path.empty() ? "" : ", ") + a;
+  if (std::any_of(addresses.begin(), addresses.end(), is_network_address)) {
     if (options.key_file.empty())
-      throw Error("moed client: " + address + " is a network address: Options::key_file must name the cluster's key");
+      throw Error("moed client: " + m.path + ": a network address needs Options::key_file, the cluster's key");
     try {
       m.key = wire::read_key_file(options.key_file);
     } catch (const std::runtime_error& e) {
@@ -267,7 +275,7 @@ Client::Client(const std::string& address, Options options) : impl_(std::make_un
   } catch (const Lost& e) {
     std::string failure;
     if (m.reconnecting()) m.conn = m.connect_again(started, e, failure);
-    if (!m.conn) throw Error(m.reconnecting() ? "moed client: cannot connect to " + address + ": " + failure : e.what(),
+    if (!m.conn) throw Error(m.reconnecting() ? "moed client: cannot connect to " + m.path + ": " + failure : e.what(),
                              e.status());
   }
   m.slots.resize(m.conn->layout().slots);

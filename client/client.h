@@ -35,6 +35,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "client/protocol.h"
 
@@ -54,6 +55,9 @@ class MOED_CLIENT_CXX_API Error : public std::runtime_error {
   std::optional<wire::Status> status_;
 };
 
+// How a client with several homes spreads its submits over them.
+enum class Spread { round_robin, least_loaded };
+
 struct Options {
   std::uint32_t slots = 4;        // submits in flight at once (the daemon may grant fewer)
   std::uint32_t max_rows = 256;   // rows per submit (the daemon may grant fewer)
@@ -65,6 +69,9 @@ struct Options {
   int reconnect_ms = 60'000;
   // The cluster's key (a file of mode 0600), for ucx:// addresses.
   std::string key_file;
+  // With several homes: each submit to the next home in turn, or to the
+  // one with the fewest of this client's rows in flight.
+  Spread spread = Spread::round_robin;
 };
 
 class MOED_CLIENT_CXX_API Client {
@@ -75,11 +82,17 @@ class MOED_CLIENT_CXX_API Client {
   // that does not answer yet is tried again for reconnect_ms, as a lost
   // connection is; a refusal (a wrong key, too many clients) throws at once.
   explicit Client(const std::string& address, Options options = {});
+  // Several home ranks, all ucx:// addresses: one set of slots, each
+  // submit sent to the home Options::spread picks, the same bits whichever
+  // serves it. Homes unreachable at first are left out while one answers;
+  // a home lost later is failed over: what was in flight on it is submitted
+  // again to the others (and to it, once it is back, at the next failover).
+  Client(const std::vector<std::string>& addresses, Options options = {});
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  int rank() const;
+  int rank() const;  // with several homes, the first reached's
   int ranks() const;
   int hidden() const;
   int layers() const;  // the model's layers: submits name the model's own layer number (dense ones are refused)

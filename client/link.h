@@ -6,6 +6,7 @@
 // another.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,12 @@ struct Deadline {
   }
   bool passed() const { return set && Clock::now() >= at; }
 };
+
+// Milliseconds from now to the deadline, rounded up, at least 0.
+inline int wait_ms_until(const Deadline& d) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d.at - Clock::now()).count() + 1;
+  return int(std::clamp<long long>(left, 0, 1 << 30));
+}
 
 class Link {
  public:

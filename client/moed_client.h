@@ -34,8 +34,23 @@ typedef struct {
   int32_t rank, ranks, hidden, layers, slots, max_rows;
 } moed_client_info;
 
-/* slots, max_rows: what to ask for (0: 4 and 256); timeout_ms < 0: none.
- * On failure returns NULL and writes the message into error[error_size]. */
+enum { MOED_SPREAD_ROUND_ROBIN = 0, MOED_SPREAD_LEAST_LOADED = 1 };
+
+typedef struct {
+  uint32_t slots, max_rows; /* what to ask for (0: 4 and 256; the daemon may grant fewer) */
+  int32_t timeout_ms;       /* for connecting and for each wait; < 0: none */
+  int32_t reconnect_ms;     /* < 0: the default, 60000; 0: a lost connection fails at once */
+  const char* key_file;     /* the cluster's key, for ucx:// addresses; NULL: none */
+  int32_t spread;           /* several homes: MOED_SPREAD_ROUND_ROBIN or _LEAST_LOADED */
+} moed_client_options;
+
+/* Connects to one front door ("ucx://HOST:PORT", "unix:///PATH" or a socket
+ * path), or to `count` ucx:// homes. options may be NULL (the defaults). On
+ * failure returns NULL and writes the message into error[error_size]. */
+MOED_CLIENT_API moed_client* moed_client_open(const char* const* addresses, size_t count,
+                                              const moed_client_options* options, char* error, size_t error_size);
+/* moed_client_open of one address: slots, max_rows: what to ask for (0: 4
+ * and 256); timeout_ms < 0: none. */
 MOED_CLIENT_API moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32_t max_rows, int32_t timeout_ms,
                                  char* error, size_t error_size);
 MOED_CLIENT_API void moed_client_close(moed_client* c);

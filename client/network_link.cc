@@ -63,8 +63,7 @@ NetworkLink::~NetworkLink() = default;  // the worker closes the endpoint (force
 
 wire::Frame NetworkLink::expect(Deadline deadline, const char* what) {
   if (!pump(deadline)) throw Error("moed client: timed out waiting for " + where_ + " to send " + what);
-  wire::Frame f = std::move(frames_.front());
-  frames_.pop_front();
+  wire::Frame f = pop();
   if (f.type == wire::Type::error) {
     std::string error;
     const auto e = wire::decode_error(f.payload, error);
@@ -83,28 +82,39 @@ netio::Placement NetworkLink::place(const wire::Frame& f, std::size_t bytes) {
   return {slot(done->slot) + l.rows_offset, slots_, {}};
 }
 
+bool NetworkLink::ready() {
+  worker_->progress();
+  for (netio::Event& e : worker_->take_events()) {
+    if (e.kind == netio::Event::Kind::lost && !lost_) lost_ = e.error;
+    if (e.kind != netio::Event::Kind::frame) continue;
+    if (!e.data_ok) {
+      lost_ = e.error.empty() ? "a done whose outputs did not arrive whole" : e.error;
+      continue;
+    }
+    frames_.push_back(std::move(e.frame));
+  }
+  if (!frames_.empty()) return true;
+  if (lost_) throw Lost("moed client: lost the connection to " + where_ + ": " + *lost_, 0);
+  return false;
+}
+
+wire::Frame NetworkLink::pop() {
+  wire::Frame f = std::move(frames_.front());
+  frames_.pop_front();
+  return f;
+}
+
 bool NetworkLink::pump(Deadline deadline) {
   for (;;) {
-    for (netio::Event& e : worker_->take_events()) {
-      if (e.kind == netio::Event::Kind::lost && !lost_) lost_ = e.error;
-      if (e.kind != netio::Event::Kind::frame) continue;
-      if (!e.data_ok) {
-        lost_ = e.error.empty() ? "a done whose outputs did not arrive whole" : e.error;
-        continue;
-      }
-      frames_.push_back(std::move(e.frame));
-    }
-    if (!frames_.empty()) return true;
-    if (lost_) throw Lost("moed client: lost the connection to " + where_ + ": " + *lost_, 0);
-    if (worker_->progress()) continue;
+    if (ready()) return true;
     if (deadline.passed()) return false;
-    int wait_ms = -1;
-    if (deadline.set)
-      wait_ms = int(std::clamp<long long>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at - Clock::now()).count() + 1, 0, 1 << 30));
-    worker_->wait(wait_ms);
-    worker_->progress();
+    worker_->wait(deadline.set ? wait_ms_until(deadline) : -1);
   }
+}
+
+void NetworkLink::share(std::shared_ptr<LocalSlots> slots, const wire::Layout& layout) {
+  slots_ = std::move(slots);
+  welcome_.layout = layout;
 }
 
 void NetworkLink::submit(const wire::Submit& m) {
@@ -124,9 +134,7 @@ void NetworkLink::submit(const wire::Submit& m) {
 
 wire::Frame NetworkLink::next_frame(Deadline deadline) {
   if (!pump(deadline)) throw Error("moed client: timed out waiting for the daemon at " + where_);
-  wire::Frame f = std::move(frames_.front());
-  frames_.pop_front();
-  return f;
+  return pop();
 }
 
 bool is_network_address(const std::string& address) { return address.rfind("ucx://", 0) == 0; }

@@ -48,6 +48,20 @@ class NetworkLink final : public Link {
   wire::Frame next_frame(Deadline deadline) override;
   void take_address_of(Link& old) override {}  // slots lent by `previous` are already at the old address
 
+  // Several homes (homes.h) share one set of slots: this link's grant
+  // holds `layout` (at most its slots and rows), which it uses from now on.
+  void share(std::shared_ptr<LocalSlots> slots, const wire::Layout& layout);
+  const std::shared_ptr<LocalSlots>& local_slots() const { return slots_; }
+  const std::string& where() const { return where_; }
+
+  // Without blocking: progresses, then says whether a frame is queued;
+  // throws Lost once the link is lost and nothing is queued.
+  bool ready();
+  wire::Frame pop();
+  // For a wait on several links: false when it must not sleep (progress).
+  bool arm() { return worker_->arm(); }
+  int fd() const { return worker_->fd(); }
+
  private:
   // Progresses until a frame is queued, the link is lost (throws Lost) or the deadline passes (false).
   bool pump(Deadline deadline);

@@ -5,6 +5,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <unordered_set>
@@ -81,7 +82,8 @@ struct AmWorker::Impl {
   };
   std::vector<std::unique_ptr<Listener>> listeners;
   int efd = -1;
-  std::unordered_set<ucp_ep_h> open;  // endpoints whose events are still wanted
+  std::unordered_set<ucp_ep_h> open;    // endpoints whose events are still wanted
+  std::unordered_set<ucp_ep_h> failed;  // open endpoints UCX reported an error on
   std::deque<Event> events;
   std::vector<void*> closing;         // ucp_ep_close_nbx requests
   std::size_t sends = 0, receives = 0;
@@ -114,7 +116,9 @@ struct AmWorker::Impl {
   }
 
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
-    static_cast<Impl*>(arg)->lost(ep, ucs_status_string(status));
+    auto* impl = static_cast<Impl*>(arg);
+    if (impl->open.count(ep)) impl->failed.insert(ep);
+    impl->lost(ep, ucs_status_string(status));
   }
   static void on_connection(ucp_conn_request_h request, void* arg) {
     auto* listener = static_cast<Listener*>(arg);
@@ -245,13 +249,19 @@ AmWorker::AmWorker(const std::string& name, const std::string& transports, Place
 
 AmWorker::~AmWorker() {
   Impl& m = *impl_;
-  for (auto& l : m.listeners) ucp_listener_destroy(l->handle);
+  stop_listening();
   for (ucp_ep_h ep : std::vector<ucp_ep_h>(m.open.begin(), m.open.end())) close(ep, false);
   // Forced closes end every send and receive (cancelled); their callbacks free them.
-  for (int i = 0; i < 100000 && (!m.closing.empty() || m.sends || m.receives); ++i) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  while ((!m.closing.empty() || m.sends || m.receives) && std::chrono::steady_clock::now() < until) {
     ucp_worker_progress(m.worker);
     m.reap_closes();
   }
+  // Forced closes end at once, unless the peer is going away meanwhile: a
+  // close UCX has not finished then is let go (the worker releases it with
+  // the endpoint), so that a client failing over does not wait on it.
+  for (void* r : m.closing) ucp_request_free(r);
+
   ucp_worker_destroy(m.worker);
   ucp_cleanup(m.context);
 }
@@ -272,6 +282,11 @@ int AmWorker::listen(const SocketAddress& address) {
   check(ucp_listener_query(m.listeners.back()->handle, &attr), "ucp_listener_query");
   if (attr.sockaddr.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
   return ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+}
+
+void AmWorker::stop_listening() {
+  for (auto& l : impl_->listeners) ucp_listener_destroy(l->handle);
+  impl_->listeners.clear();
 }
 
 ucp_ep_h AmWorker::accept(ucp_conn_request_h request) {
@@ -299,7 +314,14 @@ void AmWorker::close(ucp_ep_h ep, bool flush) {
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
   ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-  if (r && !UCS_PTR_IS_ERR(r)) m.closing.push_back(r);
+  const bool peer_gone = m.failed.erase(ep) > 0;
+  if (!r || UCS_PTR_IS_ERR(r)) return;
+  // Closing an endpoint whose peer is gone can wait on a disconnect that
+  // never comes: let UCX finish it alone (released with the worker at last).
+  if (peer_gone)
+    ucp_request_free(r);
+  else
+    m.closing.push_back(r);
 }
 
 void AmWorker::send(ucp_ep_h ep, std::vector<std::byte> frame, const void* data, std::size_t bytes,
@@ -332,17 +354,23 @@ bool AmWorker::progress() {
 std::deque<Event> AmWorker::take_events() { return std::exchange(impl_->events, {}); }
 
 void AmWorker::wait(int timeout_ms) {
-  Impl& m = *impl_;
-  if (!m.events.empty()) return;
-  const ucs_status_t armed = ucp_worker_arm(m.worker);
-  if (armed == UCS_ERR_BUSY) return;  // something to progress already
-  check(armed, "ucp_worker_arm");
-  pollfd p{m.efd, POLLIN, 0};
+  if (!arm()) return;  // something to progress already
+  pollfd p{impl_->efd, POLLIN, 0};
   while (::poll(&p, 1, timeout_ms) < 0 && errno == EINTR) {
   }
 }
 
 void AmWorker::signal() { ucp_worker_signal(impl_->worker); }
+
+bool AmWorker::arm() {
+  if (!impl_->events.empty()) return false;
+  const ucs_status_t armed = ucp_worker_arm(impl_->worker);
+  if (armed == UCS_ERR_BUSY) return false;
+  check(armed, "ucp_worker_arm");
+  return true;
+}
+
+int AmWorker::fd() const { return impl_->efd; }
 
 std::size_t AmWorker::outstanding() const { return impl_->sends + impl_->receives + impl_->closing.size(); }
 std::size_t AmWorker::endpoints() const { return impl_->open.size(); }

@@ -79,6 +79,8 @@ class AmWorker {
 
   // Listens on `address` (port 0: any); the port bound.
   int listen(const SocketAddress& address);
+  // Stops listening (connections now are refused); endpoints stay.
+  void stop_listening();
   ucp_ep_h accept(ucp_conn_request_h request);
   void reject(const Event& connection);
   ucp_ep_h connect(const SocketAddress& address);
@@ -100,6 +102,10 @@ class AmWorker {
   void wait(int timeout_ms);
   // Wakes wait(); any thread.
   void signal();
+  // For waiting on several workers at once: arm() says whether the worker
+  // may sleep (false: progress first), then poll fd() for POLLIN.
+  bool arm();
+  int fd() const;
 
   // Operations still in UCX's hands (sends, receives, closes): 0 once a
   // client or session has left nothing behind.

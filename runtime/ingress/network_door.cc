@@ -336,8 +336,10 @@ void NetworkDoor::Impl::run() {
     }
     if (!worker->progress()) worker->wait(next_wait_ms());
   }
-  // What was posted last (shutting_down answers) goes out; then every
+  // New clients are refused at once (a client failing over does not wait on
+  // us); what was posted last (shutting_down answers) goes out; then every
   // connection ends, flushed, for at most a second.
+  worker->stop_listening();
   send_outbox();
   for (const auto& [ep, s] : std::unordered_map(sessions)) end(*s, "the daemon is stopping", true);
   const auto until = Clock::now() + std::chrono::seconds(1);

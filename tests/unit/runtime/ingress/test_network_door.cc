@@ -31,9 +31,7 @@ class NetworkDoorTest : public ::testing::Test {
     other_key_file_ = write_key("other", 'o');
   }
   void TearDown() override {
-    stepping_ = false;
-    if (stepper_.joinable()) stepper_.join();
-    door_.reset();
+    for (std::size_t i = 0; i < doors_.size(); ++i) stop_door(i);
   }
 
   std::string write_key(const std::string& name, char fill) {
@@ -43,30 +41,46 @@ class NetworkDoorTest : public ::testing::Test {
     return path;
   }
 
-  void start(NetworkOptions network = {}) {
+  // A door (rank `doors_.size()`) with a thread of its own playing its step thread.
+  FrontDoor& start(NetworkOptions network = {}) {
     if (network.listen.empty()) network.listen = {"127.0.0.1:0"};
     network.key = wire::read_key_file(key_file_);
     Limits limits;
     limits.max_wait = std::chrono::microseconds(0);
     ModelLayers layers;
     for (int l = 0; l < kLayers; ++l) layers.batch_of.push_back(l);
-    door_ = std::make_unique<FrontDoor>(tmp_.file("sock"), 0, 1, kHidden, std::move(layers), limits, network);
-    stepping_ = true;
-    stepper_ = std::thread([this] {
+    const int rank = int(doors_.size());
+    auto door = std::make_unique<FrontDoor>(tmp_.file("sock" + std::to_string(rank)), rank, 2, kHidden,
+                                            std::move(layers), limits, network);
+    auto& stepping = *stepping_.emplace_back(std::make_unique<std::atomic<bool>>(true));
+    FrontDoor* d = door.get();
+    steppers_.emplace_back([d, &stepping] {
       std::vector<LayerBatch> batches;
-      while (stepping_) {
-        door_->wait_for_work(std::chrono::microseconds(2000));
-        door_->take(batches);
+      while (stepping) {
+        d->wait_for_work(std::chrono::microseconds(2000));
+        d->take(batches);
         for (LayerBatch& b : batches)
           for (std::size_t r = 0; r < b.rows(); ++r)
             for (std::size_t c = 0; c < std::size_t(kHidden); ++c) {
               float& v = b.x[r * kHidden + c];
               v = served(v, b.request_ids[r], b.positions[r]);
             }
-        door_->complete(batches);
+        d->complete(batches);
       }
     });
+    doors_.push_back(std::move(door));
+    if (!door_) door_ = doors_.front().get();
+    return *doors_.back();
   }
+  void stop_stepping(std::size_t i) {
+    *stepping_[i] = false;
+    if (steppers_[i].joinable()) steppers_[i].join();
+  }
+  void stop_door(std::size_t i) {
+    stop_stepping(i);
+    doors_[i].reset();
+  }
+
   std::string address() const { return door_->network_addresses().at(0); }
   client::Options options(const std::string& key_file) const {
     client::Options o;
@@ -95,15 +109,16 @@ class NetworkDoorTest : public ::testing::Test {
 
   test::TempDir tmp_;
   std::string key_file_, other_key_file_;
-  std::unique_ptr<FrontDoor> door_;
-  std::atomic<bool> stepping_{false};
-  std::thread stepper_;
+  std::vector<std::unique_ptr<FrontDoor>> doors_;
+  FrontDoor* door_ = nullptr;  // the first
+  std::vector<std::unique_ptr<std::atomic<bool>>> stepping_;
+  std::vector<std::thread> steppers_;
 };
 
 TEST_F(NetworkDoorTest, ANetworkClientGetsTheBitsOfAClientOnTheHost) {
   start();
   EXPECT_EQ(address().rfind("ucx://127.0.0.1:", 0), 0u) << address();
-  std::ifstream listed(FrontDoor::network_file(tmp_.file("sock"), 0));
+  std::ifstream listed(FrontDoor::network_file(tmp_.file("sock0"), 0));
   std::string line;
   std::getline(listed, line);
   EXPECT_EQ(line, address());
@@ -297,6 +312,79 @@ TEST_F(NetworkDoorTest, ClientsLeaveNothingBehind) {
       "every client's endpoint, operations and session to be gone"));
   EXPECT_EQ(open_fds(), fds);
   EXPECT_EQ(door_->network_counters().logged_in, 4u);
+}
+
+TEST_F(NetworkDoorTest, SeveralHomesShareTheWorkAndTheBits) {
+  for (client::Spread spread : {client::Spread::round_robin, client::Spread::least_loaded}) {
+    for (std::size_t i = 0; i < steppers_.size(); ++i) stop_stepping(i);
+    doors_.clear(), door_ = nullptr;
+    steppers_.clear(), stepping_.clear();
+    FrontDoor& a = start();
+    FrontDoor& b = start();
+    client::Options o = options(key_file_);
+    o.spread = spread;
+    client::Client c({a.network_addresses().at(0), b.network_addresses().at(0)}, o);
+    const Rows r = rows(std::size_t(c.max_rows()) * 3 + 5);
+    const std::vector<float> y = forward(c, 1, r);
+    for (std::size_t i = 0; i < r.ids.size(); ++i)
+      ASSERT_EQ(y[i * kHidden + 7], served(r.x[i * kHidden + 7], r.ids[i], r.positions[i])) << "row " << i;
+    // Slots in flight at once spread over both.
+    std::vector<int> slots;
+    for (int k = 0; k < c.slots(); ++k) {
+      const int s = c.acquire();
+      std::memcpy(c.rows(s), r.x.data(), kHidden * sizeof(float));
+      c.request_ids(s)[0] = 5, c.positions(s)[0] = 1;
+      c.submit(s, 0, 1);
+      slots.push_back(s);
+    }
+    for (int s : slots) {
+      c.wait(s);
+      EXPECT_EQ(static_cast<const float*>(c.rows(s))[0], served(r.x[0], 5, 1));
+      c.release(s);
+    }
+    EXPECT_GT(a.counters().submits_served, 1u) << "spread " << int(spread);
+    EXPECT_GT(b.counters().submits_served, 1u) << "spread " << int(spread);
+  }
+}
+
+TEST_F(NetworkDoorTest, AHomeLostIsFailedOverWithWhatWasInFlight) {
+  FrontDoor& a = start();
+  FrontDoor& b = start();
+  const std::string lost = b.network_addresses().at(0);
+  client::Options o = options(key_file_);
+  o.reconnect_ms = 20'000;
+  client::Client c({a.network_addresses().at(0), lost}, o);
+  stop_stepping(1);  // rank 1 takes its submits and never answers: they are in flight there when it goes
+  std::vector<int> slots;
+  for (int k = 0; k < c.slots(); ++k) {
+    const int s = c.acquire();
+    std::fill_n(static_cast<float*>(c.rows(s)), kHidden, float(k));
+    c.request_ids(s)[0] = std::uint64_t(k), c.positions(s)[0] = 2;
+    c.submit(s, 1, 1);
+    slots.push_back(s);
+  }
+  ASSERT_TRUE(test::wait_until([&] { return b.counters().submits_queued >= 1; }, "rank 1 to hold a submit"));
+  doors_[1].reset();  // gone: its clients' connections end
+  for (int k = 0; k < int(slots.size()); ++k) {
+    c.wait(slots[std::size_t(k)]);
+    EXPECT_EQ(static_cast<const float*>(c.rows(slots[std::size_t(k)]))[3], served(float(k), std::uint64_t(k), 2))
+        << "slot " << k;
+    c.release(slots[std::size_t(k)]);
+  }
+  EXPECT_EQ(c.reconnects(), 1u);
+  const Rows r = rows(40);
+  EXPECT_EQ(forward(c, 0, r)[kHidden * 39], served(r.x[kHidden * 39], r.ids[39], r.positions[39]));  // served by a alone
+}
+
+TEST_F(NetworkDoorTest, AHomeDownAtFirstIsLeftOut) {
+  FrontDoor& a = start();
+  FrontDoor& b = start();
+  const std::string down = b.network_addresses().at(0);
+  stop_door(1);
+  client::Client c({down, a.network_addresses().at(0)}, options(key_file_));
+  EXPECT_EQ(c.rank(), 0);
+  const Rows r = rows(3);
+  EXPECT_EQ(forward(c, 0, r)[0], served(r.x[0], r.ids[0], r.positions[0]));
 }
 
 }  // namespace
