@@ -88,7 +88,12 @@ int main(int argc, char** argv) {
     if (!cli.family.empty()) cli.overrides.push_back("model.family=" + cli.family);
     if (!cli.placement_file.empty()) cli.overrides.push_back("placement.file=" + cli.placement_file);
     if (!cli.log_level.empty()) cli.overrides.push_back("log.level=" + cli.log_level);
-    config = moed::runtime::load_config(cli.config_path, cli.overrides);
+    // Writing weights needs only the model's keys to agree: a workload's
+    // check (say hot_ratio at a larger top_k) must not refuse it.
+    config = moed::runtime::load_config(cli.config_path, cli.overrides,
+                                        cli.generate_weights.empty() || cli.print_config
+                                            ? moed::runtime::ConfigUse::serve
+                                            : moed::runtime::ConfigUse::write_weights);
     if (cli.print_config) {
       moed::runtime::print_config(std::cout, config);
       return 0;

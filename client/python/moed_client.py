@@ -3,7 +3,7 @@ rank on this host and get the layer's outputs back.
 
     from moed_client import Client
     c = Client("/run/moed/moed-ingress-0.sock")
-    y = c.forward(layer, hidden, request_ids, positions)   # hidden: [n, H]
+    y = c.forward(layer, hidden, request_ids, positions)   # hidden: [n, H], any n
     h = c.submit(layer, hidden, request_ids, positions)   # several in flight
     y = c.wait(h)
 
@@ -14,10 +14,24 @@ row's output bits depend only on the row, the layer and the weights, not on
 which other rows, clients or ranks share its step.
 
 `hidden` is a numpy array (float32) or a CPU torch tensor (float32 or
-bfloat16); the output has the same kind and dtype. Rows travel in shared
-memory: submit copies them into a slot once (stage() gives views of a slot to
-write into without that copy), and wait(..., copy=False) returns a view of the
+bfloat16); the output has the same kind and dtype. `request_ids` are integers
+in [0, 2^64), `positions` integers in [0, 2^32), one per row; `layer` is the
+model's own layer number, an integer >= 0. Rows travel in shared memory:
+submit copies them into a slot once (stage() gives views of a slot to write
+into without that copy), and wait(..., copy=False) returns a view of the
 slot, valid until the handle is released.
+
+Client(path, slots=4, max_rows=1024, ...) asks the daemon for `slots` slots
+of `max_rows` rows each; the daemon grants at most its [ingress].max_slots
+and max_rows (and fewer slots past max_client_mb of shared memory): the
+grant is `c.slots` and `c.max_rows`. A submit holds 1 to c.max_rows rows;
+forward() takes any number and splits them over slots itself, several in
+flight, keeping their order and bits.
+
+A wait() that times out leaves its submit in flight: the handle stays
+waitable, and a later wait() returns the outputs (the error's `in_flight` is
+True). A submit the daemon refused frees its slot. A handle dropped before
+its wait gives its slot back once its answer has come.
 
 A lost connection (the daemon restarted on the same socket, e.g. by
 `moed-mpirun --restart`) is mended within reconnect_ms: the client connects
@@ -33,6 +47,7 @@ tree (build/client) or install (PREFIX/lib, for PREFIX/python), then the
 system's library path.
 """
 
+import collections
 import ctypes
 import ctypes.util
 import os
@@ -50,11 +65,51 @@ STATUS = {1: "bad_request", 2: "busy", 3: "not_finite", 4: "too_many_clients",
 
 
 class MoedError(RuntimeError):
-    """A failure reported by the daemon (status set) or by this side."""
+    """A failure reported by the daemon (status set) or by this side. `in_flight` is True for a wait()
+    that failed with its submit still in flight (a timeout): its handle can be waited for again."""
 
-    def __init__(self, message, status=0):
+    def __init__(self, message, status=0, in_flight=False):
         super().__init__(message)
         self.status = STATUS.get(status)
+        self.in_flight = in_flight
+
+
+def _is_integer(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _integer(name, value, low, high, what):
+    """value when it is an integer in [low, high), else a MoedError naming it."""
+    if not _is_integer(value) or not low <= value < high:
+        raise MoedError(f"{name} = {value!r}: {what}")
+    return int(value)
+
+
+def _per_row(values, name, n, high, what, dtype):
+    """values (a sequence, numpy array or torch tensor of n integers in [0, high)) as a numpy array of
+    dtype, else a MoedError naming the first bad value and its row."""
+    if torch is not None and isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    a = np.asarray(values)
+    if a.shape != (n,):
+        raise MoedError(f"{name} has shape {a.shape}: expected ({n},), one value per row")
+    if a.dtype.kind in "iu":
+        bad = np.zeros(n, bool)
+        if a.dtype.kind == "i":
+            bad |= a < 0
+        if np.iinfo(a.dtype).max >= high:
+            bad |= a >= high
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise MoedError(f"{name}: row {row} holds {a[row]}: {what}")
+        return a.astype(dtype, copy=False)
+    if not isinstance(values, np.ndarray):  # a list whose ints numpy made floats or objects: each as given
+        a = np.array(values, dtype=object)
+    for row, v in enumerate(a):
+        if not _is_integer(v) or not 0 <= v < high:
+            raise MoedError(f"{name}: row {row} holds {v}" +
+                            ("" if _is_integer(v) else f" (a {type(v).__name__})") + f": {what}")
+    return a.astype(dtype)
 
 
 class _Info(ctypes.Structure):
@@ -117,7 +172,11 @@ class Staged:
 
 
 class Handle:
-    """A submit in flight; wait() on it, then release() it (or let it go)."""
+    """A submit in flight: wait() for it; a copy=False wait's view lasts until release().
+
+    A wait that times out leaves the submit in flight and the handle waitable. release() before the
+    wait is refused (the daemon may still write the slot); a handle dropped before its wait gives its
+    slot back once the answer has come (the client collects it when it needs a slot)."""
 
     def __init__(self, client, slot, n, dtype, as_torch):
         self.client, self.slot, self.n, self.dtype, self.as_torch = client, slot, n, dtype, as_torch
@@ -125,20 +184,42 @@ class Handle:
         self.released = False
 
     def release(self):
-        if not self.released and self.client._handle:
-            self.client._lib.moed_client_release(self.client._handle, self.slot)
+        if self.released:
+            return
+        if not self.waited:
+            raise MoedError(f"slot {self.slot} is in flight: wait() for its handle before releasing it "
+                            "(or drop the handle: its slot comes back once the answer has come)")
+        if self.client._handle:
+            self.client._check(self.client._lib.moed_client_release(self.client._handle, self.slot))
         self.released = True
 
     def __del__(self):
+        if self.released or not self.client._handle:
+            return
         if self.waited:
-            self.release()
+            self.client._lib.moed_client_release(self.client._handle, self.slot)
+            self.released = True
+        else:
+            self.client._orphans.append(self.slot)
 
 
 class Client:
-    """One connection to a moed rank's front door. Not thread-safe."""
+    """One connection to a moed rank's front door. Not thread-safe.
 
-    def __init__(self, path, slots=4, max_rows=256, timeout_ms=60000, reconnect_ms=60000):
+    slots: submits in flight at once; max_rows: rows per submit. The daemon grants at most its
+    [ingress].max_slots and max_rows (and fewer slots past max_client_mb): the grant is .slots and
+    .max_rows. timeout_ms: for connecting and for each wait (< 0: none); reconnect_ms: how long to
+    keep trying to connect again after the connection is lost (0: fail at once)."""
+
+    def __init__(self, path, slots=4, max_rows=1024, timeout_ms=60000, reconnect_ms=60000):
         self._handle = None
+        self._orphans = []  # slots of handles dropped in flight
+        slots = _integer("slots", slots, 1, 1 << 32, "ask for 1 or more slots (submits in flight at once)")
+        max_rows = _integer("max_rows", max_rows, 1, 1 << 32, "ask for 1 or more rows per submit")
+        timeout_ms = _integer("timeout_ms", timeout_ms, -(1 << 31), 1 << 31,
+                              "an integer number of milliseconds (< 0: no timeout)")
+        reconnect_ms = _integer("reconnect_ms", reconnect_ms, 0, 1 << 31,
+                                "an integer number of milliseconds >= 0 (0: do not reconnect)")
         self._lib = _library()
         error = ctypes.create_string_buffer(1024)
         self._handle = self._lib.moed_client_connect(os.fsencode(path), slots, max_rows, timeout_ms, error, 1024)
@@ -171,10 +252,13 @@ class Client:
 
     # -- the C calls ---------------------------------------------------------
 
+    def _error(self, in_flight=False):
+        return MoedError(self._lib.moed_client_error(self._handle).decode(errors="replace"),
+                         self._lib.moed_client_status(self._handle), in_flight)
+
     def _check(self, result):
         if result < 0:
-            raise MoedError(self._lib.moed_client_error(self._handle).decode(errors="replace"),
-                            self._lib.moed_client_status(self._handle))
+            raise self._error()
         return result
 
     def _view(self, getter, slot, count, dtype):
@@ -186,25 +270,36 @@ class Client:
         store = np.uint16 if dtype == BF16 else np.float32
         return self._view(self._lib.moed_client_rows, slot, n * self.hidden, store).reshape(n, self.hidden)
 
-    # -- staging, submit, wait -----------------------------------------------
+    def _collect_orphans(self, timeout_ms):
+        """Frees the slots of dropped handles whose answers have come (waiting up to timeout_ms for
+        each); True when one was freed."""
+        freed = False
+        for slot in list(self._orphans):
+            self._lib.moed_client_wait(self._handle, slot, timeout_ms)
+            if self._lib.moed_client_release(self._handle, slot) == 0:  # refused while still in flight
+                self._orphans.remove(slot)
+                freed = True
+                if timeout_ms != 0:
+                    break
+        return freed
 
-    def stage(self, n, bf16=False):
-        """A free slot's views for n rows, to write into without a copy; submit it with submit_staged().
-        Fill them before the next submit or wait (a reconnect may move them)."""
-        if not 0 < n <= self.max_rows:
-            raise MoedError(f"{n} rows: a submit holds 1 to {self.max_rows} rows")
-        return Staged(self, self._check(self._lib.moed_client_acquire(self._handle)), n, BF16 if bf16 else F32)
+    def _acquire(self, wait_for_orphans=True):
+        if self._orphans:
+            self._collect_orphans(0)
+        slot = self._lib.moed_client_acquire(self._handle)
+        if slot < 0 and wait_for_orphans and self._orphans and self._collect_orphans(-1):
+            slot = self._lib.moed_client_acquire(self._handle)
+        return self._check(slot)
 
-    def submit_staged(self, staged, layer, as_torch=False):
-        try:
-            self._check(self._lib.moed_client_submit(self._handle, staged.slot, layer, staged.n, staged.dtype))
-        except MoedError:
-            self._lib.moed_client_release(self._handle, staged.slot)
-            raise
-        return Handle(self, staged.slot, staged.n, staged.dtype, as_torch)
+    def _layer(self, layer):
+        if not _is_integer(layer) or layer < 0:
+            raise MoedError(f"layer {layer!r}: a layer is the model's own layer number, an integer >= 0")
+        if layer >= 1 << 31:
+            raise MoedError(f"layer {layer} is out of range: the model has {self.layers} layers")
+        return int(layer)
 
-    def submit(self, layer, hidden, request_ids, positions):
-        """Starts `layer` on hidden [n, H] (numpy float32, or torch float32/bfloat16); returns a Handle."""
+    def _inputs(self, hidden, request_ids, positions):
+        """hidden, request_ids and positions checked: (rows as numpy, bf16, as_torch, ids, positions)."""
         as_torch = torch is not None and isinstance(hidden, torch.Tensor)
         if as_torch:
             if hidden.dtype == torch.bfloat16:
@@ -221,35 +316,117 @@ class Client:
         if rows.ndim != 2 or rows.shape[1] != self.hidden:
             raise MoedError(f"hidden has shape {tuple(rows.shape)}: expected [n, {self.hidden}]")
         n = rows.shape[0]
-        ids, pos = np.asarray(request_ids), np.asarray(positions)
-        if ids.shape != (n,) or pos.shape != (n,):
-            raise MoedError(f"request_ids and positions must hold {n} values each")
-        staged = self.stage(n, bf16)
+        ids = _per_row(request_ids, "request_ids", n, 1 << 64, "request ids are integers in [0, 2^64)", np.uint64)
+        pos = _per_row(positions, "positions", n, 1 << 32, "positions are integers in [0, 2^32)", np.uint32)
+        return rows, bf16, as_torch, ids, pos
+
+    @staticmethod
+    def _as_given(out, dtype, as_torch):
+        if as_torch:
+            if dtype == BF16:
+                return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(out)
+        return out
+
+    # -- staging, submit, wait -----------------------------------------------
+
+    def stage(self, n, bf16=False):
+        """A free slot's views for n rows, to write into without a copy; submit it with submit_staged().
+        Fill them before the next submit or wait (a reconnect may move them)."""
+        if not _is_integer(n) or not 0 < n <= self.max_rows:
+            raise MoedError(f"{n!r} rows: a submit holds 1 to {self.max_rows} rows (forward() splits more)")
+        return Staged(self, self._acquire(), int(n), BF16 if bf16 else F32)
+
+    def submit_staged(self, staged, layer, as_torch=False):
+        try:
+            layer = self._layer(layer)
+            self._check(self._lib.moed_client_submit(self._handle, staged.slot, layer, staged.n, staged.dtype))
+        except MoedError:
+            self._lib.moed_client_release(self._handle, staged.slot)
+            raise
+        return Handle(self, staged.slot, staged.n, staged.dtype, as_torch)
+
+    def _submit(self, layer, rows, bf16, as_torch, ids, pos, wait_for_orphans=True):
+        n = rows.shape[0]
+        if not 0 < n <= self.max_rows:
+            raise MoedError(f"{n} rows: a submit holds 1 to {self.max_rows} rows (forward() splits more)")
+        staged = Staged(self, self._acquire(wait_for_orphans), n, BF16 if bf16 else F32)
         staged.rows[...] = rows
         staged.request_ids[...] = ids
         staged.positions[...] = pos
         return self.submit_staged(staged, layer, as_torch)
 
+    def submit(self, layer, hidden, request_ids, positions):
+        """Starts `layer` on hidden [n, H] (numpy float32, or torch float32/bfloat16), 1 <= n <= max_rows,
+        with a request id and a position per row; returns a Handle."""
+        layer = self._layer(layer)
+        return self._submit(layer, *self._inputs(hidden, request_ids, positions))
+
     def wait(self, handle, timeout_ms=-1, copy=True):
         """The layer's outputs for a submit: a copy, or (copy=False) a view of its slot, valid until
-        handle.release() or the next submit or wait (a reconnect may move it)."""
-        try:
-            self._check(self._lib.moed_client_wait(self._handle, handle.slot, timeout_ms))
-        except MoedError:
+        handle.release() or the next submit or wait (a reconnect may move it). timeout_ms < 0: the
+        client's timeout_ms. A wait that times out raises a MoedError with in_flight True and leaves the
+        handle waitable; a submit the daemon refused raises with its status and frees its slot."""
+        if handle.client is not self:
+            raise MoedError("this handle belongs to another client")
+        if handle.released:
+            raise MoedError(f"slot {handle.slot}'s handle was released: wait() gives a submit's outputs once "
+                            "(copy=False keeps them until release())")
+        timeout_ms = _integer("timeout_ms", timeout_ms, -(1 << 31), 1 << 31,
+                              "an integer number of milliseconds (< 0: the client's timeout_ms)")
+        if not handle.waited:
+            if self._lib.moed_client_wait(self._handle, handle.slot, timeout_ms) < 0:
+                error = self._error()
+                # A failed submit's slot is released; one still in flight (a timeout) is refused, and
+                # stays the handle's to wait for again.
+                if self._lib.moed_client_release(self._handle, handle.slot) == 0:
+                    handle.waited = handle.released = True
+                else:
+                    error.in_flight = True
+                raise error
             handle.waited = True
-            handle.release()
-            raise
-        handle.waited = True
         out = self._rows(handle.slot, handle.n, handle.dtype)
         if copy:
             out = out.copy()
             handle.release()
-        if handle.as_torch:
-            if handle.dtype == BF16:
-                return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
-            return torch.from_numpy(out)
-        return out
+        return self._as_given(out, handle.dtype, handle.as_torch)
 
     def forward(self, layer, hidden, request_ids, positions):
-        """h + MoE(RMSNorm(h)) for hidden [n, H], n <= max_rows; a copy in the input's kind and dtype."""
-        return self.wait(self.submit(layer, hidden, request_ids, positions))
+        """h + MoE(RMSNorm(h)) for hidden [n, H], any n: a copy in the input's kind and dtype. More than
+        max_rows rows are split into submits of max_rows, as many in flight as there are free slots;
+        a row's bits do not depend on the split."""
+        layer = self._layer(layer)
+        rows, bf16, as_torch, ids, pos = self._inputs(hidden, request_ids, positions)
+        n, per = rows.shape[0], self.max_rows
+        out = np.empty(rows.shape, rows.dtype)
+        pending = collections.deque()  # (first row, handle), oldest first
+        first = 0
+
+        def wait_oldest():
+            at, handle = pending.popleft()
+            try:
+                out[at:at + handle.n] = self.wait(handle, copy=False)
+            except MoedError as e:
+                if n <= per:
+                    raise
+                error = MoedError(f"rows {at} to {at + handle.n - 1} of {n} (the daemon numbers them from 0): {e}",
+                                  0, e.in_flight)
+                error.status = e.status
+                raise error from e
+            handle.release()
+
+        while first < n or pending:
+            if first < n and len(pending) < self.slots:
+                try:
+                    handle = self._submit(layer, rows[first:first + per], bf16, False, ids[first:first + per],
+                                          pos[first:first + per], wait_for_orphans=not pending)
+                except MoedError:
+                    if not pending:  # no slot of this call's to wait for
+                        raise
+                    wait_oldest()
+                    continue
+                pending.append((first, handle))
+                first += handle.n
+            else:
+                wait_oldest()
+        return self._as_given(out, BF16 if bf16 else F32, as_torch)

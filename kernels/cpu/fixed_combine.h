@@ -5,8 +5,10 @@
 // are formed where they sit before travelling back; in floating point the
 // grouping would change the bits with the placement. So each weighted term is
 // rounded once to a 64-bit integer on a grid of 2^-32 (range ±2^30 per term,
-// step 2.3e-10, far below an fp32 ulp of the residual stream it is added to),
-// and integers add associatively: any grouping, any order, the same bits.
+// step 2.3e-10), and integers add associatively: any grouping, any order, the
+// same bits. The rounding costs up to 2^-33 per term, below half an fp32 ulp
+// of the output only for outputs of magnitude 2^-9 (2e-3) and up; smaller
+// ones carry it above fp32's own error (docs/bit-exactness.md, rule 2).
 // Terms beyond the range saturate and are counted; a run with saturation is no
 // longer guaranteed order-independent and says so in its report.
 //

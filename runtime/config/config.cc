@@ -432,9 +432,10 @@ std::string experts_dtype(const Config& c) {
   return c.model.checkpoint_experts.empty() ? c.model.dtype : c.model.checkpoint_experts;
 }
 
-void validate_config(const Config& c) {
+void validate_config(const Config& c, ConfigUse use) {
   const auto& m = c.model;
   check_top_k(m);
+  if (use == ConfigUse::write_weights) return;  // the rest is about serving
   if (c.router.max_k > m.experts)
     MOED_THROW(Usage, "config: [router].max_k = {} exceeds [model].experts = {}", c.router.max_k,
                m.experts);
@@ -500,7 +501,7 @@ void validate_config(const Config& c) {
 }
 
 Config load_config_text(const std::string& toml_text, const std::string& origin,
-                        const std::vector<std::string>& overrides) {
+                        const std::vector<std::string>& overrides, ConfigUse use) {
   Config c = schema().defaults();
   std::set<std::string> model_keys_given;
   if (!toml_text.empty()) {
@@ -514,11 +515,11 @@ Config load_config_text(const std::string& toml_text, const std::string& origin,
     if (o.rfind("model.", 0) == 0) model_keys_given.insert(o.substr(6, o.find('=') - 6));
   }
   resolve_model(c.model, model_keys_given);
-  validate_config(c);
+  validate_config(c, use);
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, ConfigUse use) {
   std::string text;
   if (!path.empty()) {
     // A directory opens as a stream that reads nothing: it would load as
@@ -533,7 +534,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     if (in.bad()) MOED_THROW(Usage, "config: cannot read {}", path);
     text = ss.str();
   }
-  return load_config_text(text, path.empty() ? "defaults" : path, overrides);
+  return load_config_text(text, path.empty() ? "defaults" : path, overrides, use);
 }
 
 void print_config(std::ostream& os, const Config& c) {

@@ -163,20 +163,27 @@ struct Config {
   LogConfig log;
 };
 
+// What a config is loaded for. Serving checks every key against the others;
+// writing weights (moed --generate-weights) checks only what the weights
+// need, the model's shape, so that a key of the workload or the engine
+// (say [workload].hot_ratio at a larger top_k) does not refuse it.
+enum class ConfigUse { serve, write_weights };
+
 // Every key at its default: the embedded default config (the demo's).
 Config default_config();
 // Defaults, then the TOML file (if any), then each "section.key=value" in order;
-// then the checks that span keys. Usage errors name the key.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// then the checks that span keys (those `use` needs). Usage errors name the key.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   ConfigUse use = ConfigUse::serve);
 Config load_config_text(const std::string& toml_text, const std::string& origin,
-                        const std::vector<std::string>& overrides);
+                        const std::vector<std::string>& overrides, ConfigUse use = ConfigUse::serve);
 // The model's spec: the one load_config resolved, or (a Config assembled in
 // code, whose keys changed after) the synthetic spec of [model]'s keys.
 ModelSpec model_spec(const ModelConfig& m);
 // The model layer numbers of the MoE layers served (common/layer_numbers.h).
 inline LayerNumbers layer_numbers(const ModelConfig& m) { return LayerNumbers(model_spec(m).moe_layers); }
 // Checks between keys (top_k <= experts, ...); load_config calls it.
-void validate_config(const Config& c);
+void validate_config(const Config& c, ConfigUse use = ConfigUse::serve);
 // The format experts are held in: [experts].dtype, or for "auto" the
 // checkpoint's own (its quantization_config's, else [model].dtype).
 std::string experts_dtype(const Config& c);

@@ -3,9 +3,12 @@
 #   batching: the same 64 requests served one at a time, all at once from 2
 #     clients per rank, and in shuffled order, at 1, 2 and 4 ranks, and with a
 #     per-step budget that makes requests wait: every run's outputs are
-#     cmp-equal. The Python client's outputs match, one row at a time too.
+#     cmp-equal. The Python client's outputs match, one row at a time too;
+#     its forward() splits more rows than a submit holds, a wait that times
+#     out keeps its handle (front_door_python.py).
 #   faults: a client killed while holding a request, a client of another
-#     uid, bad inputs from Python (each refused with its reason, a bad row
+#     uid, bad inputs from Python (each refused with its reason: request
+#     ids, positions and layers named with their row; a bad row
 #     leaving its neighbours' bits alone); the daemons serve on, leak no file
 #     descriptor, and idle at a few percent of a core.
 #   policies: router policies through the front door, on requests decoded

@@ -11,7 +11,10 @@
 #     fires for the skewed job only; moed's own alert says the same in
 #     `moectl status` and moed_alert_firing;
 #   - the endpoint answers 404 with its pages elsewhere; a port in use and a
-#     listen address without a host are refused at start (exit 2).
+#     listen address without a host are refused at start (exit 2);
+#   - 12 connections that trickle requests a byte at a time do not starve it:
+#     /metrics answers and Prometheus scrapes meanwhile, and the request
+#     deadline closes them with a 408 (tests/mpi/http_slow_clients.py).
 # Everything started here is stopped on any exit (trap). Skipped (77)
 # without prometheus and promtool (ci/install-deps.sh installs them).
 source "$(dirname "$0")/lib.sh"
@@ -178,3 +181,27 @@ firing=$(query 'moed_alert_firing{alert="load_spread"}' | sort)
 "$MOECTL" --dir "$SCRATCH/skewed/admin" status | tee "$SCRATCH/status.txt" | grep -q "expert load std/mean .* > 0.15 for .* s: .*moectl reoptimize --apply" ||
   { cat "$SCRATCH/status.txt" >&2; fail "moectl status lacks the load alert"; }
 echo "ok: moectl status: $(grep -om1 'expert load std/mean [^:]*' "$SCRATCH/status.txt")"
+
+# Slow clients cannot starve the endpoint (issue 33: 8 connections trickling
+# a request a byte at a time took all 8 of its threads, and /metrics went
+# silent while they lasted). 12 connections trickle, opened again as the
+# request deadline closes them: /metrics answers a new connection meanwhile
+# (it queues behind them in accept order), Prometheus scrapes the job
+# successfully, and the deadline answers each of the first 12 with a 408.
+python3 "$MOED_SOURCE_DIR/tests/mpi/http_slow_clients.py" 127.0.0.1 "$skewed" 12 >"$SCRATCH/slow.txt" &
+pids+=($!)
+wait_until 60 grep -q '^trickling 12' "$SCRATCH/slow.txt" || fail "the slow clients did not start"
+trickling_since=$(date +%s.%N)
+for _ in 1 2 3; do
+  curl -sf --max-time 20 -o /dev/null "http://127.0.0.1:$skewed/metrics" ||
+    fail "/metrics did not answer within 20 s beside 12 connections trickling requests"
+done
+scraped_while_trickling() {
+  local at
+  at=$(query "timestamp(up{instance=\"127.0.0.1:$skewed\"} == 1)" | awk '{print $2}')
+  [ -n "$at" ] && python3 -c "import sys; sys.exit(0 if $at > $trickling_since else 1)"
+}
+wait_until 60 scraped_while_trickling || fail "no successful scrape by prometheus while 12 connections trickle"
+timed_out_408() { [ "$(awk '/^closed/ {n = $4} END {print n + 0}' "$SCRATCH/slow.txt")" -ge 12 ]; }
+wait_until 120 timed_out_408 || fail "the request deadline did not close the 12 trickling connections with a 408: $(tail -1 "$SCRATCH/slow.txt")"
+echo "ok: beside 12 connections trickling requests, /metrics answers and prometheus scrapes; the request deadline closes them ($(tail -1 "$SCRATCH/slow.txt"))"

@@ -194,6 +194,31 @@ TEST(ConfigCrossKeyLimits, ChecksApplyOnlyWhereTheyMatter) {
   EXPECT_NO_THROW(load("[model]\nexperts = 8\ntop_k = 4\n[workload]\nkind = \"trace\"\ntrace = \"x.trace\"\n"));
 }
 
+// moed --generate-weights (issue 33): only the model's own checks apply to
+// writing weights; what serving needs of the workload or the engine does not.
+TEST(ConfigCrossKeyLimits, WritingWeightsChecksOnlyTheModel) {
+  const auto weights = [](const std::string& toml) {
+    return load_config_text(toml, "t.toml", {}, ConfigUse::write_weights);
+  };
+  const std::string serving_refuses[] = {
+      "[model]\nexperts = 8\ntop_k = 3\n",  // the default hot_ratio 2.75 x 3 > 8 experts
+      "[workload]\nkind = \"trace\"\n",   // no trace file
+      "[workload]\nkind = \"ingress\"\n", // no socket dir
+      "[experts]\nffn_chunks = 7\n",        // does not divide ffn
+  };
+  for (const std::string& toml : serving_refuses) {
+    EXPECT_THROW(load(toml), Error) << toml;
+    EXPECT_NO_THROW(weights(toml)) << toml;
+  }
+  EXPECT_EQ(weights("[model]\nexperts = 8\ntop_k = 3\n").model.top_k, 3);
+  // The model's own checks still apply.
+  expect_error([&] { weights("[model]\nexperts = 4\ntop_k = 5\n"); }, ErrorKind::Usage, {"[model].top_k"});
+  Config c = default_config();
+  c.workload.hot_ratio = 100;
+  EXPECT_THROW(validate_config(c), Error);
+  EXPECT_NO_THROW(validate_config(c, ConfigUse::write_weights));
+}
+
 TEST(ConfigCrossKeyLimits, ValidateConfigChecksAStructDirectly) {
   Config c = default_config();
   EXPECT_NO_THROW(validate_config(c));
