@@ -60,7 +60,7 @@ enum class Spread { round_robin, least_loaded };
 
 struct Options {
   std::uint32_t slots = 4;        // submits in flight at once (the daemon may grant fewer)
-  std::uint32_t max_rows = 256;   // rows per submit (the daemon may grant fewer)
+  std::uint32_t max_rows = 1024;  // rows per submit (the daemon grants at most its [ingress].max_rows)
   int timeout_ms = 60'000;        // for connecting and for each wait; < 0: none
   // How long to keep trying to connect again after the connection is lost
   // (backing off from 10 ms to 500 ms between tries); 0: do not, and throw

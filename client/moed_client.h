@@ -37,7 +37,7 @@ typedef struct {
 enum { MOED_SPREAD_ROUND_ROBIN = 0, MOED_SPREAD_LEAST_LOADED = 1 };
 
 typedef struct {
-  uint32_t slots, max_rows; /* what to ask for (0: 4 and 256; the daemon may grant fewer) */
+  uint32_t slots, max_rows; /* what to ask for (0: 4 and 1024; the daemon may grant fewer) */
   int32_t timeout_ms;       /* for connecting and for each wait; < 0: none */
   int32_t reconnect_ms;     /* < 0: the default, 60000; 0: a lost connection fails at once */
   const char* key_file;     /* the cluster's key, for ucx:// addresses; NULL: none */
@@ -50,7 +50,7 @@ typedef struct {
 MOED_CLIENT_API moed_client* moed_client_open(const char* const* addresses, size_t count,
                                               const moed_client_options* options, char* error, size_t error_size);
 /* moed_client_open of one address: slots, max_rows: what to ask for (0: 4
- * and 256); timeout_ms < 0: none. */
+ * and 1024); timeout_ms < 0: none. */
 MOED_CLIENT_API moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32_t max_rows, int32_t timeout_ms,
                                  char* error, size_t error_size);
 MOED_CLIENT_API void moed_client_close(moed_client* c);

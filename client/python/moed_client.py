@@ -112,6 +112,14 @@ def _per_row(values, name, n, high, what, dtype):
     return a.astype(dtype)
 
 
+class _Options(ctypes.Structure):
+    _fields_ = [("slots", ctypes.c_uint32), ("max_rows", ctypes.c_uint32), ("timeout_ms", ctypes.c_int32),
+                ("reconnect_ms", ctypes.c_int32), ("key_file", ctypes.c_char_p), ("spread", ctypes.c_int32)]
+
+
+SPREADS = {"round_robin": 0, "least_loaded": 1}
+
+
 class _Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("rank", "ranks", "hidden", "layers", "slots", "max_rows")]
 
@@ -141,6 +149,9 @@ def _library():
         p, i, u32, i32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_int32
         lib.moed_client_connect.restype = p
         lib.moed_client_connect.argtypes = [ctypes.c_char_p, u32, u32, i32, ctypes.c_char_p, ctypes.c_size_t]
+        lib.moed_client_open.restype = p
+        lib.moed_client_open.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.POINTER(_Options),
+                                         ctypes.c_char_p, ctypes.c_size_t]
         lib.moed_client_close.argtypes = [p]
         lib.moed_client_get_info.argtypes = [p, ctypes.POINTER(_Info)]
         for name in ("acquire",):
@@ -204,14 +215,20 @@ class Handle:
 
 
 class Client:
-    """One connection to a moed rank's front door. Not thread-safe.
+    """One connection to a moed rank's front door, or to several home ranks. Not thread-safe.
 
+    address: the rank's socket on this host (a path, or "unix:///PATH"), its network door
+    ("ucx://HOST:PORT", with key_file), or a list of ucx:// homes: each submit then goes to the
+    home `spread` picks ("round_robin" or "least_loaded"), with the same bits whichever serves it,
+    and a home that is lost is failed over to the others.
     slots: submits in flight at once; max_rows: rows per submit. The daemon grants at most its
     [ingress].max_slots and max_rows (and fewer slots past max_client_mb): the grant is .slots and
     .max_rows. timeout_ms: for connecting and for each wait (< 0: none); reconnect_ms: how long to
-    keep trying to connect again after the connection is lost (0: fail at once)."""
+    keep trying to connect (again) when no daemon answers (0: fail at once). key_file: the
+    cluster's key (a file of mode 0600), for ucx:// addresses."""
 
-    def __init__(self, path, slots=4, max_rows=1024, timeout_ms=60000, reconnect_ms=60000):
+    def __init__(self, address, slots=4, max_rows=1024, timeout_ms=60000, reconnect_ms=60000, key_file=None,
+                 spread="round_robin"):
         self._handle = None
         self._orphans = []  # slots of handles dropped in flight
         slots = _integer("slots", slots, 1, 1 << 32, "ask for 1 or more slots (submits in flight at once)")
@@ -220,12 +237,19 @@ class Client:
                               "an integer number of milliseconds (< 0: no timeout)")
         reconnect_ms = _integer("reconnect_ms", reconnect_ms, 0, 1 << 31,
                                 "an integer number of milliseconds >= 0 (0: do not reconnect)")
+        if spread not in SPREADS:
+            raise MoedError(f"spread = {spread!r}: one of {', '.join(SPREADS)}")
+        addresses = [address] if isinstance(address, (str, bytes, os.PathLike)) else list(address)
+        if not addresses:
+            raise MoedError("no address to connect to")
         self._lib = _library()
         error = ctypes.create_string_buffer(1024)
-        self._handle = self._lib.moed_client_connect(os.fsencode(path), slots, max_rows, timeout_ms, error, 1024)
+        encoded = (ctypes.c_char_p * len(addresses))(*[os.fsencode(a) for a in addresses])
+        options = _Options(slots, max_rows, timeout_ms, reconnect_ms,
+                           os.fsencode(key_file) if key_file is not None else None, SPREADS[spread])
+        self._handle = self._lib.moed_client_open(encoded, len(addresses), ctypes.byref(options), error, 1024)
         if not self._handle:
             raise MoedError(error.value.decode(errors="replace"))
-        self._check(self._lib.moed_client_set_reconnect(self._handle, reconnect_ms))
         info = _Info()
         self._lib.moed_client_get_info(self._handle, ctypes.byref(info))
         self.rank, self.ranks, self.hidden = info.rank, info.ranks, info.hidden

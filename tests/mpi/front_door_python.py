@@ -1,6 +1,6 @@
 """The Python client against a running moed (tests/mpi/test_front_door.sh).
 
-    MOED_SOCKET=... front_door_python.py batching|faults
+    MOED_SOCKET=... front_door_python.py batching|faults|network
 
 batching: rows together, one at a time, in flight, staged, torch; forward()
 of more rows than a submit holds (split over slots, the same bits); waits
@@ -8,7 +8,9 @@ that time out keep their handles (more timeouts than slots, each followed by
 a wait that gets the answer); dropped and released handles; what Client()
 asks for and is granted. faults: bad inputs refused with the reason, bad
 request ids, positions and layers named with their row, bad Client()
-arguments; the client is served after.
+arguments; the client is served after. network: the network door (ucx://,
+with the key) and several homes (both spreads) give the Unix door's bits; a
+wrong key, no key and an unknown spread are refused.
 """
 import os
 import sys
@@ -227,3 +229,29 @@ elif sys.argv[1] == "faults":
     if not np.array_equal(c.forward(1, x, ids, pos), alone):
         fail("the client is not served after its refusals")
     ok("the client is served after its refusals")
+
+if sys.argv[1] == "network":
+    # MOED_NETWORK: each rank's ucx:// address, comma-separated; MOED_KEY and MOED_OTHER_KEY: key files.
+    homes = os.environ["MOED_NETWORK"].split(",")
+    key, other = os.environ["MOED_KEY"], os.environ["MOED_OTHER_KEY"]
+    x = rows(300)
+    ids, pos = np.arange(300) // 7, np.arange(300) % 7
+    here = c.forward(1, x, ids, pos)
+    net = Client(homes[0], key_file=key, slots=4, max_rows=64)
+    if not np.array_equal(net.forward(1, x, ids, pos).view(np.uint32), here.view(np.uint32)):
+        fail("the network door's outputs differ from the Unix door's")
+    ok(f"300 rows through {homes[0]}: the Unix door's bits")
+    for spread in ("round_robin", "least_loaded"):
+        spread_client = Client(homes, key_file=key, slots=4, max_rows=32, spread=spread)
+        handles = [spread_client.submit(1, x[i:i + 30], ids[i:i + 30], pos[i:i + 30]) for i in range(0, 120, 30)]
+        got = np.concatenate([spread_client.wait(h) for h in handles])
+        if not np.array_equal(got.view(np.uint32), here[:120].view(np.uint32)):
+            fail(f"{len(homes)} homes, {spread}: outputs differ")
+        if not np.array_equal(spread_client.forward(1, x, ids, pos).view(np.uint32), here.view(np.uint32)):
+            fail(f"{len(homes)} homes, {spread}: forward() differs")
+        spread_client.close()
+    ok(f"{len(homes)} homes, round-robin and least-loaded: the same bits")
+    refused(lambda: Client(homes[0], key_file=other), "does not hold the cluster's key")
+    refused(lambda: Client(homes[0]), "needs Options::key_file")
+    refused(lambda: Client(homes, key_file=key, spread="random"), "spread = 'random'")
+    ok("a wrong key, no key and an unknown spread are refused")
