@@ -160,6 +160,7 @@ struct NetworkDoor::Impl {
   }
   void send_outbox();
   void expire_handshakes();
+  void cut_off_stalled();
   int next_wait_ms() const;
 };
 
@@ -303,6 +304,18 @@ void NetworkDoor::Impl::expire_handshakes() {
   }
 }
 
+void NetworkDoor::Impl::cut_off_stalled() {
+  for (ucp_ep_h ep : worker->stalled(options.answer_timeout)) {
+    auto it = sessions.find(ep);
+    if (it == sessions.end()) continue;
+    const std::shared_ptr<NetworkSession> s = it->second;
+    count([](NetworkCounters& c) { ++c.answer_timeouts; });
+    spdlog::warn("front door: {} took no answer within [ingress].answer_timeout_ms ({} ms): cut off", s->describe(),
+                 options.answer_timeout.count());
+    end(*s, "it took no answer in time", false);
+  }
+}
+
 int NetworkDoor::Impl::next_wait_ms() const {
   auto until = Clock::now() + std::chrono::milliseconds(kMaxPollWaitMs);
   for (const auto& [ep, s] : sessions)
@@ -329,6 +342,7 @@ void NetworkDoor::Impl::run() {
     }
     send_outbox();
     expire_handshakes();
+    cut_off_stalled();
     {
       std::lock_guard lock(counts_mutex);
       counts.endpoints = worker->endpoints();

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The front door across hosts, on the emulated cluster (launch/emulated-cluster):
+# 4 hosts on a 1 Gbit/s bridge; moed's 4 ranks on hosts 1 and 2 (the expert
+# hosts), their network doors on every interface; hosts 3 and 4 are
+# attention hosts whose clients reach the ranks only over the emulated
+# network (UCX over TCP on veth0).
+#   - Clients on both attention hosts at once, several per rank, get the bits
+#     a same-host client gets through the Unix door.
+#   - A client with another key gets nothing, and is counted.
+#   - An attention host dropping off mid-request (its link set down, its
+#     client killed) disturbs no one: the others are served with the same
+#     bits, and the daemon lets go of the dead client once its answers are
+#     not taken within [ingress].answer_timeout_ms.
+#   - Nothing is left behind: no endpoint, no client, no file descriptor.
+# Skipped (exit 77) only where network namespaces cannot be created.
+source "$(dirname "$0")/lib.sh"
+: "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
+emu="$MOED_SOURCE_DIR/launch/emulated-cluster"
+
+rc=0
+"$emu" --check >"$SCRATCH/check.txt" 2>&1 || rc=$?
+if [ "$rc" = 2 ]; then
+  echo "SKIP: the emulated cluster cannot run here: $(cat "$SCRATCH/check.txt")"
+  exit 77
+fi
+[ "$rc" = 0 ] || { cat "$SCRATCH/check.txt" >&2; fail "emulated-cluster --check: exit code $rc"; }
+
+head -c 32 /dev/urandom >"$SCRATCH/key" && chmod 600 "$SCRATCH/key"
+head -c 32 /dev/urandom >"$SCRATCH/other-key" && chmod 600 "$SCRATCH/other-key"
+sock=$SCRATCH/sock admin=$SCRATCH/admin
+launcher=""
+cleanup() {
+  [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null && wait "$launcher" 2>/dev/null
+  rm -rf "$SCRATCH"
+}
+trap cleanup EXIT
+
+# mpirun fills the hosts slot by slot: -np 4 puts ranks 0-1 on host 1, 2-3 on host 2.
+"$emu" --hosts 4 --ranks-per-host 2 --rate 1gbit -- -np 4 "$MOED" --config "$SMALL" \
+  --set workload.kind=ingress --set "ingress.dir=\"$sock\"" --set "admin.dir=\"$admin\"" \
+  --set 'ingress.listen="*:0"' --set "ingress.key_file=\"$SCRATCH/key\"" --set 'ingress.transports="tcp"' \
+  --set ingress.answer_timeout_ms=3000 \
+  >"$SCRATCH/cluster.txt" 2>&1 &
+launcher=$!
+all_up() {
+  for r in 0 1 2 3; do [ -S "$sock/moed-ingress-$r.sock" ] && [ -s "$sock/moed-ingress-$r.ucx" ] || return 1; done
+}
+wait_until 120 all_up || { cat "$SCRATCH/cluster.txt" >&2; fail "the 4 ranks' front doors did not open within 120 s"; }
+ns_of() { grep -oE "\bmoed4-[0-9]+-h$1\b" "$SCRATCH/cluster.txt" | head -1; }
+addr_of() { sed -n "s/.*host $(ns_of "$1"): namespace .*, veth0 \([0-9.]*\)\/24.*/\1/p" "$SCRATCH/cluster.txt" | head -1; }
+h1=$(addr_of 1) h2=$(addr_of 2) a3=$(ns_of 3) a4=$(ns_of 4)
+[ -n "$h1" ] && [ -n "$h2" ] && [ -n "$a3" ] && [ -n "$a4" ] || { cat "$SCRATCH/cluster.txt" >&2; fail "cannot find the hosts"; }
+for r in 0 1 2 3; do
+  host=$([ $r -lt 2 ] && echo "$h1" || echo "$h2")
+  head -1 "$sock/moed-ingress-$r.ucx" | grep -q "^ucx://$host:" ||
+    fail "rank $r lists $(head -1 "$sock/moed-ingress-$r.ucx"), not an address of its host ($host)"
+done
+echo "ok: ranks 0-1 listen on host 1 ($h1), ranks 2-3 on host 2 ($h2)"
+
+# on HOST_NS CMD...: runs CMD on an attention host, its UCX on the emulated network only.
+on() {
+  local ns=$1
+  shift
+  ip netns exec "$ns" env UCX_TLS=tcp,self UCX_NET_DEVICES=veth0 "$@"
+}
+daemons=$(pgrep -f -- "^$MOED .*$sock" | tr '\n' ' ')
+[ "$(echo $daemons | wc -w)" = 4 ] || fail "expected 4 moed processes, found: $daemons"
+fds() { local n=0; for p in $daemons; do n=$((n + $(ls /proc/$p/fd | wc -l))); done; echo $n; }
+status() { "$MOECTL" --dir "$admin" --json status; }
+network() {  # network FIELD: rank 0's network door counter
+  status | python3 -c "import json, sys; print(json.loads(sys.stdin.readline())['front_door']['network']['$1'])"
+}
+
+# The same-host door: a client in the root namespace, through the ranks' sockets.
+"$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode concurrent --out "$SCRATCH/unix.bin" >/dev/null ||
+  fail "the same-host client"
+fds_before=$(fds)
+
+# Both attention hosts at once, 2 clients per rank each, one in shuffled order.
+on "$a3" "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode concurrent --clients-per-rank 2 \
+  --key-file "$SCRATCH/key" --out "$SCRATCH/a3.bin" >"$SCRATCH/a3.txt" 2>&1 &
+c3=$!
+on "$a4" "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode shuffled --clients-per-rank 2 \
+  --key-file "$SCRATCH/key" --out "$SCRATCH/a4.bin" >"$SCRATCH/a4.txt" 2>&1 &
+c4=$!
+wait $c3 || { cat "$SCRATCH/a3.txt" >&2; fail "the clients on attention host 3"; }
+wait $c4 || { cat "$SCRATCH/a4.txt" >&2; fail "the clients on attention host 4"; }
+same_bits "$SCRATCH/unix.bin" "$SCRATCH/a3.bin" "8 clients on attention host 3 over the network vs the same-host door"
+same_bits "$SCRATCH/unix.bin" "$SCRATCH/a4.bin" "8 clients on attention host 4, shuffled, at the same time"
+
+# A wrong key gets nothing.
+expect_failure 1 "does not hold the cluster's key" "a client on host 4 with another key" -- \
+  ip netns exec "$a4" env UCX_TLS=tcp,self UCX_NET_DEVICES=veth0 "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 1 --mode serial --out /dev/null --key-file "$SCRATCH/other-key"
+[ "$(network auth_failures)" = 1 ] || fail "rank 0 counts $(network auth_failures) auth failures, expected 1"
+echo "ok: rank 0 counted the refused key"
+
+# Host 4 drops off mid-request: its client pauses with submits in flight, its
+# link goes down, the client dies; host 3 is served meanwhile with the same bits.
+on "$a4" "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode concurrent --clients-per-rank 1 \
+  --key-file "$SCRATCH/key" --out /dev/null --pause-after 8 --resume-file "$SCRATCH/never" >"$SCRATCH/drop.txt" 2>&1 &
+dropper=$!
+wait_until 60 grep -q paused "$SCRATCH/drop.txt" || { cat "$SCRATCH/drop.txt" >&2; fail "the client on host 4 did not pause"; }
+ip -n "$a4" link set veth0 down
+kill -9 $dropper
+wait $dropper 2>/dev/null || true
+on "$a3" "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode concurrent --key-file "$SCRATCH/key" \
+  --out "$SCRATCH/after-drop.bin" >/dev/null || fail "host 3 after host 4 dropped off"
+same_bits "$SCRATCH/unix.bin" "$SCRATCH/after-drop.bin" "host 3 served while host 4 is off the network mid-request"
+no_endpoints() { [ "$(network endpoints)" = 0 ]; }
+wait_until 120 no_endpoints || fail "rank 0 still holds $(network endpoints) endpoints 120 s after every client went"
+echo "ok: the client whose host went away was let go (rank 0: 0 endpoints, $(network answer_timeouts) cut off for answers not taken)"
+ip -n "$a4" link set veth0 up
+
+# Nothing left behind.
+no_clients() { [ "$(status | python3 -c "import json, sys; print(json.loads(sys.stdin.readline())['front_door']['clients'])")" = 0 ]; }
+wait_until 60 no_clients || fail "rank 0 still counts clients"
+no_more_fds() { [ "$(fds)" -le "$fds_before" ]; }
+wait_until 60 no_more_fds || fail "file descriptors leaked: $fds_before before the network clients, $(fds) after"
+echo "ok: no client, endpoint or file descriptor left behind ($fds_before fds before, $(fds) after)"
+
+"$MOECTL" --dir "$admin" shutdown >/dev/null
+rc=0
+wait $launcher || rc=$?
+launcher=""
+[ "$rc" = 0 ] || { cat "$SCRATCH/cluster.txt" >&2; fail "moed on the emulated cluster exited with $rc"; }
+echo "ok: the daemons stopped cleanly"
