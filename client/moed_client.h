@@ -6,6 +6,8 @@
 #ifndef MOED_CLIENT_H
 #define MOED_CLIENT_H
 
+/* A C header: C's headers and typedefs, whatever C++'s linters prefer. */
+/* NOLINTBEGIN(modernize-deprecated-headers,modernize-use-using) */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -79,5 +81,6 @@ MOED_CLIENT_API int moed_client_status(const moed_client* c);
 #ifdef __cplusplus
 }
 #endif
+/* NOLINTEND(modernize-deprecated-headers,modernize-use-using) */
 
 #endif

@@ -87,6 +87,10 @@ bool NetworkLink::ready() {
   for (netio::Event& e : worker_->take_events()) {
     if (e.kind == netio::Event::Kind::lost && !lost_) lost_ = e.error;
     if (e.kind != netio::Event::Kind::frame) continue;
+    if (e.frame.type == wire::Type::ping) {  // the daemon checks that we are alive
+      worker_->send(ep_, wire::encode_pong());
+      continue;
+    }
     if (!e.data_ok) {
       lost_ = e.error.empty() ? "a done whose outputs did not arrive whole" : e.error;
       continue;

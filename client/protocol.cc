@@ -150,6 +150,9 @@ std::vector<std::byte> encode(const Accepted& m) {
   return w.finish();
 }
 
+std::vector<std::byte> encode_ping() { return Writer(Type::ping).finish(); }
+std::vector<std::byte> encode_pong() { return Writer(Type::pong).finish(); }
+
 void FrameReader::feed(std::span<const std::byte> bytes) {
   if (start_ > 0 && start_ == buffer_.size()) buffer_.clear(), start_ = 0;
   buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
@@ -172,7 +175,7 @@ std::optional<Frame> FrameReader::next(std::string& error) {
     error = "protocol version " + std::to_string(version) + "; this side speaks " + std::to_string(kVersion);
     return std::nullopt;
   }
-  if (type < std::uint16_t(Type::hello) || type > std::uint16_t(Type::accepted)) {
+  if (type < std::uint16_t(Type::hello) || type > std::uint16_t(Type::pong)) {
     error = "unknown frame type " + std::to_string(type);
     return std::nullopt;
   }

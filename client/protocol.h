@@ -27,6 +27,11 @@
 //   daemon -> client   accepted  {u8[32] proof}: the daemon's over both nonces,
 //                                 so the client knows it reached the cluster;
 //                                 a welcome follows (no shared memory)
+//   daemon -> client   ping      {}: to a client it has not heard from for a
+//                                 while ([ingress].ping_interval_ms)
+//   client -> daemon   pong      {}: the answer, sent when the client next
+//                                 runs (in any call); a client silent past
+//                                 [ingress].silence_timeout_ms is let go
 //
 // A network submit carries its slot's request ids, positions and rows as
 // its data, packed in that order ([ids u64 x rows][positions u32 x rows]
@@ -60,7 +65,7 @@ inline constexpr std::size_t kMaxPayload = 4096;
 inline constexpr std::uint32_t kNoSlot = 0xffffffff;
 
 enum class Type : std::uint16_t {
-  hello = 1, welcome = 2, submit = 3, done = 4, error = 5, challenge = 6, login = 7, accepted = 8
+  hello = 1, welcome = 2, submit = 3, done = 4, error = 5, challenge = 6, login = 7, accepted = 8, ping = 9, pong = 10
 };
 enum class DType : std::uint32_t { f32 = 0, bf16 = 1 };
 
@@ -148,6 +153,8 @@ std::vector<std::byte> encode(const ErrorReply& m);
 std::vector<std::byte> encode(const Challenge& m);
 std::vector<std::byte> encode(const Login& m);
 std::vector<std::byte> encode(const Accepted& m);
+std::vector<std::byte> encode_ping();
+std::vector<std::byte> encode_pong();
 
 struct Frame {
   Type type = Type::hello;

@@ -93,9 +93,7 @@ struct AmWorker::Impl {
     ucp_ep_h ep;
     std::vector<std::byte> header;  // UCX reads it until the send completes
     std::shared_ptr<void> keep;
-    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   };
-  std::unordered_set<SendOp*> pending_sends;
   struct ReceiveOp {
     Impl* impl;
     ucp_ep_h ep;
@@ -138,7 +136,6 @@ struct AmWorker::Impl {
     auto* op = static_cast<SendOp*>(user_data);
     if (status != UCS_OK && status != UCS_ERR_CANCELED) op->impl->lost(op->ep, ucs_status_string(status));
     --op->impl->sends;
-    op->impl->pending_sends.erase(op);
     delete op;
     ucp_request_free(request);
   }
@@ -343,9 +340,7 @@ void AmWorker::send(ucp_ep_h ep, std::vector<std::byte> frame, const void* data,
     --m.sends;
     if (UCS_PTR_IS_ERR(r)) m.lost(ep, ucs_status_string(UCS_PTR_STATUS(r)));
     delete op;
-    return;
   }
-  m.pending_sends.insert(op);
 }
 
 bool AmWorker::progress() {
@@ -379,13 +374,5 @@ int AmWorker::fd() const { return impl_->efd; }
 
 std::size_t AmWorker::outstanding() const { return impl_->sends + impl_->receives + impl_->closing.size(); }
 std::size_t AmWorker::endpoints() const { return impl_->open.size(); }
-
-std::vector<ucp_ep_h> AmWorker::stalled(std::chrono::steady_clock::duration age) const {
-  const auto before = std::chrono::steady_clock::now() - age;
-  std::unordered_set<ucp_ep_h> eps;
-  for (const Impl::SendOp* op : impl_->pending_sends)
-    if (op->started < before && impl_->open.count(op->ep)) eps.insert(op->ep);
-  return {eps.begin(), eps.end()};
-}
 
 }  // namespace moed::netio

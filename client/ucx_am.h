@@ -14,7 +14,6 @@
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
-#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -112,9 +111,6 @@ class AmWorker {
   // client or session has left nothing behind.
   std::size_t outstanding() const;
   std::size_t endpoints() const;
-  // Endpoints with a send that has not completed for longer than `age`: a
-  // peer that does not take what is sent (stuck, or gone without a word).
-  std::vector<ucp_ep_h> stalled(std::chrono::steady_clock::duration age) const;
 
   struct Impl;
 

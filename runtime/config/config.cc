@@ -173,9 +173,11 @@ const config::Section<IngressConfig>& ingress_section() {
                   "UCX transports for network clients, UCX_TLS syntax (e.g. \"tcp\"); empty: UCX's choice"),
           integer<C>("handshake_timeout_ms", &C::handshake_timeout_ms, 5000, 10, 600'000,
                      "a network client that has not logged in within this is cut off"),
-          integer<C>("answer_timeout_ms", &C::answer_timeout_ms, 30'000, 100, 86'400'000,
-                     "a network client that has not taken an answer sent this long ago is cut off (stuck, "
-                     "or its host is gone)"),
+          integer<C>("ping_interval_ms", &C::ping_interval_ms, 10'000, 100, 86'400'000,
+                     "a network client not heard from for this long is pinged"),
+          integer<C>("silence_timeout_ms", &C::silence_timeout_ms, 60'000, 100, 86'400'000,
+                     "a pinged network client that answers nothing for this long is let go (its host is gone, "
+                     "or it does not call the library, which connects again at its next call)"),
           integer<C>("max_handshakes", &C::max_handshakes, 64, 1, 65536,
                      "network handshakes in progress at once per rank; more connections are refused"),
           integer<C>("max_handshakes_per_peer", &C::max_handshakes_per_peer, 8, 1, 65536,

@@ -97,7 +97,8 @@ struct IngressConfig {
   std::int64_t max_clients = 0, max_slots = 0, max_rows = 0, max_tokens_per_step = 0;
   std::int64_t max_wait_us = 0, idle_wait_us = 0, max_client_mb = 0;
   std::string listen, key_file, transports;  // the network door
-  std::int64_t handshake_timeout_ms = 0, answer_timeout_ms = 0, max_handshakes = 0, max_handshakes_per_peer = 0;
+  std::int64_t handshake_timeout_ms = 0, ping_interval_ms = 0, silence_timeout_ms = 0;
+  std::int64_t max_handshakes = 0, max_handshakes_per_peer = 0;
 };
 
 struct ExpertsConfig {

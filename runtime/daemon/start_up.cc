@@ -241,7 +241,7 @@ nlohmann::json front_door_json(const ingress::FrontDoor& door) {
                       {"auth_failures", n.auth_failures},
                       {"handshake_timeouts", n.handshake_timeouts},
                       {"handshakes_refused", n.handshakes_refused},
-                      {"answer_timeouts", n.answer_timeouts},
+                      {"silences", n.silences},
                       {"endpoints", n.endpoints}};
   }
   return out;
@@ -507,7 +507,8 @@ void Daemon::Startup::open_front_door() {
     }
     network->transports = c_.ingress.transports;
     network->handshake_timeout = std::chrono::milliseconds(c_.ingress.handshake_timeout_ms);
-    network->answer_timeout = std::chrono::milliseconds(c_.ingress.answer_timeout_ms);
+    network->ping_interval = std::chrono::milliseconds(c_.ingress.ping_interval_ms);
+    network->silence_timeout = std::chrono::milliseconds(c_.ingress.silence_timeout_ms);
     network->max_handshakes = int(c_.ingress.max_handshakes);
     network->max_handshakes_per_peer = int(c_.ingress.max_handshakes_per_peer);
   }

@@ -60,9 +60,9 @@ std::vector<std::string> reachable_hosts(const netio::SocketAddress& bound) {
 // rank's memory (a staged layout: ids and positions packed before the rows).
 class NetworkSession final : public Session, public std::enable_shared_from_this<NetworkSession> {
  public:
-  NetworkSession(NetworkDoor::Impl& door, ucp_ep_h ep, netio::SocketAddress peer, std::uint64_t serial,
+  NetworkSession(NetworkDoor::Impl& door, ucp_ep_h ep, const netio::SocketAddress& peer, std::uint64_t serial,
                  Clock::time_point deadline)
-      : door_(door), ep_(ep), peer_(std::move(peer)), serial_(serial), nonce_(wire::make_nonce()),
+      : door_(door), ep_(ep), peer_(peer), serial_(serial), nonce_(wire::make_nonce()),
         deadline_(deadline) {}
   ~NetworkSession() override {
     if (region()) ::munmap(region(), layout().region_bytes());
@@ -96,6 +96,10 @@ class NetworkSession final : public Session, public std::enable_shared_from_this
 
   // The status of a submit refused while its data was placed, by tag.
   std::map<std::uint64_t, wire::Status> refusals;
+  // When the client was last heard from, and when it was pinged since (the
+  // network thread's).
+  Clock::time_point last_heard = Clock::now();
+  std::optional<Clock::time_point> pinged;
 
  private:
   NetworkDoor::Impl& door_;
@@ -160,7 +164,7 @@ struct NetworkDoor::Impl {
   }
   void send_outbox();
   void expire_handshakes();
-  void cut_off_stalled();
+  void ping_quiet_clients();
   int next_wait_ms() const;
 };
 
@@ -177,6 +181,7 @@ void NetworkSession::answer_error(std::uint64_t tag, std::uint32_t slot, wire::S
 }
 
 void NetworkDoor::Impl::end(NetworkSession& s, const char* why, bool flush) {
+  if (!sessions.count(s.ep())) return;  // ended already (UCX may report a loss twice)
   auto keep = s.shared_from_this();
   s.mark_dead();
   worker->close(s.ep(), flush);
@@ -262,7 +267,9 @@ netio::Placement NetworkDoor::Impl::place(ucp_ep_h ep, const wire::Frame& f, std
 }
 
 void NetworkDoor::Impl::on_frame(NetworkSession& s, netio::Event& e) {
+  s.last_heard = Clock::now(), s.pinged.reset();
   if (!s.logged_in()) return on_login(s, e.frame);
+  if (e.frame.type == wire::Type::pong) return;
   std::string error;
   const auto m = e.frame.type == wire::Type::submit ? wire::decode_submit(e.frame.payload, error) : std::nullopt;
   if (!m) {
@@ -304,15 +311,21 @@ void NetworkDoor::Impl::expire_handshakes() {
   }
 }
 
-void NetworkDoor::Impl::cut_off_stalled() {
-  for (ucp_ep_h ep : worker->stalled(options.answer_timeout)) {
-    auto it = sessions.find(ep);
-    if (it == sessions.end()) continue;
-    const std::shared_ptr<NetworkSession> s = it->second;
-    count([](NetworkCounters& c) { ++c.answer_timeouts; });
-    spdlog::warn("front door: {} took no answer within [ingress].answer_timeout_ms ({} ms): cut off", s->describe(),
-                 options.answer_timeout.count());
-    end(*s, "it took no answer in time", false);
+void NetworkDoor::Impl::ping_quiet_clients() {
+  const auto now = Clock::now();
+  std::vector<std::shared_ptr<NetworkSession>> silent;
+  for (const auto& [ep, s] : sessions) {
+    if (!s->logged_in()) continue;
+    if (s->pinged && now - *s->pinged >= options.silence_timeout)
+      silent.push_back(s);
+    else if (!s->pinged && now - s->last_heard >= options.ping_interval)
+      send_now(*s, wire::encode_ping()), s->pinged = now;
+  }
+  for (const auto& s : silent) {
+    count([](NetworkCounters& c) { ++c.silences; });
+    spdlog::info("front door: {} answered no ping for [ingress].silence_timeout_ms ({} ms): let go", s->describe(),
+                 options.silence_timeout.count());
+    end(*s, "it answered no ping", false);
   }
 }
 
@@ -342,7 +355,7 @@ void NetworkDoor::Impl::run() {
     }
     send_outbox();
     expire_handshakes();
-    cut_off_stalled();
+    ping_quiet_clients();
     {
       std::lock_guard lock(counts_mutex);
       counts.endpoints = worker->endpoints();

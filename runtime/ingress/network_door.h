@@ -16,8 +16,8 @@
 // peer address) beyond their limits are rejected at once; one that does not
 // log in within handshake_timeout is cut off; a wrong key or a replayed
 // proof (the daemon's nonce is fresh for each connection) is refused. A
-// client that does not take its answers within answer_timeout is cut off
-// too, as one whose host is gone: UCX's keepalive finds the idle ones.
+// client that answers no ping is let go: one whose host went away without a
+// word would otherwise hold its session until TCP gives up (many minutes).
 #pragma once
 
 #include <chrono>
@@ -36,9 +36,11 @@ struct NetworkOptions {
   wire::Key key;
   std::string transports;           // UCX_TLS syntax; "" for UCX's choice
   std::chrono::milliseconds handshake_timeout{5000};
-  // A client that has not taken an answer sent this long ago is cut off: it
-  // is stuck, or its host went away without a word.
-  std::chrono::milliseconds answer_timeout{30'000};
+  // A client not heard from for ping_interval is pinged; one that answers
+  // nothing for silence_timeout more is let go (its host is gone, or it
+  // does not call the library; the library connects again at its next call).
+  std::chrono::milliseconds ping_interval{10'000};
+  std::chrono::milliseconds silence_timeout{60'000};
   int max_handshakes = 64;          // in progress at once
   int max_handshakes_per_peer = 8;  // in progress at once from one address
 };
@@ -49,7 +51,7 @@ struct NetworkCounters {
   std::uint64_t auth_failures = 0;       // a wrong proof (wrong key, replay) or no proof
   std::uint64_t handshake_timeouts = 0;  // did not log in in time
   std::uint64_t handshakes_refused = 0;  // over max_handshakes (per peer or in all)
-  std::uint64_t answer_timeouts = 0;     // clients cut off for not taking their answers
+  std::uint64_t silences = 0;            // clients let go for answering no ping
   std::uint64_t endpoints = 0;           // open now, logged in or not
   std::uint64_t outstanding = 0;         // UCX operations in flight now
 };

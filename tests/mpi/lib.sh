@@ -75,6 +75,18 @@ PY
 }
 
 # same_bits A B WHAT: the two output dumps are identical byte for byte.
+# need_emulated_cluster LAUNCHER: exits 77 (skipped) where the emulated
+# cluster cannot run (no network namespaces), fails if its check breaks.
+need_emulated_cluster() {
+  local rc=0
+  "$1" --check >"$SCRATCH/check.txt" 2>&1 || rc=$?
+  if [ "$rc" = 2 ]; then
+    echo "SKIP: the emulated cluster cannot run here: $(cat "$SCRATCH/check.txt")"
+    exit 77
+  fi
+  [ "$rc" = 0 ] || { cat "$SCRATCH/check.txt" >&2; fail "emulated-cluster --check: exit code $rc"; }
+}
+
 same_bits() {
   cmp -s "$1" "$2" || fail "$3: outputs differ ($(cmp "$1" "$2" 2>&1 | head -1))"
   echo "ok: $3"

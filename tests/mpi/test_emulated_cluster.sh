@@ -10,13 +10,7 @@ source "$(dirname "$0")/lib.sh"
 emu="$MOED_SOURCE_DIR/launch/emulated-cluster"
 cluster=(--hosts 2 --ranks-per-host 2)
 
-rc=0
-"$emu" --check >"$SCRATCH/check.txt" 2>&1 || rc=$?
-if [ "$rc" = 2 ]; then
-  echo "SKIP: the emulated cluster cannot run here: $(cat "$SCRATCH/check.txt")"
-  exit 77
-fi
-[ "$rc" = 0 ] || { cat "$SCRATCH/check.txt" >&2; fail "emulated-cluster --check: exit code $rc"; }
+need_emulated_cluster "$emu"
 
 # no_residue OUT WHAT: none of the namespaces, links or temporary files named in
 # the launcher's output OUT exists any more.

@@ -287,6 +287,37 @@ TEST_F(NetworkDoorTest, StalledAndFloodingHandshakesAreCutOffWhileServingGoesOn)
   EXPECT_EQ(forward(later, 1, r)[0], served(r.x[0], r.ids[0], r.positions[0]));
 }
 
+TEST_F(NetworkDoorTest, ASilentClientIsLetGoAndAnIdleOneComesBack) {
+  NetworkOptions network;
+  network.ping_interval = std::chrono::milliseconds(100);
+  network.silence_timeout = std::chrono::milliseconds(200);
+  start(network);
+  {
+    // Logged in, then never runs again: it answers no ping.
+    const wire::Key key = wire::read_key_file(key_file_);
+    RawPeer mute(address());
+    wire::Login login;
+    login.hello = {1, 16};
+    login.client_nonce = wire::make_nonce();
+    login.proof = wire::client_proof(key, challenge_of(mute), login.client_nonce, login.hello);
+    mute.send(wire::encode(login));
+    ASSERT_EQ(mute.next()->type, wire::Type::accepted);
+    EXPECT_TRUE(test::wait_until([&] { return door_->network_counters().silences == 1; },
+                                 "the silent client to be let go"));
+    EXPECT_TRUE(test::wait_until([&] { return door_->counters().clients == 0; }, "its session to be dropped"));
+  }
+  // A client that makes no call for longer is let go too, and connects
+  // again at its next call, unnoticed but for the count.
+  client::Options o = options(key_file_);
+  o.reconnect_ms = 10'000;
+  client::Client idle(address(), o);
+  const Rows r = rows(3);
+  EXPECT_EQ(forward(idle, 0, r)[0], served(r.x[0], r.ids[0], r.positions[0]));
+  EXPECT_TRUE(test::wait_until([&] { return door_->network_counters().silences == 2; }, "the idle client to be let go"));
+  EXPECT_EQ(forward(idle, 1, r)[kHidden], served(r.x[kHidden], r.ids[1], r.positions[1]));
+  EXPECT_EQ(idle.reconnects(), 1u);
+}
+
 int open_fds() {
   int n = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
