@@ -252,6 +252,7 @@ class Client:
             raise MoedError(error.value.decode(errors="replace"))
         info = _Info()
         self._lib.moed_client_get_info(self._handle, ctypes.byref(info))
+        self.address = addresses[0] if len(addresses) == 1 else addresses
         self.rank, self.ranks, self.hidden = info.rank, info.ranks, info.hidden
         self.layers, self.slots, self.max_rows = info.layers, info.slots, info.max_rows
 

@@ -64,6 +64,7 @@ def main(argv=None):
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--sockets", required=True, help="moed's [ingress].dir")
     p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--key-file", help="through the ranks' network doors (moed-ingress-RANK.ucx), with this key")
     p.add_argument("--new-tokens", type=int, default=24)
     args = p.parse_args(argv)
     example = load_example(args.example)
@@ -71,7 +72,7 @@ def main(argv=None):
 
     model = example.load_checkpoint(args.checkpoint)
     torch.set_grad_enabled(False)
-    moed = Recording(MoedMoe(args.sockets, args.ranks))
+    moed = Recording(MoedMoe(args.sockets, args.ranks, key_file=args.key_file))
     start = time.monotonic()
     tokens_moed, logits_moed = generate(model, DEFAULT_PROMPTS, args.new_tokens, moed, micro_batches=2)
     seconds = time.monotonic() - start
@@ -83,7 +84,8 @@ def main(argv=None):
     steps = len(logits_moed)
     layers = model.moe_layers()
     dense = [l for l in range(len(model.model.layers)) if l not in layers]
-    print(f"{len(DEFAULT_PROMPTS)} sequences x {steps} tokens through moed on {args.ranks} ranks in {seconds:.2f} s "
+    door = f" (network door: {moed.inner.clients[0].address})" if args.key_file else ""
+    print(f"{len(DEFAULT_PROMPTS)} sequences x {steps} tokens through moed on {args.ranks} ranks{door} in {seconds:.2f} s "
           f"(2 micro-batches in flight, MoE blocks on moed, attention in torch)")
     print(f"layers on moed: {', '.join(map(str, layers))}" +
           (f"; dense layers in torch: {', '.join(map(str, dense))}" if dense else ""))

@@ -14,9 +14,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from moed_client import Client  # noqa: E402
 
 
+def door_of(socket_dir, rank, key_file):
+    """Rank `rank`'s front door: its socket on this host, or with a key file, the first network
+    address it lists in moed-ingress-RANK.ucx (the expert hosts are elsewhere)."""
+    base = os.path.join(socket_dir, f"moed-ingress-{rank}")
+    if key_file is None:
+        return base + ".sock"
+    with open(base + ".ucx") as f:
+        return f.readline().strip()
+
+
 class MoedMoe:
-    def __init__(self, socket_dir, ranks, max_rows=256):
-        self.clients = [Client(os.path.join(socket_dir, f"moed-ingress-{r}.sock"), slots=4, max_rows=max_rows)
+    def __init__(self, socket_dir, ranks, max_rows=256, key_file=None):
+        self.clients = [Client(door_of(socket_dir, r, key_file), slots=4, max_rows=max_rows, key_file=key_file)
                         for r in range(ranks)]
 
     def submit(self, layer, h, request_ids, positions):
