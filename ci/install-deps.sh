@@ -15,7 +15,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev
   libgtest-dev
   libssl-dev  # HMAC-SHA-256 of the network front door's challenge-response (client/auth.h)
-  libcpp-httplib-dev prometheus chromium
+  prometheus chromium
   slurm-wlm munge
   iproute2
   clang libclang-rt-14-dev clang-tidy

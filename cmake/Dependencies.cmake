@@ -3,9 +3,6 @@ find_package(PkgConfig REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
 pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
-# cpp-httplib: Debian builds it as a library; its .pc file carries the
-# defines (TLS, compression) the header must be read with.
-pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 find_package(tomlplusplus 3 REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
