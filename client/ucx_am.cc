@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_set>
 #include <utility>
@@ -220,6 +221,11 @@ AmWorker::AmWorker(const std::string& name, const std::string& transports, Place
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucs_status_t status = UCS_OK;
   if (!transports.empty()) status = ucp_config_modify(config, "TLS", transports.c_str());
+  // Eager sends, unless UCX_RNDV_THRESH says otherwise: over TCP, UCX's
+  // rendezvous made an upload and a download on one connection take turns,
+  // so two micro-batches in flight gained nothing (tests/bench/
+  // front_door_network.sh). Eager data is copied once out of UCX's buffer.
+  if (status == UCS_OK && !std::getenv("UCX_RNDV_THRESH")) status = ucp_config_modify(config, "RNDV_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
