@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -83,7 +84,7 @@ std::uint64_t fnv1a(const void* data, std::size_t bytes) {
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, std::size_t(q * double(v.size() - 1) + 0.5))];
+  return v[std::min(v.size() - 1, std::size_t(std::llround(q * double(v.size() - 1))))];
 }
 
 }  // namespace
