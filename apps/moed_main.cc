@@ -2,6 +2,7 @@
 // started by mpirun or srun; run alone it serves as a single rank.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "comm/mpi/mpi_session.h"
@@ -44,6 +45,12 @@ int generate_weights(const moed::runtime::Config& c, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The network front door's listeners bind with SO_REUSEADDR, so that a
+  // daemon restarted under moed-mpirun --restart listens on its port again
+  // while its old connections linger in TIME_WAIT. UCX reads this from the
+  // environment only (ucp_config_modify does not reach its TCP connection
+  // manager); set here, before any thread, unless the user chose.
+  ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   Cli cli;
   CLI::App app{
       "moed: serves the expert layers of a Mixture-of-Experts model with expert parallelism.\n"

@@ -25,6 +25,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kMaxPollWaitMs = 1000;  // the longest sleep: handshake deadlines are checked each turn
+constexpr auto kListenRetry = std::chrono::seconds(10);  // for a port still held by the daemon before a restart
 
 // The peer's address without its port: handshakes are bounded per address.
 std::string host_of(const netio::SocketAddress& a) {
@@ -417,12 +418,23 @@ NetworkDoor::NetworkDoor(NetworkOptions options, Desk& desk, const std::string& 
     } catch (const std::exception& e) {
       MOED_THROW(Usage, "[ingress].listen: {}", e.what());
     }
-    try {
-      const int port = m.worker->listen(address);
-      for (const std::string& host : reachable_hosts(address))
-        m.addresses.push_back(host + ":" + std::to_string(port));
-    } catch (const std::exception& e) {
-      MOED_THROW(Runtime, "[ingress].listen: cannot listen on {}: {}", address.text(), e.what());
+    // A port still held (the daemon before a restart, still exiting) is
+    // tried again for a while; anything else fails at once.
+    const auto give_up = Clock::now() + kListenRetry;
+    for (;;) {
+      try {
+        const int port = m.worker->listen(address);
+        for (const std::string& host : reachable_hosts(address))
+          m.addresses.push_back(host + ":" + std::to_string(port));
+        break;
+      } catch (const netio::UcxError& e) {
+        if (e.status() == UCS_ERR_BUSY && Clock::now() < give_up) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          continue;
+        }
+        MOED_THROW(Runtime, "[ingress].listen: cannot listen on {}: {}{}", address.text(), e.what(),
+                   e.status() == UCS_ERR_BUSY ? " (the address is in use, also after 10 s)" : "");
+      }
     }
   }
   m.thread = std::thread([&m] { m.run(); });

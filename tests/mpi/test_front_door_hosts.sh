@@ -12,6 +12,10 @@
 #     bits, and every rank lets go of the dead client once it answers no
 #     ping ([ingress].silence_timeout_ms), its host still off the network.
 #   - Nothing is left behind: no endpoint, no client, no file descriptor.
+#   - A rank killed on host 2 while 8 clients on host 3 send: the job is
+#     restarted on the same hosts and ports (emulated-cluster --restart), the
+#     clients connect again and submit what was in flight: no call fails, and
+#     the outputs keep the reference's bits.
 # Skipped (exit 77) only where network namespaces cannot be created.
 source "$(dirname "$0")/lib.sh"
 : "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
@@ -30,9 +34,11 @@ cleanup() {
 trap cleanup EXIT
 
 # mpirun fills the hosts slot by slot: -np 4 puts ranks 0-1 on host 1, 2-3 on host 2.
-"$emu" --hosts 4 --ranks-per-host 2 --rate 1gbit -- -np 4 "$MOED" --config "$SMALL" \
+# Fixed ports (each host's own, in its namespace), so that a restarted job
+# listens where its clients knew it; the launcher restarts a failed job once.
+"$emu" --hosts 4 --ranks-per-host 2 --rate 1gbit --restart 1 -- -np 4 "$MOED" --config "$SMALL" \
   --set workload.kind=ingress --set "ingress.dir=\"$sock\"" --set "admin.dir=\"$admin\"" \
-  --set 'ingress.listen="*:0"' --set "ingress.key_file=\"$SCRATCH/key\"" --set 'ingress.transports="tcp"' \
+  --set 'ingress.listen="*:17400"' --set "ingress.key_file=\"$SCRATCH/key\"" --set 'ingress.transports="tcp"' \
   --set ingress.ping_interval_ms=1000 --set ingress.silence_timeout_ms=3000 \
   >"$SCRATCH/cluster.txt" 2>&1 &
 launcher=$!
@@ -113,6 +119,32 @@ wait_until 60 no_clients || fail "rank 0 still counts clients"
 no_more_fds() { [ "$(fds)" -le "$fds_before" ]; }
 wait_until 120 no_more_fds || fail "file descriptors leaked: $fds_before before the network clients, $(fds) after"
 echo "ok: no client, endpoint or file descriptor left behind ($fds_before fds before, $(fds) after)"
+
+# A rank killed while the clients of another host send: mpirun ends the job,
+# the launcher starts it again on the same hosts and ports, and the clients
+# connect again within reconnect_ms and submit again what was in flight: no
+# call fails, and the outputs are the reference's bits.
+on "$a3" "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode concurrent --clients-per-rank 2 \
+  --key-file "$SCRATCH/key" --out "$SCRATCH/killed.bin" --pause-after 16 --resume-file "$SCRATCH/resume" \
+  >"$SCRATCH/killed.txt" 2>&1 &
+survivor=$!
+wait_until 60 grep -q paused "$SCRATCH/killed.txt" || { cat "$SCRATCH/killed.txt" >&2; fail "the clients on host 3 did not pause"; }
+victim=""
+for p in $(ip netns pids "$(ns_of 2)"); do
+  case " $daemons " in *" $p "*) victim=$p; break ;; esac
+done
+[ -n "$victim" ] || fail "no moed rank found on host 2"
+kill -9 "$victim"
+touch "$SCRATCH/resume"
+restarted() {
+  local now
+  now=$(pgrep -f -- "^$MOED .*$sock" | tr '\n' ' ')
+  [ "$(echo $now | wc -w)" = 4 ] && ! echo " $now " | grep -q " $victim " && all_up
+}
+wait_until 120 restarted || { cat "$SCRATCH/cluster.txt" >&2; fail "the job did not come back within 120 s"; }
+wait $survivor || { cat "$SCRATCH/killed.txt" >&2; tail -20 "$SCRATCH/cluster.txt" >&2; fail "a client on host 3 failed across the rank's death"; }
+same_bits "$SCRATCH/unix.bin" "$SCRATCH/killed.bin" "8 clients on host 3 across a rank killed on host 2 and the job's restart"
+grep -q "restarting mpirun (1 of 1)" "$SCRATCH/cluster.txt" || fail "the launcher did not say it restarted the job"
 
 "$MOECTL" --dir "$admin" shutdown >/dev/null
 rc=0
