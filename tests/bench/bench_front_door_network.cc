@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "tests/bench/client_layer_loop.h"
 #include "runtime/config/config.h"
 #include "runtime/weights/safetensors.h"
 #include "runtime/weights/synthetic_model.h"
@@ -52,10 +53,6 @@ using namespace moed;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-void attention(std::chrono::microseconds t) {
-  if (t.count() > 0) std::this_thread::sleep_for(t);
-}
 
 struct Result {
   std::uint64_t forwards = 0, rows = 0;
@@ -179,27 +176,10 @@ int main(int argc, char** argv) {
           while (!go) std::this_thread::sleep_for(std::chrono::microseconds(200));
           const auto start = Clock::now();
           const std::chrono::microseconds att(attention_us);
-          for (int layer = 0; !stop; layer = (layer + 1) % shape.layers) {
-            if (mode == "pingpong") {
-              for (int m = 0; m < 2; ++m) {
-                if (layer > 0) c.wait(slot[std::size_t(m)]);
-                attention(att);
-                fill(m);
-                c.submit(slot[std::size_t(m)], layer, std::uint32_t(batch));
-              }
-              if (layer == shape.layers - 1)
-                for (int m = 0; m < 2; ++m) c.wait(slot[std::size_t(m)]);
-            } else {
-              attention(mode == "single" ? 2 * att : std::chrono::microseconds(0));
-              const auto t0 = Clock::now();
-              fill(0);
-              c.submit(slot[0], layer, std::uint32_t(batch));
-              c.wait(slot[0]);
-              res.moe_ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
-            }
-            res.forwards += std::uint64_t(micro);
-            res.rows += std::uint64_t(micro * batch);
-          }
+          bench::LayerCounts counts;
+          bench::run_layers(c, slot, shape.layers, batch, micro, mode, att, stop, fill,
+                            [&](double s) { res.moe_ms.push_back(1e3 * s); }, counts);
+          res.forwards += counts.forwards, res.rows += counts.rows;
           res.seconds = std::chrono::duration<double>(Clock::now() - start).count();
         } catch (const std::exception& e) {
           errors[std::size_t(t)] = e.what();
