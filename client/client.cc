@@ -120,8 +120,10 @@ struct Client::Impl {
   }
 
   std::unique_ptr<Link> open(Deadline deadline, Link* previous) {
-    if (addresses.size() > 1)
+    if (addresses.size() > 1) {
+      if (!key) throw Error("moed client: " + path + ": several homes must all be ucx:// addresses");
       return std::make_unique<Homes>(addresses, *key, hello(), deadline, options.spread, previous);
+    }
     return open_link(path, key ? &*key : nullptr, hello(), deadline, previous);
   }
   // Connects within reconnect_ms of `since`, backing off from 10 ms to 500

@@ -407,6 +407,19 @@ TEST_F(NetworkDoorTest, AHomeLostIsFailedOverWithWhatWasInFlight) {
   EXPECT_EQ(forward(c, 0, r)[kHidden * 39], served(r.x[kHidden * 39], r.ids[39], r.positions[39]));  // served by a alone
 }
 
+TEST_F(NetworkDoorTest, SeveralHomesMustAllBeNetworkAddresses) {
+  FrontDoor& a = start();
+  for (const std::vector<std::string>& homes :
+       {std::vector<std::string>{a.path(), a.path()}, std::vector<std::string>{a.network_addresses().at(0), a.path()}}) {
+    try {
+      client::Client c(homes, options(key_file_));
+      FAIL() << "a client with homes that are not all ucx:// addresses";
+    } catch (const client::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("several homes must all be ucx:// addresses"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(NetworkDoorTest, AHomeDownAtFirstIsLeftOut) {
   FrontDoor& a = start();
   FrontDoor& b = start();
