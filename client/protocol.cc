@@ -130,25 +130,14 @@ std::vector<std::byte> encode(const ErrorReply& m) {
       .finish();
 }
 
-std::vector<std::byte> encode(const Challenge& m) {
-  Writer w(Type::challenge);
-  for (std::uint8_t b : m.nonce) w.put(b);
-  return w.finish();
-}
+// Nonces and proofs are byte arrays: put and get copy them whole.
+std::vector<std::byte> encode(const Challenge& m) { return Writer(Type::challenge).put(m.nonce).finish(); }
 
 std::vector<std::byte> encode(const Login& m) {
-  Writer w(Type::login);
-  w.put(m.hello.slots).put(m.hello.max_rows);
-  for (std::uint8_t b : m.client_nonce) w.put(b);
-  for (std::uint8_t b : m.proof) w.put(b);
-  return w.finish();
+  return Writer(Type::login).put(m.hello.slots).put(m.hello.max_rows).put(m.client_nonce).put(m.proof).finish();
 }
 
-std::vector<std::byte> encode(const Accepted& m) {
-  Writer w(Type::accepted);
-  for (std::uint8_t b : m.proof) w.put(b);
-  return w.finish();
-}
+std::vector<std::byte> encode(const Accepted& m) { return Writer(Type::accepted).put(m.proof).finish(); }
 
 std::vector<std::byte> encode_ping() { return Writer(Type::ping).finish(); }
 std::vector<std::byte> encode_pong() { return Writer(Type::pong).finish(); }
@@ -268,19 +257,10 @@ std::optional<ErrorReply> decode_error(std::span<const std::byte> payload, std::
   return m;
 }
 
-namespace {
-
-template <std::size_t N>
-void get_array(Reader& r, std::array<std::uint8_t, N>& out) {
-  for (std::uint8_t& b : out) b = r.get<std::uint8_t>();
-}
-
-}  // namespace
-
 std::optional<Challenge> decode_challenge(std::span<const std::byte> payload, std::string& error) {
   Reader r(payload);
   Challenge m;
-  get_array(r, m.nonce);
+  m.nonce = r.get<Nonce>();
   if (!r.whole("challenge", error)) return std::nullopt;
   return m;
 }
@@ -290,8 +270,8 @@ std::optional<Login> decode_login(std::span<const std::byte> payload, std::strin
   Login m;
   m.hello.slots = r.get<std::uint32_t>();
   m.hello.max_rows = r.get<std::uint32_t>();
-  get_array(r, m.client_nonce);
-  get_array(r, m.proof);
+  m.client_nonce = r.get<Nonce>();
+  m.proof = r.get<Proof>();
   if (!r.whole("login", error)) return std::nullopt;
   return m;
 }
@@ -299,7 +279,7 @@ std::optional<Login> decode_login(std::span<const std::byte> payload, std::strin
 std::optional<Accepted> decode_accepted(std::span<const std::byte> payload, std::string& error) {
   Reader r(payload);
   Accepted m;
-  get_array(r, m.proof);
+  m.proof = r.get<Proof>();
   if (!r.whole("accepted", error)) return std::nullopt;
   return m;
 }

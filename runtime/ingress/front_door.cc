@@ -175,6 +175,7 @@ struct FrontDoor::Impl final : SocketService::Handler, Desk {
     return {std::uint32_t(rank), std::uint32_t(ranks), std::uint32_t(model_layers.batch_of.size()), layout};
   }
   bool admit(std::shared_ptr<Session> s) override;
+  void join(std::shared_ptr<Session> s);  // counted as connected; with `mutex` held
   std::optional<Refused> reserve(Session& s, const wire::Submit& m) override;
   void enqueue(Session& s, const wire::Submit& m) override;
   void unreserve(Session& s, const wire::Submit& m) override;
@@ -276,10 +277,14 @@ std::optional<wire::Layout> FrontDoor::Impl::grant(const wire::Hello& hello, boo
 bool FrontDoor::Impl::admit(std::shared_ptr<Session> s) {
   std::lock_guard lock(mutex);
   if (clients.size() >= std::size_t(limits.max_clients)) return false;
+  join(std::move(s));
+  return true;
+}
+
+void FrontDoor::Impl::join(std::shared_ptr<Session> s) {
   clients.push_back({std::move(s), {}});
   ++counts.clients;
   ++counts.accepted;
-  return true;
 }
 
 void FrontDoor::Impl::welcome(UnixSession& s, const wire::Hello& hello) {
@@ -295,9 +300,7 @@ void FrontDoor::Impl::welcome(UnixSession& s, const wire::Hello& hello) {
   // connected in the counters too. (The socket service bounds Unix clients.)
   {
     std::lock_guard lock(mutex);
-    clients.push_back({s.shared_from_this(), {}});
-    ++counts.clients;
-    ++counts.accepted;
+    join(s.shared_from_this());
   }
   s.send(wire::encode(welcome(*layout)), memfd);
   s.forget_memfd();
