@@ -35,7 +35,8 @@ int guarded(moed_client* c, F&& f) {
 extern "C" {
 
 moed_client* moed_client_open(const char* const* addresses, size_t count, const moed_client_options* options,
-                              char* error, size_t error_size) {
+                              char* error, size_t error_size, int* status) {
+  if (status) *status = 0;
   try {
     moed::client::Options o;
     if (options) {
@@ -59,6 +60,8 @@ moed_client* moed_client_open(const char* const* addresses, size_t count, const 
       std::strncpy(error, e.what(), error_size - 1);
       error[error_size - 1] = '\0';
     }
+    const auto* refused = dynamic_cast<const moed::client::Error*>(&e);
+    if (status && refused && refused->status()) *status = int(*refused->status());
     return nullptr;
   }
 }
@@ -67,7 +70,7 @@ moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32
                                  char* error, size_t error_size) {
   const moed_client_options o{slots, max_rows, timeout_ms, -1, nullptr, MOED_SPREAD_ROUND_ROBIN};
   const char* address = socket_path ? socket_path : "";
-  return moed_client_open(&address, 1, &o, error, error_size);
+  return moed_client_open(&address, 1, &o, error, error_size, nullptr);
 }
 
 void moed_client_close(moed_client* c) { delete c; }

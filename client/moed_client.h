@@ -48,9 +48,12 @@ typedef struct {
 
 /* Connects to one front door ("ucx://HOST:PORT", "unix:///PATH" or a socket
  * path), or to `count` ucx:// homes. options may be NULL (the defaults). On
- * failure returns NULL and writes the message into error[error_size]. */
+ * failure returns NULL, writes the message into error[error_size] and, where
+ * status is not NULL, what the daemon answered into *status (MOED_FORBIDDEN
+ * for a key it refused; 0: the failure was on this side). */
 MOED_CLIENT_API moed_client* moed_client_open(const char* const* addresses, size_t count,
-                                              const moed_client_options* options, char* error, size_t error_size);
+                                              const moed_client_options* options, char* error, size_t error_size,
+                                              int* status);
 /* moed_client_open of one address: slots, max_rows: what to ask for (0: 4
  * and 1024); timeout_ms < 0: none. */
 MOED_CLIENT_API moed_client* moed_client_connect(const char* socket_path, uint32_t slots, uint32_t max_rows, int32_t timeout_ms,

@@ -151,7 +151,7 @@ def _library():
         lib.moed_client_connect.argtypes = [ctypes.c_char_p, u32, u32, i32, ctypes.c_char_p, ctypes.c_size_t]
         lib.moed_client_open.restype = p
         lib.moed_client_open.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.POINTER(_Options),
-                                         ctypes.c_char_p, ctypes.c_size_t]
+                                         ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]
         lib.moed_client_close.argtypes = [p]
         lib.moed_client_get_info.argtypes = [p, ctypes.POINTER(_Info)]
         for name in ("acquire",):
@@ -247,9 +247,11 @@ class Client:
         encoded = (ctypes.c_char_p * len(addresses))(*[os.fsencode(a) for a in addresses])
         options = _Options(slots, max_rows, timeout_ms, reconnect_ms,
                            os.fsencode(key_file) if key_file is not None else None, SPREADS[spread])
-        self._handle = self._lib.moed_client_open(encoded, len(addresses), ctypes.byref(options), error, 1024)
+        status = ctypes.c_int(0)
+        self._handle = self._lib.moed_client_open(encoded, len(addresses), ctypes.byref(options), error, 1024,
+                                                  ctypes.byref(status))
         if not self._handle:
-            raise MoedError(error.value.decode(errors="replace"))
+            raise MoedError(error.value.decode(errors="replace"), status.value)
         info = _Info()
         self._lib.moed_client_get_info(self._handle, ctypes.byref(info))
         self.address = addresses[0] if len(addresses) == 1 else addresses

@@ -8,6 +8,7 @@
 //                    [--pause-after N --resume-file F] [--first-layer L]
 //   front_door_check --dir DIR --ranks R --mode decode --positions P --out FILE [--drift D]
 //   front_door_check --dir DIR --mode hold      (submits, then waits to be killed)
+//   front_door_check --dir DIR --ranks R --mode workload --config C [--set K=V]... --out FILE
 //
 // --key-file K: through the ranks' network doors (the addresses each rank
 // lists in DIR/moed-ingress-<rank>.ucx), proving key K.
@@ -32,6 +33,12 @@
 // request's consecutive positions mostly route alike: what the router's
 // smoothing works on, through the request ids and positions of the rows.
 // The file holds request by request, position by position, layer by layer.
+//
+// workload: the tokens of moed's own workload ([workload] of config C, with
+// the --set overrides moed is given), each step's through every MoE layer in
+// turn, step s on client s mod (C x R), the clients on threads. The file is
+// what `moed --dump-output` writes for that config, so that the built-in
+// workload and either door compare with cmp.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -50,6 +57,12 @@
 
 #include "client/client.h"
 #include "common/rng.h"
+#include "runtime/config/config.h"
+#include "runtime/daemon/output_dump.h"
+#include "runtime/weights/model.h"
+#include "runtime/weights/safetensors.h"
+#include "runtime/weights/synthetic_model.h"
+#include "runtime/workload/workload.h"
 
 namespace {
 
@@ -186,6 +199,20 @@ void decode(Client& c, const std::vector<int>& mine, int positions, std::uint64_
     }
 }
 
+// Layer 0's router [experts, hidden], from which the synthetic workload aims its tokens.
+std::vector<float> first_gate(const moed::runtime::Config& c, const moed::runtime::ModelShape& s) {
+  using namespace moed::runtime;
+  const int layer = s.spec.model_layer(0);
+  const moed::weights::DType dtype = *moed::weights::parse_dtype(c.model.dtype);
+  std::vector<float> gate(std::size_t(s.experts) * std::size_t(s.hidden));
+  if (c.model.weights.empty())
+    SyntheticModel(s, std::uint64_t(c.model.seed), dtype).gate(layer, gate.data());
+  else
+    moed::weights::Checkpoint(c.model.weights)
+        .read_f32(TensorNames(s.spec.family).gate(layer), dtype, gate_shape(s), gate.data());
+  return gate;
+}
+
 // Runs work(i) for every client i on its own thread; rethrows the first error.
 template <class Work>
 void on_threads(int n, Work work) {
@@ -216,6 +243,43 @@ std::string door_of(const std::string& dir, int rank, const std::string& key_fil
   return address;
 }
 
+// The workload mode (above): every step's outputs, written as moed --dump-output writes them.
+void serve_workload(std::vector<std::unique_ptr<Client>>& clients, const std::string& config_path,
+                    const std::vector<std::string>& overrides, const std::string& out) {
+  using namespace moed::runtime;
+  const Config c = load_config(config_path, overrides);
+  const ModelShape s = ModelShape::from(c.model);
+  if (c.model.serve_dense && !s.spec.dense_layers().empty())
+    throw std::runtime_error("the config serves dense layers, which the front door does not take");
+  if (clients[0]->hidden() != s.hidden)
+    throw std::runtime_error("the daemons serve hidden " + std::to_string(clients[0]->hidden()) + ", the config " +
+                             std::to_string(s.hidden) + ": not the same model");
+  const std::vector<float> gate = first_gate(c, s);
+  const std::unique_ptr<Workload> workload = make_workload(c, gate.data());
+  if (!workload || workload->replays_routing())
+    throw std::runtime_error("[workload].kind must be synthetic: the front door routes rows itself");
+  const std::size_t N = std::size_t(c.workload.tokens_per_step), steps = std::size_t(c.workload.steps),
+                    H = std::size_t(s.hidden);
+  std::vector<float> y(steps * N * H);
+  const int n = int(clients.size());
+  on_threads(n, [&](int i) {
+    std::vector<std::uint64_t> ids(N);
+    const std::vector<std::uint32_t> positions(N, 0);
+    for (std::size_t step = std::size_t(i); step < steps; step += std::size_t(n)) {
+      float* x = y.data() + step * N * H;
+      workload->tokens(step * N, N, x);
+      for (std::size_t t = 0; t < N; ++t) ids[t] = step * N + t;
+      for (int l = 0; l < s.layers; ++l)
+        clients[std::size_t(i)]->forward(s.spec.model_layer(l), x, N, ids.data(), positions.data(), x);
+    }
+  });
+  OutputDump dump(out, {H, N, steps});
+  dump.append(y.data(), y.size() * sizeof(float));
+  dump.finish();
+  std::cout << "served the workload's " << steps << " steps of " << N << " tokens over " << n << " client"
+            << (n == 1 ? "" : "s") << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -225,7 +289,11 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 7;
   app.add_option("--dir", dir, "[ingress].dir of the daemons")->required();
   app.add_option("--ranks", ranks, "ranks to spread the clients over");
-  app.add_option("--mode", mode, "serial, concurrent, shuffled, decode or hold")->required();
+  app.add_option("--mode", mode, "serial, concurrent, shuffled, decode, workload or hold")->required();
+  std::string config_path;
+  std::vector<std::string> overrides;
+  app.add_option("--config", config_path, "moed's config (workload)");
+  app.add_option("--set", overrides, "a moed --set override of the config (workload)");
   int positions = 8;
   float drift = 0.3f;
   app.add_option("--positions", positions, "positions per request (decode)")->check(CLI::Range(1, 4096));
@@ -264,6 +332,11 @@ int main(int argc, char** argv) {
       clients.push_back(std::make_unique<Client>(door_of(dir, i % ranks, key_file), options));
     std::vector<std::vector<int>> share(static_cast<std::size_t>(n_clients));
     for (int r = 0; r < count; ++r) share[std::size_t(r % n_clients)].push_back(r);
+    if (mode == "workload") {
+      if (config_path.empty()) throw std::runtime_error("--mode workload needs --config");
+      serve_workload(clients, config_path, overrides, out);
+      return 0;
+    }
     if (mode == "decode") {
       const std::size_t per_request =
           std::size_t(positions) * std::size_t(clients[0]->layers()) * std::size_t(clients[0]->hidden());

@@ -251,7 +251,7 @@ if sys.argv[1] == "network":
             fail(f"{len(homes)} homes, {spread}: forward() differs")
         spread_client.close()
     ok(f"{len(homes)} homes, round-robin and least-loaded: the same bits")
-    refused(lambda: Client(homes[0], key_file=other), "does not hold the cluster's key")
+    refused(lambda: Client(homes[0], key_file=other), "does not hold the cluster's key", "forbidden")
     refused(lambda: Client(homes[0]), "needs Options::key_file")
     refused(lambda: Client(homes, key_file=key, spread="random"), "spread = 'random'")
     ok("a wrong key, no key and an unknown spread are refused")

@@ -6,7 +6,13 @@
 # network (UCX over TCP on veth0).
 #   - Clients on both attention hosts at once, several per rank, get the bits
 #     a same-host client gets through the Unix door.
+#   - The built-in workload's tokens, sent layer by layer by clients on an
+#     attention host and by a same-host client, come back with the bits
+#     `moed --dump-output` writes when moed serves that workload itself.
 #   - A client with another key gets nothing, and is counted.
+#   - Handshake abuse from an attention host (12 handshakes left stalled at
+#     once, beyond the 8 per peer; a login replayed on a new connection) is
+#     refused and counted while the other host's clients are served.
 #   - An attention host dropping off mid-request (its link set down, its
 #     client killed) disturbs no one: the others are served with the same
 #     bits, and every rank lets go of the dead client once it answers no
@@ -18,7 +24,7 @@
 #     the outputs keep the reference's bits.
 # Skipped (exit 77) only where network namespaces cannot be created.
 source "$(dirname "$0")/lib.sh"
-: "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
+: "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}" "${HANDSHAKE_ABUSE:?}"
 emu="$MOED_SOURCE_DIR/launch/emulated-cluster"
 
 need_emulated_cluster "$emu"
@@ -88,11 +94,42 @@ wait $c4 || { cat "$SCRATCH/a4.txt" >&2; fail "the clients on attention host 4";
 same_bits "$SCRATCH/unix.bin" "$SCRATCH/a3.bin" "8 clients on attention host 3 over the network vs the same-host door"
 same_bits "$SCRATCH/unix.bin" "$SCRATCH/a4.bin" "8 clients on attention host 4, shuffled, at the same time"
 
+# The built-in workload served by moed itself, against its tokens through either door.
+moed_on 4 --config "$SMALL" --dump-output "$SCRATCH/builtin.bin" >/dev/null || fail "moed serving its own workload"
+"$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --clients-per-rank 1 --mode workload --config "$SMALL" \
+  --out "$SCRATCH/workload-unix.bin" >/dev/null || fail "the workload through the same-host door"
+on "$a3" "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --clients-per-rank 1 --mode workload --config "$SMALL" \
+  --key-file "$SCRATCH/key" --out "$SCRATCH/workload-network.bin" >/dev/null || fail "the workload from attention host 3"
+same_bits "$SCRATCH/builtin.bin" "$SCRATCH/workload-unix.bin" "the built-in workload vs its tokens through the same-host door"
+same_bits "$SCRATCH/builtin.bin" "$SCRATCH/workload-network.bin" "the built-in workload vs its tokens from attention host 3"
+
 # A wrong key gets nothing.
 expect_failure 1 "does not hold the cluster's key" "a client on host 4 with another key" -- \
   ip netns exec "$a4" env UCX_TLS=tcp,self UCX_NET_DEVICES=veth0 "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 1 --mode serial --out /dev/null --key-file "$SCRATCH/other-key"
 [ "$(network auth_failures)" = 1 ] || fail "rank 0 counts $(network auth_failures) auth failures, expected 1"
 echo "ok: rank 0 counted the refused key"
+
+# Handshake abuse from host 4 while host 3 is served: 12 handshakes left
+# stalled at once (beyond [ingress].max_handshakes_per_peer = 8, the rest are
+# refused at once), then dropped after handshake_timeout_ms; then a login
+# recorded on one connection replayed on another.
+rank0=$(head -1 "$sock/moed-ingress-0.ucx")
+on "$a4" "$HANDSHAKE_ABUSE" --address "$rank0" --stall 12 >"$SCRATCH/stall.txt" 2>&1 &
+abuser=$!
+wait_until 60 grep -q "^stalled" "$SCRATCH/stall.txt" || { cat "$SCRATCH/stall.txt" >&2; fail "the stalling peer on host 4 got no answers"; }
+on "$a3" "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode concurrent --key-file "$SCRATCH/key" \
+  --out "$SCRATCH/during-abuse.bin" >/dev/null || fail "host 3 while host 4 stalls handshakes"
+same_bits "$SCRATCH/unix.bin" "$SCRATCH/during-abuse.bin" "host 3 served while host 4 stalls 12 handshakes"
+wait $abuser || { cat "$SCRATCH/stall.txt" >&2; fail "the stalled handshakes"; }
+read -r stalled refused < <(sed -n 's/^stalled \([0-9]*\) handshakes; \([0-9]*\) refused at once$/\1 \2/p' "$SCRATCH/stall.txt") || true
+[ -n "$refused" ] && [ "$refused" -ge 1 ] && [ "$stalled" -le 8 ] || fail "12 handshakes from one host: $(cat "$SCRATCH/stall.txt")"
+[ "$(network handshake_timeouts)" = "$stalled" ] || fail "rank 0 timed out $(network handshake_timeouts) handshakes, the peer stalled $stalled"
+[ "$(network handshakes_refused)" = "$refused" ] || fail "rank 0 refused $(network handshakes_refused) handshakes, the peer saw $refused refused"
+echo "ok: $stalled stalled handshakes timed out and $refused more were refused as a flood, counted by rank 0"
+on "$a4" "$HANDSHAKE_ABUSE" --address "$rank0" --replay --key-file "$SCRATCH/key" >"$SCRATCH/replay.txt" 2>&1 ||
+  { cat "$SCRATCH/replay.txt" >&2; fail "a replayed login from host 4"; }
+[ "$(network auth_failures)" = 2 ] || fail "rank 0 counts $(network auth_failures) auth failures after the replay, expected 2"
+echo "ok: a replayed login from host 4 was refused and counted"
 
 # Host 4 drops off mid-request: its client pauses with submits in flight, its
 # link goes down, the client dies; host 3 is served meanwhile with the same bits.

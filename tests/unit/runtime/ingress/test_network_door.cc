@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "client/ucx_am.h"
 #include "runtime/ingress/front_door.h"
+#include "tests/unit/raw_peer.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::runtime::ingress {
@@ -200,38 +201,7 @@ TEST_F(NetworkDoorTest, NoKeyFileOrAnOpenOneIsRefusedBeforeConnecting) {
   EXPECT_EQ(door_->network_counters().connections, 0u);
 }
 
-// A raw UCX peer that speaks the protocol by hand.
-class RawPeer {
- public:
-  explicit RawPeer(const std::string& address)
-      : worker_("raw-peer", "", [](ucp_ep_h, const wire::Frame&, std::size_t) { return netio::Placement{}; }) {
-    ep_ = worker_.connect(netio::resolve(address.substr(6)));
-  }
-  // The next frame, or nullopt when the connection is lost.
-  std::optional<wire::Frame> next() {
-    for (;;) {
-      worker_.progress();
-      for (netio::Event& e : worker_.take_events()) {
-        if (e.kind == netio::Event::Kind::lost) lost_ = true;
-        if (e.kind == netio::Event::Kind::frame) frames_.push_back(std::move(e.frame));
-      }
-      if (!frames_.empty()) {
-        wire::Frame f = std::move(frames_.front());
-        frames_.pop_front();
-        return f;
-      }
-      if (lost_) return std::nullopt;
-      worker_.wait(100);
-    }
-  }
-  void send(std::vector<std::byte> frame) { worker_.send(ep_, std::move(frame)); }
-
- private:
-  netio::AmWorker worker_;
-  ucp_ep_h ep_ = nullptr;
-  std::deque<wire::Frame> frames_;
-  bool lost_ = false;
-};
+using test::RawPeer;
 
 wire::Nonce challenge_of(RawPeer& p) {
   std::string error;
