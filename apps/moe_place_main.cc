@@ -108,6 +108,24 @@ json cost_json(const Cost& c) {
           {"token_layers", c.token_layers}};
 }
 
+// How metis chose its pooled share: the trade-off it measured, share by share.
+json pooling_json(const PoolingChoice& c) {
+  json front = json::array();
+  for (const PoolingTrial& t : c.front)
+    front.push_back({{"share", t.share},
+                     {"cross_island_copies_per_token", t.cross_island_copies_per_token},
+                     {"max_mean_rank_load", t.max_mean_rank_load},
+                     {"within_cap", t.within_cap}});
+  return {{"share", c.share},
+          {"load_only", c.load_only},
+          {"load_cap", c.load_cap},
+          {"balanced_load", c.balanced_load},
+          {"balanced_copies", c.balanced_copies},
+          {"tokens_judged", c.tokens},
+          {"layers_judged", c.layers},
+          {"front", front}};
+}
+
 std::string cost_text(const Cost& c) {
   return fmt::format(
       "  cross-island copies per token   {:.4f}\n"
@@ -146,7 +164,8 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   Topology topology = resolve_topology(tf, current ? current->ranks() : 0, model);
   if (current) check_placement_shape(*current, topology.ranks(), stats.layers(), stats.experts(), a.from);
 
-  Placement next = optimize(stats, topology, a.options);
+  Optimized optimized = optimize_explained(stats, topology, a.options);
+  Placement next = std::move(optimized.placement);
   ShardRule rule = a.shard_rule;
   rule.slots_per_rank = a.options.slots_per_rank;  // the memory budget, per layer
   next = split_hot_experts(next, stats, topology, rule);
@@ -168,6 +187,7 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
     json out = {{"placement", a.out}, {"policy", std::string(name_of(a.options.policy))}, {"ranks", topology.ranks()},
                 {"islands", topology.islands()}, {"epoch", next.epoch()},
                 {"cost_on_input", cost_json(cost)}};
+    if (optimized.pooling) out["pooling"] = pooling_json(*optimized.pooling);
     if (current) {
       out["cost_of_current_on_input"] = cost_json(evaluate(sample, *current, topology));
       out["moved_slots"] = moved->slots;
@@ -178,6 +198,7 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   }
   std::cout << fmt::format("wrote {}: {} placement, epoch {}, {} ranks in {}\n", a.out, name_of(a.options.policy),
                            next.epoch(), topology.ranks(), topology.describe());
+  if (optimized.pooling) std::cout << optimized.pooling->describe() << "\n";
   std::cout << "on the input routing (" << sample.tokens() << " tokens):\n" << cost_text(cost);
   if (current) {
     std::cout << "the current placement on the same routing:\n"
@@ -362,6 +383,14 @@ int main(int argc, char** argv) {
                            "shards per split expert (must divide the run's [experts].ffn_chunks; default 2)")
       ->check(CLI::Range(2, 1 << 16));
   optimize_app->add_option("--seed", opt.options.seed, "METIS seed");
+  optimize_app->add_option("--load-cap", opt.options.load_cap,
+                           "metis: max/mean rank load at most the load-only baseline's + this, then fewest "
+                           "cross-island copies (default 0.05)")
+      ->check(CLI::Range(0.0, 1e6));
+  optimize_app->add_option("--pooled-share", opt.options.pooled_share,
+                           "metis: the share of replicated experts whose replicas may share an island "
+                           "(default: chosen on the input by cross-validation against --load-cap)")
+      ->check(CLI::Range(0.0, 1.0));
   optimize_app->add_flag("--json", opt.json, "JSON output");
   add_topology_flags(optimize_app, tf);
 

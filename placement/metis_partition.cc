@@ -28,9 +28,9 @@ constexpr double kIslandTolerance = 0.02;
 // count shared evenly among their replicas (read once from the statistics).
 struct LayerGraph {
   LayerGraph(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
-             const routing::RoutingStats& stats, int layer, int islands)
+             const routing::RoutingStats& stats, int layer, int islands, double pooled_share)
       : slots(slots), replicas(replicas), experts(stats.experts()),
-        coactivation(std::size_t(experts) * experts, 0.0), pooled(pooled_experts(slots, replicas, kPooledShare)) {
+        coactivation(std::size_t(experts) * experts, 0.0), pooled(pooled_experts(slots, replicas, pooled_share)) {
     for (int a = 0; a < experts; ++a)
       for (int b = a + 1; b < experts; ++b)
         coactivation[std::size_t(a) * experts + b] = coactivation[std::size_t(b) * experts + a] =
@@ -313,8 +313,8 @@ double coactivation_concentration(std::span<const double> row, int islands) {
 
 std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
                                         const routing::RoutingStats& stats, int layer, const Topology& topology,
-                                        int slots_per_rank, std::uint64_t seed) {
-  const LayerGraph graph(slots, replicas, stats, layer, topology.islands());
+                                        int slots_per_rank, double pooled_share, std::uint64_t seed) {
+  const LayerGraph graph(slots, replicas, stats, layer, topology.islands(), pooled_share);
   IslandState state(partition_slots(graph, layer, topology, seed), graph, topology, slots_per_rank);
   repair_islands(state, layer);
   balance_islands(state, slots, kIslandTolerance);
@@ -323,8 +323,8 @@ std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, co
 
 std::vector<int> rebalance_islands(std::vector<int> island, const std::vector<ExpertSlot>& slots,
                                    const std::vector<int>& replicas, const routing::RoutingStats& stats, int layer,
-                                   const Topology& topology, int slots_per_rank) {
-  const LayerGraph graph(slots, replicas, stats, layer, topology.islands());
+                                   const Topology& topology, int slots_per_rank, double pooled_share) {
+  const LayerGraph graph(slots, replicas, stats, layer, topology.islands(), pooled_share);
   IslandState state(std::move(island), graph, topology, slots_per_rank);
   balance_islands(state, slots, kIslandTolerance);
   return state.islands();

@@ -26,11 +26,11 @@ namespace moed::placement {
 // spread ones keep tokens home. Pure.
 std::vector<char> pooled_experts(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
                                  double share);
-// The share metis pools: half. Pooling none left metis's rank load up to 0.04
-// above greedy-load's on held-out Mixtral routing at equal budgets; pooling
-// all gave back nearly every cross-island copy it saves
-// (docs/placement.md, "At equal slot budgets").
-inline constexpr double kPooledShare = 0.5;
+// The share metis pools is a trade-off, not a constant: pooling none keeps
+// tokens home but leaves rank load to the fitted routing's foresight;
+// pooling all evens load out and gives back cross-island copies. The
+// optimiser chooses it from the routing it fits (choose_pooled_share,
+// optimizer.h) or takes it from OptimizeOptions::pooled_share.
 
 // How much of an expert's co-activation (its row of the layer's symmetric
 // [experts x experts] matrix, 0 on the diagonal) falls on its strongest
@@ -54,16 +54,16 @@ inline constexpr double kConcentratedShare = 0.95;
 // hold (one per island as far as they go, unless pooled_experts pools it
 // and its co-activation is below kConcentratedShare: repair), and island
 // loads per rank come within 2% of the mean where moves allow (balance).
-// Seeded: the same inputs give the same islands.
+// `pooled_share`: pooled_experts's share. Seeded: the same inputs give the same islands.
 std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
                                         const routing::RoutingStats& stats, int layer, const Topology& topology,
-                                        int slots_per_rank, std::uint64_t seed);
+                                        int slots_per_rank, double pooled_share, std::uint64_t seed);
 
 // Balance alone, from given islands (already feasible): after the slots'
 // loads were re-estimated (dispatch_slot_loads), island loads per rank come
 // back within 2% of the mean where moves allow, losing the least co-activation.
 std::vector<int> rebalance_islands(std::vector<int> island, const std::vector<ExpertSlot>& slots,
                                    const std::vector<int>& replicas, const routing::RoutingStats& stats, int layer,
-                                   const Topology& topology, int slots_per_rank);
+                                   const Topology& topology, int slots_per_rank, double pooled_share);
 
 }  // namespace moed::placement

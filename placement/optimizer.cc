@@ -87,7 +87,7 @@ struct Sample {
 void place_metis_layer(const LayerSlots& ls, const routing::RoutingStats& stats, const Sample& sample,
                        const Topology& topology, const OptimizeOptions& o, int layer, Placement& p) {
   std::vector<int> island =
-      partition_into_islands(ls.slots, ls.replicas, stats, layer, topology, ls.capacity, o.seed + layer);
+      partition_into_islands(ls.slots, ls.replicas, stats, layer, topology, ls.capacity, o.pooled_share, o.seed + layer);
   if (o.affinity && layer > 0) align_islands(island, ls.slots, p, stats, layer, topology);
   std::vector<ExpertSlot> slots = ls.slots;
   const bool replicated = ls.slots.size() > ls.replicas.size();
@@ -95,7 +95,8 @@ void place_metis_layer(const LayerSlots& ls, const routing::RoutingStats& stats,
     // Replicas' shares as dispatch will send them, then islands evened out on those.
     for (int round = 0; round < kDispatchRounds; ++round) {
       slots = dispatch_slot_loads(sample.trace, sample.first, sample.count, layer, ls.slots, island, topology);
-      island = rebalance_islands(std::move(island), slots, ls.replicas, stats, layer, topology, ls.capacity);
+      island = rebalance_islands(std::move(island), slots, ls.replicas, stats, layer, topology, ls.capacity,
+                                 o.pooled_share);
     }
     slots = dispatch_slot_loads(sample.trace, sample.first, sample.count, layer, ls.slots, island, topology);
   }
@@ -108,9 +109,7 @@ void place_metis_layer(const LayerSlots& ls, const routing::RoutingStats& stats,
   }
 }
 
-}  // namespace
-
-Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o) {
+Placement place(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o) {
   const int R = topology.ranks(), L = stats.layers(), E = stats.experts();
   if (!o.replicate && o.redundant_slots > 0)
     MOED_THROW(Usage, "{} redundant slots with replication off: every expert has one slot", o.redundant_slots);
@@ -134,6 +133,27 @@ Placement optimize(const routing::RoutingStats& stats, const Topology& topology,
   }
   p.validate("optimiser");
   return p;
+}
+
+}  // namespace
+
+Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& o) {
+  return optimize_explained(stats, topology, o).placement;
+}
+
+Optimized optimize_explained(const routing::RoutingStats& stats, const Topology& topology,
+                             const OptimizeOptions& options) {
+  if (!(options.pooled_share <= 1))  // NaN too
+    MOED_THROW(Usage, "pooled share {}: a share of the replicated experts, at most 1 (< 0: chosen)", options.pooled_share);
+  if (!(options.load_cap >= 0)) MOED_THROW(Usage, "load cap {}: must be >= 0", options.load_cap);
+  OptimizeOptions o = options;
+  std::optional<PoolingChoice> pooling;
+  if (o.policy == OptimizerPolicy::metis && o.pooled_share < 0) {
+    pooling = choose_pooled_share(stats, topology, o);
+    o.pooled_share = pooling->share;
+    if (pooling->load_only) o.policy = OptimizerPolicy::greedy_load;
+  }
+  return {place(stats, topology, o), std::move(pooling)};
 }
 
 }  // namespace moed::placement

@@ -27,7 +27,9 @@
 // limit_moves come with it.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,8 +62,78 @@ struct OptimizeOptions {
   bool replicate = true;     // metis, greedy-load: false = one slot per expert
   bool affinity = false;  // metis: align consecutive layers' islands
   std::uint64_t seed = 1;
+  // metis: the share of each layer's replicated experts whose replicas may
+  // share an island (pooled_experts, metis_partition.h), in [0, 1]; < 0:
+  // the share choose_pooled_share picks from the statistics' sample.
+  double pooled_share = -1;
+  // metis's objective when it picks the share: max/mean rank load at most
+  // the load-only baseline's (greedy-load at the same budget) + load_cap,
+  // then the fewest cross-island copies.
+  double load_cap = 0.05;
 };
 
 Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);
+
+// The pooled shares metis tries.
+inline constexpr std::array<double, 5> kPooledShares{0.0, 0.25, 0.5, 0.75, 1.0};
+
+// choose_pooled_share cuts the sample into kPoolingFolds blocks of
+// consecutive tokens, and judges on at most kMaxPoolingLayers layers. A
+// block must route at least kMinPairsPerExpert tokens to each expert of a
+// layer on average (block tokens x top-k / experts), else loads measured on
+// it are mostly sampling noise (a count of n varies by about 1 / sqrt(n):
+// 18% at 32) and nothing is judged.
+inline constexpr std::size_t kPoolingFolds = 4, kMinPairsPerExpert = 32;
+inline constexpr int kMaxPoolingLayers = 8;
+
+// The layers the choice is judged on: all of them up to kMaxPoolingLayers,
+// else that many spread evenly over the model (the middle of each of
+// kMaxPoolingLayers equal runs). Pure.
+std::vector<int> pooling_layers(int layers);
+
+// One point of metis's trade-off between cross-island copies and load: the
+// placement at one pooled share, fitted on all blocks of the sample but one
+// and judged by the cost model on that one, for each block in turn (the
+// costs averaged).
+struct PoolingTrial {
+  double share = 0;
+  double cross_island_copies_per_token = 0, max_mean_rank_load = 0;
+  bool within_cap = false;
+};
+
+struct PoolingChoice {
+  double share = 0.5;      // the pooled share metis places with
+  bool load_only = false;  // greedy-load's placement won: within the cap, fewer copies than every share within it
+  double balanced_load = 0, balanced_copies = 0;  // greedy-load's, measured alike
+  double load_cap = 0;
+  std::size_t tokens = 0;           // sampled tokens judged; 0: too few to choose (the share is then 0.5)
+  std::size_t tokens_needed = 0;    // sampled tokens it takes to choose
+  int layers = 0;                   // layers judged (pooling_layers)
+  std::vector<PoolingTrial> front;  // every share tried, in kPooledShares order
+  std::string describe() const;     // one line
+};
+
+// Chooses metis's pooled share from the statistics' sample alone, never from
+// the routing the placement will serve, by k-fold cross-validation: each
+// block of the sample is judged by placements (metis at every share of
+// kPooledShares, and greedy-load) fitted on the other blocks. The objective
+// is options.load_cap's: mean load within the cap of greedy-load's, then the
+// fewest cross-island copies (ties: the lower load). greedy-load is always
+// within it, so when no share is, or when greedy-load has fewer copies than
+// every share that is, greedy-load's placement wins (load_only). Too few
+// sampled tokens (kMinPairsPerExpert): no choice, and the share is 0.5.
+// Pure and deterministic.
+PoolingChoice choose_pooled_share(const routing::RoutingStats& stats, const Topology& topology,
+                                  const OptimizeOptions& options);
+
+// optimize(), with how metis chose its pooled share (none for other
+// policies, or when OptimizeOptions::pooled_share fixed it). metis's
+// placement is greedy-load's when the choice says load_only.
+struct Optimized {
+  Placement placement;
+  std::optional<PoolingChoice> pooling;
+};
+Optimized optimize_explained(const routing::RoutingStats& stats, const Topology& topology,
+                             const OptimizeOptions& options);
 
 }  // namespace moed::placement

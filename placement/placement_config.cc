@@ -67,6 +67,14 @@ const config::Section<PlacementConfig>& placement_config_section() {
           config::integer<C>("redundant_slots", &C::redundant_slots, -1, -1, 1 << 20,
                              "reoptimize's slot budget: slots per layer beyond one per expert; -1 = not "
                              "set (with neither: hot experts' replicas plus one slot per island)"),
+          config::choice<C>("reoptimize_policy", &C::reoptimize_policy, OptimizerPolicy::metis,
+                            kOptimizerPolicyNames, "the policy moectl reoptimize plans with when it names none"),
+          config::real<C>("load_cap", &C::load_cap, 0.05, 0, 1e6,
+                          "reoptimize's metis: max/mean rank load at most the load-only baseline's "
+                          "(greedy-load) + this, then the fewest cross-island copies"),
+          config::real<C>("pooled_share", &C::pooled_share, -1, -1, 1,
+                          "reoptimize's metis: share of replicated experts whose replicas may share an "
+                          "island; -1 = chosen on the statistics' sample against load_cap"),
       });
   return section;
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/config_table.h"
+#include "placement/optimizer.h"
 #include "placement/placement.h"
 
 namespace moed::placement {
@@ -27,6 +28,11 @@ struct PlacementConfig {
   // at most one of the two is set.
   std::int64_t layer_slots_per_rank = 0;
   std::int64_t redundant_slots = -1;
+  // How moectl reoptimize plans when the request names no policy, and metis's
+  // trade-off (OptimizeOptions's).
+  OptimizerPolicy reoptimize_policy = OptimizerPolicy::metis;
+  double load_cap = 0.05;
+  double pooled_share = -1;
 };
 
 // Routing statistics the daemon keeps for the placement service.

@@ -52,6 +52,19 @@ void RoutingTrace::add_token(const std::vector<std::vector<RoutingChoice>>& per_
   }
 }
 
+void RoutingTrace::append(const RoutingTrace& from, std::size_t first, std::size_t end) {
+  MOED_CHECK(from.layers_ == layers_ && from.experts_ == experts_, "appending a trace of {} layers x {} experts to "
+             "one of {} x {}", from.layers_, from.experts_, layers_, experts_);
+  MOED_CHECK(first <= end && end <= from.tokens(), "tokens [{}, {}) of a trace of {}", first, end, from.tokens());
+  const std::size_t L = static_cast<std::size_t>(layers_);
+  const std::size_t begin_choice = from.offsets_[first * L], end_choice = from.offsets_[end * L];
+  const std::size_t shift = choices_.size() - begin_choice;  // unsigned wrap-around cancels out below
+  choices_.insert(choices_.end(), from.choices_.begin() + std::ptrdiff_t(begin_choice),
+                  from.choices_.begin() + std::ptrdiff_t(end_choice));
+  for (std::size_t c = first * L + 1; c <= end * L; ++c) offsets_.push_back(from.offsets_[c] + shift);
+  if (end > first) top_k_ = std::max(top_k_, from.top_k_);
+}
+
 std::span<const RoutingChoice> RoutingTrace::at(std::size_t token, int layer) const {
   MOED_CHECK(token < tokens() && layer >= 0 && layer < layers_, "cell (token {}, layer {}) of {}x{}",
              token, layer, tokens(), layers_);

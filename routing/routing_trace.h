@@ -52,6 +52,9 @@ class RoutingTrace {
   // an expert out of range, a duplicate expert or a weight that is not finite
   // and > 0 is an Internal error: parsers validate file contents first.
   void add_token(const std::vector<std::vector<RoutingChoice>>& per_layer);
+  // Appends tokens [first, end) of `from`, a trace of the same shape (else,
+  // or for a range out of it, an Internal error).
+  void append(const RoutingTrace& from, std::size_t first, std::size_t end);
 
   std::span<const RoutingChoice> at(std::size_t token, int layer) const;
 

@@ -6,6 +6,11 @@
 // co-routed groups and the same load skew. A token draws a topic and keeps it
 // from layer to layer with probability `topic_persistence` (this gives
 // next-layer affinity), else draws a new one. Gate weights fall with rank.
+// With `expert_loads`, each layer instead has topics of its own, and each
+// expert's share of the load follows the given loads (TopicMixture::
+// fitted_to_loads), such as one text domain's measured counts: two specs
+// that differ only in their loads route with the same co-routed groups and
+// different hot experts, as two domains of one model do.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +28,10 @@ struct SyntheticRoutingSpec {
   double hot_ratio = 2.75;     // hottest expert's load over the mean
   double topic_persistence = 0.8;
   std::uint64_t seed = 1;
+  // Per layer, a relative load per expert (hot_ratio is then unused); empty:
+  // every layer the calibrated mixture, relabelled. Usage error unless it has
+  // `layers` rows of `experts` loads.
+  std::vector<std::vector<double>> expert_loads{};
 };
 
 // Tokens [first, first + count) of the endless token stream of `spec`:

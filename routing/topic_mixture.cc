@@ -12,11 +12,18 @@ namespace {
 
 constexpr int kCalibrationSamples = 20000;
 constexpr double kMaxSkew = 12.0;
+// Rounds of proportional correction in fitted_to_loads.
+constexpr int kLoadFitRounds = 12;
+
+// Experts per topic: topic_size, 0 meaning 2 x top_k, never below top_k.
+int topic_size_of(int experts, int top_k, int topic_size) {
+  return std::max(topic_size > 0 ? topic_size : std::min(experts, 2 * top_k), top_k);
+}
 
 }  // namespace
 
-TopicMixture TopicMixture::calibrate(int experts, int top_k, int topic_size, double cross_topic,
-                                     double hot_ratio, std::uint64_t seed) {
+TopicMixture TopicMixture::grouped(int experts, int top_k, int topic_size, double cross_topic,
+                                   std::uint64_t seed) {
   TopicMixture m;
   m.experts_ = experts;
   m.top_k_ = top_k;
@@ -30,11 +37,17 @@ TopicMixture TopicMixture::calibrate(int experts, int top_k, int topic_size, dou
   m.popularity_rank_.resize(experts);
   for (int i = 0; i < experts; ++i) m.popularity_rank_[order[i]] = i;
   for (int i = experts - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
-  int size = topic_size > 0 ? topic_size : std::min(experts, 2 * top_k);
-  size = std::max(size, top_k);
-  int groups = std::max(1, experts / size);
+  const int size = topic_size_of(experts, top_k, topic_size);
+  const int groups = std::max(1, experts / size);
   m.topics_.assign(groups, {});
   for (int i = 0; i < experts; ++i) m.topics_[i % groups].push_back(order[i]);
+  return m;
+}
+
+TopicMixture TopicMixture::calibrate(int experts, int top_k, int topic_size, double cross_topic,
+                                     double hot_ratio, std::uint64_t seed) {
+  TopicMixture m = grouped(experts, top_k, topic_size, cross_topic, seed);
+  const int size = topic_size_of(experts, top_k, topic_size);
 
   // Bisection on the skew; the hot ratio grows with it (common random numbers).
   std::uint64_t probe_seed = hash_combine(seed, hash_name("calibration"));
@@ -55,14 +68,56 @@ TopicMixture TopicMixture::calibrate(int experts, int top_k, int topic_size, dou
   return m;
 }
 
+TopicMixture TopicMixture::fitted_to_loads(int experts, int top_k, int topic_size, double cross_topic,
+                                           const std::vector<double>& loads, std::uint64_t seed) {
+  if (int(loads.size()) != experts)
+    MOED_THROW(Usage, "expert loads: {} values for {} experts", loads.size(), experts);
+  double total = 0;
+  for (double x : loads) {
+    if (!(x >= 0) || !std::isfinite(x)) MOED_THROW(Usage, "expert loads: {} is not a load (>= 0, finite)", x);
+    total += x;
+  }
+  if (total <= 0) MOED_THROW(Usage, "expert loads: all {} are 0", experts);
+  if (!(cross_topic > 0 && cross_topic <= 1))
+    MOED_THROW(Usage, "expert loads: cross_topic {} must be in (0, 1]", cross_topic);
+  TopicMixture m = grouped(experts, top_k, topic_size, cross_topic, seed);
+  const int size = int(m.topics_.front().size());
+  m.boost_ = size < experts ? (1 - cross_topic) * double(experts - size) / (cross_topic * size) : 1;
+  m.topic_of_.assign(std::size_t(experts), 0);
+  for (std::size_t t = 0; t < m.topics_.size(); ++t)
+    for (int e : m.topics_[t]) m.topic_of_[std::size_t(e)] = int(t);
+  // An expert never seen keeps a trace of weight, so that it can still be chosen.
+  const double floor = 1e-3 * total / experts;
+  std::vector<double> target(loads), weight(experts);
+  for (int e = 0; e < experts; ++e) weight[e] = target[e] = std::max(target[e], floor) / total;
+  const std::uint64_t probe_seed = hash_combine(seed, hash_name("load-fit"));
+  for (int round = 0; round < kLoadFitRounds; ++round) {
+    m.set_weights(weight);
+    const std::vector<double> got = m.measured_loads(kCalibrationSamples, probe_seed);
+    const double got_total = std::accumulate(got.begin(), got.end(), 0.0);
+    for (int e = 0; e < experts; ++e) {
+      const double share = std::max(got[e], 0.5) / got_total;  // half a draw for an expert never drawn
+      weight[e] *= std::clamp(target[e] / share, 0.25, 4.0);
+    }
+  }
+  m.set_weights(std::move(weight));
+  return m;
+}
+
 void TopicMixture::set_skew(double s) {
   skew_ = s;
-  weight_.resize(experts_);
-  for (int e = 0; e < experts_; ++e) weight_[e] = std::pow(double(popularity_rank_[e] + 1), -s);
+  std::vector<double> weights(experts_);
+  for (int e = 0; e < experts_; ++e) weights[e] = std::pow(double(popularity_rank_[e] + 1), -s);
+  set_weights(std::move(weights));
+}
+
+void TopicMixture::set_weights(std::vector<double> weights) {
+  weight_ = std::move(weights);
   topic_cdf_.clear();
   double total = 0;
   for (const auto& t : topics_) {
-    for (int e : t) total += weight_[e];
+    if (boost_ > 0) total += 1;  // leaning topics are drawn uniformly
+    else for (int e : t) total += weight_[e];
     topic_cdf_.push_back(total);
   }
   for (double& c : topic_cdf_) c /= total;
@@ -79,8 +134,26 @@ int TopicMixture::draw_topic(Rng& rng) const {
       topics_.size() - 1));
 }
 
+void TopicMixture::sample_boosted(int topic, Rng& rng, std::vector<int>& chosen) const {
+  auto weight = [&](int e) { return weight_[std::size_t(e)] * (topic_of_[std::size_t(e)] == topic ? boost_ : 1); };
+  double left = 0;
+  for (int e = 0; e < experts_; ++e) left += weight(e);
+  while (int(chosen.size()) < top_k_) {
+    double x = rng.uniform() * left;
+    int pick = -1;
+    for (int e = 0; e < experts_; ++e) {
+      if (std::find(chosen.begin(), chosen.end(), e) != chosen.end()) continue;
+      pick = e;
+      if ((x -= weight(e)) < 0) break;
+    }
+    chosen.push_back(pick);
+    left -= weight(pick);
+  }
+}
+
 void TopicMixture::sample_from(int topic, Rng& rng, std::vector<int>& chosen) const {
   chosen.clear();
+  if (boost_ > 0) return sample_boosted(topic, rng, chosen);
   const std::vector<int>& group = topics_[topic];
   auto taken = [&](int e) { return std::find(chosen.begin(), chosen.end(), e) != chosen.end(); };
   while (int(chosen.size()) < top_k_) {
@@ -112,7 +185,7 @@ void TopicMixture::sample_from(int topic, Rng& rng, std::vector<int>& chosen) co
   }
 }
 
-double TopicMixture::measured_hot_ratio(int samples, std::uint64_t seed) const {
+std::vector<double> TopicMixture::measured_loads(int samples, std::uint64_t seed) const {
   std::vector<double> load(experts_, 0.0);
   std::vector<int> chosen;
   Rng rng(seed);
@@ -120,6 +193,11 @@ double TopicMixture::measured_hot_ratio(int samples, std::uint64_t seed) const {
     sample(rng, chosen);
     for (int e : chosen) load[e] += 1;
   }
+  return load;
+}
+
+double TopicMixture::measured_hot_ratio(int samples, std::uint64_t seed) const {
+  const std::vector<double> load = measured_loads(samples, seed);
   double mean = double(samples) * top_k_ / experts_;
   return *std::max_element(load.begin(), load.end()) / mean;
 }

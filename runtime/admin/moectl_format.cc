@@ -295,6 +295,8 @@ std::string format_reoptimize(const json& answer) {
       }
     }
   }
+  if (auto pooling = answer.find("pooling"); pooling != answer.end() && pooling->is_string())
+    out += "  " + pooling->get<std::string>() + "\n";
   constexpr std::size_t kShown = 20;
   for (std::size_t i = 0; i < moves.size() && i < kShown; ++i) {
     const std::string move = move_text(moves[i]);

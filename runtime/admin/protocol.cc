@@ -41,8 +41,7 @@ std::vector<CommandSpec> build_commands() {
     policy.name = "policy";
     policy.type = ParamType::Choice;
     policy.choices = reoptimize_policies();
-    policy.default_value = policy.choices.front();
-    policy.doc = "the placement policy to optimise with";
+    policy.doc = "the placement policy to optimise with (default: [placement].reoptimize_policy)";
     table.push_back({"reoptimize",
                      true,
                      {dry_run,

@@ -173,6 +173,7 @@ void ControlPlane::finish_reoptimize() {
   }
   json answer = {{"dry_run", request.params.value("dry_run", false)},
                  {"predicted", predicted_json(plan.now, plan.after)},
+                 {"pooling", plan.pooling.empty() ? json(nullptr) : json(plan.pooling)},
                  {"moves", json::array()},
                  {"migration", nullptr}};
   for (const auto& m : plan.moves)
@@ -197,11 +198,14 @@ void ControlPlane::apply(const BoundaryActions& actions) {
           // Plan on a thread of rank 0's own: steps go on meanwhile.
           const json& asked = reoptimize_->first.params;
           ReoptimizeRequest params;
-          params.policy =
-              placement::kOptimizerPolicyNames.parse(asked.value("policy", std::string("metis")), "policy");
+          params.policy = asked.contains("policy")
+                              ? placement::kOptimizerPolicyNames.parse(asked["policy"].get<std::string>(), "policy")
+                              : c_.config.placement.reoptimize_policy;
           if (asked.contains("max_moves")) params.max_moves = asked["max_moves"].get<int>();
           params.slots_per_rank = int(c_.config.placement.layer_slots_per_rank);
           params.redundant_slots = int(c_.config.placement.redundant_slots);
+          params.load_cap = c_.config.placement.load_cap;
+          params.pooled_share = c_.config.placement.pooled_share;
           optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
                                                         topology = c_.topology, params] {
             return plan_reoptimization(stats, current, topology, params);

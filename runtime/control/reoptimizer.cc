@@ -14,12 +14,16 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
     options.policy = request.policy;
     options.slots_per_rank = request.slots_per_rank;
     options.redundant_slots = request.redundant_slots;
-    placement::Placement next = placement::optimize(stats, topology, options);
+    options.load_cap = request.load_cap;
+    options.pooled_share = request.pooled_share;
+    placement::Optimized optimized = placement::optimize_explained(stats, topology, options);
+    placement::Placement next = std::move(optimized.placement);
     next = placement::relabel_to_minimise_moves(current, next, topology);
     next = placement::keep_splits(current, std::move(next));
     const routing::RoutingTrace sample = stats.sample_trace();
     if (request.max_moves) next = placement::limit_moves(current, next, *request.max_moves, sample, topology);
     ReoptimizePlan plan;
+    if (optimized.pooling) plan.pooling = optimized.pooling->describe();
     plan.moves = placement::moves(current, next);
     plan.now = placement::evaluate(sample, current, topology);
     plan.after = placement::evaluate(sample, next, topology);

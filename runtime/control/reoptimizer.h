@@ -22,11 +22,14 @@ struct ReoptimizeRequest {
   std::optional<int> max_moves;  // at most this many slot moves, best gain first
   int slots_per_rank = 0;        // the slot budget: placement::OptimizeOptions's
   int redundant_slots = -1;
+  double load_cap = 0.05;     // metis's objective and pooled share: OptimizeOptions's
+  double pooled_share = -1;
 };
 
 struct ReoptimizePlan {
   std::vector<placement::Move> moves;
   placement::Cost now, after;  // predicted on the statistics' sample
+  std::string pooling;         // how metis chose its pooled share (empty: no choice made)
   std::string error;           // set when planning failed (then nothing else is)
 };
 

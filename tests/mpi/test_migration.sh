@@ -130,6 +130,9 @@ PY
 
   expect_ctl 0 'committed' "reoptimize --apply --max-moves 4 from the live statistics" -- reoptimize --apply --max-moves 4
   grep -Eq 'move layer' "$run/ctl.out" || fail "reoptimize listed no moves"
+  # (what it says depends on how many tokens were sampled by then)
+  grep -Eq "pooled share [01]\.[0-9]+|greedy-load's placement, " "$run/ctl.out" ||
+    fail "reoptimize (metis) did not say how it chose its pooled share"
   [ "$(epoch)" = 3 ] || fail "epoch $(epoch) after three commits, expected 3"
   grep -q '^epoch = 3' "$SCRATCH/committed.toml" || fail "the committed placement file is not epoch 3"
   expect_ctl 0 '^moed_placement_epoch 3' "metrics in Prometheus text show epoch 3" -- metrics
@@ -144,8 +147,12 @@ PY
   same_as_reference "outputs across three live migrations vs no migration"
 
   # The same weights path over MPI one-sided windows instead of UCX RMA.
-  start_daemon mpi --set comm.backend='"mpi"' --set migration.chunk_mb=0.01
+  start_daemon mpi --set comm.backend='"mpi"' --set migration.chunk_mb=0.01 \
+    --set 'placement.reoptimize_policy="greedy-load"'
   expect_ctl 0 'committed' "migrate over the MPI backend's windows" -- migrate 2 5 1
+  # The policy reoptimize plans with when it names none comes from the config.
+  expect_ctl 0 'dry run' "reoptimize with [placement].reoptimize_policy = greedy-load" -- reoptimize
+  grep -Eq "pooled share|within the load cap" "$run/ctl.out" && fail "greedy-load was asked for, but metis planned"
   stop_daemon
   same_as_reference "outputs across a migration over MPI windows vs no migration"
   ;;

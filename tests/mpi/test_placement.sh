@@ -40,6 +40,43 @@ trace="$MOED_SOURCE_DIR/tests/data/mixtral-humaneval.trace"
 for key in cross_island_copies_per_token same_island_copies_per_token max_mean_rank_load max_mean_island_load; do
   grep -q "\"$key\"" "$SCRATCH/eval.json" || fail "evaluate --json lacks $key"
 done
+# metis chooses its pooled share on the fitted tokens alone, and says how;
+# --pooled-share fixes it, and --load-cap moves the choice. The daemon's
+# statistics of 1,200 tokens are enough to judge on (4 blocks of 32 tokens
+# per expert of a layer: 512 at 8 experts, top-2); the Mixtral trace's 169
+# tokens are not.
+moed_on 0 --config "$SMALL" --set workload.steps=12 --set "stats.file=$SCRATCH/long.stats" >/dev/null
+for cap in 0 1000; do
+  "$MOE_PLACE" optimize --config "$SMALL" --stats "$SCRATCH/long.stats" --ranks 4 --ranks-per-island 2 \
+    --redundant-slots 2 --load-cap $cap --json --out "$SCRATCH/pooled-$cap.toml" >"$SCRATCH/pooled-$cap.json"
+done
+python3 - "$SCRATCH/pooled-0.json" "$SCRATCH/pooled-1000.json" <<'PY' || fail "the pooled share's choice"
+import json, sys
+tight, loose = (json.load(open(p))["pooling"] for p in sys.argv[1:])
+for c in (tight, loose):
+    assert [t["share"] for t in c["front"]] == [0, 0.25, 0.5, 0.75, 1], c["front"]
+    assert c["tokens_judged"] == 1200 and c["layers_judged"] == 3, c
+    assert all(t["within_cap"] == (t["max_mean_rank_load"] <= c["balanced_load"] + c["load_cap"]) for t in c["front"])
+    inside = [t for t in c["front"] if t["within_cap"]]
+    best = min(inside, key=lambda t: (t["cross_island_copies_per_token"], t["max_mean_rank_load"])) if inside else None
+    assert c["load_only"] == (best is None or c["balanced_copies"] < best["cross_island_copies_per_token"]), c
+    assert best is None or c["share"] == best["share"], (c["share"], best)
+copies = lambda c: c["balanced_copies"] if c["load_only"] else next(
+    t for t in c["front"] if t["share"] == c["share"])["cross_island_copies_per_token"]
+assert copies(loose) < copies(tight), (copies(loose), copies(tight))  # here the cap binds
+name = lambda c: "greedy-load's placement" if c["load_only"] else f"pooled share {c['share']}"
+print(f"ok: metis chose {name(tight)} under load cap 0, {name(loose)} under 1000")
+PY
+"$MOE_PLACE" optimize --config "$SMALL" --stats "$SCRATCH/long.stats" --ranks 4 --ranks-per-island 2 \
+  --pooled-share 0.25 --json --out "$SCRATCH/fixed.toml" | grep -q '"pooling"' &&
+  fail "a fixed --pooled-share still reports a choice"
+"$MOE_PLACE" optimize --trace "$trace" --tokens 0:169 --islands 2 --ranks-per-island 2 --out "$SCRATCH/short.toml" |
+  grep -q 'pooled share 0.50: too few sampled tokens to choose it (512 are needed' ||
+  fail "metis did not say that 169 tokens are too few to choose its pooled share"
+expect_failure 2 'pooled-share' "a pooled share above 1" -- \
+  "$MOE_PLACE" optimize --trace "$trace" --islands 2 --ranks-per-island 2 --pooled-share 1.5 --out "$SCRATCH/x.toml"
+expect_failure 2 'load-cap' "a negative load cap" -- \
+  "$MOE_PLACE" optimize --trace "$trace" --islands 2 --ranks-per-island 2 --load-cap -1 --out "$SCRATCH/x.toml"
 jsonl="$MOED_SOURCE_DIR/tests/data/mixtral-humaneval-head.jsonl"
 "$MOE_PLACE" optimize --trace "$jsonl" --islands 2 --ranks-per-island 2 --out "$SCRATCH/jsonl.toml" >/dev/null
 echo "ok: optimize and evaluate on the Mixtral trace, in moed-trace and JSON-lines form"

@@ -108,7 +108,11 @@ TEST_P(Optimize, ValidAndWithinCapacity) {
   const int R = topo.ranks(), E = s.experts();
   const OptimizerPolicy policy = GetParam().policy;
   const bool replicates = policy == OptimizerPolicy::metis || policy == OptimizerPolicy::greedy_load;
-  Placement p = run();
+  OptimizeOptions o;
+  o.policy = policy;
+  const Optimized optimized = optimize_explained(s, topo, o);
+  const Placement& p = optimized.placement;
+  ASSERT_EQ(optimized.pooling.has_value(), policy == OptimizerPolicy::metis);
   ASSERT_EQ(p.ranks(), R);
   ASSERT_EQ(p.layers(), s.layers());
   ASSERT_EQ(p.experts(), E);
@@ -121,8 +125,9 @@ TEST_P(Optimize, ValidAndWithinCapacity) {
     const int total = std::accumulate(wanted.begin(), wanted.end(), 0);
     const int capacity = replicates ? ceil_div(total, R) : ceil_div(E, R);
     for (int r = 0; r < R; ++r) EXPECT_LE(int(p.experts_on(l, r).size()), capacity) << "rank " << r;
-    // metis lets the hottest replicated experts pool their replicas in one island.
-    const std::vector<char> pooled = pooled_experts(make_slots(loads_of(s, l), wanted), wanted, kPooledShare);
+    // metis lets the hottest replicated experts (the share it chose) pool their replicas in one island.
+    const std::vector<char> pooled =
+        pooled_experts(make_slots(loads_of(s, l), wanted), wanted, optimized.pooling ? optimized.pooling->share : 0);
     for (int e = 0; e < E; ++e) {
       const std::vector<int>& ranks = p.replicas(l, e);
       ASSERT_FALSE(ranks.empty()) << "expert " << e;

@@ -115,6 +115,28 @@ TEST(RoutingTrace, RefusesProgrammingMistakesAndStaysUnchanged) {
   EXPECT_THROW(trace.at(0, 0), Error);
 }
 
+TEST(RoutingTrace, AppendsARangeOfAnotherTrace) {
+  RoutingTrace from(2, 4);
+  from.add_token({{{1, 0.75f}, {3, 0.25f}}, {}});
+  from.add_token({{}, {{2, 0.5f}}});
+  from.add_token({{{0, 1.0f}}, {{1, 0.5f}, {2, 0.25f}, {3, 0.25f}}});
+  RoutingTrace to(2, 4);
+  to.add_token({{{2, 1.0f}}, {{2, 1.0f}}});
+  to.append(from, 1, 3);
+  to.append(from, 0, 0);  // nothing
+  ASSERT_EQ(to.tokens(), 3u);
+  EXPECT_EQ(to.top_k(), 3);
+  for (std::size_t t = 1; t < 3; ++t)
+    for (int l = 0; l < 2; ++l) {
+      auto x = to.at(t, l), y = from.at(t, l);
+      EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "token " << t << " layer " << l;
+    }
+  EXPECT_EQ(to.at(0, 0)[0], (RoutingChoice{2, 1.0f}));
+  test::expect_error([&] { to.append(from, 2, 4); }, ErrorKind::Internal, {"tokens [2, 4) of a trace of 3"});
+  test::expect_error([&] { to.append(RoutingTrace(3, 4), 0, 0); }, ErrorKind::Internal, {"3 layers"});
+  EXPECT_EQ(to.tokens(), 3u);
+}
+
 // ----------------------------------------------------------- text format
 
 TEST(TraceText, RoundTripKeepsExactFloatBits) {
@@ -226,7 +248,7 @@ TEST(TraceText, RefusesBadTextWithOriginAndLine) {
 // Raw binary from a file (a hostile tester fed one) never reaches a message
 // as it is: escaped and cut.
 TEST(TraceText, BinaryInAMessageIsEscapedAndCut) {
-  std::string garbage = "moed-trace v1\x00\x1b[2J\xff";
+  std::string garbage("moed-trace v1\x00\x1b[2J\xff", 19);  // with its NUL
   garbage += std::string(1000, '\x01');
   for (auto parse : {+[](std::string_view t) { parse_trace(t, "bin.trace"); },
                      +[](std::string_view t) { import_routing_jsonl(t, "bin.jsonl"); }}) {
@@ -453,9 +475,10 @@ TEST(TraceJsonl, RefusesBadLinesWithOriginAndLine) {
       {R"({"layer":0,"experts":[1],"gating_probs":[1],"token_idx":0})",
        "duplicate record for problem 0, forward call 0, layer 0, token 0 (first on line 1)"},
   };
-  for (const auto& [line, what] : cases) {
+  for (const auto& c : cases) {
+    const auto& line = c.first;
     SCOPED_TRACE(line);
-    expect_input_error([&] { import_routing_jsonl(good + line + "\n", "bad.jsonl"); }, "bad.jsonl:2: ", what);
+    expect_input_error([&] { import_routing_jsonl(good + line + "\n", "bad.jsonl"); }, "bad.jsonl:2: ", c.second);
   }
   expect_input_error([] { import_routing_jsonl("\n\n", "none.jsonl"); }, "none.jsonl:2: ", "no routing records");
 }

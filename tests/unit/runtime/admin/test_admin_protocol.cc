@@ -38,7 +38,8 @@ TEST(AdminProtocol, ValidRequestsOfEveryCommand) {
       {R"({"cmd":"placement"})", "placement", json::object()},
       {R"({"cmd":"stats"})", "stats", json::object()},
       {R"({"cmd":"stats","dump":"/tmp/s.json"})", "stats", {{"dump", "/tmp/s.json"}}},
-      {R"({"cmd":"reoptimize"})", "reoptimize", {{"dry_run", false}, {"policy", "metis"}}},
+      // No policy: the daemon's [placement].reoptimize_policy.
+      {R"({"cmd":"reoptimize"})", "reoptimize", {{"dry_run", false}}},
       {R"({"cmd":"reoptimize","dry_run":true,"max_moves":0,"policy":"greedy-load"})", "reoptimize",
        {{"dry_run", true}, {"max_moves", 0}, {"policy", "greedy-load"}}},
       {R"({"cmd":"reoptimize","policy":"contiguous","max_moves":12})", "reoptimize",

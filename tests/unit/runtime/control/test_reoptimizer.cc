@@ -61,6 +61,25 @@ TEST(Reoptimizer, AFailureComesBackAsTheError) {
   EXPECT_TRUE(plan.moves.empty());
 }
 
+// metis says how it chose its pooled share, against the request's load cap;
+// a fixed share or another policy makes no choice.
+TEST(Reoptimizer, MetisSaysHowItChoseItsPooledShare) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::contiguous(4, 2, 16);
+  ReoptimizeRequest request;
+  request.redundant_slots = 4;
+  request.load_cap = 0.125;
+  const ReoptimizePlan chosen = plan_reoptimization(stats(), current, topology, request);
+  ASSERT_TRUE(chosen.error.empty()) << chosen.error;
+  EXPECT_NE(chosen.pooling.find("pooled share"), std::string::npos) << chosen.pooling;
+  EXPECT_NE(chosen.pooling.find("cap 0.125"), std::string::npos) << chosen.pooling;
+  request.pooled_share = 0.5;
+  EXPECT_TRUE(plan_reoptimization(stats(), current, topology, request).pooling.empty());
+  request.pooled_share = -1;
+  request.policy = placement::OptimizerPolicy::greedy_load;
+  EXPECT_TRUE(plan_reoptimization(stats(), current, topology, request).pooling.empty());
+}
+
 // The control plane reads the policy of a request the admin protocol checked
 // against its own list (the admin room cannot include placement/).
 TEST(Reoptimizer, TheAdminPoliciesAreTheOptimizersInOrder) {
