@@ -15,6 +15,7 @@
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
 #include "placement/shard_choice.h"
+#include "placement/shard_rules.h"
 #include "placement/topology.h"
 #include "placement/weight_format.h"
 #include "routing/routing_stats.h"
@@ -31,7 +32,7 @@ using nlohmann::json;
 // What moe-place takes from a moed config: the model's shape, the islands,
 // and the bytes of one expert (to price moves).
 struct ModelInfo {
-  int layers = 0, experts = 0, ranks_per_island = 0;
+  int layers = 0, experts = 0, ranks_per_island = 0, ffn_chunks = 1;
   std::uint64_t expert_bytes = 0;
   double cost_same_island = 1, cost_cross_island = 8;
   moed::LayerNumbers numbers;  // the model layer numbers of its MoE layers (placement files name them)
@@ -43,7 +44,7 @@ ModelInfo load_model_info(const std::string& path) {
   // experts in [experts].dtype (the checkpoint's own by default).
   const moed::placement::WeightFormat held =
       moed::placement::weight_format(moed::runtime::experts_dtype(c), "[experts].dtype");
-  return {int(c.model.layers), int(c.model.experts), int(c.cluster.ranks_per_island),
+  return {int(c.model.layers), int(c.model.experts), int(c.cluster.ranks_per_island), int(c.experts.ffn_chunks),
           held.bytes(std::uint64_t(3) * std::uint64_t(c.model.hidden) * std::uint64_t(c.model.ffn)),
           c.cluster.cost_same_island, c.cluster.cost_cross_island, moed::runtime::layer_numbers(c.model)};
 }
@@ -315,12 +316,36 @@ int make_cmd(const std::string& policy, int ranks, int layers, int experts, std:
   return 0;
 }
 
-int check_cmd(const std::string& path, int max_slots) {
-  Placement p = read_placement_file(path);
-  p.validate(path, max_slots);
+struct CheckArgs {
+  std::string path, config;
+  int max_slots = 0, ffn_chunks = 0;
+};
+
+// A placement's own validity; with split experts also the run's shard rules
+// (check_shards: S divides [experts].ffn_chunks, the shards on one island),
+// which need the run's F-chunks and islands: from --config, or the flags.
+int check_cmd(const CheckArgs& a, const TopologyFlags& tf) {
+  std::optional<ModelInfo> model;
+  if (!a.config.empty()) model = load_model_info(a.config);
+  Placement p = read_placement_file(a.path, model ? model->numbers : moed::LayerNumbers());
+  if (model) check_placement_shape(p, p.ranks(), model->layers, model->experts, a.path);
+  p.validate(a.path, a.max_slots);
+  std::string shards;
+  if (p.any_sharded()) {
+    const int chunks = a.ffn_chunks ? a.ffn_chunks : model ? model->ffn_chunks : 0;
+    if (!chunks)
+      MOED_THROW(Usage, "{} splits experts: give --config (or --ffn-chunks N and the islands) to check the shard rules",
+                 a.path);
+    check_shards(p, chunks, resolve_topology(tf, p.ranks(), model), a.path);
+    int split = 0;
+    for (int l = 0; l < p.layers(); ++l)
+      for (int e = 0; e < p.experts(); ++e) split += p.sharded(l, e);
+    shards = fmt::format(", {} split expert{} within the shard rules ({} F-chunks)", split, split == 1 ? "" : "s",
+                         chunks);
+  }
   std::cout << fmt::format("{}: valid: epoch {}, {} ranks, {} layers x {} experts, at most {} "
-                           "slots per rank\n",
-                           path, p.epoch(), p.ranks(), p.layers(), p.experts(), p.max_slots_per_rank());
+                           "slots per rank{}\n",
+                           a.path, p.epoch(), p.ranks(), p.layers(), p.experts(), p.max_slots_per_rank(), shards);
   return 0;
 }
 
@@ -417,7 +442,7 @@ int main(int argc, char** argv) {
   stats_app->add_flag("--full", full, "with --json: every load and co-activation count");
 
   std::string policy = "contiguous", out, path, from;
-  int ranks = 0, layers = 0, experts = 0, replicas = 0, max_slots = 0;
+  int ranks = 0, layers = 0, experts = 0, replicas = 0;
   std::uint64_t seed = 1;
   auto* make_app = app.add_subcommand("make", "write a placement file built by a simple policy");
   make_app->add_option("--policy", policy, "contiguous, round-robin or shuffled")
@@ -430,9 +455,16 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   make_app->add_option("--out", out, "placement file to write")->required();
 
-  auto* check_app = app.add_subcommand("check", "validate a placement file");
-  check_app->add_option("placement", path, "placement file")->required();
-  check_app->add_option("--max-slots-per-rank", max_slots, "slot capacity per rank (0: unlimited)");
+  auto* check_app = app.add_subcommand("check", "validate a placement file (and its split experts against the run)");
+  CheckArgs check;
+  TopologyFlags check_tf;
+  check_app->add_option("placement", check.path, "placement file")->required();
+  check_app->add_option("--max-slots-per-rank", check.max_slots, "slot capacity per rank (0: unlimited)");
+  check_app->add_option("-c,--config", check.config, "moed config (shape, [experts].ffn_chunks, islands)")
+      ->type_name("FILE");
+  check_app->add_option("--ffn-chunks", check.ffn_chunks, "the run's [experts].ffn_chunks (split experts)")
+      ->check(CLI::PositiveNumber);
+  add_topology_flags(check_app, check_tf);
 
   auto* convert_app = app.add_subcommand(
       "convert-trace", "convert routing JSON lines (or a moed trace) into the moed-trace v1 format");
@@ -486,7 +518,7 @@ int main(int argc, char** argv) {
     if (*diff_app) return diff_cmd(old_path, new_path, as_json);
     if (*stats_app) return stats_cmd(stats_path, as_json, full);
     if (*make_app) return make_cmd(policy, ranks, layers, experts, seed, replicas, out);
-    if (*check_app) return check_cmd(path, max_slots);
+    if (*check_app) return check_cmd(check, check_tf);
     if (*convert_app) return convert_trace_cmd(from, out);
     if (*memory_app) return moed::apps::memory_cmd(mem);
   } catch (const moed::Error& e) {

@@ -16,21 +16,39 @@ json predicted_json(const placement::Cost& now, const placement::Cost& after) {
 
 json placement_json(const placement::Placement& p, const LayerNumbers& numbers, ExpertGroups groups,
                     const SlotFormat& slot) {
-  json layers = json::array(), split = json::array(), shard_bytes = json::object();
+  json layers = json::array(), split = json::array(), replicas = json::array(), shards = json::array(),
+       shard_bytes = json::object();
   for (int l = 0; l < p.layers(); ++l) {
-    json experts = json::array(), split_here = json::array();
+    json experts = json::array(), split_here = json::array(), replicas_here = json::array(),
+         shards_here = json::object();
     for (int e = 0; e < p.experts(); ++e) {
       experts.push_back(p.replicas(l, e));
-      if (p.sharded(l, e)) split_here.push_back(e);
+      if (p.sharded(l, e)) {
+        split_here.push_back(e);
+        shards_here[std::to_string(e)] = p.replicas(l, e);
+        replicas_here.push_back(json::array());
+      } else {
+        replicas_here.push_back(p.replicas(l, e));
+      }
       if (p.sharded(l, e) && slot.bytes) shard_bytes[std::to_string(p.shards(l, e))] = slot.bytes(p.shards(l, e));
     }
     layers.push_back(experts);
     split.push_back(split_here);
+    replicas.push_back(replicas_here);
+    shards.push_back(shards_here);
   }
   // slots[l][e]: the ranks holding expert e of layer l: its replicas, or,
   // for an expert in split[l], its shards in shard order (each holds 1/S).
-  json out = {{"epoch", p.epoch()},     {"ranks", p.ranks()}, {"layers", p.layers()},
-              {"experts", p.experts()}, {"slots", layers},    {"split", split},
+  // The same apart: replicas[l][e] (empty for a split expert) and
+  // shards[l]["e"] (the ranks of a split expert's shards, in shard order).
+  json out = {{"epoch", p.epoch()},
+              {"ranks", p.ranks()},
+              {"layers", p.layers()},
+              {"experts", p.experts()},
+              {"slots", layers},
+              {"split", split},
+              {"replicas", replicas},
+              {"shards", shards},
               {"model_layers", numbers.all(p.layers())}};
   if (slot.bytes) out["slot"] = {{"dtype", slot.dtype}, {"bytes", slot.bytes(1)}, {"shard_bytes", shard_bytes}};
   if (groups.groups > 1)

@@ -235,8 +235,24 @@ shards)
       printf '[[layer]]\nslots = [[0], {shards = [0, 1]}, [1], [1], [2], [2], {shards = [3, 2]}, [3]]\n'
     done
   } >"$SCRATCH/split.toml"
+  # moe-place check applies the run's shard rules to split experts.
+  "$MOE_PLACE" check "$SCRATCH/split.toml" --ffn-chunks 4 --ranks-per-island 2 |
+    grep -q '6 split experts within the shard rules (4 F-chunks)' || fail "moe-place check of split experts"
+  expect_failure 2 'does not divide \[experts\]\.ffn_chunks = 3' "check: 2 shards of 3 F-chunks" -- \
+    "$MOE_PLACE" check "$SCRATCH/split.toml" --ffn-chunks 3 --ranks-per-island 2
+  expect_failure 2 'the shards of an expert must share an island' "check: shards on two islands" -- \
+    "$MOE_PLACE" check "$SCRATCH/split.toml" --ffn-chunks 4 --ranks-per-island 1
+  expect_failure 2 'splits experts: give --config' "check: split experts without the run's F-chunks" -- \
+    "$MOE_PLACE" check "$SCRATCH/split.toml"
   start_daemon shards "${reference_args[@]}" --placement "$SCRATCH/split.toml" \
     --set "placement.committed=\"$SCRATCH/committed.toml\""
+  # moectl placement --json lists shard ranks apart from replicas.
+  ctl --json placement | python3 -c '
+import json, sys
+p = json.loads(sys.stdin.readline())
+assert p["shards"][1] == {"1": [0, 1], "6": [3, 2]}, p["shards"][1]
+assert p["replicas"][1][1] == [] and p["replicas"][1][0] == [0], p["replicas"][1]
+' || fail "moectl placement --json: shards apart from replicas"
   expect_ctl 1 'already holds' "a shard onto a rank holding the other shard" -- migrate 1 1 0 --from 1
   expect_ctl 0 'committed' "shard 1 of layer 1 expert 1 from rank 1 to rank 3" -- migrate 1 1 3 --from 1
   grep -q 'slots = \[\[0\], {shards = \[0, 3\]}' "$SCRATCH/committed.toml" ||

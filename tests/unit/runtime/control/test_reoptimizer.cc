@@ -94,9 +94,15 @@ TEST(ControlViews, PlacementAndMigrationJson) {
   EXPECT_EQ(j["epoch"], 3);
   EXPECT_EQ(j["slots"][0][3], nlohmann::json::array({1}));
   EXPECT_EQ(j["split"], nlohmann::json::array({nlohmann::json::array()}));
+  EXPECT_EQ(j["replicas"][0][3], nlohmann::json::array({1}));
+  EXPECT_EQ(j["shards"][0], nlohmann::json::object());
   p.set_shards(0, 2, {0, 1});
   const auto split = placement_json(p);
   EXPECT_EQ(split["split"][0], nlohmann::json::array({2}));
+  // Shard ranks apart from replicas: expert 2's shards, and no replica of it.
+  EXPECT_EQ(split["shards"][0]["2"], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(split["replicas"][0][2], nlohmann::json::array());
+  EXPECT_EQ(split["replicas"][0][1], nlohmann::json::array({0}));
   EXPECT_EQ(split["slots"][0][2], nlohmann::json::array({0, 1}));
   EXPECT_EQ(j["model_layers"], nlohmann::json::array({0}));
   EXPECT_FALSE(j.contains("expert_groups"));
