@@ -26,10 +26,9 @@ class TokenRouter {
     const int home_island = topology_.island_of(home);
     ++epoch_;
     int remote_islands = 0, remote_ranks = 0, home_island_ranks = 0;
-    for (const routing::RoutingChoice& c : choices) {
-      int r = pick(p.replicas(layer, int(c.expert)), home, home_island, rank_load);
-      rank_load[r] += 1;
-      if (rank_used_[r] == epoch_) continue;
+    auto visit = [&](int r, double work) {
+      rank_load[r] += work;
+      if (rank_used_[r] == epoch_) return;
       rank_used_[r] = epoch_;
       int island = topology_.island_of(r);
       if (island == home_island) {
@@ -38,6 +37,15 @@ class TokenRouter {
         ++remote_ranks;
         if (island_used_[island] != epoch_) island_used_[island] = epoch_, ++remote_islands;
       }
+    };
+    for (const routing::RoutingChoice& c : choices) {
+      const std::vector<int>& holders = p.replicas(layer, int(c.expert));
+      if (p.sharded(layer, int(c.expert))) {
+        // A split expert: the row goes to every shard, and each does 1/S of the pair's work.
+        for (int r : holders) visit(r, 1.0 / double(holders.size()));
+        continue;
+      }
+      visit(pick(holders, home, home_island, rank_load), 1);
     }
     tally.cross += remote_islands;
     tally.same += home_island_ranks + (remote_ranks - remote_islands);

@@ -114,6 +114,25 @@ TEST(CostModel, TwoExpertsOnOneRemoteRankTravelOnce) {
   expect_cost(c, 1, 0, 4.0, 2.0, 1);
 }
 
+TEST(CostModel, ASplitExpertIsPricedAsShardsNotReplicas) {
+  // Expert 2 split over ranks 2 and 3 (island 1): token 0 (home 0) sends one
+  // copy to island 1, fanned out to both shards (1 cross + 1 same), and each
+  // shard does half the pair: rank loads 0,0,0.5,0.5 -> 0.5 / 0.25 = 2;
+  // island loads per rank 0 and 0.5 -> 0.5 / 0.25 = 2.
+  Placement p = make(4, {{{0}, {1}, {2}, {3}}});
+  p.set_shards(0, 2, {2, 3});
+  expect_cost(evaluate(one_layer(4, {{2}}), p, two_by_two()), 1, 1, 2.0, 2.0, 1);
+  // As replicas, the same ranks would take the pair whole on one of them, with no fan-out.
+  p.set_replicas(0, 2, {2, 3});
+  expect_cost(evaluate(one_layer(4, {{2}}), p, two_by_two()), 1, 0, 4.0, 2.0, 1);
+  // Home on a shard's rank: the other shard is one same-island copy.
+  p.set_shards(0, 2, {2, 3});
+  RoutingTrace from_rank_2(1, 4);
+  for (int i = 0; i < 3; ++i) from_rank_2.add_token(path({{}}));
+  from_rank_2.add_token(path({{2}}));  // token 3: home rank 3
+  expect_cost(evaluate(from_rank_2, p, two_by_two()), 0, 1, 2.0, 2.0, 1);
+}
+
 TEST(CostModel, ReplicaOnHomeRankIsPreferred) {
   // Expert 2 on ranks {2, 0} (rank 2 listed first); token 0 (home 0) uses the one at home.
   Placement p = make(4, {{{1}, {1}, {2, 0}, {3}}});
