@@ -199,9 +199,10 @@ const config::Section<ExpertsConfig>& experts_section() {
                     "fixed-order GEMM kernel: auto = the widest this CPU runs (all give the same bits)"),
           integer<C>("chunk_rows", &C::chunk_rows, 512, 1, 1 << 20,
                      "rows per expert GEMM call; an expert's rows of a step are cut into chunks of "
-                     "this size in token order, and replicas share an expert's chunks (an expert "
-                     "with fewer rows in a step goes whole to one replica; with gemm = openblas, "
-                     "runs compare bit for bit only with equal values)"),
+                     "this size in token order, and replicas share an expert's chunks (a replicated "
+                     "expert with fewer rows than this per replica is cut into one chunk per replica; "
+                     "with gemm = openblas always this size, and runs compare bit for bit only with "
+                     "equal values)"),
           integer<C>("blas_threads", &C::blas_threads, 1, 1, 1024,
                      "OpenBLAS threads per rank (the fixed-order GEMM runs on one thread)"),
           integer<C>("ffn_chunks", &C::ffn_chunks, 1, 1, 1 << 16,

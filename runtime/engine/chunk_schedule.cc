@@ -17,7 +17,7 @@ ChunkSchedule schedule_chunks(const PlanInput& in, bool split_by_home) {
     const std::size_t mine = std::size_t(std::find(replicas.begin(), replicas.end(), in.rank) - replicas.begin());
     const bool sharded = in.placement->sharded(in.layer, e);  // every shard computes every chunk
     for (int h = 0; h < R; ++h) start[h + 1] = start[h] + counts.at(h, e);
-    const std::uint64_t total = start[R], C = in.chunk_rows;
+    const std::uint64_t total = start[R], C = expert_chunk_rows(in, e);
     std::vector<std::uint32_t>& taken = s.rows_from[slot];  // rows of each home in earlier tasks
     for (std::uint64_t j = 0; j * C < total; ++j) {
       if (!sharded && chunk_replica(in, e, j) != mine) continue;

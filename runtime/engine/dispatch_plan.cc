@@ -39,6 +39,13 @@ std::uint64_t ExpertCounts::before(int rank, int expert) const {
   return n;
 }
 
+std::uint64_t expert_chunk_rows(const PlanInput& in, int expert) {
+  const std::vector<int>& replicas = in.placement->replicas(in.layer, expert);
+  if (!in.share_small_experts || replicas.size() < 2 || in.placement->sharded(in.layer, expert)) return in.chunk_rows;
+  const std::uint64_t n = replicas.size(), shared = (in.counts->total(expert) + n - 1) / n;
+  return std::clamp<std::uint64_t>(shared, 1, in.chunk_rows);
+}
+
 std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) {
   const std::vector<int>& replicas = in.placement->replicas(in.layer, expert);
   MOED_CHECK(!in.placement->sharded(in.layer, expert), "layer {} expert {} is sharded: every shard computes its chunks",
@@ -47,7 +54,7 @@ std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) 
   if (!in.topology || in.topology->islands() == 1)
     return replica_of_chunk(chunk, in.step, replicas.size());
   // Rows of the chunk per island: rank r holds positions [before(r), before(r) + at(r)).
-  const std::uint64_t lo = chunk * in.chunk_rows, hi = lo + in.chunk_rows;
+  const std::uint64_t C = expert_chunk_rows(in, expert), lo = chunk * C, hi = lo + C;
   std::vector<std::uint64_t> rows(in.topology->islands(), 0);
   std::uint64_t start = 0;
   for (int r = 0; r < in.counts->ranks(); ++r) {
@@ -75,7 +82,7 @@ std::vector<std::uint64_t> pairs_to_ranks(const PlanInput& in, int home) {
     }
     // The home's pairs hold positions [lo, hi) of the expert's rows; each
     // chunk they overlap goes to its replica.
-    const std::uint64_t lo = in.counts->before(home, e), hi = lo + n, C = in.chunk_rows;
+    const std::uint64_t lo = in.counts->before(home, e), hi = lo + n, C = expert_chunk_rows(in, e);
     for (std::uint64_t j = lo / C; j * C < hi; ++j)
       pairs[replicas[chunk_replica(in, e, j)]] += std::min(hi, (j + 1) * C) - std::max(lo, j * C);
   }
@@ -115,6 +122,7 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
   // A chunk's replica, remembered: an expert's pairs come in position order.
   std::vector<std::uint64_t> cached_chunk(placement.experts(), UINT64_MAX);
   std::vector<int> cached_dest(placement.experts(), -1);
+  std::vector<std::uint64_t> chunk_rows(placement.experts(), 0);  // expert_chunk_rows, once per expert
   // The batch a pair for `dest` joins: direct within the home's island, else the gateway's.
   auto route = [&](int dest) -> RowBatch& {
     const int dest_island = via_gateways ? in.topology->island_of(dest) : 0;
@@ -139,7 +147,8 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
       }
       int dest = replicas[0];
       if (replicas.size() > 1) {
-        std::uint64_t chunk = (in.counts->before(in.rank, e) + seen[e]) / in.chunk_rows;
+        if (!chunk_rows[e]) chunk_rows[e] = expert_chunk_rows(in, e);
+        std::uint64_t chunk = (in.counts->before(in.rank, e) + seen[e]) / chunk_rows[e];
         if (cached_chunk[e] != chunk)
           cached_chunk[e] = chunk, cached_dest[e] = replicas[chunk_replica(in, e, chunk)];
         dest = cached_dest[e];

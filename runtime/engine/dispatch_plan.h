@@ -5,8 +5,9 @@
 //
 // Bit-exactness rests on two rules stated here once:
 //  1. An expert's rows of a step, ordered by global token id, are cut into
-//     chunks of C rows (chunk j holds positions [jC, jC + C)); each chunk is one
-//     GEMM call wherever it runs. Without replicas an expert computes all its
+//     chunks of C rows (chunk j holds positions [jC, jC + C); C is the
+//     expert's, expert_chunk_rows); each chunk is one GEMM call wherever it
+//     runs. Without replicas an expert computes all its
 //     chunks; with replicas each chunk goes to one replica, chosen near the
 //     chunk's rows: among the replicas on the island most of its rows come
 //     from (all replicas if none is there), the (j + step) mod n-th. Every
@@ -84,7 +85,18 @@ struct PlanInput {
   // The tokens of `routing` this plan covers (a micro-batch): [first_row,
   // first_row + rows); token t's key is first_token + t.
   std::size_t first_row = 0, rows = SIZE_MAX;
+  // A replicated expert with fewer rows than replicas x chunk_rows is cut
+  // into one chunk per replica instead, so that its replicas share its rows
+  // at decode sizes. Only where a row's bits do not depend on the rows that
+  // share its GEMM call (the fixed-order GEMM): chunks then follow the
+  // placement.
+  bool share_small_experts = false;
 };
+
+// C of rule 1 for `expert`: in.chunk_rows, or with in.share_small_experts,
+// for a replicated expert, its rows this step divided among its replicas
+// (rounded up, at least 1) where that is smaller.
+std::uint64_t expert_chunk_rows(const PlanInput& in, int expert);
 
 // Index, in the expert's replica list, of the replica that computes chunk
 // `chunk` of `expert` (rule 1 above).

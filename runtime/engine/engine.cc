@@ -271,7 +271,7 @@ void Engine::plan_passes(int layer, std::uint64_t step, std::size_t count, std::
     const auto [first, n] = pass_rows(m, count);
     PlanInput in{&routing_[layer], &placement_, layer, &counts_[m], transport_.rank(),
                  std::uint64_t(config_.experts.chunk_rows), step, &topology_, setup_.hierarchical, first_position,
-                 first, n};
+                 first, n, setup_.any_rows_per_call};
     passes_[m].plan(setup_, in, homes_[m], route_.normalised(), acc_.data(),
                     M == 1 ? where : fmt::format("{} micro-batch {}", where, m));
   }

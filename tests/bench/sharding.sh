@@ -5,6 +5,9 @@
 #   neither     on its rank alone (contiguous placement)
 #   replicated  with a replica on the other rank (x2: chunks of its rows alternate)
 #   sharded     split into 2 shards, one per rank (x2: each computes F/2 for every row)
+#   replicated-512  replicated, with the default [experts].chunk_rows = 512
+#               (more than the hot expert's rows a step: its chunks are then
+#               sized from the step's counts, one per replica)
 # all with [experts].ffn_chunks = 2, plus "neither" with one chunk (today's
 # numerics: what canonical chunks cost). Reports step p50/p99, per-rank
 # memory (expert weights held, and peak RSS), and bytes sent per step, in the
@@ -26,7 +29,7 @@ while [ $# -gt 0 ]; do
   --steps) steps=${2:?--steps needs a value}; shift 2 ;;
   --repeats) repeats=${2:?--repeats needs a value}; shift 2 ;;
   --keep) keep=${2:?--keep needs a directory}; shift 2 ;;
-  -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "sharding.sh: unknown option $1" >&2; exit 2 ;;
   *) build=$1; shift ;;
   esac
@@ -105,15 +108,17 @@ hot = [(l["hottest_expert"], round(l["hottest_over_mean"], 2)) for l in stats["p
 print(f"hot expert per layer (expert, load over mean): {hot}")
 EOF
 
-# case NAME PLACEMENT CHUNKS
-cases=("neither neither 2" "replicated replicated 2" "sharded sharded 2" "neither-1-chunk neither 1")
+# case NAME PLACEMENT FFN_CHUNKS CHUNK_ROWS
+cases=("neither neither 2 64" "replicated replicated 2 64" "sharded sharded 2 64" "neither-1-chunk neither 1 64"
+       "replicated-512 replicated 2 512")
 for r in $(seq "$repeats"); do
   for c in "${cases[@]}"; do
-    read -r name placement chunks <<<"$c"
+    read -r name placement chunks rows <<<"$c"
     out=$work/$name-$r
     # Each rank under /usr/bin/time: its peak RSS in KB, to $out.rss.<rank>.
     mpirun --bind-to none -np 2 bash -c 'exec /usr/bin/time -f %M -o "$0.rss.$OMPI_COMM_WORLD_RANK" "$@"' "$out" \
       "$moed" --config "$cfg" --placement "$work/$placement.toml" --set experts.ffn_chunks="$chunks" \
+      --set experts.chunk_rows="$rows" \
       --report-json "$out.json" --dump-output "$out.bin" >"$out.log" 2>&1 ||
       { cat "$out.log" >&2; echo "sharding.sh: case $name failed" >&2; exit 1; }
   done
@@ -146,7 +151,7 @@ def expert_memory(placement):
 
 rows = []
 for name, placement in [("neither", "neither"), ("replicated", "replicated"), ("sharded", "sharded"),
-                        ("neither-1-chunk", "neither")]:
+                        ("neither-1-chunk", "neither"), ("replicated-512", "replicated")]:
     reports = [json.load(open(f"{work}/{name}-{r}.json")) for r in range(1, repeats + 1)]
     p50 = statistics.median(r["step_latency_ms"]["p50"] for r in reports)
     p99 = statistics.median(r["step_latency_ms"]["p99"] for r in reports)
@@ -164,7 +169,7 @@ for name, p50, p99, held, rss, sent in rows:
 print("(vs neither: step speed-up, p50 over p50; bytes, ratio. Medians of", repeats, "runs per case.)")
 
 same = all(filecmp.cmp(f"{work}/neither-1.bin", f"{work}/{n}-{r}.bin", shallow=False)
-           for n in ("neither", "replicated", "sharded") for r in range(1, repeats + 1))
+           for n in ("neither", "replicated", "sharded", "replicated-512") for r in range(1, repeats + 1))
 print("outputs of every case with 2 chunks bit-identical:", "yes" if same else "NO")
 differs = not filecmp.cmp(f"{work}/neither-1.bin", f"{work}/neither-1-chunk-1.bin", shallow=False)
 print("2 chunks change the bits against 1 chunk (the redefinition):", "yes" if differs else "no")

@@ -245,6 +245,36 @@ TEST(ReplicaOfChunk, IsChunkPlusStepModReplicas) {
   EXPECT_EQ(replica_of_chunk(4, 7, 2), 1u);
 }
 
+// An expert's chunk size: chunk_rows, or, where small experts are shared,
+// its rows divided among its replicas (rounded up) when that is smaller.
+TEST(ExpertChunkRows, SmallReplicatedExpertsAreCutOnePerReplica) {
+  Placement p(4, 1, 5);
+  p.set_replicas(0, 0, {0});           // one slot
+  p.set_replicas(0, 1, {0, 1});        // 2 replicas, 10 rows
+  p.set_replicas(0, 2, {1, 2, 3});     // 3 replicas, 10 rows
+  p.set_replicas(0, 3, {2, 3});        // 2 replicas, no rows
+  p.set_shards(0, 4, {2, 3});          // split: every shard computes every chunk
+  const ExpertCounts counts = counts_of({{3, 4, 4, 0, 2}, {3, 6, 6, 0, 2}, {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0}});
+  PlanInput in{nullptr, &p, 0, &counts, 0, 8, 0, nullptr, false};
+  for (int e = 0; e < 5; ++e) EXPECT_EQ(expert_chunk_rows(in, e), 8u) << "expert " << e << ": not shared";
+  in.share_small_experts = true;
+  EXPECT_EQ(expert_chunk_rows(in, 0), 8u);
+  EXPECT_EQ(expert_chunk_rows(in, 1), 5u);
+  EXPECT_EQ(expert_chunk_rows(in, 2), 4u);  // ceil(10 / 3)
+  EXPECT_EQ(expert_chunk_rows(in, 3), 1u);  // at least 1
+  EXPECT_EQ(expert_chunk_rows(in, 4), 8u);
+  in.chunk_rows = 3;  // never above chunk_rows
+  EXPECT_EQ(expert_chunk_rows(in, 1), 3u);
+  // Home 1's pairs, by hand. Shared: expert 1 in chunks of 5 (its position
+  // 4 to rank 0, 5-9 to rank 1), expert 2 in chunks of 4 (positions 4-7 to
+  // rank 2, 8-9 to rank 3). Whole chunks of 8: expert 1's positions 4-7 to
+  // rank 0, 8-9 to rank 1; expert 2's 4-7 to rank 1, 8-9 to rank 2.
+  in.chunk_rows = 8;
+  EXPECT_EQ(pairs_to_ranks(in, 1), (std::vector<std::uint64_t>{3 + 1, 5, 4 + 2, 2 + 2}));
+  in.share_small_experts = false;
+  EXPECT_EQ(pairs_to_ranks(in, 1), (std::vector<std::uint64_t>{3 + 4, 2 + 4, 2 + 2, 2}));
+}
+
 // ---------------------------------------------------------------- gateways
 
 // gateway(home, island) is the rank of `island` whose index there is the home's

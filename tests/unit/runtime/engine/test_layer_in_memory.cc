@@ -92,12 +92,15 @@ struct LayerRun {
   ExpertCounts counts;
   std::vector<RankSide> side;
   Traffic traffic;
+  bool share_small_experts = false;  // PlanInput's
 
   // As the engine: two hops when hierarchical and there is more than one island.
   bool two_hops() const { return hierarchical && topology->islands() > 1; }
   PlanInput input(int r) const {
-    return PlanInput{&side[r].routing, placement, layer, &counts, r, chunk_rows, step,
-                     topology, hierarchical, side[r].first};
+    PlanInput in{&side[r].routing, placement, layer, &counts, r, chunk_rows, step, topology, hierarchical,
+                 side[r].first};
+    in.share_small_experts = share_small_experts;
+    return in;
   }
 };
 
@@ -220,11 +223,11 @@ void check_pairs_to_ranks(const LayerRun& run) {
 // exchange, parse and batch hop 2 on every rank.
 LayerRun dispatch_layer(const Tokens& tokens, const Placement& placement, const Topology& topology,
                         bool hierarchical, int layer, std::uint64_t chunk_rows, std::uint64_t step,
-                        bool split_by_home = false) {
+                        bool split_by_home = false, bool share_small_experts = false) {
   const int R = placement.ranks(), H = tokens.hidden, E = tokens.experts;
   EXPECT_EQ(topology.ranks(), R);
   LayerRun run{R, layer, H, chunk_rows, step, &placement, &topology, hierarchical,
-               ExpertCounts(R, E), std::vector<RankSide>(R), {}};
+               ExpertCounts(R, E), std::vector<RankSide>(R), {}, share_small_experts};
   for (int r = 0; r < R; ++r) {
     RankSide& s = run.side[r];
     s.start = tokens.count * r / R;
@@ -336,8 +339,9 @@ void expect_answer_bytes(const std::vector<std::size_t>& got, const std::vector<
 // `narrow`: answers travel narrowed, as the engine sends them by default.
 std::vector<float> run_layer(const Tokens& tokens, const Placement& placement, const Topology& topology,
                              bool hierarchical, int layer, std::uint64_t chunk_rows, std::uint64_t step,
-                             Traffic* traffic = nullptr, bool narrow = true) {
-  LayerRun run = dispatch_layer(tokens, placement, topology, hierarchical, layer, chunk_rows, step);
+                             Traffic* traffic = nullptr, bool narrow = true, bool share_small_experts = false) {
+  LayerRun run = dispatch_layer(tokens, placement, topology, hierarchical, layer, chunk_rows, step,
+                                /*split_by_home=*/false, share_small_experts);
   const int H = tokens.hidden;
   for (RankSide& s : run.side) run_experts(s, run, narrow);
   all_to_all(run, &RankSide::hop2, true);
@@ -669,6 +673,47 @@ TEST_P(LayerInMemory, OutputBitsEqualTheOneRankRun) {
   for (std::size_t i = 0; i < reference.size(); ++i)
     ASSERT_EQ(std::bit_cast<std::uint32_t>(reference[i]), std::bit_cast<std::uint32_t>(here[i]))
         << "token " << i / tokens.hidden << " element " << i % tokens.hidden;
+}
+
+// Decode-sized steps: chunks of 64 rows, more than any expert gets here, so
+// each expert is one chunk, which goes whole to one replica. With
+// share_small_experts a replicated expert's rows are cut into one chunk per
+// replica instead: more ranks compute each replicated expert, and the bits
+// are still those of one rank.
+TEST_P(LayerInMemory, SmallExpertsSharedByTheirReplicasKeepTheBits) {
+  constexpr std::uint64_t kDecodeChunk = 64;
+  const PlacementCase& one = placement_cases()[0];
+  const std::vector<float> reference =
+      run_layer(tokens, one.make(), one.topology(), false, kLayer, kDecodeChunk, kStep, nullptr, false);
+  const std::vector<float> here =
+      run_layer(tokens, p, topology, hierarchical(), kLayer, kDecodeChunk, kStep, nullptr, true, true);
+  ASSERT_EQ(reference.size(), here.size());
+  for (std::size_t i = 0; i < reference.size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(reference[i]), std::bit_cast<std::uint32_t>(here[i]))
+        << "token " << i / tokens.hidden << " element " << i % tokens.hidden;
+  // Ranks computing rows of each expert, chunks whole and shared.
+  auto computing = [&](bool share) {
+    const LayerRun run =
+        dispatch_layer(tokens, p, topology, hierarchical(), kLayer, kDecodeChunk, kStep, false, share);
+    std::vector<std::set<int>> ranks(static_cast<std::size_t>(kExperts));
+    for (int r = 0; r < run.ranks; ++r) {
+      const ChunkSchedule schedule = schedule_chunks(run.input(r), false);
+      for (const ExpertTask& t : schedule.tasks)
+        if (t.rows) ranks[std::size_t(schedule.experts[std::size_t(t.slot)])].insert(r);
+    }
+    return ranks;
+  };
+  const auto whole = computing(false), shared = computing(true);
+  std::size_t more = 0;
+  for (int e = 0; e < kExperts; ++e) {
+    EXPECT_LE(whole[std::size_t(e)].size(), 1u) << "expert " << e << ": one chunk, one replica";
+    EXPECT_GE(shared[std::size_t(e)].size(), whole[std::size_t(e)].size()) << "expert " << e;
+    EXPECT_LE(shared[std::size_t(e)].size(), p.replicas(kLayer, e).size()) << "expert " << e;
+    more += shared[std::size_t(e)].size() > whole[std::size_t(e)].size();
+  }
+  if (has_replicas(p, kLayer)) {
+    EXPECT_GT(more, 0u) << "no replicated expert was shared";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, LayerInMemory,
