@@ -12,6 +12,7 @@ namespace {
 struct Tally {
   double cross = 0, same = 0;
   std::uint64_t cells = 0;
+  std::vector<std::uint64_t> by_islands;
   double max_rank = 0, mean_rank = 0, max_island = 0, mean_island = 0;  // summed over layers
 };
 
@@ -26,12 +27,14 @@ class TokenRouter {
     const int home_island = topology_.island_of(home);
     ++epoch_;
     int remote_islands = 0, remote_ranks = 0, home_island_ranks = 0;
+    bool home_island_used = false;
     auto visit = [&](int r, double work) {
       rank_load[r] += work;
       if (rank_used_[r] == epoch_) return;
       rank_used_[r] = epoch_;
       int island = topology_.island_of(r);
       if (island == home_island) {
+        home_island_used = true;
         home_island_ranks += r != home;
       } else {
         ++remote_ranks;
@@ -50,6 +53,9 @@ class TokenRouter {
     tally.cross += remote_islands;
     tally.same += home_island_ranks + (remote_ranks - remote_islands);
     ++tally.cells;
+    const std::size_t islands = std::size_t(remote_islands + (home_island_used ? 1 : 0));
+    if (tally.by_islands.size() <= islands) tally.by_islands.resize(islands + 1, 0);
+    ++tally.by_islands[islands];
   }
 
  private:
@@ -101,6 +107,7 @@ void tally_layer(const routing::RoutingTrace& routing, std::size_t first, std::s
 Cost finish(const Tally& t, const Topology& topology) {
   Cost c;
   c.token_layers = t.cells;
+  c.token_layers_by_islands = t.by_islands;
   if (t.cells) {
     c.cross_island_copies_per_token = t.cross / double(t.cells);
     c.same_island_copies_per_token = t.same / double(t.cells);
@@ -142,6 +149,13 @@ Cost evaluate_layer(const routing::RoutingTrace& routing, std::size_t first, std
   Tally tally;
   tally_layer(routing, first, count, layer, placement, topology, router, tally);
   return finish(tally, topology);
+}
+
+double Cost::share_over_islands(int n) const {
+  std::uint64_t over = 0;
+  for (std::size_t i = std::size_t(std::max(n, -1) + 1); i < token_layers_by_islands.size(); ++i)
+    over += token_layers_by_islands[i];
+  return token_layers ? double(over) / double(token_layers) : 0;
 }
 
 MoveCost move_cost(const Placement& from, const Placement& to, std::uint64_t bytes_per_expert) {

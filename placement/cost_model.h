@@ -35,6 +35,12 @@ struct Cost {
   // Copies priced by the topology's link costs: what the optimiser minimises.
   double link_cost_per_token = 0;
   std::uint64_t token_layers = 0;  // (token, layer) cells with routing, counted
+  // [n]: the cells whose experts were served on n islands (the home island
+  // counted when a slot there served one): DeepSeek-V3's node limit (at most
+  // topk_group nodes per token) is about this count.
+  std::vector<std::uint64_t> token_layers_by_islands;
+  // The share of cells served on more than `n` islands.
+  double share_over_islands(int n) const;
 };
 
 // Tokens [first, first + count) of `routing`, over the layers both the

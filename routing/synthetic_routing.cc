@@ -1,5 +1,6 @@
 #include "routing/synthetic_routing.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "common/error.h"
@@ -8,8 +9,41 @@
 
 namespace moed::routing {
 
+namespace {
+
+// Group-limited routing on one token's choices, best first (see the spec).
+void limit_groups(std::vector<int>& ids, int experts, int groups, int kept, Rng& rng) {
+  const int size = experts / groups;
+  std::vector<int> chosen_groups;
+  for (int id : ids) {
+    const int g = id / size;
+    if (int(chosen_groups.size()) < kept && std::find(chosen_groups.begin(), chosen_groups.end(), g) == chosen_groups.end())
+      chosen_groups.push_back(g);
+  }
+  auto allowed = [&](int id) {
+    return std::find(chosen_groups.begin(), chosen_groups.end(), id / size) != chosen_groups.end();
+  };
+  for (std::size_t j = 0; j < ids.size(); ++j) {
+    if (allowed(ids[j])) continue;
+    int id;
+    do id = chosen_groups[rng.below(chosen_groups.size())] * size + int(rng.below(std::uint64_t(size)));
+    while (std::find(ids.begin(), ids.end(), id) != ids.end());
+    ids[j] = id;
+  }
+}
+
+}  // namespace
+
 RoutingTrace synthetic_routing(const SyntheticRoutingSpec& spec, std::size_t first, std::size_t count) {
   const bool loads = !spec.expert_loads.empty();
+  if (spec.groups || spec.groups_kept) {
+    if (spec.groups < 1 || spec.experts % spec.groups != 0)
+      MOED_THROW(Usage, "synthetic routing: {} expert groups do not divide {} experts", spec.groups, spec.experts);
+    if (spec.groups_kept < 1 || spec.groups_kept > spec.groups ||
+        std::int64_t(spec.groups_kept) * (spec.experts / spec.groups) < spec.top_k)
+      MOED_THROW(Usage, "synthetic routing: {} kept groups of {} experts cannot hold top-{} (of {} groups)",
+                 spec.groups_kept, spec.experts / spec.groups, spec.top_k, spec.groups);
+  }
   if (loads && int(spec.expert_loads.size()) != spec.layers)
     MOED_THROW(Usage, "synthetic routing: expert loads for {} layers, the spec has {}", spec.expert_loads.size(),
                spec.layers);
@@ -37,7 +71,7 @@ RoutingTrace synthetic_routing(const SyntheticRoutingSpec& spec, std::size_t fir
                                   : "hot_ratio " + std::to_string(spec.hot_ratio)) +
                            ", topic persistence " + std::to_string(spec.topic_persistence) + ", seed " +
                            std::to_string(spec.seed));
-  std::vector<int> chosen;
+  std::vector<int> chosen, ids;
   std::vector<std::vector<RoutingChoice>> path(spec.layers);
   for (std::size_t t = first; t < first + count; ++t) {
     Rng rng(hash_combine(spec.seed ^ 0xA5A5A5A5ull, t));
@@ -46,12 +80,19 @@ RoutingTrace synthetic_routing(const SyntheticRoutingSpec& spec, std::size_t fir
       if (l > 0 && rng.uniform() >= spec.topic_persistence) topic = mixture_of(l).draw_topic(rng);
       // Topics are numbered alike in every layer's mixture (the same count).
       mixture_of(l).sample_from(topic, rng, chosen);
+      ids.clear();
+      for (int x : chosen) ids.push_back(relabel[l][x]);
+      if (spec.groups) {
+        // A stream of its own, so that the limit leaves the token's other draws as they were.
+        Rng redraw(hash_combine(hash_combine(spec.seed, hash_name("expert-groups")), hash_combine(t, std::uint64_t(l))));
+        limit_groups(ids, spec.experts, spec.groups, spec.groups_kept, redraw);
+      }
       path[l].clear();
       // Weights falling with rank: 1, 1/2, 1/3, ... normalised.
       double total = 0;
-      for (std::size_t j = 0; j < chosen.size(); ++j) total += 1.0 / double(j + 1);
-      for (std::size_t j = 0; j < chosen.size(); ++j)
-        path[l].push_back({std::uint32_t(relabel[l][chosen[j]]), float(1.0 / double(j + 1) / total)});
+      for (std::size_t j = 0; j < ids.size(); ++j) total += 1.0 / double(j + 1);
+      for (std::size_t j = 0; j < ids.size(); ++j)
+        path[l].push_back({std::uint32_t(ids[j]), float(1.0 / double(j + 1) / total)});
     }
     trace.add_token(path);
   }

@@ -32,6 +32,11 @@ struct SyntheticRoutingSpec {
   // every layer the calibrated mixture, relabelled. Usage error unless it has
   // `layers` rows of `experts` loads.
   std::vector<std::vector<double>> expert_loads{};
+  // DeepSeek-V3's group-limited routing: experts in `groups` groups of
+  // consecutive ids (n_group), and each token's experts in at most
+  // `groups_kept` of them (topk_group): the groups of its first choices,
+  // in order, the later choices outside them drawn again inside. 0: none.
+  int groups = 0, groups_kept = 0;
 };
 
 // Tokens [first, first + count) of the endless token stream of `spec`:

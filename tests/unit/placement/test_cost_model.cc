@@ -133,6 +133,22 @@ TEST(CostModel, ASplitExpertIsPricedAsShardsNotReplicas) {
   expect_cost(evaluate(from_rank_2, p, two_by_two()), 0, 1, 2.0, 2.0, 1);
 }
 
+TEST(CostModel, CellsAreCountedByTheIslandsTheyTouch) {
+  // 6 ranks in 3 islands of 2, expert e on rank e. Homes: token i on rank i mod 6.
+  //   token 0 (home 0) {0}:       island 0              -> 1 island
+  //   token 1 (home 1) {2, 4}:    islands 1, 2 (not 0)  -> 2 islands
+  //   token 2 (home 2) {0, 3, 5}: islands 0, 1, 2       -> 3 islands
+  //   token 3 (home 3) {}:        no routing, not counted
+  const Topology t({0, 0, 1, 1, 2, 2});
+  RoutingTrace trace = one_layer(6, {{0}, {2, 4}, {0, 3, 5}, {}});
+  const Cost c = evaluate(trace, contiguous(6, 1, 6), t);
+  EXPECT_EQ(c.token_layers_by_islands, (std::vector<std::uint64_t>{0, 1, 1, 1}));
+  EXPECT_DOUBLE_EQ(c.share_over_islands(1), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(c.share_over_islands(2), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(c.share_over_islands(3), 0);
+  EXPECT_DOUBLE_EQ(Cost{}.share_over_islands(4), 0);
+}
+
 TEST(CostModel, ReplicaOnHomeRankIsPreferred) {
   // Expert 2 on ranks {2, 0} (rank 2 listed first); token 0 (home 0) uses the one at home.
   Placement p = make(4, {{{1}, {1}, {2, 0}, {3}}});

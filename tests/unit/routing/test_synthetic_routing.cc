@@ -245,5 +245,40 @@ TEST(SyntheticRoutingLoads, BadLoadsAreUsageErrors) {
   test::expect_error([&] { synthetic_routing(spec, 0, 10); }, ErrorKind::Usage, {"-1 is not a load"});
 }
 
+// DeepSeek-V3's shape: 256 experts in 8 groups of 32, top-8 within at most 4
+// groups; without the limit, tokens touch most of the 8 groups.
+TEST(SyntheticRoutingGroups, EveryTokenStaysWithinItsKeptGroups) {
+  SyntheticRoutingSpec spec = spec_of(3, 256, 8);
+  spec.groups = 8;
+  spec.groups_kept = 4;
+  const RoutingTrace limited = synthetic_routing(spec, 0, 2000);
+  spec.groups = spec.groups_kept = 0;
+  const RoutingTrace free = synthetic_routing(spec, 0, 2000);
+  std::size_t over_limit_free = 0;
+  for (std::size_t t = 0; t < limited.tokens(); ++t)
+    for (int l = 0; l < 3; ++l) {
+      std::set<int> groups, free_groups;
+      for (const RoutingChoice& c : limited.at(t, l)) groups.insert(int(c.expert) / 32);
+      for (const RoutingChoice& c : free.at(t, l)) free_groups.insert(int(c.expert) / 32);
+      ASSERT_EQ(limited.at(t, l).size(), 8u);
+      ASSERT_LE(groups.size(), 4u) << "token " << t << " layer " << l;
+      // The limit starts from the best choice, and leaves the token's other draws alone.
+      EXPECT_EQ(limited.at(t, l)[0].expert, free.at(t, l)[0].expert) << "token " << t << " layer " << l;
+      over_limit_free += free_groups.size() > 4;
+    }
+  EXPECT_GT(over_limit_free, 1000u) << "the free routing should often touch more than 4 groups";
+}
+
+TEST(SyntheticRoutingGroups, GroupsThatCannotHoldTheChoicesAreUsageErrors) {
+  SyntheticRoutingSpec spec = spec_of(1, 16, 4);
+  spec.groups = 3;
+  spec.groups_kept = 1;
+  test::expect_error([&] { synthetic_routing(spec, 0, 1); }, ErrorKind::Usage, {"3 expert groups", "16 experts"});
+  spec.groups = 8;  // groups of 2: one group cannot hold top-4
+  test::expect_error([&] { synthetic_routing(spec, 0, 1); }, ErrorKind::Usage, {"1 kept groups of 2", "top-4"});
+  spec.groups_kept = 9;
+  test::expect_error([&] { synthetic_routing(spec, 0, 1); }, ErrorKind::Usage, {"9 kept groups"});
+}
+
 }  // namespace
 }  // namespace moed::routing
