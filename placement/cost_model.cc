@@ -1,6 +1,7 @@
 #include "placement/cost_model.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "common/error.h"
 
@@ -152,9 +153,10 @@ Cost evaluate_layer(const routing::RoutingTrace& routing, std::size_t first, std
 }
 
 double Cost::share_over_islands(int n) const {
-  std::uint64_t over = 0;
-  for (std::size_t i = std::size_t(std::max(n, -1) + 1); i < token_layers_by_islands.size(); ++i)
-    over += token_layers_by_islands[i];
+  const std::size_t first = std::min(std::size_t(std::max(n + 1, 0)), token_layers_by_islands.size());
+  const std::uint64_t over =
+      std::accumulate(token_layers_by_islands.begin() + std::ptrdiff_t(first), token_layers_by_islands.end(),
+                      std::uint64_t(0));
   return token_layers ? double(over) / double(token_layers) : 0;
 }
 
