@@ -33,6 +33,7 @@ using nlohmann::json;
 // and the bytes of one expert (to price moves).
 struct ModelInfo {
   int layers = 0, experts = 0, ranks_per_island = 0, ffn_chunks = 1;
+  int expert_groups = 1;  // the router's groups (DeepSeek's n_group); 1: none
   std::uint64_t expert_bytes = 0;
   double cost_same_island = 1, cost_cross_island = 8;
   moed::LayerNumbers numbers;  // the model layer numbers of its MoE layers (placement files name them)
@@ -45,6 +46,7 @@ ModelInfo load_model_info(const std::string& path) {
   const moed::placement::WeightFormat held =
       moed::placement::weight_format(moed::runtime::experts_dtype(c), "[experts].dtype");
   return {int(c.model.layers), int(c.model.experts), int(c.cluster.ranks_per_island), int(c.experts.ffn_chunks),
+          moed::runtime::model_spec(c.model).router.groups,
           held.bytes(std::uint64_t(3) * std::uint64_t(c.model.hidden) * std::uint64_t(c.model.ffn)),
           c.cluster.cost_same_island, c.cluster.cost_cross_island, moed::runtime::layer_numbers(c.model)};
 }
@@ -106,7 +108,8 @@ json cost_json(const Cost& c) {
           {"max_mean_rank_load", c.max_mean_rank_load},
           {"max_mean_island_load", c.max_mean_island_load},
           {"link_cost_per_token", c.link_cost_per_token},
-          {"token_layers", c.token_layers}};
+          {"token_layers", c.token_layers},
+          {"token_layers_by_islands", c.token_layers_by_islands}};
 }
 
 // How metis chose its pooled share: the trade-off it measured, share by share.
@@ -165,7 +168,9 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   Topology topology = resolve_topology(tf, current ? current->ranks() : 0, model);
   if (current) check_placement_shape(*current, topology.ranks(), stats.layers(), stats.experts(), a.from);
 
-  Optimized optimized = optimize_explained(stats, topology, a.options);
+  OptimizeOptions options = a.options;
+  if (options.expert_groups == 0 && model && model->expert_groups > 1) options.expert_groups = model->expert_groups;
+  Optimized optimized = optimize_explained(stats, topology, options);
   Placement next = std::move(optimized.placement);
   ShardRule rule = a.shard_rule;
   rule.slots_per_rank = a.options.slots_per_rank;  // the memory budget, per layer
@@ -416,6 +421,18 @@ int main(int argc, char** argv) {
                            "metis: the share of replicated experts whose replicas may share an island "
                            "(default: chosen on the input by cross-validation against --load-cap)")
       ->check(CLI::Range(0.0, 1.0));
+  optimize_app->add_option("--island-tolerance", opt.options.island_tolerance,
+                           "metis: how far above the mean an island's load per rank may stay (default 0.02)")
+      ->check(CLI::Range(0.0, 1.0));
+  optimize_app->add_option("--groups", opt.options.expert_groups,
+                           "metis: the router's expert groups, consecutive ids (DeepSeek's n_group; default: "
+                           "the config's router, else none)")
+      ->check(CLI::PositiveNumber);
+  optimize_app->add_option("--group-hint", opt.options.group_hint,
+                           "metis: co-activation inside a group weighs 1 + X times in the cut (default 0: "
+                           "groups ignored; see docs/placement.md)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->type_name("X");
   optimize_app->add_flag("--json", opt.json, "JSON output");
   add_topology_flags(optimize_app, tf);
 

@@ -17,24 +17,20 @@ namespace {
 // Edges kept per slot: the strongest co-activations carry the partition, the
 // weak tail mostly costs METIS time (a DeepSeek layer is a dense 256-vertex graph).
 constexpr std::size_t kEdgesPerSlot = 16;
-// Islands may carry this much more load per rank than the mean, after
-// METIS's cut and again once dispatch's shares are estimated. (0.5% for the
-// second was tried: it bought at most 0.006 of rank load and cost 9-10% of
-// the cross-island copies at the OLMoE and DeepSeek-V3 shapes' default
-// budgets; every equal-budget aim holds at 2%. docs/placement.md.)
-constexpr double kIslandTolerance = 0.02;
-
 // One layer's slots and the co-activation between them: an expert pair's
 // count shared evenly among their replicas (read once from the statistics).
 struct LayerGraph {
   LayerGraph(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
-             const routing::RoutingStats& stats, int layer, int islands, double pooled_share)
+             const routing::RoutingStats& stats, int layer, int islands, const IslandRules& rules)
       : slots(slots), replicas(replicas), experts(stats.experts()),
-        coactivation(std::size_t(experts) * experts, 0.0), pooled(pooled_experts(slots, replicas, pooled_share)) {
+        coactivation(std::size_t(experts) * experts, 0.0), pooled(pooled_experts(slots, replicas, rules.pooled_share)) {
+    const int group_size = rules.expert_groups > 0 ? experts / rules.expert_groups : experts;
     for (int a = 0; a < experts; ++a)
-      for (int b = a + 1; b < experts; ++b)
+      for (int b = a + 1; b < experts; ++b) {
+        const double hint = rules.expert_groups > 0 && a / group_size == b / group_size ? 1 + rules.group_hint : 1;
         coactivation[std::size_t(a) * experts + b] = coactivation[std::size_t(b) * experts + a] =
-            stats.coactivation(layer, a, b);
+            hint * stats.coactivation(layer, a, b);
+      }
     for (int e = 0; e < experts; ++e) {
       if (!pooled[std::size_t(e)]) continue;
       const std::span<const double> row(coactivation.data() + std::size_t(e) * experts, std::size_t(experts));
@@ -59,7 +55,7 @@ struct LayerGraph {
 // slot's load (targets by island size), edge weight co-activation (each
 // slot's strongest kEdgesPerSlot edges, kept symmetric). Slot counts are
 // fixed afterwards by repair_islands. Returns the island of each slot.
-std::vector<int> partition_slots(const LayerGraph& g, int layer, const Topology& topology,
+std::vector<int> partition_slots(const LayerGraph& g, int layer, const Topology& topology, double tolerance,
                                  std::uint64_t seed) {
   const std::vector<ExpertSlot>& slots = g.slots;
   const std::size_t n = slots.size();
@@ -98,7 +94,7 @@ std::vector<int> partition_slots(const LayerGraph& g, int layer, const Topology&
   idx_t ncon = 1, nv = idx_t(n), cut = 0;
   std::vector<real_t> tpwgts;
   for (int i = 0; i < parts; ++i) tpwgts.push_back(real_t(topology.ranks_in(i).size()) / real_t(topology.ranks()));
-  std::vector<real_t> ubvec{1.02f};
+  std::vector<real_t> ubvec{real_t(1 + tolerance)};
   idx_t options[METIS_NOPTIONS];
   METIS_SetDefaultOptions(options);
   options[METIS_OPTION_SEED] = idx_t(seed % 1000003);
@@ -313,20 +309,21 @@ double coactivation_concentration(std::span<const double> row, int islands) {
 
 std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
                                         const routing::RoutingStats& stats, int layer, const Topology& topology,
-                                        int slots_per_rank, double pooled_share, std::uint64_t seed) {
-  const LayerGraph graph(slots, replicas, stats, layer, topology.islands(), pooled_share);
-  IslandState state(partition_slots(graph, layer, topology, seed), graph, topology, slots_per_rank);
+                                        const IslandRules& rules, std::uint64_t seed) {
+  const LayerGraph graph(slots, replicas, stats, layer, topology.islands(), rules);
+  IslandState state(partition_slots(graph, layer, topology, rules.island_tolerance, seed), graph, topology,
+                    rules.slots_per_rank);
   repair_islands(state, layer);
-  balance_islands(state, slots, kIslandTolerance);
+  balance_islands(state, slots, rules.island_tolerance);
   return state.islands();
 }
 
 std::vector<int> rebalance_islands(std::vector<int> island, const std::vector<ExpertSlot>& slots,
                                    const std::vector<int>& replicas, const routing::RoutingStats& stats, int layer,
-                                   const Topology& topology, int slots_per_rank, double pooled_share) {
-  const LayerGraph graph(slots, replicas, stats, layer, topology.islands(), pooled_share);
-  IslandState state(std::move(island), graph, topology, slots_per_rank);
-  balance_islands(state, slots, kIslandTolerance);
+                                   const Topology& topology, const IslandRules& rules) {
+  const LayerGraph graph(slots, replicas, stats, layer, topology.islands(), rules);
+  IslandState state(std::move(island), graph, topology, rules.slots_per_rank);
+  balance_islands(state, slots, rules.island_tolerance);
   return state.islands();
 }
 

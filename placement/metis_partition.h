@@ -47,23 +47,43 @@ double coactivation_concentration(std::span<const double> row, int islands);
 // shapes, 0.85-0.90) stays pooled (docs/placement.md).
 inline constexpr double kConcentratedShare = 0.95;
 
+// How one layer's slots are cut into islands, beside the slots and the
+// statistics.
+struct IslandRules {
+  int slots_per_rank = 0;     // the layer's slots a rank holds
+  double pooled_share = 0.5;  // pooled_experts's share
+  // Islands may carry this much more load per rank than the mean, after
+  // METIS's cut and again once dispatch's shares are estimated.
+  double island_tolerance = 0.02;
+  // Group-limited routing (DeepSeek-V3's n_group): the experts fall into
+  // `expert_groups` groups of consecutive ids (0: no groups), and the
+  // co-activation of two experts of one group weighs (1 + group_hint) times
+  // in the cut, so that a group tends to stay on one island (a hint, not a
+  // constraint: a strong enough cross-group pull still splits it).
+  int expert_groups = 0;
+  double group_hint = 0;
+};
+
 // The island of each slot of `layer`: METIS cuts the slots' co-activation
-// graph (an expert pair's count shared evenly among their replicas; vertex
-// weight the slot's load, targets by island size); then no island keeps more
-// than slots_per_rank x its ranks slots nor an expert more copies than it may
-// hold (one per island as far as they go, unless pooled_experts pools it
+// graph (an expert pair's count shared evenly among their replicas, weighed
+// up inside a group by rules.group_hint; vertex weight the slot's load,
+// targets by island size); then no island keeps more than
+// rules.slots_per_rank x its ranks slots nor an expert more copies than it
+// may hold (one per island as far as they go, unless pooled_experts pools it
 // and its co-activation is below kConcentratedShare: repair), and island
-// loads per rank come within 2% of the mean where moves allow (balance).
-// `pooled_share`: pooled_experts's share. Seeded: the same inputs give the same islands.
+// loads per rank come within rules.island_tolerance of the mean where moves
+// allow (balance).
+// Seeded: the same inputs give the same islands.
 std::vector<int> partition_into_islands(const std::vector<ExpertSlot>& slots, const std::vector<int>& replicas,
                                         const routing::RoutingStats& stats, int layer, const Topology& topology,
-                                        int slots_per_rank, double pooled_share, std::uint64_t seed);
+                                        const IslandRules& rules, std::uint64_t seed);
 
 // Balance alone, from given islands (already feasible): after the slots'
 // loads were re-estimated (dispatch_slot_loads), island loads per rank come
-// back within 2% of the mean where moves allow, losing the least co-activation.
+// back within rules.island_tolerance of the mean where moves allow, losing
+// the least co-activation.
 std::vector<int> rebalance_islands(std::vector<int> island, const std::vector<ExpertSlot>& slots,
                                    const std::vector<int>& replicas, const routing::RoutingStats& stats, int layer,
-                                   const Topology& topology, int slots_per_rank, double pooled_share);
+                                   const Topology& topology, const IslandRules& rules);
 
 }  // namespace moed::placement

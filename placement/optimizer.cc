@@ -86,8 +86,8 @@ struct Sample {
 
 void place_metis_layer(const LayerSlots& ls, const routing::RoutingStats& stats, const Sample& sample,
                        const Topology& topology, const OptimizeOptions& o, int layer, Placement& p) {
-  std::vector<int> island =
-      partition_into_islands(ls.slots, ls.replicas, stats, layer, topology, ls.capacity, o.pooled_share, o.seed + layer);
+  const IslandRules rules{ls.capacity, o.pooled_share, o.island_tolerance, o.expert_groups, o.group_hint};
+  std::vector<int> island = partition_into_islands(ls.slots, ls.replicas, stats, layer, topology, rules, o.seed + layer);
   if (o.affinity && layer > 0) align_islands(island, ls.slots, p, stats, layer, topology);
   std::vector<ExpertSlot> slots = ls.slots;
   const bool replicated = ls.slots.size() > ls.replicas.size();
@@ -95,8 +95,7 @@ void place_metis_layer(const LayerSlots& ls, const routing::RoutingStats& stats,
     // Replicas' shares as dispatch will send them, then islands evened out on those.
     for (int round = 0; round < kDispatchRounds; ++round) {
       slots = dispatch_slot_loads(sample.trace, sample.first, sample.count, layer, ls.slots, island, topology);
-      island = rebalance_islands(std::move(island), slots, ls.replicas, stats, layer, topology, ls.capacity,
-                                 o.pooled_share);
+      island = rebalance_islands(std::move(island), slots, ls.replicas, stats, layer, topology, rules);
     }
     slots = dispatch_slot_loads(sample.trace, sample.first, sample.count, layer, ls.slots, island, topology);
   }
@@ -146,6 +145,11 @@ Optimized optimize_explained(const routing::RoutingStats& stats, const Topology&
   if (!(options.pooled_share <= 1))  // NaN too
     MOED_THROW(Usage, "pooled share {}: a share of the replicated experts, at most 1 (< 0: chosen)", options.pooled_share);
   if (!(options.load_cap >= 0)) MOED_THROW(Usage, "load cap {}: must be >= 0", options.load_cap);
+  if (!(options.group_hint >= 0)) MOED_THROW(Usage, "group hint {}: must be >= 0", options.group_hint);
+  if (!(options.island_tolerance >= 0 && options.island_tolerance <= 1))
+    MOED_THROW(Usage, "island tolerance {}: a share of the mean load, in [0, 1]", options.island_tolerance);
+  if (options.expert_groups < 0 || (options.expert_groups > 0 && stats.experts() % options.expert_groups != 0))
+    MOED_THROW(Usage, "{} expert groups do not divide the {} experts", options.expert_groups, stats.experts());
   OptimizeOptions o = options;
   std::optional<PoolingChoice> pooling;
   if (o.policy == OptimizerPolicy::metis && o.pooled_share < 0) {

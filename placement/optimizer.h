@@ -70,6 +70,19 @@ struct OptimizeOptions {
   // the load-only baseline's (greedy-load at the same budget) + load_cap,
   // then the fewest cross-island copies.
   double load_cap = 0.05;
+  // metis, with group-limited routing (DeepSeek-V3's n_group): the experts'
+  // groups (consecutive ids; 0: none) and how much more an in-group
+  // co-activation weighs in the cut (IslandRules, metis_partition.h): 0
+  // ignores the groups, a large hint keeps each group on one island.
+  int expert_groups = 0;
+  double group_hint = 0;
+  // metis: how far above the mean an island's load per rank may stay
+  // (IslandRules). A tighter balance splits more co-routed experts: 0.5%
+  // bought at most 0.006 of rank load and cost 9-10% of the cross-island
+  // copies at the OLMoE and DeepSeek-V3 shapes' default budgets; with
+  // group-limited routing and one slot per expert, 10% cut 8% of them at
+  // the same rank load (docs/placement.md).
+  double island_tolerance = 0.02;
 };
 
 Placement optimize(const routing::RoutingStats& stats, const Topology& topology, const OptimizeOptions& options);

@@ -75,6 +75,11 @@ const config::Section<PlacementConfig>& placement_config_section() {
           config::real<C>("pooled_share", &C::pooled_share, -1, -1, 1,
                           "reoptimize's metis: share of replicated experts whose replicas may share an "
                           "island; -1 = chosen on the statistics' sample against load_cap"),
+          config::real<C>("island_tolerance", &C::island_tolerance, 0.02, 0, 1,
+                          "reoptimize's metis: how far above the mean an island's load per rank may stay"),
+          config::real<C>("group_hint", &C::group_hint, 0, 0, 1e6,
+                          "reoptimize's metis, with a group-limited router: co-activation inside an expert "
+                          "group weighs 1 + this in the cut; 0 = groups ignored"),
       });
   return section;
 }

@@ -33,6 +33,8 @@ struct PlacementConfig {
   OptimizerPolicy reoptimize_policy = OptimizerPolicy::metis;
   double load_cap = 0.05;
   double pooled_share = -1;
+  double island_tolerance = 0.02;
+  double group_hint = 0;
 };
 
 // Routing statistics the daemon keeps for the placement service.

@@ -206,6 +206,9 @@ void ControlPlane::apply(const BoundaryActions& actions) {
           params.redundant_slots = int(c_.config.placement.redundant_slots);
           params.load_cap = c_.config.placement.load_cap;
           params.pooled_share = c_.config.placement.pooled_share;
+          params.island_tolerance = c_.config.placement.island_tolerance;
+          params.group_hint = c_.config.placement.group_hint;
+          if (const int groups = model_spec(c_.config.model).router.groups; groups > 1) params.expert_groups = groups;
           optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
                                                         topology = c_.topology, params] {
             return plan_reoptimization(stats, current, topology, params);

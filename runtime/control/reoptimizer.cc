@@ -16,6 +16,9 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
     options.redundant_slots = request.redundant_slots;
     options.load_cap = request.load_cap;
     options.pooled_share = request.pooled_share;
+    options.island_tolerance = request.island_tolerance;
+    options.expert_groups = request.expert_groups;
+    options.group_hint = request.group_hint;
     placement::Optimized optimized = placement::optimize_explained(stats, topology, options);
     placement::Placement next = std::move(optimized.placement);
     next = placement::relabel_to_minimise_moves(current, next, topology);

@@ -24,6 +24,9 @@ struct ReoptimizeRequest {
   int redundant_slots = -1;
   double load_cap = 0.05;     // metis's objective and pooled share: OptimizeOptions's
   double pooled_share = -1;
+  double island_tolerance = 0.02;  // metis's balance and groups: OptimizeOptions's
+  int expert_groups = 0;
+  double group_hint = 0;
 };
 
 struct ReoptimizePlan {

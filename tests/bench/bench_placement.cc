@@ -316,11 +316,11 @@ void group_limited_case() {
   const RoutingStats stats = RoutingStats::from_trace(fit, 0, fit.tokens());
   const Topology topology = Topology::blocks(64, 8);
   std::cout << fmt::format("\n(h) group-limited routing (DeepSeek-V3 shape, 8 layers, 8 groups, 4 kept), 8 islands x 8 "
-                           "ranks, one slot per expert\n  {:<22} {:>12} {:>16} {:>10}\n",
+                           "ranks, one slot per expert\n  {:<26} {:>12} {:>16} {:>10}\n",
                            "placement", "cross-isl/tok", "tokens > 4 isl", "rank load");
   auto row = [&](const std::string& name, const Placement& p) {
     const Cost c = evaluate(eval, p, topology);
-    std::cout << fmt::format("  {:<22} {:>12.4f} {:>15.1f}% {:>10.3f}\n", name, c.cross_island_copies_per_token,
+    std::cout << fmt::format("  {:<26} {:>12.4f} {:>15.1f}% {:>10.3f}\n", name, c.cross_island_copies_per_token,
                              100 * c.share_over_islands(4), c.max_mean_rank_load);
   };
   OptimizeOptions o;
@@ -332,7 +332,19 @@ void group_limited_case() {
   row("greedy-load", optimize(stats, topology, o));
   row("groups on islands", align_groups_to_islands(stats, topology, 8));
   o.policy = OptimizerPolicy::metis;
-  row("metis free", optimize(stats, topology, o));
+  // metis free of the groups, then given them as a hint, each at the default
+  // island balance and a looser one (which lets a hinted group stay whole).
+  for (double tolerance : {0.02, 0.10}) {
+    o.island_tolerance = tolerance;
+    o.expert_groups = 0;
+    o.group_hint = 0;
+    row(fmt::format("metis free, isl {:.0f}%", 100 * tolerance), optimize(stats, topology, o));
+    o.expert_groups = 8;
+    for (double hint : {1.0, 1000.0}) {
+      o.group_hint = hint;
+      row(fmt::format("metis hint {}, isl {:.0f}%", hint, 100 * tolerance), optimize(stats, topology, o));
+    }
+  }
 }
 
 }  // namespace

@@ -80,6 +80,26 @@ TEST(Reoptimizer, MetisSaysHowItChoseItsPooledShare) {
   EXPECT_TRUE(plan_reoptimization(stats(), current, topology, request).pooling.empty());
 }
 
+// The request's group hint and island balance reach the optimiser: groups that
+// do not divide the model's experts, or a tolerance above 1, fail the plan.
+TEST(Reoptimizer, GroupsAndIslandToleranceReachTheOptimizer) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::contiguous(4, 2, 16);
+  ReoptimizeRequest request;
+  request.pooled_share = 0.5;
+  request.expert_groups = 4;
+  request.group_hint = 2;
+  request.island_tolerance = 0.1;
+  const ReoptimizePlan hinted = plan_reoptimization(stats(), current, topology, request);
+  EXPECT_TRUE(hinted.error.empty()) << hinted.error;
+  request.expert_groups = 5;
+  EXPECT_NE(plan_reoptimization(stats(), current, topology, request).error.find("5 expert groups"), std::string::npos);
+  request.expert_groups = 4;
+  request.island_tolerance = 2;
+  EXPECT_NE(plan_reoptimization(stats(), current, topology, request).error.find("island tolerance 2"),
+            std::string::npos);
+}
+
 // The control plane reads the policy of a request the admin protocol checked
 // against its own list (the admin room cannot include placement/).
 TEST(Reoptimizer, TheAdminPoliciesAreTheOptimizersInOrder) {
