@@ -94,6 +94,10 @@ const config::Section<RouterConfig>& router_section() {
                   "(pairs = tokens x k of the step's layer, all ranks)"),
           real<C>("demotion_threshold", &C::demotion_threshold, 0.85, 0.01, 1e3,
                   "demote: the share of its capacity an expert keeps (its highest gate weights)"),
+          real<C>("demotion_target", &C::demotion_target, 0, 0, 10,
+                  "demote: > 0, each step's experts above the level that brings the step's expert loads "
+                  "to this std/mean demote their excess, to candidates under the matching floor first "
+                  "(instead of capacity_factor and demotion_threshold); 0 = off"),
           integer<C>("demotion_candidates", &C::demotion_candidates, 2, 1, 64,
                      "demote: next-ranked experts a demoted pair may move to (each token sends this "
                      "many more candidates in the step's gather)"),

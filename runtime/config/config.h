@@ -74,7 +74,7 @@ struct RouterConfig {
   double smoothing_beta = 0;
   std::int64_t smoothing_max_requests = 0, smoothing_idle_steps = 0;
   LoadPolicy load_policy = LoadPolicy::none;
-  double capacity_factor = 1, demotion_threshold = 1;
+  double capacity_factor = 1, demotion_threshold = 1, demotion_target = 0;
   std::int64_t demotion_candidates = 0;
   double bias_gamma = 0;
   bool measure_jitter = false;

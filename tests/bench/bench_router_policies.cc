@@ -44,6 +44,7 @@ struct Policy {
   std::string name;
   LoadParams load;
   double gamma = 0;
+  std::size_t candidates = 2;  // with demotion: demotion_candidates (the default 2; 6 = every other expert)
 };
 
 struct Figures {
@@ -58,7 +59,7 @@ Figures run(const Policy& p, const std::vector<std::vector<double>>& log_popular
   router.top_k = 2, router.max_k = 2;
   BiasBalancer bias(L, experts, p.gamma);
   const std::vector<std::uint32_t> replicas(std::size_t(experts), 1);
-  const std::size_t extra = p.load.policy == LoadPolicy::demote ? 2 : 0;  // demotion_candidates' default
+  const std::size_t extra = p.load.policy == LoadPolicy::demote ? p.candidates : 0;
   Figures f;
   std::uint64_t pairs = 0, changed = 0, dropped = 0;
   double weight_changed = 0, weight_dropped = 0;
@@ -155,8 +156,13 @@ void offline(const std::string& trace_path, int steps, int warmup, std::size_t t
       {"bias, gamma 0.05", {LoadPolicy::none, 1, 1, {}}, 0.05},
       {"bias 0.01 + demote 1.0 of 1.1", {LoadPolicy::demote, 1.1, 1.0, {}}, 0.01},
       {"bias 0.01 + demote 1.0 of 1.0", {LoadPolicy::demote, 1.0, 1.0, {}}, 0.01},
+      {"demote to 0.10", {LoadPolicy::demote, 1, 1, {}, 0.10}},
+      {"demote to 0.10, 6 candidates", {LoadPolicy::demote, 1, 1, {}, 0.10}, 0, 6},
+      {"demote to 0.09, 6 candidates", {LoadPolicy::demote, 1, 1, {}, 0.09}, 0, 6},
+      {"bias 0.01 + demote to 0.10, 6 cand.", {LoadPolicy::demote, 1, 1, {}, 0.10}, 0.01, 6},
+      {"bias 0.001 + demote to 0.10, 6 cand.", {LoadPolicy::demote, 1, 1, {}, 0.10}, 0.001, 6},
   };
-  fmt::print("{:<32} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9}\n", "policy", "std/mean", "max/mean", "changed",
+  fmt::print("{:<38} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9}\n", "policy", "std/mean", "max/mean", "changed",
              "dropped", "weight chg", "weight drop", "bound");
   std::vector<std::vector<double>> none;
   for (const Policy& p : policies) {
@@ -164,7 +170,7 @@ void offline(const std::string& trace_path, int steps, int warmup, std::size_t t
     if (p.name == "none") none = f.loads;
     // The fewest pairs that could have reached this policy's own spread.
     const double own = min_moves_for_spread(none, f.std_over_mean).share();
-    fmt::print("{:<32} {:>9.3f} {:>9.2f} {:>8.2f}% {:>8.2f}% {:>11.2f}% {:>11.2f}% {:>8.2f}%\n", p.name,
+    fmt::print("{:<38} {:>9.3f} {:>9.2f} {:>8.2f}% {:>8.2f}% {:>11.2f}% {:>11.2f}% {:>8.2f}%\n", p.name,
                f.std_over_mean, f.max_over_mean, 100 * f.changed, 100 * f.dropped, 100 * f.weight_changed,
                100 * f.weight_dropped, 100 * own);
   }

@@ -17,6 +17,8 @@
 # (b) smoothing at several betas: the jitter against that output change;
 # (c) the same workload OLMoE-shaped: 64 experts, top-8 (H=256, F=512 to
 #     keep the run short);
+# (a) and (c) include demotion to a target spread (demotion_target), the
+#     policy that meets the aim: std/mean 0.10 within 1.25x of the bound;
 # (d) the Mixtral trace's expert popularity, offline (bench_router_policies);
 #     and the trace replayed in the daemon: none against drop (the only
 #     policy that applies to replayed routing).
@@ -84,8 +86,12 @@ run bias-0.01 --set router.bias_gamma=0.01
 run bias-0.05 --set router.bias_gamma=0.05
 run bias-0.2 --set router.bias_gamma=0.2
 run bias-0.05+demote-1.0x1.0 --set router.bias_gamma=0.05 "${demote_at_mean[@]}"
+# Demotion to a target spread: each step's excess over the level that brings
+# its loads to the target (the bound's own clipping), to the needy first.
+run demote-to-0.10-c6 --set router.load_policy=demote --set router.demotion_target=0.10 --set router.demotion_candidates=6
+run demote-to-0.15-c6 --set router.load_policy=demote --set router.demotion_target=0.15 --set router.demotion_candidates=6
 table none drop-1.0 drop-1.25 demote-0.85x1.25 demote-0.85x1.5 demote-1.0x1.0 demote-1.0x1.0-c6 bias-0.01 bias-0.05 bias-0.2 \
-  bias-0.05+demote-1.0x1.0
+  bias-0.05+demote-1.0x1.0 demote-to-0.10-c6 demote-to-0.15-c6
 
 echo; echo "(b) smoothing: jitter against the output change, per beta"
 for beta in 0.1 0.3 1 3; do run "smoothing-$beta" --set router.smoothing_beta=$beta; done
@@ -100,8 +106,10 @@ run olmoe-demote-1.0x1.0-c16 "${demote_at_mean[@]}" --set router.demotion_candid
 run olmoe-bias-0.01 --set router.bias_gamma=0.01
 run olmoe-bias-0.05 --set router.bias_gamma=0.05
 run olmoe-bias-0.05+demote-1.0x1.0 --set router.bias_gamma=0.05 "${demote_at_mean[@]}"
+run olmoe-demote-to-0.06-c16 --set router.load_policy=demote --set router.demotion_target=0.06 --set router.demotion_candidates=16
+run olmoe-demote-to-0.10-c32 --set router.load_policy=demote --set router.demotion_target=0.10 --set router.demotion_candidates=32
 table olmoe-none olmoe-demote-0.85x1.25 olmoe-demote-1.0x1.0 olmoe-demote-1.0x1.0-c16 olmoe-bias-0.01 olmoe-bias-0.05 \
-  olmoe-bias-0.05+demote-1.0x1.0
+  olmoe-bias-0.05+demote-1.0x1.0 olmoe-demote-to-0.06-c16 olmoe-demote-to-0.10-c32
 
 echo; echo "(d) the Mixtral trace's expert popularity, offline (per step and layer loads)"
 "$offline" "$root/tests/data/mixtral-humaneval.trace"

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "common/error.h"
+#include "runtime/router/policies/spread_bound.h"
 
 namespace moed::runtime {
 
@@ -59,10 +61,23 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
       if (!a_nan && a.weight != b.weight) return a.weight > b.weight;
       return a.token != b.token ? a.token < b.token : a.slot < b.slot;
     });
-    std::vector<double> room(E);
-    for (std::size_t e = 0; e < E; ++e) room[e] = expert_room(params, pairs.size(), E, replicas[e]);
+    std::vector<double> room(E), floor(E, 0.0);
+    if (params.policy == LoadPolicy::demote && params.target_spread > 0) {
+      std::vector<double> chosen(E, 0.0);
+      for (const Pair& p : pairs) {
+        const std::uint32_t e = all.experts_of(p.token)[p.slot];
+        MOED_CHECK(e < E, "load policy: expert {} of {}", e, E);
+        chosen[e] += 1;
+      }
+      const SpreadLevels levels = levels_for_spread(chosen, params.target_spread);
+      std::fill(room.begin(), room.end(), levels.top);
+      std::fill(floor.begin(), floor.end(), std::ceil(levels.floor));
+    } else {
+      for (std::size_t e = 0; e < E; ++e) room[e] = expert_room(params, pairs.size(), E, replicas[e]);
+    }
     std::vector<std::uint64_t> load(E, 0);
     const auto fits = [&](std::uint32_t e) { return double(load[e] + 1) <= room[e]; };
+    const auto needs = [&](std::uint32_t e) { return double(load[e] + 1) <= floor[e]; };
     std::vector<const Pair*> over;
     for (const Pair& p : pairs) {
       const std::uint32_t e = all.experts_of(p.token)[p.slot];
@@ -85,11 +100,13 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
           if (fate[first[p->token] + i] != kDropped && experts[fate[first[p->token] + i]] == e) return true;
         return false;
       };
-      for (std::uint32_t c = all.chosen[p->token]; c < experts.size(); ++c)
-        if (!taken(experts[c]) && fits(experts[c])) {
-          f = c;
-          break;
-        }
+      // With a target spread, an expert under the floor first (the flattest
+      // loads fill those); else (and by capacity) the first with room.
+      for (const auto& open : {std::function<bool(std::uint32_t)>(needs), std::function<bool(std::uint32_t)>(fits)}) {
+        for (std::uint32_t c = all.chosen[p->token]; c < experts.size() && f == p->slot; ++c)
+          if (!taken(experts[c]) && open(experts[c])) f = c;
+        if (f != p->slot) break;
+      }
       ++load[experts[f]];
     }
   }

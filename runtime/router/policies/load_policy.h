@@ -29,6 +29,12 @@ struct LoadParams {
   double capacity_factor = 1.25;
   double threshold = 0.85;  // demote only
   RouterSpec weights;       // how the final choice's scores become weights (add_weights)
+  // demote only: > 0, each step's room comes from its own loads instead of
+  // the capacity: the experts above the top of levels_for_spread(loads,
+  // target_spread) demote their excess, to candidates under its floor first
+  // (then to any under its top), so the step's expert loads come to about
+  // this std/mean moving about the fewest pairs any re-routing could.
+  double target_spread = 0;
 };
 
 // What the policy did to the pairs of the tokens counted (a range of them):

@@ -35,7 +35,9 @@ std::string describe_router_policies(const Config& c) {
   std::vector<std::string> on;
   if (r.smoothing_beta > 0) on.push_back(fmt::format("smoothing beta {}", r.smoothing_beta));
   if (r.load_policy == LoadPolicy::drop) on.push_back(fmt::format("drop over capacity {}", r.capacity_factor));
-  if (r.load_policy == LoadPolicy::demote)
+  if (r.load_policy == LoadPolicy::demote && r.demotion_target > 0)
+    on.push_back(fmt::format("demote to load std/mean {}", r.demotion_target));
+  else if (r.load_policy == LoadPolicy::demote)
     on.push_back(fmt::format("demote over {} of capacity {}", r.demotion_threshold, r.capacity_factor));
   if (r.bias_gamma > 0) on.push_back(fmt::format("bias balancing gamma {}", r.bias_gamma));
   if (r.measure_jitter) on.emplace_back("jitter measured");
@@ -46,7 +48,8 @@ RouterPolicies::RouterPolicies(const Config& c, int layers, int experts)
     : layers_(layers),
       experts_(experts),
       beta_(c.router.smoothing_beta),
-      load_{c.router.load_policy, c.router.capacity_factor, c.router.demotion_threshold, model_spec(c.model).router},
+      load_{c.router.load_policy, c.router.capacity_factor, c.router.demotion_threshold, model_spec(c.model).router,
+            c.router.demotion_target},
       measure_jitter_(c.router.measure_jitter) {
   const std::size_t max_k = std::size_t(c.router.mode == RouterMode::topp && c.router.max_k ? c.router.max_k : c.model.top_k);
   extra_ = load_.policy == LoadPolicy::demote ? std::size_t(c.router.demotion_candidates) : 0;

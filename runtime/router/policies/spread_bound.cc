@@ -78,6 +78,21 @@ std::vector<double> flattest_loads(std::span<const double> load, double moves) {
   return out;
 }
 
+SpreadLevels levels_for_spread(std::span<const double> load, double target) {
+  MOED_CHECK(std::isfinite(target) && target >= 0, "spread levels: target {} is not a spread", target);
+  const Cell cell(load);
+  if (load.empty()) return {};
+  double lo = 0, hi = cell.excess;
+  if (cell.at(0).spread > target)
+    for (int i = 0; i < kBisections; ++i) {
+      const double mid = (lo + hi) / 2;
+      (cell.at(mid).spread > target ? lo : hi) = mid;
+    }
+  else
+    hi = 0;
+  return {cell.mean - Cell::level(cell.up, hi), cell.mean + Cell::level(cell.down, hi)};
+}
+
 SpreadBound min_moves_for_spread(std::span<const std::vector<double>> loads, double target) {
   MOED_CHECK(std::isfinite(target) && target >= 0, "spread bound: target {} is not a spread", target);
   std::vector<Cell> cells;

@@ -23,6 +23,15 @@ namespace moed::runtime {
 // The flattest loads `moves` pair moves can make of `load`.
 std::vector<double> flattest_loads(std::span<const double> load, double moves);
 
+// The window [floor, top] that the flattest loads of the fewest moves
+// reaching `target` std/mean clip `load` to: the loads above `top` give their
+// excess, those under `floor` take it. Already within the target (or no
+// load): the loads' own minimum and maximum.
+struct SpreadLevels {
+  double floor = 0, top = 0;
+};
+SpreadLevels levels_for_spread(std::span<const double> load, double target);
+
 struct SpreadBound {
   double moves = 0;  // pairs that must move, at least
   double pairs = 0;  // pairs in all the cells

@@ -601,6 +601,9 @@ const std::vector<PolicyCase>& policy_cases() {
       {"Smoothing", [](Config& c) { c.router.smoothing_beta = 2.0; }},
       {"Drop", [](Config& c) { c.router.load_policy = LoadPolicy::drop, c.router.capacity_factor = 0.8; }},
       {"Demote", [](Config& c) { c.router.load_policy = LoadPolicy::demote, c.router.capacity_factor = 1.0; }},
+      {"DemoteToTarget", [](Config& c) {
+         c.router.load_policy = LoadPolicy::demote, c.router.demotion_target = 0.1, c.router.demotion_candidates = 4;
+       }},
       {"Bias", [](Config& c) { c.router.bias_gamma = 0.5; }},
       {"AllWithJitter", [](Config& c) {
          c.router.smoothing_beta = 0.5, c.router.load_policy = LoadPolicy::demote, c.router.bias_gamma = 0.1;
@@ -659,7 +662,7 @@ TEST_P(EnginePolicies, EveryJobHasTheOneRankJobsBitsAndCounts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Jobs, EnginePolicies,
-                         ::testing::Combine(::testing::Range<std::size_t>(0, 5), ::testing::Values(1, 2, 3)),
+                         ::testing::Combine(::testing::Range<std::size_t>(0, 6), ::testing::Values(1, 2, 3)),
                          [](const ::testing::TestParamInfo<std::tuple<std::size_t, std::size_t>>& info) {
                            return std::string(policy_cases()[std::get<0>(info.param)].name) +
                                   cases()[std::get<1>(info.param)].name;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "runtime/router/policies/spread_bound.h"
 
 namespace moed::runtime {
 namespace {
@@ -139,6 +140,50 @@ TEST(LoadPolicy, ATokenWithoutExpertsStaysWithout) {
     ASSERT_EQ(out.tokens(), 5u);
     EXPECT_TRUE(out.experts_of(4).empty());
     EXPECT_EQ(o.pairs, 8u);
+  }
+}
+
+// Demotion to a target spread on a skewed step whose tokens rank every
+// expert: the loads come to the target (within whole pairs), no fewer pairs
+// move than the bound allows and hardly more, and a pair lands only on an
+// expert under the level's top.
+TEST(LoadPolicy, DemoteToATargetSpreadMovesAboutTheBoundsPairs) {
+  constexpr std::size_t kTokens = 400, kExperts = 8;
+  Ranked all;
+  Rng rng(29);
+  std::vector<std::uint32_t> order(kExperts);
+  for (std::size_t t = 0; t < kTokens; ++t) {
+    for (std::uint32_t e = 0; e < kExperts; ++e) order[e] = e;
+    for (std::size_t i = kExperts - 1; i > 0; --i) std::swap(order[i], order[std::size_t(rng.uniform() * float(i + 1)) % (i + 1)]);
+    if (rng.uniform() < 0.5f) std::swap(order[0], *std::find(order.begin(), order.end(), 0u));
+    double p = 0.5;
+    for (std::uint32_t e : order) all.experts.push_back(e), all.probs.push_back(p *= 0.6);
+    all.end_token(2);
+  }
+  std::vector<double> before(kExperts, 0.0);
+  for (std::size_t t = 0; t < kTokens; ++t)
+    for (std::uint32_t e : all.experts_of(t).first(2)) before[e] += 1;
+  for (double target : {0.05, 0.1, 0.2}) {
+    SCOPED_TRACE(testing::Message() << "target " << target);
+    LoadParams params{LoadPolicy::demote, 1.0, 1.0, {}};
+    params.target_spread = target;
+    Routing out;
+    const LoadOutcome o = apply_load_policy(all, std::vector<std::uint32_t>(kExperts, 1), params, 0, kTokens, out);
+    std::vector<double> after(kExperts, 0.0);
+    for (std::uint32_t e : out.experts) after[e] += 1;
+    double mean = 0, var = 0;
+    for (double v : after) mean += v / kExperts;
+    for (double v : after) var += (v - mean) * (v - mean) / kExperts;
+    EXPECT_LE(std::sqrt(var) / mean, target + 2 / mean);  // whole pairs: within a pair or so of each level
+    const std::vector<std::vector<double>> cells{before};
+    const double bound = min_moves_for_spread(cells, target).moves;
+    EXPECT_GE(double(o.moved), bound - 1e-9);
+    EXPECT_LE(double(o.moved), bound + kExperts);
+    const SpreadLevels at = levels_for_spread(before, target);
+    for (std::size_t e = 0; e < kExperts; ++e)
+      if (after[e] > before[e]) {
+        EXPECT_LE(after[e], at.top) << "expert " << e;
+      }
   }
 }
 

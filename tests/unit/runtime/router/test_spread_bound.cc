@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -70,6 +71,24 @@ TEST(SpreadBound, NothingMovesWhereTheSpreadIsAlreadyUnderTheTarget) {
   EXPECT_EQ(b.pairs, 40);
 }
 
+// levels_for_spread: the window the fewest moves clip to. {5, 1, 1, 1} to
+// std/mean 0.5 (std 1 at mean 2): by hand, {3.5, 1.5, 1.5, 1.5} has std
+// 0.866, so the top is lower: top t, floor f with 5 - t = 3 (f - 1) and
+// mean 2; std 1 gives t = 2 + sqrt(3), f = 2 - 1 / sqrt(3).
+TEST(SpreadBound, LevelsForSpreadByHand) {
+  const std::vector<double> load{5, 1, 1, 1};
+  const SpreadLevels at = levels_for_spread(load, 0.5);
+  EXPECT_NEAR(at.top, 2 + std::sqrt(3.0), 1e-9);
+  EXPECT_NEAR(at.floor, 2 - 1 / std::sqrt(3.0), 1e-9);
+  const SpreadLevels within = levels_for_spread(std::vector<double>{10, 11, 9}, 0.5);
+  EXPECT_EQ(within.floor, 9);
+  EXPECT_EQ(within.top, 11);
+  const SpreadLevels none = levels_for_spread(std::vector<double>{}, 0.1);
+  EXPECT_EQ(none.floor, 0);
+  EXPECT_EQ(none.top, 0);
+  test::expect_error([&] { levels_for_spread(load, -1); }, ErrorKind::Internal, {"target -1"});
+}
+
 TEST(SpreadBound, RefusesBadInput) {
   const std::vector<std::vector<double>> bad{{1, -2}};
   test::expect_error([&] { min_moves_for_spread(bad, 0.1); }, ErrorKind::Internal, {"load -2"});
@@ -78,6 +97,24 @@ TEST(SpreadBound, RefusesBadInput) {
 }
 
 class SpreadBoundRandom : public ::testing::TestWithParam<std::uint64_t> {};
+
+// Clipping a cell to its levels reaches the target, and what it takes off
+// the top is the bound's moves for that cell.
+TEST_P(SpreadBoundRandom, ClippingToTheLevelsReachesTheTargetWithTheBoundsMoves) {
+  const std::vector<double> load = skewed_loads(16, GetParam());
+  for (double target : {0.05, 0.1, 0.3}) {
+    SCOPED_TRACE(testing::Message() << "target " << target);
+    const SpreadLevels at = levels_for_spread(load, target);
+    std::vector<double> clipped;
+    double off_top = 0;
+    for (double v : load) clipped.push_back(std::clamp(v, at.floor, at.top)), off_top += std::max(0.0, v - at.top);
+    EXPECT_NEAR(std_over_mean(clipped), target, 1e-6);
+    EXPECT_NEAR(std::accumulate(clipped.begin(), clipped.end(), 0.0), std::accumulate(load.begin(), load.end(), 0.0),
+                1e-6);
+    const std::vector<std::vector<double>> cells{load};
+    EXPECT_NEAR(off_top, min_moves_for_spread(cells, target).moves, 1e-6 * off_top);
+  }
+}
 
 TEST_P(SpreadBoundRandom, ClippedLoadsAreNeverBeatenByRandomReRoutings) {
   const std::uint64_t seed = GetParam();
