@@ -109,10 +109,8 @@ void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::siz
       std::fill(out + 16 * b, out + 16 * b + kP, scale);
       continue;
     }
-    // e8m0_value, inline (255, NaN, never gets here: the store refuses it at load).
     const std::uint8_t* e = panel.scales + block * kP;
-    for (std::size_t l = 0; l < kP; ++l)
-      out[16 * b + l] = e[l] == 0 ? 0x1p-127f : std::bit_cast<float>(std::uint32_t(e[l]) << 23);
+    for (std::size_t l = 0; l < kP; ++l) out[16 * b + l] = e8m0_value(e[l]);
   }
 }
 

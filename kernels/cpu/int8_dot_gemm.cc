@@ -194,8 +194,8 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
   }
 }
 
-// e8m0 / 2 = 2^(e - 128), exact (a subnormal for e 0).
-float half_e8m0(std::uint32_t e) { return e == 0 ? 0x1p-128f : std::bit_cast<float>((e - 1) << 23); }
+// e8m0 / 2 = 2^(e - 128): halving a power of two is exact, 2^-128 included (a subnormal).
+float half_e8m0(std::uint8_t e) { return 0.5f * e8m0_value(e); }
 
 // A few rows of mxfp4: fours of panels decoded in registers, each over all
 // of k (the packed rows of one tile, k-major over the whole range).

@@ -113,11 +113,6 @@ std::uint8_t fp4_code(float value) {
   return sign | nearest_code(fp4_positive(), magnitude);
 }
 
-float e8m0_value(std::uint8_t e) {
-  if (e == 255) return std::numeric_limits<float>::quiet_NaN();
-  return e == 0 ? 0x1p-127f : std::bit_cast<float>(std::uint32_t(e) << 23);
-}
-
 std::uint8_t mx_scale_code(float amax) {
   if (!(amax > 0)) return 127;
   if (!std::isfinite(amax)) return 254;

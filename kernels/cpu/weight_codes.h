@@ -6,7 +6,9 @@
 // AVX2 loop and the AVX-512 loop all give the same bits.
 #pragma once
 
+#include <bit>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace moed::kernels {
@@ -45,8 +47,12 @@ float fp4_value(std::uint8_t nibble);
 std::uint8_t fp4_code(float value);
 constexpr float kFp4Max = 6.0f;
 constexpr int kMxBlock = 32;  // weights of a row sharing one e8m0 scale
-// e8m0: 2^(e - 127); 255 is NaN. 0 gives 2^-127, a subnormal.
-float e8m0_value(std::uint8_t e);
+// e8m0: 2^(e - 127); 255 is NaN. 0 gives 2^-127, a subnormal. Inline: the
+// GEMMs' scale loops call it per block.
+inline float e8m0_value(std::uint8_t e) {
+  if (e == 255) return std::numeric_limits<float>::quiet_NaN();
+  return e == 0 ? 0x1p-127f : std::bit_cast<float>(std::uint32_t(e) << 23);
+}
 // The OCP scale of a block whose largest magnitude is `amax`: 2^(floor(log2
 // amax) - 2), so the largest weight lands in [4, 8) before saturation at 6;
 // 127 (1.0) for a block of zeros.
