@@ -167,9 +167,10 @@ MoveCost move_cost(const Placement& from, const Placement& to, std::uint64_t byt
   for (int l = 0; l < to.layers(); ++l)
     for (int e = 0; e < to.experts(); ++e) {
       const auto& old = from.replicas(l, e);
-      for (int r : to.replicas(l, e)) m.slots += std::find(old.begin(), old.end(), r) == old.end();
+      for (int r : to.replicas(l, e))
+        if (std::find(old.begin(), old.end(), r) == old.end())
+          ++m.slots, m.bytes += bytes_per_expert / std::uint64_t(to.shards(l, e));  // a shard carries 1/S
     }
-  m.bytes = m.slots * bytes_per_expert;
   return m;
 }
 

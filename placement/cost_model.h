@@ -58,7 +58,8 @@ Cost evaluate_layer(const routing::RoutingTrace& routing, std::size_t first, std
                     const Placement& placement, const Topology& topology);
 
 // Slots that moving from `from` to `to` fills (each a copy of one expert's
-// weights) and the bytes they carry.
+// weights, or one shard's: 1/S of them) and the bytes they carry; a holder
+// that keeps a shard of the expert it splits fills no slot (cut in place).
 struct MoveCost {
   std::uint64_t slots = 0;
   std::uint64_t bytes = 0;

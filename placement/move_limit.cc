@@ -19,15 +19,24 @@ namespace {
 // fills a slot where it frees one (backward). Every rank a chain passes
 // through keeps its count; a chain ends only where no move is left to pair
 // with, i.e. where the target adds or removes slots, or at "nowhere".
+// The cut moves of one expert (a split) are one group of their own: they apply together.
 std::vector<std::vector<Move>> group_moves(const std::vector<Move>& layer_moves) {
   const std::size_t n = layer_moves.size();
   std::vector<bool> used(n, false);
+  std::vector<std::vector<Move>> groups;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (used[i] || !layer_moves[i].cut) continue;
+    std::vector<Move> split;
+    for (std::size_t j = i; j < n; ++j)
+      if (!used[j] && layer_moves[j].cut && layer_moves[j].expert == layer_moves[i].expert)
+        used[j] = true, split.push_back(layer_moves[j]);
+    groups.push_back(std::move(split));
+  }
   auto take = [&](auto matches) -> std::size_t {
     for (std::size_t j = 0; j < n; ++j)
       if (!used[j] && matches(layer_moves[j])) return used[j] = true, j;
     return n;
   };
-  std::vector<std::vector<Move>> groups;
   for (std::size_t seed = 0; seed < n; ++seed) {
     if (used[seed]) continue;
     used[seed] = true;

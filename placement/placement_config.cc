@@ -80,6 +80,11 @@ const config::Section<PlacementConfig>& placement_config_section() {
           config::real<C>("group_hint", &C::group_hint, 0, 0, 1e6,
                           "reoptimize's metis, with a group-limited router: co-activation inside an expert "
                           "group weighs 1 + this in the cut; 0 = groups ignored"),
+          config::real<C>("shard_over_mean", &C::shard_over_mean, 0, 0, 1e6,
+                          "reoptimize: split each expert whose load exceeds this times its layer's mean into "
+                          "`shards` shards on one island (as moe-place optimize --shard-over-mean); 0 = never"),
+          config::integer<C>("shards", &C::shards, 2, 2, 1 << 16,
+                             "reoptimize's split experts: shards each (must divide [experts].ffn_chunks)"),
       });
   return section;
 }

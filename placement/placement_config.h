@@ -35,6 +35,8 @@ struct PlacementConfig {
   double pooled_share = -1;
   double island_tolerance = 0.02;
   double group_hint = 0;
+  double shard_over_mean = 0;
+  std::int64_t shards = 2;
 };
 
 // Routing statistics the daemon keeps for the placement service.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <tuple>
 #include <utility>
 
@@ -115,13 +116,29 @@ int source_rank(const std::vector<int>& kept, const std::vector<int>& current_so
   return current_sorted.empty() ? -1 : current_sorted.front();
 }
 
+// A whole expert split by `next`: each shard cut from a whole copy (the
+// shard's own rank where it holds one, so those bytes stay on the rank), and
+// every holder that keeps no shard released.
+void cut_moves(const Placement& current, const Placement& next, int l, int e, std::vector<Move>& out) {
+  const std::vector<int>& holders = current.replicas(l, e);
+  const std::vector<int>& shard_ranks = next.replicas(l, e);
+  const int S = int(shard_ranks.size());
+  for (int s = 0; s < S; ++s) {
+    const int to = shard_ranks[std::size_t(s)];
+    out.push_back({l, e, holds(holders, to) ? to : holders.front(), to, -1, s, S, true});
+  }
+  for (int r : holders)
+    if (!holds(shard_ranks, r)) out.push_back({l, e, -1, -1, r, 0, S, true});
+}
+
 // The moves of one split expert: each shard whose rank changes, from its holder.
 void shard_moves(const Placement& current, const Placement& next, int l, int e, std::vector<Move>& out) {
   const int S = current.shards(l, e);
   if (next.shards(l, e) != S)
     MOED_THROW(Input,
                "layer {} expert {} is split into {} shard(s) now and {} in the new placement: a migration moves "
-               "shards, it does not re-split an expert (restart with the new placement)",
+               "shards and splits whole experts, it does not re-split or merge a split one (restart with the new "
+               "placement)",
                l, e, S, next.shards(l, e));
   const std::vector<int>& cur = current.replicas(l, e);
   const std::vector<int>& nxt = next.replicas(l, e);
@@ -189,6 +206,10 @@ std::vector<Move> moves(const Placement& current, const Placement& next) {
   std::vector<Move> out;
   for (int l = 0; l < current.layers(); ++l) {
     for (int e = 0; e < current.experts(); ++e) {
+      if (!current.sharded(l, e) && next.sharded(l, e)) {
+        cut_moves(current, next, l, e, out);
+        continue;
+      }
       if (current.sharded(l, e) || next.sharded(l, e)) {
         shard_moves(current, next, l, e, out);
         continue;
@@ -217,9 +238,53 @@ std::vector<Move> moves(const Placement& current, const Placement& next) {
   return out;
 }
 
+// Splits every whole expert that `chosen` cuts, with all its cut moves at
+// once: each shard exactly once, from a holder; every holder either keeps a
+// shard or is released.
+void apply_cuts(Placement& out, const std::vector<Move>& chosen) {
+  std::map<std::pair<int, int>, std::vector<const Move*>> cuts;
+  for (const Move& m : chosen)
+    if (m.cut) cuts[{m.layer, m.expert}].push_back(&m);
+  for (const auto& [key, group] : cuts) {
+    const auto [l, e] = key;
+    if (l < 0 || l >= out.layers() || e < 0 || e >= out.experts())
+      MOED_THROW(Internal, "cut of layer {} expert {}: outside the placement's {} layers x {} experts", l, e,
+                 out.layers(), out.experts());
+    if (out.sharded(l, e)) MOED_THROW(Internal, "cut of layer {} expert {}: it is split already", l, e);
+    const int S = group.front()->shards;
+    const std::vector<int>& holders = out.replicas(l, e);
+    std::vector<int> shard_ranks(std::size_t(std::max(S, 0)), -1);
+    std::vector<int> released;
+    for (const Move* m : group) {
+      if (m->shards != S || S < 2)
+        MOED_THROW(Internal, "cut of layer {} expert {}: moves into {} and {} shards", l, e, S, m->shards);
+      if (m->to < 0) {
+        if (!holds(holders, m->drop)) MOED_THROW(Internal, "cut of layer {} expert {}: rank {} holds none", l, e, m->drop);
+        released.push_back(m->drop);
+        continue;
+      }
+      if (m->shard < 0 || m->shard >= S || shard_ranks[std::size_t(m->shard)] >= 0 || !holds(holders, m->from) ||
+          m->to >= out.ranks() || m->drop >= 0)
+        MOED_THROW(Internal, "cut of layer {} expert {}: shard {} of {} to rank {} from rank {} is not a cut", l, e,
+                   m->shard, S, m->to, m->from);
+      shard_ranks[std::size_t(m->shard)] = m->to;
+    }
+    for (int s = 0; s < S; ++s)
+      if (shard_ranks[std::size_t(s)] < 0)
+        MOED_THROW(Internal, "cut of layer {} expert {}: shard {} of {} is missing (a cut applies whole)", l, e, s, S);
+    for (int r : holders)
+      if (!holds(shard_ranks, r) && !holds(released, r))
+        MOED_THROW(Internal, "cut of layer {} expert {}: rank {} would keep its whole copy (a cut applies whole)", l,
+                   e, r);
+    out.set_shards(l, e, std::move(shard_ranks));
+  }
+}
+
 Placement apply_moves(const Placement& current, const std::vector<Move>& chosen) {
   Placement out = current;
+  apply_cuts(out, chosen);
   for (const Move& m : chosen) {
+    if (m.cut) continue;
     if (m.layer < 0 || m.layer >= out.layers() || m.expert < 0 || m.expert >= out.experts())
       MOED_THROW(Internal, "move of layer {} expert {}: outside the placement's {} layers x {} experts",
                  m.layer, m.expert, out.layers(), out.experts());
@@ -265,7 +330,12 @@ std::string describe_moves(const std::vector<Move>& moves) {
   std::string out;
   for (const Move& m : moves) {
     out += fmt::format("layer {} expert {}: ", m.layer, m.expert);
-    if (m.shards > 1)
+    if (m.cut && m.to < 0)
+      out += fmt::format("split into {} shards: releases rank {}", m.shards, m.drop);
+    else if (m.cut)
+      out += fmt::format("split into {} shards: shard {} on rank {} (cut from rank {})", m.shards, m.shard, m.to,
+                         m.from);
+    else if (m.shards > 1)
       out += fmt::format("shard {} of {}: rank {} -> rank {}", m.shard, m.shards, m.from, m.to);
     else if (m.to >= 0 && m.drop >= 0)
       out += fmt::format("rank {} -> rank {} (drops rank {})", m.from, m.to, m.drop);

@@ -24,10 +24,16 @@ namespace moed::placement {
 // that expert on `drop` is released (-1: nothing released, a new replica).
 // For a split expert the slot is shard `shard` of `shards`, moved whole from
 // its holder (from = drop) to a rank that holds no shard of it.
+//
+// A whole expert split into shards (`cut`): one move per shard, its bytes cut
+// from the whole copy on `from` (which may be `to` itself: a holder that keeps
+// a shard), and one release (to = -1) per holder that keeps no shard. The
+// moves of one such split apply together or not at all (apply_moves).
 struct Move {
   int layer = 0, expert = 0;
   int from = -1, to = -1, drop = -1;
   int shard = 0, shards = 1;
+  bool cut = false;
   bool operator==(const Move&) const = default;
 };
 
@@ -44,13 +50,16 @@ Placement relabel_to_minimise_moves(const Placement& current, const Placement& n
 
 // The slots of `next` that `current` lacks, per layer and expert, each paired
 // with a slot released where an expert leaves a rank. Shards move one by
-// one; an Input error where an expert is split differently in `next` (a
-// migration moves shards, it does not re-split an expert) or where a shard
-// would land on a rank that holds another shard of its expert until the end.
+// one; a whole expert that `next` splits is cut into its shards (`cut`). An
+// Input error where `next` merges or splits differently an expert that
+// `current` splits (a migration moves shards, it does not re-split a split
+// expert) or where a shard would land on a rank that holds another shard of
+// its expert until the end.
 std::vector<Move> moves(const Placement& current, const Placement& next);
 
 // Applies a subset of moves to `current` (a move is applied as a whole:
-// adding the slot on `to`, releasing `drop`).
+// adding the slot on `to`, releasing `drop`; the cut moves of one expert all
+// together: an Internal error if some are missing).
 Placement apply_moves(const Placement& current, const std::vector<Move>& chosen);
 
 // Human lines, one per move: "layer 3 expert 17: rank 2 -> rank 9 (drops rank 2)".

@@ -141,9 +141,18 @@ int percent_of(const json& m) {
 std::string move_text(const json& m) {
   if (int_field(m, "layer") < 0 || int_field(m, "expert") < 0) return "";
   std::string out = fmt::format("layer {} expert {}", int_field(m, "layer"), int_field(m, "expert"));
-  const std::int64_t from = int_field(m, "from"), to = int_field(m, "to");
+  const std::int64_t from = int_field(m, "from"), to = int_field(m, "to"), drop = int_field(m, "drop");
+  const std::int64_t shards = int_field(m, "shards");
+  const auto cut_field = m.find("cut");
+  const bool cut = cut_field != m.end() && cut_field->is_boolean() && cut_field->get<bool>();
+  if (cut && to >= 0)
+    return out + fmt::format(", split: shard {} of {} to rank {}, cut from rank {}", int_field(m, "shard"), shards,
+                             to, from);
+  if (cut) return out + fmt::format(", split into {} shards: releases rank {}", shards, drop);
+  if (shards > 1) out += fmt::format(", shard {} of {}", int_field(m, "shard"), shards);
   if (from >= 0 && to >= 0) out += fmt::format(", rank {} -> rank {}", from, to);
   else if (to >= 0) out += fmt::format(" to rank {}", to);
+  else if (drop >= 0) out += fmt::format(", releases rank {}", drop);
   return out;
 }
 

@@ -491,6 +491,15 @@ void validate_config(const Config& c, ConfigUse use) {
   if (m.ffn % c.experts.ffn_chunks != 0)
     MOED_THROW(Usage, "config: [experts].ffn_chunks = {} does not divide [model].ffn = {}", c.experts.ffn_chunks,
                m.ffn);
+  if (c.placement.shard_over_mean > 0 && c.experts.ffn_chunks % c.placement.shards != 0)
+    MOED_THROW(Usage,
+               "config: [placement].shard_over_mean splits experts into [placement].shards = {} shards, which "
+               "must divide [experts].ffn_chunks = {} (each shard holds whole canonical chunks)",
+               c.placement.shards, c.experts.ffn_chunks);
+  if (c.placement.shard_over_mean > 0 && c.experts.gemm != Gemm::fixed_order)
+    MOED_THROW(Usage, "config: [placement].shard_over_mean needs [experts].gemm = \"fixed-order\" (a shard's bits "
+                      "are the whole expert's only with it; it is \"{}\")",
+               name_of(c.experts.gemm));
   if (c.engine.microbatches > 1 && c.experts.gemm != Gemm::fixed_order)
     MOED_THROW(Usage,
                "config: [engine].microbatches = {} needs [experts].gemm = \"fixed-order\": with \"{}\" a "

@@ -176,9 +176,12 @@ void ControlPlane::finish_reoptimize() {
                  {"pooling", plan.pooling.empty() ? json(nullptr) : json(plan.pooling)},
                  {"moves", json::array()},
                  {"migration", nullptr}};
-  for (const auto& m : plan.moves)
-    answer["moves"].push_back(
-        {{"layer", numbers_.model(m.layer)}, {"expert", m.expert}, {"from", m.from}, {"to", m.to}, {"drop", m.drop}});
+  for (const auto& m : plan.moves) {
+    json move = {{"layer", numbers_.model(m.layer)}, {"expert", m.expert}, {"from", m.from}, {"to", m.to},
+                 {"drop", m.drop}};
+    if (m.shards > 1) move.update({{"shard", m.shard}, {"shards", m.shards}, {"cut", m.cut}});
+    answer["moves"].push_back(std::move(move));
+  }
   if (coordinator_.plan_ready(std::move(plan.moves), answer["dry_run"])) {
     publish_migration();
     answer["migration"] = migration_json();
@@ -209,6 +212,9 @@ void ControlPlane::apply(const BoundaryActions& actions) {
           params.island_tolerance = c_.config.placement.island_tolerance;
           params.group_hint = c_.config.placement.group_hint;
           if (const int groups = model_spec(c_.config.model).router.groups; groups > 1) params.expert_groups = groups;
+          params.shard_over_mean = c_.config.placement.shard_over_mean;
+          params.shards = int(c_.config.placement.shards);
+          params.ffn_chunks = int(c_.config.experts.ffn_chunks);
           optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
                                                         topology = c_.topology, params] {
             return plan_reoptimization(stats, current, topology, params);
@@ -242,8 +248,8 @@ void ControlPlane::apply(const BoundaryActions& actions) {
         report = true;
         break;
       case K::commit: {
-        transfer_->install();  // the new slots serve before the placement names them
         placement::Placement next = placement::apply_moves(c_.placement, transfer_->moves());
+        transfer_->install();  // the new slots serve before the placement names them
         next.set_epoch(op.epoch);
         c_.placement = std::move(next);
         commit_placement();

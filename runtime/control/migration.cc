@@ -109,17 +109,30 @@ std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_
   // from fastest (zero-copy where the transport has it).
   std::vector<std::size_t> need = incoming;
   for (const auto& m : moves_)
-    if (m.from >= 0 && m.to >= 0) need[std::size_t(m.from)] += move_bytes(m);
+    if (m.from >= 0 && m.to >= 0 && m.from != m.to) need[std::size_t(m.from)] += move_bytes(m);
   const std::size_t staging = incoming[rank_];
   window_ = &windows_.get(need, want + need[rank_] - incoming[rank_], fmt::format("window of migration {}", id_));
   std::size_t at = refusal ? 0 : staging;
   for (std::size_t i = 0; i < moves_.size(); ++i) {
     const placement::Move& m = moves_[i];
     if (m.from != rank_ || m.to < 0) continue;
-    MOED_CHECK(store_.shard_of(m.layer, m.expert) == std::pair(m.shard, m.shards),
-               "migration {}: rank {} is to send shard {} of {} of layer {} expert {}, which it does not hold", id_,
-               rank_, m.shard, m.shards, m.layer, m.expert);
-    store_.copy_slot(m.layer, m.expert, reinterpret_cast<std::uint8_t*>(window_->local().data() + at));
+    const std::pair<int, int> held = m.cut ? std::pair(0, 1) : std::pair(m.shard, m.shards);
+    MOED_CHECK(store_.shard_of(m.layer, m.expert) == held,
+               "migration {}: rank {} is to send shard {} of {} of layer {} expert {}, which it does not hold{}", id_,
+               rank_, m.shard, m.shards, m.layer, m.expert, m.cut ? " whole" : "");
+    // Cut moves send one shard of the whole copy; a holder keeping a shard cuts it in place.
+    const auto copy = [&](std::size_t offset) {
+      auto* out = reinterpret_cast<std::uint8_t*>(window_->local().data() + offset);
+      if (m.cut)
+        store_.copy_shard(m.layer, m.expert, m.shard, m.shards, out);
+      else
+        store_.copy_slot(m.layer, m.expert, out);
+    };
+    if (m.to == rank_) {
+      if (!refusal) copy(offsets_[i]), to_self_.push_back(i);
+      continue;
+    }
+    copy(at);
     outgoing_.emplace_back(i, at);
     at += move_bytes(m);
     to_send_ += move_bytes(m);
@@ -160,6 +173,8 @@ std::vector<std::pair<std::size_t, std::uint64_t>> MigrationTransfer::source_che
   std::vector<std::pair<std::size_t, std::uint64_t>> sums;
   for (const auto& [i, staged] : outgoing_)
     sums.emplace_back(i, weights_checksum(window_->local().data() + staged, move_bytes(moves_[i])));
+  for (std::size_t i : to_self_)
+    sums.emplace_back(i, weights_checksum(window_->local().data() + offsets_[i], move_bytes(moves_[i])));
   return sums;
 }
 
@@ -177,10 +192,9 @@ std::vector<std::size_t> MigrationTransfer::verify(const std::vector<std::uint64
 
 void MigrationTransfer::install() {
   for (std::size_t i = 0; i < moves_.size(); ++i)
-    if (moves_[i].to == rank_)
-      store_.add_slot(moves_[i].layer, moves_[i].expert,
-                      reinterpret_cast<const std::uint8_t*>(window_->local().data() + offsets_[i]), moves_[i].shard,
-                      moves_[i].shards);
+    if (const placement::Move& m = moves_[i]; m.to == rank_)
+      store_.add_slot(m.layer, m.expert, reinterpret_cast<const std::uint8_t*>(window_->local().data() + offsets_[i]),
+                      m.shard, m.shards, m.cut && store_.holds(m.layer, m.expert));
 }
 
 void MigrationTransfer::release() {

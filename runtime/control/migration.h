@@ -114,6 +114,9 @@ class MigrationTransfer {
   comm::WeightMover* window_ = nullptr;  // from windows_
   // This rank's outgoing slots, staged once in its window: (move index, byte offset).
   std::vector<std::pair<std::size_t, std::size_t>> outgoing_;
+  // Moves this rank makes to itself (a holder keeping a shard of the expert
+  // it splits): cut straight into where they land, never sent.
+  std::vector<std::size_t> to_self_;
   std::size_t to_send_ = 0, sent_ = 0, issued_ = 0;
 };
 

@@ -131,7 +131,8 @@ void MigrationCoordinator::start(std::vector<placement::Move> moves, const std::
   m.id = next_id_++;
   m.moves = std::move(moves);
   m.why = why;
-  for (const auto& mv : m.moves) m.bytes += mv.to >= 0 ? slot_bytes_(mv.shards) : 0;
+  // What the sources send: a holder that keeps a shard of the expert it splits cuts it in place.
+  for (const auto& mv : m.moves) m.bytes += mv.to >= 0 && mv.to != mv.from ? slot_bytes_(mv.shards) : 0;
   m.expected.assign(m.moves.size(), 0);
   for (double ms : steady_step_ms_) m.step_ms_before.add(ms);
   spdlog::info("migration {} ({}): {} slot move(s), {:.1f} MB", m.id, why, m.moves.size(), double(m.bytes) / 1e6);

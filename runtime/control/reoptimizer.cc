@@ -4,6 +4,7 @@
 
 #include "placement/optimizer.h"
 #include "placement/shard_choice.h"
+#include "placement/shard_rules.h"
 
 namespace moed::runtime {
 
@@ -21,8 +22,11 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
     options.group_hint = request.group_hint;
     placement::Optimized optimized = placement::optimize_explained(stats, topology, options);
     placement::Placement next = std::move(optimized.placement);
+    const placement::ShardRule rule{request.shard_over_mean, request.shards, double(request.slots_per_rank)};
+    if (rule.over_mean > 0) next = placement::split_hot_experts(next, stats, topology, rule);
     next = placement::relabel_to_minimise_moves(current, next, topology);
     next = placement::keep_splits(current, std::move(next));
+    if (request.ffn_chunks > 0) placement::check_shards(next, request.ffn_chunks, topology, "the re-optimised placement");
     const routing::RoutingTrace sample = stats.sample_trace();
     if (request.max_moves) next = placement::limit_moves(current, next, *request.max_moves, sample, topology);
     ReoptimizePlan plan;

@@ -27,6 +27,12 @@ struct ReoptimizeRequest {
   double island_tolerance = 0.02;  // metis's balance and groups: OptimizeOptions's
   int expert_groups = 0;
   double group_hint = 0;
+  // Hot experts split into shards (ShardRule's over_mean and shards; its
+  // memory budget is slots_per_rank), checked against the run's canonical
+  // F-chunks (0: not checked).
+  double shard_over_mean = 0;
+  int shards = 2;
+  int ffn_chunks = 0;
 };
 
 struct ReoptimizePlan {

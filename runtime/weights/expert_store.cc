@@ -365,6 +365,14 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
   check_shape_fits(store.dtype_, s.hidden, s.ffn, "[model].ffn");
   if (spec.shared_ffn > 0) check_shape_fits(store.dtype_, s.hidden, spec.shared_ffn, "the shared expert's F");
   if (config.model.serve_dense) check_shape_fits(store.dtype_, s.hidden, spec.dense_ffn, "the dense layers' F");
+  // Splits that moectl reoptimize may make must cut whole scale blocks too.
+  if (const std::int64_t S = config.placement.shards; config.placement.shard_over_mean > 0) {
+    const std::int64_t width = s.ffn / S, grain = std::max(kernels::column_grain(store.dtype_), kernels::row_grain(store.dtype_));
+    if (width % grain != 0)
+      MOED_THROW(Usage, "[placement].shard_over_mean: [experts].dtype = {} cannot be split into [placement].shards "
+                        "= {} shards of {} columns (multiples of {} needed); use fewer shards",
+                 kernels::to_string(store.dtype_), S, width, grain);
+  }
   TensorSource source(config, s, store.dtype_);
   const std::size_t H = s.hidden, F = s.ffn, E = std::size_t(s.experts);
   for (int l = 0; l < s.layers; ++l) {
@@ -550,29 +558,43 @@ void ExpertStore::copy_slot(int layer, int expert, std::uint8_t* out) const {
   std::memcpy(out + slot->b13.size() * sizeof(float), slot->b2.data(), slot->b2.size() * sizeof(float));
 }
 
-void ExpertStore::add_slot(int layer, int expert, const std::uint8_t* bytes, int shard, int shards) {
-  MOED_CHECK(!holds(layer, expert), "layer {} expert {} is already held", layer, expert);
-  const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn) / std::size_t(shards);
-  std::vector<float> b13, b2;
+ExpertTensors ExpertStore::tensors_from_bytes(const std::uint8_t* bytes, std::size_t F) const {
+  const std::size_t H = std::size_t(shape_.hidden);
+  ExpertTensors t;
   if (biased()) {
     const std::uint8_t* biases = bytes + ffn_bytes(dtype_, H, F);
-    b13.resize(2 * F);
-    b2.resize(H);
-    std::memcpy(b13.data(), biases, 2 * F * sizeof(float));
-    std::memcpy(b2.data(), biases + 2 * F * sizeof(float), H * sizeof(float));
+    t.b13.resize(2 * F);
+    t.b2.resize(H);
+    std::memcpy(t.b13.data(), biases, 2 * F * sizeof(float));
+    std::memcpy(t.b2.data(), biases + 2 * F * sizeof(float), H * sizeof(float));
   }
-  if (dtype_ == WeightDtype::f32) {
-    const auto* w = reinterpret_cast<const float*>(bytes);
-    slots_.emplace(std::pair{layer, expert}, f32_slot(w, w + 2 * F * H, std::move(b13), std::move(b2),
-                                                      std::size_t(shape_.ffn), shard, shards));
-    return;
-  }
-  ExpertTensors t;
   t.w13 = EncodedMatrix::from_bytes(dtype_, 2 * F, H, bytes);
   t.w2 = EncodedMatrix::from_bytes(dtype_, H, F, bytes + t.w13.bytes());
-  t.b13 = std::move(b13);
-  t.b2 = std::move(b2);
-  slots_.emplace(std::pair{layer, expert}, make_slot(std::move(t), std::size_t(shape_.ffn), shard, shards));
+  return t;
+}
+
+void ExpertStore::copy_shard(int layer, int expert, int shard, int shards, std::uint8_t* out) const {
+  MOED_CHECK(shard_of(layer, expert) == std::pair(0, 1), "layer {} expert {}: a shard is cut from a whole copy",
+             layer, expert);
+  MOED_CHECK(shards >= 2 && shard >= 0 && shard < shards && ffn_chunks_ % shards == 0,
+             "shard {} of {} with {} canonical chunks", shard, shards, ffn_chunks_);
+  const std::size_t F = std::size_t(shape_.ffn);
+  std::vector<std::uint8_t> whole(slot_bytes(1));
+  copy_slot(layer, expert, whole.data());
+  const ExpertTensors own = shard_of_tensors(tensors_from_bytes(whole.data(), F), F, shard, shards);
+  own.w13.to_bytes(out);
+  own.w2.to_bytes(out + own.w13.bytes());
+  if (!biased()) return;
+  out += own.w13.bytes() + own.w2.bytes();
+  std::memcpy(out, own.b13.data(), own.b13.size() * sizeof(float));
+  std::memcpy(out + own.b13.size() * sizeof(float), own.b2.data(), own.b2.size() * sizeof(float));
+}
+
+void ExpertStore::add_slot(int layer, int expert, const std::uint8_t* bytes, int shard, int shards, bool replace) {
+  MOED_CHECK(holds(layer, expert) == replace, "layer {} expert {} is {}held", layer, expert, replace ? "not " : "already ");
+  const std::size_t F = std::size_t(shape_.ffn) / std::size_t(shards);
+  ExpertTensors t = tensors_from_bytes(bytes, F);
+  slots_.insert_or_assign(std::pair{layer, expert}, make_slot(std::move(t), std::size_t(shape_.ffn), shard, shards));
 }
 
 void ExpertStore::drop_slot(int layer, int expert) {

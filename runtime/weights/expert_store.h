@@ -79,8 +79,13 @@ class ExpertStore {
   // whole): slot_bytes(S) bytes.
   std::size_t slot_bytes(int shards = 1) const;
   void copy_slot(int layer, int expert, std::uint8_t* out) const;  // slot_bytes(its shards) bytes
-  // Installs shard `shard` of `shards` (0 of 1: a whole copy).
-  void add_slot(int layer, int expert, const std::uint8_t* bytes, int shard = 0, int shards = 1);
+  // Shard `shard` of `shards` cut from the whole copy held here, as
+  // copy_slot writes a slot of that shard (slot_bytes(shards) bytes): what a
+  // migration that splits the expert sends to the shard's rank.
+  void copy_shard(int layer, int expert, int shard, int shards, std::uint8_t* out) const;
+  // Installs shard `shard` of `shards` (0 of 1: a whole copy). `replace`: in
+  // place of the whole copy held here (a split's shard on a former holder).
+  void add_slot(int layer, int expert, const std::uint8_t* bytes, int shard = 0, int shards = 1, bool replace = false);
   void drop_slot(int layer, int expert);
 
  private:
@@ -101,6 +106,8 @@ class ExpertStore {
   Slot f32_slot(const float* w13, const float* w2, std::vector<float> b13, std::vector<float> b2, std::size_t ffn,
                 int shard, int shards) const;
   kernels::ExpertView view_of(const Slot& slot, std::size_t chunks) const;
+  // A slot's bytes (as copy_slot writes them) read back into tensors, F its shard's width.
+  ExpertTensors tensors_from_bytes(const std::uint8_t* bytes, std::size_t F) const;
   const Slot* find(int layer, int expert) const;
 
   ModelShape shape_;

@@ -12,7 +12,9 @@
 #            message; relaunched, the cluster resumes the committed placement
 #            and its statistics
 #   shards   shards of split experts move to other ranks of their island, and
-#            reoptimize --apply keeps the splits while it moves the rest;
+#            reoptimize --apply keeps the splits while it moves the rest, then
+#            with [placement].shard_over_mean cuts hot whole experts into
+#            shards;
 #            outputs bit-exact against an unsplit run with the same chunks
 source "$(dirname "$0")/lib.sh"
 : "${MOECTL:?}"
@@ -245,7 +247,7 @@ shards)
   expect_failure 2 'splits experts: give --config' "check: split experts without the run's F-chunks" -- \
     "$MOE_PLACE" check "$SCRATCH/split.toml"
   start_daemon shards "${reference_args[@]}" --placement "$SCRATCH/split.toml" \
-    --set "placement.committed=\"$SCRATCH/committed.toml\""
+    --set "placement.committed=\"$SCRATCH/committed.toml\"" --set placement.shard_over_mean=1.5
   # moectl placement --json lists shard ranks apart from replicas.
   ctl --json placement | python3 -c '
 import json, sys
@@ -262,8 +264,15 @@ assert p["replicas"][1][1] == [] and p["replicas"][1][0] == [0], p["replicas"][1
     reoptimize --apply --max-moves 4
   grep -q 'slots = \[\[0\], {shards = \[0, 3\]}' "$SCRATCH/committed.toml" ||
     { cat "$SCRATCH/committed.toml" >&2; fail "the re-optimisation moved a shard"; }
+  # [placement].shard_over_mean: reoptimize splits the hot experts that are
+  # whole, each shard cut from a whole copy by the migration.
+  expect_ctl 0 'committed' "reoptimize --apply with shard_over_mean 1.5 cuts the hot experts into shards" -- \
+    reoptimize --apply
+  grep -q 'split: shard 1 of 2' "$run/ctl.out" || { cat "$run/ctl.out" >&2; fail "reoptimize cut no expert"; }
+  [ "$(grep -o 'shards = ' "$SCRATCH/committed.toml" | wc -l)" -gt 6 ] ||
+    { cat "$SCRATCH/committed.toml" >&2; fail "the committed placement splits no more experts than before"; }
   stop_daemon
-  same_as_reference "outputs across two shard migrations vs an unsplit single process"
+  same_as_reference "outputs across two shard migrations and a split vs an unsplit single process"
   ;;
 *) fail "unknown part $part" ;;
 esac

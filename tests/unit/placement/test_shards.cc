@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "placement/cost_model.h"
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
@@ -113,7 +114,9 @@ TEST(Shards, MigrationRefusesToReSplitOrStackShards) {
   whole.set_replicas(0, 1, {0});
   expect_error([&] { moves(current, whole); }, ErrorKind::Input,
                {"layer 0 expert 1", "2 shard(s) now and 1", "does not re-split"});
-  expect_error([&] { moves(whole, current); }, ErrorKind::Input, {"1 shard(s) now and 2"});
+  Placement four = current;
+  four.set_shards(0, 1, {0, 1, 2, 3});
+  expect_error([&] { moves(current, four); }, ErrorKind::Input, {"2 shard(s) now and 4", "does not re-split or merge"});
   Placement swapped = current;
   swapped.set_shards(0, 1, {1, 0});
   expect_error([&] { moves(current, swapped); }, ErrorKind::Input,
@@ -121,6 +124,39 @@ TEST(Shards, MigrationRefusesToReSplitOrStackShards) {
   // A move that is not a shard's from its holder is an internal error.
   expect_error([&] { apply_moves(current, {{0, 1, 0, 3, 0, 1, 2}}); }, ErrorKind::Internal, {"shard 1 of 2"});
   expect_error([&] { apply_moves(current, {{0, 1, 0, 3, 0}}); }, ErrorKind::Internal, {"split into 2"});
+}
+
+// A whole expert that the new placement splits is cut into its shards: each
+// from a holder (its own rank where it holds one), the other holders
+// released, all applied together.
+TEST(Shards, AWholeExpertIsCutIntoItsShards) {
+  const Placement whole = contiguous(4, 1, 4);  // expert 1 on rank 1
+  Placement split = whole;
+  split.set_shards(0, 1, {0, 1});
+  const std::vector<Move> m = moves(whole, split);
+  ASSERT_EQ(m, (std::vector<Move>{{0, 1, 1, 0, -1, 0, 2, true}, {0, 1, 1, 1, -1, 1, 2, true}}));
+  EXPECT_EQ(apply_moves(whole, m), split);
+  EXPECT_NE(describe_moves(m).find("split into 2 shards: shard 1 on rank 1 (cut from rank 1)"), std::string::npos)
+      << describe_moves(m);
+  // Replicated on ranks 1 and 2, split onto ranks 3 and 2: rank 2 keeps shard
+  // 1 cut from its own copy, shard 0 is cut from rank 1, rank 1 is released.
+  Placement replicated = whole;
+  replicated.set_replicas(0, 1, {1, 2});
+  Placement elsewhere = whole;
+  elsewhere.set_shards(0, 1, {3, 2});
+  const std::vector<Move> r = moves(replicated, elsewhere);
+  ASSERT_EQ(r, (std::vector<Move>{{0, 1, -1, -1, 1, 0, 2, true}, {0, 1, 2, 2, -1, 1, 2, true},
+                                  {0, 1, 1, 3, -1, 0, 2, true}}));
+  EXPECT_EQ(apply_moves(replicated, r), elsewhere);
+  EXPECT_NE(describe_moves(r).find("split into 2 shards: releases rank 1"), std::string::npos) << describe_moves(r);
+  // A cut applies whole: a missing shard or a holder neither kept nor released is an internal error.
+  expect_error([&] { apply_moves(replicated, {r[0], r[1]}); }, ErrorKind::Internal, {"shard 0 of 2 is missing"});
+  expect_error([&] { apply_moves(replicated, {r[1], r[2]}); }, ErrorKind::Internal,
+               {"rank 1 would keep its whole copy"});
+  expect_error([&] { apply_moves(split, m); }, ErrorKind::Internal, {"split already"});
+  // What it costs: shard 0 to rank 3 is half an expert; rank 2 cuts its own.
+  EXPECT_EQ(move_cost(replicated, elsewhere, 1000).slots, 1u);
+  EXPECT_EQ(move_cost(replicated, elsewhere, 1000).bytes, 500u);
 }
 
 TEST(Shards, RelabellingKeepsTheSplit) {

@@ -256,6 +256,18 @@ TEST(MoectlFormat, Reoptimize) {
   many["moves"] = json::array();
   for (int i = 0; i < 25; ++i) many["moves"].push_back({{"layer", 0}, {"expert", i}, {"from", 0}, {"to", 1}});
   EXPECT_NE(format_answer("reoptimize", many).find("... and 5 more moves"), std::string::npos);
+  // A split's cut moves and release, a shard's move, and a release.
+  json split = answer;
+  split["moves"] = json::parse(R"([{"layer":1,"expert":2,"from":1,"to":3,"drop":-1,"shard":0,"shards":2,"cut":true},
+      {"layer":1,"expert":2,"from":-1,"to":-1,"drop":2,"shard":0,"shards":2,"cut":true},
+      {"layer":1,"expert":4,"from":0,"to":1,"drop":0,"shard":1,"shards":2,"cut":false},
+      {"layer":1,"expert":5,"from":-1,"to":-1,"drop":3}])");
+  const std::string text = format_answer("reoptimize", split);
+  EXPECT_NE(text.find("move layer 1 expert 2, split: shard 0 of 2 to rank 3, cut from rank 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("move layer 1 expert 2, split into 2 shards: releases rank 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("move layer 1 expert 4, shard 1 of 2, rank 0 -> rank 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("move layer 1 expert 5, releases rank 3\n"), std::string::npos) << text;
 }
 
 TEST(MoectlFormat, ProgressLines) {

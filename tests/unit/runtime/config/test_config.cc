@@ -194,6 +194,17 @@ TEST(ConfigCrossKeyLimits, ChecksApplyOnlyWhereTheyMatter) {
   EXPECT_NO_THROW(load("[model]\nexperts = 8\ntop_k = 4\n[workload]\nkind = \"trace\"\ntrace = \"x.trace\"\n"));
 }
 
+// [placement].shard_over_mean splits experts online: shards must divide the
+// canonical F-chunks, and only the fixed-order GEMM keeps a shard's bits.
+TEST(ConfigCrossKeyLimits, OnlineSplitsNeedWholeChunksAndTheFixedOrderGemm) {
+  EXPECT_NO_THROW(load("[placement]\nshard_over_mean = 2\n[experts]\nffn_chunks = 4\n"));
+  EXPECT_NO_THROW(load("[placement]\nshards = 3\n"));  // off: not checked
+  expect_error([&] { load("[placement]\nshard_over_mean = 2\nshards = 3\n[experts]\nffn_chunks = 4\n"); },
+               ErrorKind::Usage, {"[placement].shards = 3", "[experts].ffn_chunks = 4"});
+  expect_error([&] { load("[placement]\nshard_over_mean = 2\n[experts]\nffn_chunks = 2\ngemm = \"openblas\"\n"); },
+               ErrorKind::Usage, {"shard_over_mean", "fixed-order"});
+}
+
 // moed --generate-weights (issue 33): only the model's own checks apply to
 // writing weights; what serving needs of the workload or the engine does not.
 TEST(ConfigCrossKeyLimits, WritingWeightsChecksOnlyTheModel) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "placement/placement.h"
+#include "placement/placement_diff.h"
 #include "runtime/config/config.h"
 #include "tests/unit/test_support.h"
 
@@ -247,6 +248,47 @@ TEST(MigrationOfAShard, MovesTheShardsOwnWeights) {
   Rank r0(other, c, p, 0);
   MigrationTransfer t(2, wrong, 0, 3, r0.store, r0.windows, MigrationFaults{});
   test::expect_error([&] { t.prepare(0); }, ErrorKind::Internal, {"shard 1 of 2", "does not hold"});
+}
+
+// A whole expert split by a migration: rank 1 keeps shard 1 cut from its own
+// copy (never sent), shard 0 is cut and sent to rank 2, and both then hold
+// the shards a start from the split placement loads.
+TEST(MigrationThatSplits, CutsTheShardsFromTheWholeCopy) {
+  const Config c = load_config("", {"model.layers=2", "model.experts=4", "model.top_k=1", "model.hidden=8",
+                                    "model.ffn=8", "experts.ffn_chunks=4"});
+  const placement::Placement whole = placement::contiguous(3, 2, 4);  // layer 1 expert 2 on rank 1
+  placement::Placement split = whole;
+  split.set_shards(1, 2, {2, 1});
+  const std::vector<placement::Move> moves = placement::moves(whole, split);
+  ASSERT_EQ(moves.size(), 2u);
+  FakeWorld world(3);
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < 3; ++r) ranks.push_back(std::make_unique<Rank>(world, c, whole, r));
+  const std::size_t shard_bytes = ranks[1]->store.slot_bytes(2);
+  for (auto& r : ranks) {
+    r->transfer = std::make_unique<MigrationTransfer>(1, moves, r->rank, r->ranks, r->store, r->windows,
+                                                      MigrationFaults{});
+    EXPECT_FALSE(r->transfer->prepare(0).has_value());
+  }
+  EXPECT_EQ(ranks[1]->transfer->bytes_to_send(), shard_bytes);  // shard 1 stays on rank 1
+  for (auto& r : ranks) r->transfer->send(1 << 20);
+  for (auto& r : ranks) r->transfer->send(0);
+  std::vector<std::uint64_t> expected(moves.size(), 0);
+  for (auto& r : ranks)
+    for (const auto& [i, sum] : r->transfer->source_checksums()) expected.at(i) = sum;
+  for (auto& r : ranks) EXPECT_TRUE(r->transfer->verify(expected).empty());
+  for (auto& r : ranks) r->transfer->install();
+  for (auto& r : ranks) r->transfer->release();
+  EXPECT_EQ(placement::apply_moves(whole, moves), split);
+  for (int r : {2, 1}) {
+    const ExpertStore loaded = ExpertStore::load(c, split, r);
+    std::vector<std::uint8_t> got(shard_bytes), want(shard_bytes);
+    ranks[std::size_t(r)]->store.copy_slot(1, 2, got.data());
+    loaded.copy_slot(1, 2, want.data());
+    EXPECT_EQ(ranks[std::size_t(r)]->store.shard_of(1, 2), loaded.shard_of(1, 2)) << "rank " << r;
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
+  EXPECT_FALSE(ranks[0]->store.holds(1, 2));
 }
 
 TEST(WindowOffsets, PackEachDestinationsSlotsInMoveOrder) {

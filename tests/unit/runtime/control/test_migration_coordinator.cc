@@ -72,7 +72,12 @@ class FakeRanks {
   }
 
  private:
-  std::size_t total() const { return moves_.size() * kSlotBytes; }
+  // What the sources send: not releases, nor a shard a holder cuts in place.
+  std::size_t total() const {
+    std::size_t bytes = 0;
+    for (const auto& m : moves_) bytes += m.to >= 0 && m.to != m.from ? slot_bytes(m.shards) : 0;
+    return bytes;
+  }
   Faults faults_;
   std::vector<placement::Move> moves_;
   std::vector<std::uint64_t> verified_;
@@ -353,6 +358,39 @@ TEST(MigrationCoordinator, ReoptimizeGathersPlansThenMigrates) {
   EXPECT_FALSE(c.planning());
   run_to_end(c, ranks);
   EXPECT_EQ(c.migration()->state, S::committed);
+}
+
+// A plan that splits an expert: the bytes to send are the shard sent to
+// another rank only (the holder keeps its shard, cut in place), and the
+// migration commits once they are.
+TEST(MigrationCoordinator, ASplitSendsOnlyTheShardsThatLeaveTheirHolder) {
+  MigrationCoordinator c(slot_bytes, true);
+  FakeRanks ranks({});
+  boundary(c, ranks, 0, [&] { EXPECT_TRUE(c.reoptimize().ok()); });
+  boundary(c, ranks);
+  const std::vector<placement::Move> split{{1, 2, 1, 0, -1, 0, 2, true}, {1, 2, 1, 1, -1, 1, 2, true},
+                                           {1, 2, -1, -1, 3, 0, 2, true}};
+  boundary(c, ranks, 0, [&] { EXPECT_TRUE(c.plan_ready(split, false)); });
+  EXPECT_EQ(c.migration()->bytes, kSlotBytes / 2);
+  run_to_end(c, ranks);
+  EXPECT_EQ(c.migration()->state, S::committed);
+  EXPECT_EQ(c.migration()->done, kSlotBytes / 2);
+}
+
+// Rank 0 sends a prepare's moves to the other ranks: every field arrives,
+// a shard's and a cut's included (a rank that missed `cut` would look for
+// the shard it is to cut from its whole copy).
+TEST(MigrationCoordinator, ThePreparedMovesReachTheRanksWhole) {
+  BoundaryActions sent;
+  ControlAction prepare;
+  prepare.kind = K::prepare;
+  prepare.migration = 4;
+  prepare.moves = {{1, 2, 1, 0, -1, 0, 2, true}, {1, 2, -1, -1, 3, 0, 2, true}, {0, 5, 2, 3, 2, 1, 2, false},
+                   {0, 6, 0, 1, 0}};
+  sent.actions.push_back(prepare);
+  const BoundaryActions received = decode_actions(encode_actions(sent));
+  ASSERT_EQ(received.actions.size(), 1u);
+  EXPECT_EQ(received.actions[0].moves, prepare.moves);
 }
 
 TEST(MigrationCoordinator, ADryRunOrAnEmptyPlanStartsNothing) {

@@ -2,6 +2,8 @@
 // views (runtime/control/control_views.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
 #include "placement/topology.h"
@@ -98,6 +100,29 @@ TEST(Reoptimizer, GroupsAndIslandToleranceReachTheOptimizer) {
   request.island_tolerance = 2;
   EXPECT_NE(plan_reoptimization(stats(), current, topology, request).error.find("island tolerance 2"),
             std::string::npos);
+}
+
+// With a shard rule, the plan splits the hot experts of a whole placement and
+// cuts them into their shards by migration; shards that do not divide the
+// run's canonical chunks fail the plan.
+TEST(Reoptimizer, SplitsHotExpertsByCuttingThem) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::contiguous(4, 2, 16);
+  ReoptimizeRequest request;
+  request.pooled_share = 0.5;
+  request.slots_per_rank = 6;  // room for shards beside each rank's 4 experts
+  request.shard_over_mean = 1.2;
+  request.ffn_chunks = 2;
+  const ReoptimizePlan plan = plan_reoptimization(stats(), current, topology, request);
+  ASSERT_TRUE(plan.error.empty()) << plan.error;
+  const placement::Placement next = placement::apply_moves(current, plan.moves);
+  int split = 0;
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 16; ++e) split += next.sharded(l, e);
+  EXPECT_GT(split, 0) << placement::describe_moves(plan.moves);
+  EXPECT_TRUE(std::any_of(plan.moves.begin(), plan.moves.end(), [](const placement::Move& m) { return m.cut; }));
+  request.ffn_chunks = 3;
+  EXPECT_NE(plan_reoptimization(stats(), current, topology, request).error.find("ffn_chunks"), std::string::npos);
 }
 
 // The control plane reads the policy of a request the admin protocol checked

@@ -97,6 +97,33 @@ TEST_P(ExpertFormats, MigratedSlotsKeepTheirBits) {
   EXPECT_TRUE(same_bits(outputs(a.expert(0, 5), x, 5), outputs(b.expert(0, 5), x, 5)));
 }
 
+// A shard cut from a whole copy (what a migration that splits the expert
+// sends) has the bytes of that shard loaded from the model, and installed in
+// place of the whole copy it serves as that shard.
+TEST_P(ExpertFormats, ACutShardIsTheShardLoadedFromTheModel) {
+  const Case k = GetParam();
+  const Config c = config_of(k.family, k.dtype, {"experts.ffn_chunks=2"});
+  const placement::Placement whole = placement::contiguous(2, 2, 8);  // expert 1 on rank 0
+  placement::Placement split = whole;
+  split.set_shards(0, 1, {0, 1});
+  ExpertStore holder = ExpertStore::load(c, whole, 0);
+  for (int shard : {0, 1}) {
+    const ExpertStore loaded = ExpertStore::load(c, split, shard);
+    std::vector<std::uint8_t> cut(holder.slot_bytes(2)), own(holder.slot_bytes(2));
+    holder.copy_shard(0, 1, shard, 2, cut.data());
+    loaded.copy_slot(0, 1, own.data());
+    EXPECT_EQ(cut, own) << "shard " << shard;
+    if (shard == 1) continue;
+    ExpertStore replaced = ExpertStore::load(c, whole, 0);
+    replaced.add_slot(0, 1, cut.data(), 0, 2, true);
+    EXPECT_EQ(replaced.shard_of(0, 1), (std::pair{0, 2}));
+    const std::vector<float> x = test::random_floats(5 * 64, 3);
+    EXPECT_TRUE(same_bits(outputs(replaced.expert(0, 1), x, 5), outputs(loaded.expert(0, 1), x, 5)));
+  }
+  test::expect_error([&] { holder.add_slot(0, 1, std::vector<std::uint8_t>(holder.slot_bytes()).data()); },
+                     ErrorKind::Internal, {"already held"});
+}
+
 // With bf16 dot products too (and int8 ones for int8 and mxfp4), a row's bits are its
 // own, and a migrated slot's are the source's.
 TEST_P(ExpertFormats, DotProductsKeepARowsBitsAndAMigratedSlotsBits) {
