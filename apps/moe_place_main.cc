@@ -253,8 +253,11 @@ int diff_cmd(const std::string& old_path, const std::string& new_path, bool as_j
   std::vector<Move> ms = moves(a, b);
   if (as_json) {
     json list = json::array();
-    for (const Move& m : ms)
-      list.push_back({{"layer", m.layer}, {"expert", m.expert}, {"from", m.from}, {"to", m.to}, {"drop", m.drop}});
+    for (const Move& m : ms) {
+      json move = {{"layer", m.layer}, {"expert", m.expert}, {"from", m.from}, {"to", m.to}, {"drop", m.drop}};
+      if (m.shards > 1) move.update({{"shard", m.shard}, {"shards", m.shards}, {"cut", m.cut}});
+      list.push_back(std::move(move));
+    }
     std::cout << json{{"old", old_path}, {"new", new_path}, {"moves", list}}.dump(2) << "\n";
   } else {
     std::cout << fmt::format("{} -> {}: {} move{}\n", old_path, new_path, ms.size(), ms.size() == 1 ? "" : "s")
