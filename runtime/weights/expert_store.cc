@@ -592,9 +592,21 @@ void ExpertStore::copy_shard(int layer, int expert, int shard, int shards, std::
 
 void ExpertStore::add_slot(int layer, int expert, const std::uint8_t* bytes, int shard, int shards, bool replace) {
   MOED_CHECK(holds(layer, expert) == replace, "layer {} expert {} is {}held", layer, expert, replace ? "not " : "already ");
-  const std::size_t F = std::size_t(shape_.ffn) / std::size_t(shards);
-  ExpertTensors t = tensors_from_bytes(bytes, F);
-  slots_.insert_or_assign(std::pair{layer, expert}, make_slot(std::move(t), std::size_t(shape_.ffn), shard, shards));
+  const std::size_t H = std::size_t(shape_.hidden), F = std::size_t(shape_.ffn) / std::size_t(shards);
+  if (dtype_ == WeightDtype::f32) {  // straight from the landed bytes: no third copy of the slot at the peak
+    std::vector<float> b13, b2;
+    if (biased()) {
+      const auto* biases = reinterpret_cast<const float*>(bytes + ffn_bytes(dtype_, H, F));
+      b13.assign(biases, biases + 2 * F);
+      b2.assign(biases + 2 * F, biases + 2 * F + H);
+    }
+    const auto* w = reinterpret_cast<const float*>(bytes);
+    slots_.insert_or_assign(std::pair{layer, expert}, f32_slot(w, w + 2 * F * H, std::move(b13), std::move(b2),
+                                                               std::size_t(shape_.ffn), shard, shards));
+    return;
+  }
+  slots_.insert_or_assign(std::pair{layer, expert},
+                          make_slot(tensors_from_bytes(bytes, F), std::size_t(shape_.ffn), shard, shards));
 }
 
 void ExpertStore::drop_slot(int layer, int expert) {
