@@ -573,15 +573,40 @@ ExpertTensors ExpertStore::tensors_from_bytes(const std::uint8_t* bytes, std::si
   return t;
 }
 
+ExpertTensors ExpertStore::tensors_of(const Slot& slot) const {
+  const std::size_t H = std::size_t(shape_.hidden), F = slot.ffn / std::size_t(slot.shards);
+  ExpertTensors t;
+  t.b13 = slot.b13;
+  t.b2 = slot.b2;
+  if (dtype_ != WeightDtype::f32) {
+    t.w13 = slot.w13_quant.encoded();
+    t.w2 = slot.w2_quant.encoded();
+    return t;
+  }
+  const auto f32_matrix = [](std::size_t n, std::size_t k) {
+    return EncodedMatrix{WeightDtype::f32, n, k, std::vector<std::uint8_t>(n * k * sizeof(float)), {}};
+  };
+  t.w13 = f32_matrix(2 * F, H);
+  t.w2 = f32_matrix(H, F);
+  auto* w13 = reinterpret_cast<float*>(t.w13.codes.data());  // operator new aligns them for floats
+  auto* w2 = reinterpret_cast<float*>(t.w2.codes.data());
+  if (packed_) {
+    slot.w13_packed.unpack(w13);
+    slot.w2_packed.unpack(w2);
+  } else {
+    std::memcpy(w13, slot.w13.data(), slot.w13.size() * sizeof(float));
+    std::memcpy(w2, slot.w2.data(), slot.w2.size() * sizeof(float));
+  }
+  return t;
+}
+
 void ExpertStore::copy_shard(int layer, int expert, int shard, int shards, std::uint8_t* out) const {
   MOED_CHECK(shard_of(layer, expert) == std::pair(0, 1), "layer {} expert {}: a shard is cut from a whole copy",
              layer, expert);
   MOED_CHECK(shards >= 2 && shard >= 0 && shard < shards && ffn_chunks_ % shards == 0,
              "shard {} of {} with {} canonical chunks", shard, shards, ffn_chunks_);
   const std::size_t F = std::size_t(shape_.ffn);
-  std::vector<std::uint8_t> whole(slot_bytes(1));
-  copy_slot(layer, expert, whole.data());
-  const ExpertTensors own = shard_of_tensors(tensors_from_bytes(whole.data(), F), F, shard, shards);
+  const ExpertTensors own = shard_of_tensors(tensors_of(*find(layer, expert)), F, shard, shards);
   own.w13.to_bytes(out);
   own.w2.to_bytes(out + own.w13.bytes());
   if (!biased()) return;

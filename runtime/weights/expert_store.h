@@ -108,6 +108,8 @@ class ExpertStore {
   kernels::ExpertView view_of(const Slot& slot, std::size_t chunks) const;
   // A slot's bytes (as copy_slot writes them) read back into tensors, F its shard's width.
   ExpertTensors tensors_from_bytes(const std::uint8_t* bytes, std::size_t F) const;
+  // A slot's weights as tensors (one copy of them), as it was made from.
+  ExpertTensors tensors_of(const Slot& slot) const;
   const Slot* find(int layer, int expert) const;
 
   ModelShape shape_;
