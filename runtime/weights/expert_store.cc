@@ -333,6 +333,17 @@ ExpertTensors shard_of_tensors(ExpertTensors t, std::size_t F, int shard, int sh
 // The shapes a format can hold: fp8's scale tiles are 128 x 128 and W1 and
 // W3 are stacked, so F (and a shard's F/S) must be a multiple of 128;
 // mxfp4's blocks are 32 of a row, so H and F/S must be multiples of 32.
+// `what` (an expert, or the splits reoptimize may make) cut into `shards`
+// shards of F / shards columns each must keep the format's scale blocks whole.
+void check_shard_width(WeightDtype held, std::size_t F, std::int64_t shards, const std::string& what) {
+  const std::size_t width = F / std::size_t(shards),
+                    grain = std::max(kernels::column_grain(held), kernels::row_grain(held));  // powers of 2
+  if (width % grain != 0)
+    MOED_THROW(Usage, "[experts].dtype = {}: {} into {} shards of {} columns, which cut its scale blocks (multiples "
+                      "of {} needed); use fewer shards",
+               kernels::to_string(held), what, shards, width, grain);
+}
+
 void check_shape_fits(WeightDtype held, std::int64_t H, std::int64_t F, const char* what) {
   const std::int64_t grain = held == WeightDtype::fp8 ? kernels::kFp8Tile : kernels::kMxBlock;
   if (held == WeightDtype::fp8 && F % grain != 0)
@@ -365,14 +376,10 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
   check_shape_fits(store.dtype_, s.hidden, s.ffn, "[model].ffn");
   if (spec.shared_ffn > 0) check_shape_fits(store.dtype_, s.hidden, spec.shared_ffn, "the shared expert's F");
   if (config.model.serve_dense) check_shape_fits(store.dtype_, s.hidden, spec.dense_ffn, "the dense layers' F");
-  // Splits that moectl reoptimize may make must cut whole scale blocks too.
-  if (const std::int64_t S = config.placement.shards; config.placement.shard_over_mean > 0) {
-    const std::int64_t width = s.ffn / S, grain = std::max(kernels::column_grain(store.dtype_), kernels::row_grain(store.dtype_));
-    if (width % grain != 0)
-      MOED_THROW(Usage, "[placement].shard_over_mean: [experts].dtype = {} cannot be split into [placement].shards "
-                        "= {} shards of {} columns (multiples of {} needed); use fewer shards",
-                 kernels::to_string(store.dtype_), S, width, grain);
-  }
+  // Splits that moectl reoptimize may make must keep whole scale blocks too.
+  if (config.placement.shard_over_mean > 0)
+    check_shard_width(store.dtype_, std::size_t(s.ffn), config.placement.shards,
+                      "[placement].shard_over_mean splits experts");
   TensorSource source(config, s, store.dtype_);
   const std::size_t H = s.hidden, F = s.ffn, E = std::size_t(s.experts);
   for (int l = 0; l < s.layers; ++l) {
@@ -388,12 +395,7 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
     if (spec.shared_ffn > 0) store.shared_.push_back(store.make_slot(source.shared(l), std::size_t(spec.shared_ffn), 0, 1));
     for (int e : placement.experts_on(l, rank)) {
       const int shards = placement.shards(l, e), shard = placement.shard_on(l, e, rank);
-      const std::size_t width = F / std::size_t(shards);
-      if (width % kernels::column_grain(store.dtype_) != 0 || width % kernels::row_grain(store.dtype_) != 0)
-        MOED_THROW(Usage, "[experts].dtype = {}: layer {} expert {} is split into {} shards of {} columns, which cut "
-                          "its scale blocks (multiples of {} needed); use fewer shards",
-                   kernels::to_string(store.dtype_), spec.model_layer(l), e, shards, width,
-                   std::max(kernels::column_grain(store.dtype_), kernels::row_grain(store.dtype_)));
+      check_shard_width(store.dtype_, F, shards, fmt::format("layer {} expert {} is split", spec.model_layer(l), e));
       store.slots_.emplace(std::pair{l, e},
                            store.make_slot(shard_of_tensors(source.expert(l, e), F, shard, shards), F, shard, shards));
     }

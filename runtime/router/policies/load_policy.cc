@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <vector>
 
 #include "common/error.h"
@@ -61,7 +60,8 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
       if (!a_nan && a.weight != b.weight) return a.weight > b.weight;
       return a.token != b.token ? a.token < b.token : a.slot < b.slot;
     });
-    std::vector<double> room(E), floor(E, 0.0);
+    std::vector<double> room(E);
+    double floor = 0;  // with a target spread: the level the experts under it are filled to first
     if (params.policy == LoadPolicy::demote && params.target_spread > 0) {
       std::vector<double> chosen(E, 0.0);
       for (const Pair& p : pairs) {
@@ -71,13 +71,13 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
       }
       const SpreadLevels levels = levels_for_spread(chosen, params.target_spread);
       std::fill(room.begin(), room.end(), levels.top);
-      std::fill(floor.begin(), floor.end(), std::ceil(levels.floor));
+      floor = std::ceil(levels.floor);
     } else {
       for (std::size_t e = 0; e < E; ++e) room[e] = expert_room(params, pairs.size(), E, replicas[e]);
     }
     std::vector<std::uint64_t> load(E, 0);
     const auto fits = [&](std::uint32_t e) { return double(load[e] + 1) <= room[e]; };
-    const auto needs = [&](std::uint32_t e) { return double(load[e] + 1) <= floor[e]; };
+    const auto needs = [&](std::uint32_t e) { return double(load[e] + 1) <= floor; };
     std::vector<const Pair*> over;
     for (const Pair& p : pairs) {
       const std::uint32_t e = all.experts_of(p.token)[p.slot];
@@ -100,13 +100,16 @@ LoadOutcome apply_load_policy(const Ranked& all, std::span<const std::uint32_t> 
           if (fate[first[p->token] + i] != kDropped && experts[fate[first[p->token] + i]] == e) return true;
         return false;
       };
+      // The next-ranked candidate that `open` takes; the pair's own slot if none.
+      const auto first_open = [&](const auto& open) {
+        for (std::uint32_t c = all.chosen[p->token]; c < experts.size(); ++c)
+          if (!taken(experts[c]) && open(experts[c])) return c;
+        return p->slot;
+      };
       // With a target spread, an expert under the floor first (the flattest
       // loads fill those); else (and by capacity) the first with room.
-      for (const auto& open : {std::function<bool(std::uint32_t)>(needs), std::function<bool(std::uint32_t)>(fits)}) {
-        for (std::uint32_t c = all.chosen[p->token]; c < experts.size() && f == p->slot; ++c)
-          if (!taken(experts[c]) && open(experts[c])) f = c;
-        if (f != p->slot) break;
-      }
+      f = first_open(needs);
+      if (f == p->slot) f = first_open(fits);
       ++load[experts[f]];
     }
   }
