@@ -255,7 +255,7 @@ int diff_cmd(const std::string& old_path, const std::string& new_path, bool as_j
     json list = json::array();
     for (const Move& m : ms) {
       json move = {{"layer", m.layer}, {"expert", m.expert}, {"from", m.from}, {"to", m.to}, {"drop", m.drop}};
-      if (m.shards > 1) move.update({{"shard", m.shard}, {"shards", m.shards}, {"cut", m.cut}});
+      if (m.shards > 1) move.update({{"shard", m.shard}, {"shards", m.shards}, {"cut", m.cut}, {"copy", m.copy}});
       list.push_back(std::move(move));
     }
     std::cout << json{{"old", old_path}, {"new", new_path}, {"moves", list}}.dump(2) << "\n";
@@ -415,6 +415,9 @@ int main(int argc, char** argv) {
   optimize_app->add_option("--shards", opt.shard_rule.shards,
                            "shards per split expert (must divide the run's [experts].ffn_chunks; default 2)")
       ->check(CLI::Range(2, 1 << 16));
+  optimize_app->add_flag("--shard-per-island", opt.shard_rule.per_island,
+                         "a split replicated expert keeps a copy of its shards on each island of its replicas "
+                         "(default: one copy, on the island holding most)");
   optimize_app->add_option("--seed", opt.options.seed, "METIS seed");
   optimize_app->add_option("--load-cap", opt.options.load_cap,
                            "metis: max/mean rank load at most the load-only baseline's + this, then fewest "

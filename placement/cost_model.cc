@@ -43,13 +43,10 @@ class TokenRouter {
       }
     };
     for (const routing::RoutingChoice& c : choices) {
-      const std::vector<int>& holders = p.replicas(layer, int(c.expert));
-      if (p.sharded(layer, int(c.expert))) {
-        // A split expert: the row goes to every shard, and each does 1/S of the pair's work.
-        for (int r : holders) visit(r, 1.0 / double(holders.size()));
-        continue;
-      }
-      visit(pick(holders, home, home_island, rank_load), 1);
+      // The row goes to every rank of one copy: a replica, or a copy's S
+      // shards, each doing 1/S of the pair's work.
+      const int e = int(c.expert), S = p.shards(layer, e);
+      for (int r : p.copy(layer, e, pick(p, layer, e, home, home_island, rank_load))) visit(r, 1.0 / double(S));
     }
     tally.cross += remote_islands;
     tally.same += home_island_ranks + (remote_ranks - remote_islands);
@@ -60,16 +57,21 @@ class TokenRouter {
   }
 
  private:
-  int pick(const std::vector<int>& replicas, int home, int home_island,
-           const std::vector<double>& rank_load) {
-    if (replicas.size() == 1) return replicas[0];
+  // The copy of (layer, e) that serves the row: by class of its island, then its least loaded rank.
+  int pick(const Placement& p, int layer, int e, int home, int home_island, const std::vector<double>& rank_load) {
+    const int copies = p.copies(layer, e);
+    if (copies == 1) return 0;
     int best = -1, best_class = 4;
-    for (int r : replicas) {
+    double best_load = 0;
+    for (int c = 0; c < copies; ++c) {
+      const std::span<const int> ranks = p.copy(layer, e, c);
       // 0: home rank, 1: home island, 2: an island this token already visits, 3: elsewhere.
-      int island = topology_.island_of(r);
-      int cls = r == home ? 0 : island == home_island ? 1 : island_used_[island] == epoch_ ? 2 : 3;
-      if (cls < best_class || (cls == best_class && rank_load[r] < rank_load[best]))
-        best = r, best_class = cls;
+      const int island = topology_.island_of(ranks[0]);
+      const bool at_home = std::find(ranks.begin(), ranks.end(), home) != ranks.end();
+      const int cls = at_home ? 0 : island == home_island ? 1 : island_used_[island] == epoch_ ? 2 : 3;
+      double load = 0;
+      for (int r : ranks) load = std::max(load, rank_load[r]);
+      if (cls < best_class || (cls == best_class && load < best_load)) best = c, best_class = cls, best_load = load;
     }
     return best;
   }

@@ -6,9 +6,11 @@
 // evenly over ranks: token i's home is rank i mod R) and goes to a slot of
 // each of its experts, chosen near home: the home rank if it holds one, else
 // a rank of the home island, else a rank in an island the token already
-// visits, else the least used; to a split expert it goes to every shard,
-// each doing 1/S of the pair's work (the shards share an island, so that is
-// one cross-island copy at most, then fan-out inside). Counted as
+// visits, else the least used; to a split expert it goes to every shard of
+// one of its copies, chosen as a replica is (by the copy's island, then its
+// busiest rank), each shard doing 1/S of the pair's work (a copy's shards
+// share an island, so that is one cross-island copy at most, then fan-out
+// inside). Counted as
 // hierarchical dispatch sends:
 //  - cross-island copies: remote islands the token visits (one copy each, to
 //    a gateway there);

@@ -29,12 +29,25 @@ void Placement::set_replicas(int layer, int expert, std::vector<int> ranks) {
   shards_[size_t(layer) * experts_ + expert] = 1;
 }
 
-void Placement::set_shards(int layer, int expert, std::vector<int> ranks) {
-  MOED_CHECK(ranks.size() >= 2, "layer {} expert {}: {} shard ranks, at least 2 are a split", layer, expert,
-             ranks.size());
-  const int n = int(ranks.size());
+void Placement::set_shards(int layer, int expert, std::vector<int> ranks, int shards) {
+  const int S = shards ? shards : int(ranks.size());
+  MOED_CHECK(S >= 2 && !ranks.empty() && ranks.size() % std::size_t(S) == 0,
+             "layer {} expert {}: {} ranks for copies of {} shards (at least 2 are a split)", layer, expert,
+             ranks.size(), S);
   set_replicas(layer, expert, std::move(ranks));
-  shards_[size_t(layer) * experts_ + expert] = n;
+  shards_[size_t(layer) * experts_ + expert] = S;
+}
+
+int Placement::copies(int layer, int expert) const {
+  return int(replicas(layer, expert).size()) / shards(layer, expert);
+}
+
+std::span<const int> Placement::copy(int layer, int expert, int c) const {
+  const auto& ranks = replicas(layer, expert);
+  const int S = shards(layer, expert);
+  MOED_CHECK(c >= 0 && std::size_t(c + 1) * std::size_t(S) <= ranks.size(),
+             "layer {} expert {}: copy {} of {}", layer, expert, c, copies(layer, expert));
+  return std::span<const int>(ranks).subspan(std::size_t(c) * std::size_t(S), std::size_t(S));
 }
 
 int Placement::shards(int layer, int expert) const {
@@ -46,7 +59,14 @@ int Placement::shard_on(int layer, int expert, int rank) const {
   const auto& ranks = replicas(layer, expert);
   const auto it = std::find(ranks.begin(), ranks.end(), rank);
   if (it == ranks.end()) return -1;
-  return sharded(layer, expert) ? int(it - ranks.begin()) : 0;
+  return int(it - ranks.begin()) % shards(layer, expert);
+}
+
+int Placement::copy_on(int layer, int expert, int rank) const {
+  const auto& ranks = replicas(layer, expert);
+  const auto it = std::find(ranks.begin(), ranks.end(), rank);
+  if (it == ranks.end()) return -1;
+  return int(it - ranks.begin()) / shards(layer, expert);
 }
 
 bool Placement::any_sharded() const {
@@ -87,9 +107,9 @@ void Placement::validate(const std::string& origin, int max_slots) const {
           MOED_THROW(Input, "{}: layer {} expert {} lists rank {} twice{}", origin, l, e, ranks[i],
                      sharded(l, e) ? " (a rank holds at most one shard of an expert)" : "");
       }
-      if (sharded(l, e) && int(ranks.size()) != shards(l, e))
-        MOED_THROW(Input, "{}: layer {} expert {} is split into {} shards but {} ranks hold them", origin, l, e,
-                   shards(l, e), ranks.size());
+      if (ranks.size() % std::size_t(shards(l, e)) != 0)
+        MOED_THROW(Input, "{}: layer {} expert {} is split into {} shards but {} ranks hold them (whole copies of "
+                   "{} shards each)", origin, l, e, shards(l, e), ranks.size(), shards(l, e));
     }
   }
   if (max_slots > 0) {

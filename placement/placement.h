@@ -1,13 +1,17 @@
 // A placement: for every MoE layer, which ranks hold a slot (a copy of the
 // weights) of each expert. A hot expert may have several slots (replicas),
 // or be split into S shards (tensor sharding), one per rank of one island:
-// shard s holds F/S of its FFN (kernels/cpu/expert_ffn.h).
+// shard s holds F/S of its FFN (kernels/cpu/expert_ffn.h). A split expert
+// may also be replicated: G copies, each S shards on one island.
+// A copy is the unit that computes a chunk of an expert's rows: a replica of
+// a whole expert, or the S shards of one copy of a split one.
 // The epoch numbers placements; a cluster serves with one epoch at a time.
 //
 // Pure data and pure policies: no MPI, no threads.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,15 +34,22 @@ class Placement {
   // Ranks holding a slot of (layer, expert), in replica order.
   const std::vector<int>& replicas(int layer, int expert) const;
   void set_replicas(int layer, int expert, std::vector<int> ranks);
-  // Splits (layer, expert) into ranks.size() >= 2 shards, shard s on ranks[s]
-  // (replicas() then lists them, in shard order; a sharded expert has no
-  // replicas). set_replicas makes an expert whole again.
-  void set_shards(int layer, int expert, std::vector<int> ranks);
+  // Splits (layer, expert) into `shards` >= 2 shards (0: ranks.size()), held
+  // in ranks.size() / shards copies: shard s of copy c on ranks[c * shards + s]
+  // (replicas() then lists them, copy after copy, each in shard order).
+  // set_replicas makes an expert whole again.
+  void set_shards(int layer, int expert, std::vector<int> ranks, int shards = 0);
   // Shards of (layer, expert): 1 when whole.
   int shards(int layer, int expert) const;
   bool sharded(int layer, int expert) const { return shards(layer, expert) > 1; }
+  // Copies of (layer, expert): its replicas when whole, its groups of shards when split.
+  int copies(int layer, int expert) const;
+  // The ranks of copy c, in shard order (one rank for a whole expert).
+  std::span<const int> copy(int layer, int expert, int c) const;
   // The shard `rank` holds (0 for a whole copy), or -1 when it holds none.
   int shard_on(int layer, int expert, int rank) const;
+  // The copy `rank` holds part of, or -1 when it holds none.
+  int copy_on(int layer, int expert, int rank) const;
   bool any_sharded() const;
 
   // Experts with a slot on `rank` in `layer`, ascending.
@@ -48,7 +59,7 @@ class Placement {
   int max_slots_per_rank() const;
 
   // Every expert placed at least once, ranks in range, no rank twice for one
-  // expert (so no rank holds two shards of one), every shard present, and
+  // expert (so no rank holds two shards of one), every shard of every copy present, and
   // (when max_slots > 0) at most max_slots slots on any rank (a shard is a slot).
   // Throws an Input error prefixed with `origin`.
   void validate(const std::string& origin, int max_slots = 0) const;

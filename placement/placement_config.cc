@@ -85,6 +85,9 @@ const config::Section<PlacementConfig>& placement_config_section() {
                           "`shards` shards on one island (as moe-place optimize --shard-over-mean); 0 = never"),
           config::integer<C>("shards", &C::shards, 2, 2, 1 << 16,
                              "reoptimize's split experts: shards each (must divide [experts].ffn_chunks)"),
+          config::flag<C>("shard_per_island", &C::shard_per_island, false,
+                          "reoptimize's split of a replicated expert: a copy of `shards` shards on each "
+                          "island of its replicas (false: one copy, on the island holding most)"),
       });
   return section;
 }

@@ -37,6 +37,7 @@ struct PlacementConfig {
   double group_hint = 0;
   double shard_over_mean = 0;
   std::int64_t shards = 2;
+  bool shard_per_island = false;
 };
 
 // Routing statistics the daemon keeps for the placement service.

@@ -97,7 +97,7 @@ Placement rename_ranks(const Placement& p, const std::vector<int>& new_rank) {
       std::vector<int> ranks = p.replicas(l, e);
       for (int& r : ranks) r = new_rank.at(r);
       if (p.sharded(l, e))
-        out.set_shards(l, e, std::move(ranks));
+        out.set_shards(l, e, std::move(ranks), p.shards(l, e));
       else
         out.set_replicas(l, e, std::move(ranks));
     }
@@ -116,16 +116,26 @@ int source_rank(const std::vector<int>& kept, const std::vector<int>& current_so
   return current_sorted.empty() ? -1 : current_sorted.front();
 }
 
-// A whole expert split by `next`: each shard cut from a whole copy (the
-// shard's own rank where it holds one, so those bytes stay on the rank), and
-// every holder that keeps no shard released.
+// A whole expert split by `next`: each shard of each copy cut from a whole
+// copy (the shard's own rank where it holds one, so those bytes stay on the
+// rank, else one in its copy, else the holder in the copy's place in
+// `current`'s order), and every holder that keeps no shard released.
 void cut_moves(const Placement& current, const Placement& next, int l, int e, std::vector<Move>& out) {
   const std::vector<int>& holders = current.replicas(l, e);
   const std::vector<int>& shard_ranks = next.replicas(l, e);
-  const int S = int(shard_ranks.size());
-  for (int s = 0; s < S; ++s) {
-    const int to = shard_ranks[std::size_t(s)];
-    out.push_back({l, e, holds(holders, to) ? to : holders.front(), to, -1, s, S, true});
+  const int S = next.shards(l, e);
+  for (int c = 0; c < next.copies(l, e); ++c) {
+    const std::span<const int> ranks = next.copy(l, e, c);
+    int source = holders[std::size_t(c) % holders.size()];
+    for (int r : ranks)
+      if (holds(holders, r)) {
+        source = r;
+        break;
+      }
+    for (int s = 0; s < S; ++s) {
+      const int to = ranks[std::size_t(s)];
+      out.push_back({l, e, holds(holders, to) ? to : source, to, -1, s, S, true, c});
+    }
   }
   for (int r : holders)
     if (!holds(shard_ranks, r)) out.push_back({l, e, -1, -1, r, 0, S, true});
@@ -133,23 +143,24 @@ void cut_moves(const Placement& current, const Placement& next, int l, int e, st
 
 // The moves of one split expert: each shard whose rank changes, from its holder.
 void shard_moves(const Placement& current, const Placement& next, int l, int e, std::vector<Move>& out) {
-  const int S = current.shards(l, e);
-  if (next.shards(l, e) != S)
+  const int S = current.shards(l, e), copies = current.copies(l, e);
+  if (next.shards(l, e) != S || next.copies(l, e) != copies)
     MOED_THROW(Input,
-               "layer {} expert {} is split into {} shard(s) now and {} in the new placement: a migration moves "
-               "shards and splits whole experts, it does not re-split or merge a split one (restart with the new "
-               "placement)",
-               l, e, S, next.shards(l, e));
+               "layer {} expert {} is split into {} shard(s) now and {} in the new placement, held {} and {} "
+               "time(s): a migration moves shards and splits whole experts, it does not re-split or merge a split "
+               "one, nor add or drop its copies (restart with the new placement)",
+               l, e, S, next.shards(l, e), copies, next.copies(l, e));
   const std::vector<int>& cur = current.replicas(l, e);
   const std::vector<int>& nxt = next.replicas(l, e);
-  for (int s = 0; s < S; ++s) {
-    if (cur[s] == nxt[s]) continue;
-    if (holds(cur, nxt[s]))
+  for (std::size_t i = 0; i < cur.size(); ++i) {
+    if (cur[i] == nxt[i]) continue;
+    const int s = int(i) % S, c = int(i) / S;
+    if (holds(cur, nxt[i]))
       MOED_THROW(Input,
                  "layer {} expert {}: shard {} would move to rank {}, which holds shard {} of it until the "
                  "migration ends (a rank holds one shard of an expert); move them in two migrations",
-                 l, e, s, nxt[s], current.shard_on(l, e, nxt[s]));
-    out.push_back({l, e, cur[s], nxt[s], cur[s], s, S});
+                 l, e, s, nxt[i], current.shard_on(l, e, nxt[i]));
+    out.push_back({l, e, cur[i], nxt[i], cur[i], s, S, false, c});
   }
 }
 
@@ -252,8 +263,10 @@ void apply_cuts(Placement& out, const std::vector<Move>& chosen) {
                  out.layers(), out.experts());
     if (out.sharded(l, e)) MOED_THROW(Internal, "cut of layer {} expert {}: it is split already", l, e);
     const int S = group.front()->shards;
+    int copies = 0;
+    for (const Move* m : group) copies = std::max(copies, m->to >= 0 ? m->copy + 1 : 0);
     const std::vector<int>& holders = out.replicas(l, e);
-    std::vector<int> shard_ranks(std::size_t(std::max(S, 0)), -1);
+    std::vector<int> shard_ranks(std::size_t(std::max(S, 0) * copies), -1);
     std::vector<int> released;
     for (const Move* m : group) {
       if (m->shards != S || S < 2)
@@ -263,20 +276,22 @@ void apply_cuts(Placement& out, const std::vector<Move>& chosen) {
         released.push_back(m->drop);
         continue;
       }
-      if (m->shard < 0 || m->shard >= S || shard_ranks[std::size_t(m->shard)] >= 0 || !holds(holders, m->from) ||
+      const std::size_t at = std::size_t(m->copy) * std::size_t(S) + std::size_t(m->shard);
+      if (m->shard < 0 || m->shard >= S || m->copy < 0 || shard_ranks[at] >= 0 || !holds(holders, m->from) ||
           m->to >= out.ranks() || m->drop >= 0)
-        MOED_THROW(Internal, "cut of layer {} expert {}: shard {} of {} to rank {} from rank {} is not a cut", l, e,
-                   m->shard, S, m->to, m->from);
-      shard_ranks[std::size_t(m->shard)] = m->to;
+        MOED_THROW(Internal, "cut of layer {} expert {}: shard {} of {} to rank {} from rank {} (copy {}) is not a cut",
+                   l, e, m->shard, S, m->to, m->from, m->copy);
+      shard_ranks[at] = m->to;
     }
-    for (int s = 0; s < S; ++s)
-      if (shard_ranks[std::size_t(s)] < 0)
-        MOED_THROW(Internal, "cut of layer {} expert {}: shard {} of {} is missing (a cut applies whole)", l, e, s, S);
+    for (std::size_t i = 0; i < shard_ranks.size(); ++i)
+      if (shard_ranks[i] < 0)
+        MOED_THROW(Internal, "cut of layer {} expert {}: shard {} of {} is missing (copy {}; a cut applies whole)",
+                   l, e, i % std::size_t(S), S, i / std::size_t(S));
     for (int r : holders)
       if (!holds(shard_ranks, r) && !holds(released, r))
         MOED_THROW(Internal, "cut of layer {} expert {}: rank {} would keep its whole copy (a cut applies whole)", l,
                    e, r);
-    out.set_shards(l, e, std::move(shard_ranks));
+    out.set_shards(l, e, std::move(shard_ranks), S);
   }
 }
 
@@ -299,9 +314,11 @@ Placement apply_moves(const Placement& current, const std::vector<Move>& chosen)
     if (out.shards(m.layer, m.expert) != m.shards)
       MOED_THROW(Internal, "move of layer {} expert {}: a move of shards of {}, but it is split into {}", m.layer,
                  m.expert, m.shards, out.shards(m.layer, m.expert));
-    if (m.shards > 1 && (m.to < 0 || m.drop < 0 || m.shard < 0 || m.shard >= m.shards || ranks[m.shard] != m.drop))
-      MOED_THROW(Internal, "move of layer {} expert {}: shard {} of {} is not moved from its holder", m.layer,
-                 m.expert, m.shard, m.shards);
+    const std::size_t at = std::size_t(m.copy) * std::size_t(m.shards) + std::size_t(m.shard);
+    if (m.shards > 1 && (m.to < 0 || m.drop < 0 || m.shard < 0 || m.shard >= m.shards || m.copy < 0 ||
+                         at >= ranks.size() || ranks[at] != m.drop))
+      MOED_THROW(Internal, "move of layer {} expert {}: shard {} of {} (copy {}) is not moved from its holder",
+                 m.layer, m.expert, m.shard, m.shards, m.copy);
     if (m.to >= 0 && holds(ranks, m.to))
       MOED_THROW(Internal, "move of layer {} expert {}: rank {} already holds a slot of it", m.layer,
                  m.expert, m.to);
@@ -319,12 +336,17 @@ Placement apply_moves(const Placement& current, const std::vector<Move>& chosen)
                    m.layer, m.expert, m.drop);
     }
     if (m.shards > 1)
-      out.set_shards(m.layer, m.expert, std::move(ranks));
+      out.set_shards(m.layer, m.expert, std::move(ranks), m.shards);
     else
       out.set_replicas(m.layer, m.expert, std::move(ranks));
   }
   return out;
 }
+
+namespace {
+// " of copy c" for a shard of a split expert's second copy on; nothing for its first.
+std::string copy_label(const Move& m) { return m.copy ? fmt::format(" of copy {}", m.copy) : ""; }
+}  // namespace
 
 std::string describe_moves(const std::vector<Move>& moves) {
   std::string out;
@@ -333,10 +355,10 @@ std::string describe_moves(const std::vector<Move>& moves) {
     if (m.cut && m.to < 0)
       out += fmt::format("split into {} shards: releases rank {}", m.shards, m.drop);
     else if (m.cut)
-      out += fmt::format("split into {} shards: shard {} on rank {} (cut from rank {})", m.shards, m.shard, m.to,
-                         m.from);
+      out += fmt::format("split into {} shards: shard {}{} on rank {} (cut from rank {})", m.shards, m.shard,
+                         copy_label(m), m.to, m.from);
     else if (m.shards > 1)
-      out += fmt::format("shard {} of {}: rank {} -> rank {}", m.shard, m.shards, m.from, m.to);
+      out += fmt::format("shard {} of {}{}: rank {} -> rank {}", m.shard, m.shards, copy_label(m), m.from, m.to);
     else if (m.to >= 0 && m.drop >= 0)
       out += fmt::format("rank {} -> rank {} (drops rank {})", m.from, m.to, m.drop);
     else if (m.to >= 0 && m.from >= 0)

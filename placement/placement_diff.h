@@ -22,18 +22,21 @@ namespace moed::placement {
 // One slot to fill: a copy of (layer, expert) goes to rank `to`, read from
 // rank `from` (a rank that holds it in the old placement), and the slot of
 // that expert on `drop` is released (-1: nothing released, a new replica).
-// For a split expert the slot is shard `shard` of `shards`, moved whole from
-// its holder (from = drop) to a rank that holds no shard of it.
+// For a split expert the slot is shard `shard` of `shards` of its copy
+// `copy` (placement.h), moved whole from its holder (from = drop) to a rank
+// that holds no shard of it.
 //
-// A whole expert split into shards (`cut`): one move per shard, its bytes cut
-// from the whole copy on `from` (which may be `to` itself: a holder that keeps
-// a shard), and one release (to = -1) per holder that keeps no shard. The
-// moves of one such split apply together or not at all (apply_moves).
+// A whole expert split into shards (`cut`): one move per shard of each copy,
+// its bytes cut from a whole copy on `from` (which may be `to` itself: a
+// holder that keeps a shard), and one release (to = -1) per holder that keeps
+// no shard. The moves of one such split apply together or not at all
+// (apply_moves).
 struct Move {
   int layer = 0, expert = 0;
   int from = -1, to = -1, drop = -1;
   int shard = 0, shards = 1;
   bool cut = false;
+  int copy = 0;
   bool operator==(const Move&) const = default;
 };
 
@@ -51,10 +54,10 @@ Placement relabel_to_minimise_moves(const Placement& current, const Placement& n
 // The slots of `next` that `current` lacks, per layer and expert, each paired
 // with a slot released where an expert leaves a rank. Shards move one by
 // one; a whole expert that `next` splits is cut into its shards (`cut`). An
-// Input error where `next` merges or splits differently an expert that
-// `current` splits (a migration moves shards, it does not re-split a split
-// expert) or where a shard would land on a rank that holds another shard of
-// its expert until the end.
+// Input error where `next` merges, splits differently or holds in another
+// number of copies an expert that `current` splits (a migration moves
+// shards, it does not re-split a split expert) or where a shard would land
+// on a rank that holds another shard of its expert until the end.
 std::vector<Move> moves(const Placement& current, const Placement& next);
 
 // Applies a subset of moves to `current` (a move is applied as a whole:

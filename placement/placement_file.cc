@@ -70,34 +70,56 @@ Placement parse_placement(const std::string& text, const std::string& origin, co
       MOED_THROW(Input, "{}: layer {} lists {} experts, expected {}", origin, l, slots->size(),
                  experts);
     for (int e = 0; e < experts; ++e) {
-      // [0, 2]: whole copies on ranks 0 and 2; {shards = [2, 3]}: split in two, shard s on the s-th rank.
+      // [0, 2]: whole copies on ranks 0 and 2; {shards = [2, 3]}: split in two, shard s on the s-th rank;
+      // {shards = [[0, 1], [4, 5]]}: split in two, held twice (a copy per inner array).
       const toml::node& entry = *slots->get(std::size_t(e));
       const toml::table* split = entry.as_table();
       const toml::array* ranks_of = split ? (*split)["shards"].as_array() : entry.as_array();
       const auto line = entry.source().begin.line;
       if (split && (!ranks_of || split->size() != 1))
-        MOED_THROW(Input, "{}: layer {} expert {}: a split expert is written {{shards = [2, 3]}} (line {})", origin,
-                   l, e, line);
+        MOED_THROW(Input,
+                   "{}: layer {} expert {}: a split expert is written {{shards = [2, 3]}}, or {{shards = [[0, 1], "
+                   "[4, 5]]}} for copies of it (line {})",
+                   origin, l, e, line);
       if (!ranks_of)
         MOED_THROW(Input, "{}: layer {} expert {}: expected an array of ranks like [0, 2] (line {})", origin, l, e,
                    line);
+      auto read_ranks = [&](const toml::array& list, std::vector<int>& rs) {
+        for (const auto& node : list) {
+          auto r = node.value_exact<std::int64_t>();
+          if (!r) MOED_THROW(Input, "{}: layer {} expert {}: ranks must be integers (line {})", origin, l, e, line);
+          if (*r < 0 || *r >= ranks)
+            MOED_THROW(Input, "{}: layer {} expert {} is placed on rank {}, but ranks are 0..{} (line {})", origin,
+                       l, e, *r, ranks - 1, line);
+          rs.push_back(int(*r));
+        }
+      };
       std::vector<int> rs;
-      for (const auto& node : *ranks_of) {
-        auto r = node.value_exact<std::int64_t>();
-        if (!r) MOED_THROW(Input, "{}: layer {} expert {}: ranks must be integers (line {})", origin, l, e, line);
-        if (*r < 0 || *r >= ranks)
-          MOED_THROW(Input, "{}: layer {} expert {} is placed on rank {}, but ranks are 0..{} (line {})", origin, l,
-                     e, *r, ranks - 1, line);
-        rs.push_back(int(*r));
-      }
       if (!split) {
+        read_ranks(*ranks_of, rs);
         p.set_replicas(l, e, std::move(rs));
         continue;
       }
-      if (rs.size() < 2)
+      std::size_t shards = 0;
+      if (!ranks_of->empty() && ranks_of->front().is_array()) {
+        for (const auto& node : *ranks_of) {
+          const toml::array* one = node.as_array();
+          if (!one || (shards && one->size() != shards))
+            MOED_THROW(Input,
+                       "{}: layer {} expert {}: each copy of a split expert is an array of its {} shard ranks "
+                       "(line {})",
+                       origin, l, e, shards ? shards : ranks_of->front().as_array()->size(), line);
+          shards = one->size();
+          read_ranks(*one, rs);
+        }
+      } else {
+        read_ranks(*ranks_of, rs);
+        shards = rs.size();
+      }
+      if (shards < 2)
         MOED_THROW(Input, "{}: layer {} expert {}: {} shard rank{}; a split expert has at least 2 shards (line {})",
-                   origin, l, e, rs.size(), rs.size() == 1 ? "" : "s", line);
-      p.set_shards(l, e, std::move(rs));
+                   origin, l, e, shards, shards == 1 ? "" : "s", line);
+      p.set_shards(l, e, std::move(rs), int(shards));
     }
   }
   p.validate(origin);
@@ -121,7 +143,16 @@ std::string format_placement(const Placement& p, const LayerNumbers& numbers) {
     out += "\n[[layer]]  # layer " + std::to_string(l) + "\nslots = [";
     for (int e = 0; e < p.experts(); ++e) {
       const std::string ranks = fmt::format("{}", fmt::join(p.replicas(l, e), ", "));
-      out += (e ? ", " : "") + (p.sharded(l, e) ? "{shards = [" + ranks + "]}" : "[" + ranks + "]");
+      out += e ? ", " : "";
+      if (!p.sharded(l, e)) {
+        out += "[" + ranks + "]";
+      } else if (p.copies(l, e) == 1) {
+        out += "{shards = [" + ranks + "]}";
+      } else {
+        std::vector<std::string> copies;
+        for (int c = 0; c < p.copies(l, e); ++c) copies.push_back(fmt::format("[{}]", fmt::join(p.copy(l, e, c), ", ")));
+        out += fmt::format("{{shards = [{}]}}", fmt::join(copies, ", "));
+      }
     }
     out += "]\n";
     if (!numbers.identity()) out += fmt::format("model_layer = {}\n", numbers.model(l));

@@ -48,26 +48,41 @@ Placement split_hot_experts(const Placement& p, const routing::RoutingStats& sta
     std::stable_sort(hot.begin(), hot.end(), [&](int a, int b) { return stats.load(l, a) > stats.load(l, b); });
     for (int e : hot) {
       const std::vector<int> holders = out.replicas(l, e);
-      const int island = main_island(holders, topology);
       std::vector<double> held = memory_in_layer(out, l);
       for (int r : holders) held[std::size_t(r)] -= 1.0;  // the expert's own copies go
+      // S ranks of `island` for one copy: its holders there first, then the
+      // island's ranks with the least expert memory; empty if it is too small.
+      auto copy_on = [&](int island) {
+        std::vector<int> ranks;
+        for (int r : holders)
+          if (topology.island_of(r) == island) ranks.push_back(r);
+        ranks.resize(std::min(ranks.size(), std::size_t(S)));
+        std::vector<int> others;
+        for (int r : topology.ranks_in(island))
+          if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) others.push_back(r);
+        std::stable_sort(others.begin(), others.end(),
+                         [&](int a, int b) { return held[std::size_t(a)] < held[std::size_t(b)]; });
+        for (int r : others)
+          if (int(ranks.size()) < S) ranks.push_back(r);
+        if (int(ranks.size()) < S) ranks.clear();
+        return ranks;
+      };
+      std::vector<int> islands{main_island(holders, topology)};
+      if (rule.per_island)
+        for (int r : holders)
+          if (std::find(islands.begin(), islands.end(), topology.island_of(r)) == islands.end())
+            islands.push_back(topology.island_of(r));
       std::vector<int> ranks;
-      for (int r : holders)
-        if (topology.island_of(r) == island) ranks.push_back(r);
-      ranks.resize(std::min(ranks.size(), std::size_t(S)));
-      std::vector<int> others;
-      for (int r : topology.ranks_in(island))
-        if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) others.push_back(r);
-      std::stable_sort(others.begin(), others.end(),
-                       [&](int a, int b) { return held[std::size_t(a)] < held[std::size_t(b)]; });
-      for (int r : others)
-        if (int(ranks.size()) < S) ranks.push_back(r);
-      if (int(ranks.size()) < S) continue;  // the island is too small
+      for (int island : islands) {
+        const std::vector<int> one = copy_on(island);
+        ranks.insert(ranks.end(), one.begin(), one.end());
+      }
+      if (ranks.empty()) continue;  // no island holding it is large enough
       const bool fits = std::all_of(ranks.begin(), ranks.end(), [&](int r) {
         return rule.slots_per_rank <= 0 || held[std::size_t(r)] + 1.0 / S <= rule.slots_per_rank + 1e-9;
       });
       if (!fits) continue;
-      out.set_shards(l, e, std::move(ranks));
+      out.set_shards(l, e, std::move(ranks), S);
     }
   }
   return out;
@@ -80,7 +95,7 @@ Placement keep_splits(const Placement& current, Placement next) {
              next.layers(), next.experts(), next.ranks());
   for (int l = 0; l < current.layers(); ++l)
     for (int e = 0; e < current.experts(); ++e)
-      if (current.sharded(l, e)) next.set_shards(l, e, current.replicas(l, e));
+      if (current.sharded(l, e)) next.set_shards(l, e, current.replicas(l, e), current.shards(l, e));
   return next;
 }
 

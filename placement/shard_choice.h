@@ -8,7 +8,10 @@
 //   - replicated by the optimiser: its replicas become S shards on the
 //     island holding most of them (its replicas there first, then that
 //     island's ranks with the least expert memory in the layer), releasing
-//     the other copies;
+//     the other copies; or, with `per_island`, a copy of S shards on every
+//     island that holds a replica (chosen the same way; an island with
+//     fewer than S ranks loses its replica), so that tokens keep their
+//     near copy and each copy's work is spread over S ranks;
 //   - not replicated (a replica did not fit the slot budget): it is split
 //     over its rank and the S - 1 ranks of its island with the least expert
 //     memory.
@@ -28,6 +31,7 @@ struct ShardRule {
   double over_mean = 0;     // 0: never split
   int shards = 2;           // S: must divide the run's [experts].ffn_chunks
   double slots_per_rank = 0;  // memory budget per rank per layer, in experts; 0: none
+  bool per_island = false;    // a replicated expert keeps a copy of S shards on each island of its replicas
 };
 
 Placement split_hot_experts(const Placement& p, const routing::RoutingStats& stats, const Topology& topology,

@@ -16,13 +16,16 @@ void check_shards(const Placement& p, int ffn_chunks, const Topology& topology, 
                    "{}: layer {} expert {} is split into {} shards, which does not divide [experts].ffn_chunks "
                    "= {} (each shard must hold whole canonical chunks)",
                    origin, l, e, S, ffn_chunks);
-      const std::vector<int>& ranks = p.replicas(l, e);
-      for (int r : ranks)
-        if (topology.island_of(r) != topology.island_of(ranks[0]))
-          MOED_THROW(Input,
-                     "{}: layer {} expert {}: shard 0 is on rank {} (island {}) but a shard is on rank {} "
-                     "(island {}); the shards of an expert must share an island",
-                     origin, l, e, ranks[0], topology.island_of(ranks[0]), r, topology.island_of(r));
+      for (int c = 0; c < p.copies(l, e); ++c) {
+        const std::span<const int> ranks = p.copy(l, e, c);
+        for (int r : ranks)
+          if (topology.island_of(r) != topology.island_of(ranks[0]))
+            MOED_THROW(Input,
+                       "{}: layer {} expert {}: shard 0{} is on rank {} (island {}) but a shard is on rank {} "
+                       "(island {}); the shards of an expert must share an island (each copy its own, when it has several)",
+                       origin, l, e, p.copies(l, e) > 1 ? fmt::format(" of copy {}", c) : "", ranks[0],
+                       topology.island_of(ranks[0]), r, topology.island_of(r));
+      }
     }
 }
 

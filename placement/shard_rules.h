@@ -2,7 +2,7 @@
 // validity: S divides the canonical F-chunks ([experts].ffn_chunks; see
 // kernels/cpu/expert_ffn.h), so each shard holds whole chunks and the sum
 // of its partial outputs is the whole expert's bit for bit; and the shards
-// share one island, so a token's row crosses to them once.
+// of each copy share one island, so a token's row crosses to them once.
 #pragma once
 
 #include <string>

@@ -145,11 +145,13 @@ std::string move_text(const json& m) {
   const std::int64_t shards = int_field(m, "shards");
   const auto cut_field = m.find("cut");
   const bool cut = cut_field != m.end() && cut_field->is_boolean() && cut_field->get<bool>();
+  const std::int64_t copy = int_field(m, "copy");
+  const std::string of_copy = copy > 0 ? fmt::format(" (copy {})", copy) : "";
   if (cut && to >= 0)
-    return out + fmt::format(", split: shard {} of {} to rank {}, cut from rank {}", int_field(m, "shard"), shards,
-                             to, from);
+    return out + fmt::format(", split: shard {} of {}{} to rank {}, cut from rank {}", int_field(m, "shard"), shards,
+                             of_copy, to, from);
   if (cut) return out + fmt::format(", split into {} shards: releases rank {}", shards, drop);
-  if (shards > 1) out += fmt::format(", shard {} of {}", int_field(m, "shard"), shards);
+  if (shards > 1) out += fmt::format(", shard {} of {}{}", int_field(m, "shard"), shards, of_copy);
   if (from >= 0 && to >= 0) out += fmt::format(", rank {} -> rank {}", from, to);
   else if (to >= 0) out += fmt::format(" to rank {}", to);
   else if (drop >= 0) out += fmt::format(", releases rank {}", drop);
@@ -266,18 +268,24 @@ std::string format_placement(const json& answer) {
       line += fmt::format("{:<{}}", row[c], c + 1 < row.size() ? width[c] + 2 : 0);
     out += line + "\n";
   }
-  // Split experts: a cell lists a shard like a whole copy, so name them.
-  if (auto split = answer.find("split"); split != answer.end() && split->is_array())
-    for (std::size_t l = 0; l < split->size() && l < slots->size(); ++l) {
-      const json& here = (*split)[l];
-      if (!here.is_array()) continue;
-      for (const auto& e : here) {
-        if (!e.is_number_integer() || e.get<std::int64_t>() < 0 || e.get<std::size_t>() >= (*slots)[l].size())
-          continue;
-        std::vector<std::string> ranks_of;
-        for (const auto& r : (*slots)[l][e.get<std::size_t>()]) ranks_of.push_back(std::to_string(r.get<int>()));
-        out += fmt::format("layer {} expert {}: split into {} shards, on ranks {}\n", names[l], e.get<int>(),
-                           ranks_of.size(), fmt::join(ranks_of, ", "));
+  // Split experts: a cell lists a shard like a whole copy, so name them, copy by copy.
+  const auto split = answer.find("split"), shards = answer.find("shards");
+  if (split != answer.end() && split->is_array() && shards != answer.end() && shards->is_array())
+    for (std::size_t l = 0; l < split->size() && l < slots->size() && l < shards->size(); ++l) {
+      if (!(*split)[l].is_array() || !(*shards)[l].is_object()) continue;
+      for (const auto& e : (*split)[l]) {
+        if (!e.is_number_integer()) continue;
+        const json copies = (*shards)[l].value(std::to_string(e.get<std::int64_t>()), json());
+        if (!copies.is_array() || copies.empty() || !copies[0].is_array()) continue;
+        std::vector<std::string> held;
+        for (const auto& ranks : copies) {
+          std::vector<std::string> ranks_of;
+          for (const auto& r : ranks) ranks_of.push_back(r.is_number_integer() ? std::to_string(r.get<int>()) : "?");
+          held.push_back(fmt::format("{}", fmt::join(ranks_of, ", ")));
+        }
+        out += fmt::format("layer {} expert {}: split into {} shards, {}on ranks {}\n", names[l], e.get<int>(),
+                           copies[0].size(), copies.size() > 1 ? fmt::format("{} copies, ", copies.size()) : "",
+                           fmt::join(held, "; "));
       }
     }
   return out;

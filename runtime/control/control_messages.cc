@@ -23,14 +23,14 @@ ControlAction::Kind kind_named(const std::string& name) {
 
 json moves_json(const std::vector<placement::Move>& moves) {
   json out = json::array();
-  for (const auto& m : moves) out.push_back({m.layer, m.expert, m.from, m.to, m.drop, m.shard, m.shards, m.cut});
+  for (const auto& m : moves) out.push_back({m.layer, m.expert, m.from, m.to, m.drop, m.shard, m.shards, m.cut, m.copy});
   return out;
 }
 
 std::vector<placement::Move> moves_from(const json& list) {
   std::vector<placement::Move> moves;
   for (const auto& m : list)
-    moves.push_back({m.at(0), m.at(1), m.at(2), m.at(3), m.at(4), m.at(5), m.at(6), m.at(7).get<bool>()});
+    moves.push_back({m.at(0), m.at(1), m.at(2), m.at(3), m.at(4), m.at(5), m.at(6), m.at(7).get<bool>(), m.at(8)});
   return moves;
 }
 

@@ -179,7 +179,7 @@ void ControlPlane::finish_reoptimize() {
   for (const auto& m : plan.moves) {
     json move = {{"layer", numbers_.model(m.layer)}, {"expert", m.expert}, {"from", m.from}, {"to", m.to},
                  {"drop", m.drop}};
-    if (m.shards > 1) move.update({{"shard", m.shard}, {"shards", m.shards}, {"cut", m.cut}});
+    if (m.shards > 1) move.update({{"shard", m.shard}, {"shards", m.shards}, {"cut", m.cut}, {"copy", m.copy}});
     answer["moves"].push_back(std::move(move));
   }
   if (coordinator_.plan_ready(std::move(plan.moves), answer["dry_run"])) {
@@ -214,6 +214,7 @@ void ControlPlane::apply(const BoundaryActions& actions) {
           if (const int groups = model_spec(c_.config.model).router.groups; groups > 1) params.expert_groups = groups;
           params.shard_over_mean = c_.config.placement.shard_over_mean;
           params.shards = int(c_.config.placement.shards);
+          params.shard_per_island = c_.config.placement.shard_per_island;
           params.ffn_chunks = int(c_.config.experts.ffn_chunks);
           optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
                                                         topology = c_.topology, params] {

@@ -25,7 +25,12 @@ json placement_json(const placement::Placement& p, const LayerNumbers& numbers, 
       experts.push_back(p.replicas(l, e));
       if (p.sharded(l, e)) {
         split_here.push_back(e);
-        shards_here[std::to_string(e)] = p.replicas(l, e);
+        json copies = json::array();
+        for (int c = 0; c < p.copies(l, e); ++c) {
+          const std::span<const int> ranks = p.copy(l, e, c);
+          copies.push_back(std::vector<int>(ranks.begin(), ranks.end()));
+        }
+        shards_here[std::to_string(e)] = copies;
         replicas_here.push_back(json::array());
       } else {
         replicas_here.push_back(p.replicas(l, e));
@@ -38,9 +43,9 @@ json placement_json(const placement::Placement& p, const LayerNumbers& numbers, 
     shards.push_back(shards_here);
   }
   // slots[l][e]: the ranks holding expert e of layer l: its replicas, or,
-  // for an expert in split[l], its shards in shard order (each holds 1/S).
+  // for an expert in split[l], its shards (each holds 1/S), copy after copy.
   // The same apart: replicas[l][e] (empty for a split expert) and
-  // shards[l]["e"] (the ranks of a split expert's shards, in shard order).
+  // shards[l]["e"] (a split expert's copies, each its ranks in shard order).
   json out = {{"epoch", p.epoch()},
               {"ranks", p.ranks()},
               {"layers", p.layers()},

@@ -96,11 +96,13 @@ Verdict MigrationCoordinator::migrate(const placement::Placement& p, int layer, 
   const int shards = p.shards(layer, expert);
   if (shards > 1 && topology && topology->island_of(to) != topology->island_of(source))
     return {admin::code::kRefused,
-            fmt::format("layer {} expert {} is split into {} shards on island {}; rank {} is on island {} (the "
-                        "shards of an expert share an island)",
-                        shown, expert, shards, topology->island_of(source), to, topology->island_of(to))};
+            fmt::format("layer {} expert {} is split into {} shards, rank {}'s on island {}; rank {} is on island "
+                        "{} (the shards of a copy of an expert share an island)",
+                        shown, expert, shards, source, topology->island_of(source), to, topology->island_of(to))};
   // A split expert's shard held by `source` moves whole.
-  start({{layer, expert, source, to, source, p.shard_on(layer, expert, source), shards}}, "migrate");
+  start({{layer, expert, source, to, source, p.shard_on(layer, expert, source), shards, false,
+          p.copy_on(layer, expert, source)}},
+        "migrate");
   return {};
 }
 

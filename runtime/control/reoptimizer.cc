@@ -22,7 +22,8 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
     options.group_hint = request.group_hint;
     placement::Optimized optimized = placement::optimize_explained(stats, topology, options);
     placement::Placement next = std::move(optimized.placement);
-    const placement::ShardRule rule{request.shard_over_mean, request.shards, double(request.slots_per_rank)};
+    const placement::ShardRule rule{request.shard_over_mean, request.shards, double(request.slots_per_rank),
+                                    request.shard_per_island};
     if (rule.over_mean > 0) next = placement::split_hot_experts(next, stats, topology, rule);
     next = placement::relabel_to_minimise_moves(current, next, topology);
     next = placement::keep_splits(current, std::move(next));

@@ -32,6 +32,7 @@ struct ReoptimizeRequest {
   // F-chunks (0: not checked).
   double shard_over_mean = 0;
   int shards = 2;
+  bool shard_per_island = false;
   int ffn_chunks = 0;
 };
 

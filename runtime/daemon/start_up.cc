@@ -50,7 +50,7 @@ std::string placement_details(const placement::Placement& p) {
   for (int l = 0; l < p.layers(); ++l)
     for (int e = 0; e < p.experts(); ++e) {
       split += p.sharded(l, e);
-      replicated += p.replicas(l, e).size() > 1 && !p.sharded(l, e);
+      replicated += p.copies(l, e) > 1;  // a split expert too, when held twice or more
     }
   return fmt::format("epoch {}, {} replicated experts{}, at most {} slots per rank", p.epoch(), replicated,
                      split ? fmt::format(", {} split expert{}", split, split == 1 ? "" : "s") : "",

@@ -13,14 +13,14 @@ ChunkSchedule schedule_chunks(const PlanInput& in, bool split_by_home) {
   std::vector<std::uint64_t> start(std::size_t(R) + 1);  // home h: positions [start[h], start[h + 1])
   for (std::size_t slot = 0; slot < s.experts.size(); ++slot) {
     const int e = s.experts[slot];
-    const std::vector<int>& replicas = in.placement->replicas(in.layer, e);
-    const std::size_t mine = std::size_t(std::find(replicas.begin(), replicas.end(), in.rank) - replicas.begin());
-    const bool sharded = in.placement->sharded(in.layer, e);  // every shard computes every chunk
+    // Each chunk goes to one copy; every shard of that copy computes it.
+    const std::size_t mine = std::size_t(in.placement->copy_on(in.layer, e, in.rank));
+    const bool one_copy = in.placement->copies(in.layer, e) == 1;
     for (int h = 0; h < R; ++h) start[h + 1] = start[h] + counts.at(h, e);
     const std::uint64_t total = start[R], C = expert_chunk_rows(in, e);
     std::vector<std::uint32_t>& taken = s.rows_from[slot];  // rows of each home in earlier tasks
     for (std::uint64_t j = 0; j * C < total; ++j) {
-      if (!sharded && chunk_replica(in, e, j) != mine) continue;
+      if (!one_copy && chunk_replica(in, e, j) != mine) continue;
       const std::uint64_t lo = j * C, hi = std::min(total, lo + C);
       ExpertTask task{int(slot), 0, {}};
       for (int h = 0; h < R; ++h) {

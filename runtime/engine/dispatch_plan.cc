@@ -40,19 +40,16 @@ std::uint64_t ExpertCounts::before(int rank, int expert) const {
 }
 
 std::uint64_t expert_chunk_rows(const PlanInput& in, int expert) {
-  const std::vector<int>& replicas = in.placement->replicas(in.layer, expert);
-  if (!in.share_small_experts || replicas.size() < 2 || in.placement->sharded(in.layer, expert)) return in.chunk_rows;
-  const std::uint64_t n = replicas.size(), shared = (in.counts->total(expert) + n - 1) / n;
+  const std::uint64_t n = std::uint64_t(in.placement->copies(in.layer, expert));
+  if (!in.share_small_experts || n < 2) return in.chunk_rows;
+  const std::uint64_t shared = (in.counts->total(expert) + n - 1) / n;
   return std::clamp<std::uint64_t>(shared, 1, in.chunk_rows);
 }
 
 std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) {
-  const std::vector<int>& replicas = in.placement->replicas(in.layer, expert);
-  MOED_CHECK(!in.placement->sharded(in.layer, expert), "layer {} expert {} is sharded: every shard computes its chunks",
-             in.layer, expert);
-  if (replicas.size() == 1) return 0;
-  if (!in.topology || in.topology->islands() == 1)
-    return replica_of_chunk(chunk, in.step, replicas.size());
+  const std::size_t copies = std::size_t(in.placement->copies(in.layer, expert));
+  if (copies == 1) return 0;
+  if (!in.topology || in.topology->islands() == 1) return replica_of_chunk(chunk, in.step, copies);
   // Rows of the chunk per island: rank r holds positions [before(r), before(r) + at(r)).
   const std::uint64_t C = expert_chunk_rows(in, expert), lo = chunk * C, hi = lo + C;
   std::vector<std::uint64_t> rows(in.topology->islands(), 0);
@@ -63,10 +60,10 @@ std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk) 
     start = end;
   }
   const int island = int(std::max_element(rows.begin(), rows.end()) - rows.begin());
-  std::vector<std::size_t> near;
-  for (std::size_t i = 0; i < replicas.size(); ++i)
-    if (in.topology->island_of(replicas[i]) == island) near.push_back(i);
-  if (near.empty()) return replica_of_chunk(chunk, in.step, replicas.size());
+  std::vector<std::size_t> near;  // a copy's shards share an island (shard_rules.h)
+  for (std::size_t c = 0; c < copies; ++c)
+    if (in.topology->island_of(in.placement->copy(in.layer, expert, int(c))[0]) == island) near.push_back(c);
+  if (near.empty()) return replica_of_chunk(chunk, in.step, copies);
   return near[replica_of_chunk(chunk, in.step, near.size())];
 }
 
@@ -75,16 +72,16 @@ std::vector<std::uint64_t> pairs_to_ranks(const PlanInput& in, int home) {
   for (int e = 0; e < in.counts->experts(); ++e) {
     const std::uint64_t n = in.counts->at(home, e);
     if (n == 0) continue;
-    const std::vector<int>& replicas = in.placement->replicas(in.layer, e);
-    if (replicas.size() == 1 || in.placement->sharded(in.layer, e)) {  // every shard takes every row
-      for (int r : replicas) pairs[r] += n;
+    if (in.placement->copies(in.layer, e) == 1) {  // every shard takes every row
+      for (int r : in.placement->replicas(in.layer, e)) pairs[r] += n;
       continue;
     }
     // The home's pairs hold positions [lo, hi) of the expert's rows; each
-    // chunk they overlap goes to its replica.
+    // chunk they overlap goes to every rank of its copy.
     const std::uint64_t lo = in.counts->before(home, e), hi = lo + n, C = expert_chunk_rows(in, e);
     for (std::uint64_t j = lo / C; j * C < hi; ++j)
-      pairs[replicas[chunk_replica(in, e, j)]] += std::min(hi, (j + 1) * C) - std::max(lo, j * C);
+      for (int r : in.placement->copy(in.layer, e, int(chunk_replica(in, e, j))))
+        pairs[r] += std::min(hi, (j + 1) * C) - std::max(lo, j * C);
   }
   return pairs;
 }
@@ -119,9 +116,9 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
   plan.hop1.resize(placement.ranks());
   plan.hop2.resize(placement.ranks());
   std::vector<std::uint64_t> seen(placement.experts(), 0);  // my pairs per expert so far
-  // A chunk's replica, remembered: an expert's pairs come in position order.
+  // A chunk's copy, remembered: an expert's pairs come in position order.
   std::vector<std::uint64_t> cached_chunk(placement.experts(), UINT64_MAX);
-  std::vector<int> cached_dest(placement.experts(), -1);
+  std::vector<int> cached_copy(placement.experts(), 0);
   std::vector<std::uint64_t> chunk_rows(placement.experts(), 0);  // expert_chunk_rows, once per expert
   // The batch a pair for `dest` joins: direct within the home's island, else the gateway's.
   auto route = [&](int dest) -> RowBatch& {
@@ -135,26 +132,19 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
     const float* row = x + t * std::size_t(hidden);
     for (std::size_t i = 0; i < experts.size(); ++i) {
       const int e = int(experts[i]);
-      const std::vector<int>& replicas = placement.replicas(in.layer, e);
-      if (placement.sharded(in.layer, e)) {
-        // A pair per shard; the shards share an island, so a remote one's
-        // row crosses once, to the gateway, which fans it out.
-        for (int dest : replicas) {
-          RowBatch& batch = route(dest);
-          batch.add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
-        }
-        continue;
-      }
-      int dest = replicas[0];
-      if (replicas.size() > 1) {
+      int copy = 0;
+      if (placement.copies(in.layer, e) > 1) {
         if (!chunk_rows[e]) chunk_rows[e] = expert_chunk_rows(in, e);
         std::uint64_t chunk = (in.counts->before(in.rank, e) + seen[e]) / chunk_rows[e];
-        if (cached_chunk[e] != chunk)
-          cached_chunk[e] = chunk, cached_dest[e] = replicas[chunk_replica(in, e, chunk)];
-        dest = cached_dest[e];
+        if (cached_chunk[e] != chunk) cached_chunk[e] = chunk, cached_copy[e] = int(chunk_replica(in, e, chunk));
+        copy = cached_copy[e];
       }
       ++seen[e];
-      route(dest).add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
+      // A pair per rank of the copy: one for a whole expert, one per shard of
+      // a split one (the shards share an island, so a remote one's row
+      // crosses once, to the gateway, which fans it out).
+      for (int dest : placement.copy(in.layer, e, copy))
+        route(dest).add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
     }
   }
   return plan;

@@ -7,12 +7,14 @@
 //  1. An expert's rows of a step, ordered by global token id, are cut into
 //     chunks of C rows (chunk j holds positions [jC, jC + C); C is the
 //     expert's, expert_chunk_rows); each chunk is one GEMM call wherever it
-//     runs. Without replicas an expert computes all its
-//     chunks; with replicas each chunk goes to one replica, chosen near the
-//     chunk's rows: among the replicas on the island most of its rows come
-//     from (all replicas if none is there), the (j + step) mod n-th. Every
-//     rank derives this from the all-gathered per-expert counts, so the
-//     home rank knows where each pair goes and the expert knows its chunks.
+//     runs. An expert held once computes all its chunks; with several
+//     copies (replicas, or groups of shards: placement.h) each chunk goes
+//     to one copy, chosen near the chunk's rows: among the copies on the
+//     island most of its rows come from (all copies if none is there), the
+//     (j + step) mod n-th. Every shard of that copy computes the chunk (its
+//     F/S of the FFN). Every rank derives this from the all-gathered
+//     per-expert counts, so the home rank knows where each pair goes and
+//     the expert knows its chunks.
 //  2. Partial sums are exact fixed point (kernels/cpu/fixed_combine.h), so
 //     where and in what order they are added does not matter.
 //
@@ -94,12 +96,12 @@ struct PlanInput {
 };
 
 // C of rule 1 for `expert`: in.chunk_rows, or with in.share_small_experts,
-// for a replicated expert, its rows this step divided among its replicas
-// (rounded up, at least 1) where that is smaller.
+// for an expert with several copies, its rows this step divided among its
+// copies (rounded up, at least 1) where that is smaller.
 std::uint64_t expert_chunk_rows(const PlanInput& in, int expert);
 
-// Index, in the expert's replica list, of the replica that computes chunk
-// `chunk` of `expert` (rule 1 above).
+// The copy (placement.h: a replica, or a group of shards) that computes
+// chunk `chunk` of `expert` (rule 1 above).
 std::size_t chunk_replica(const PlanInput& in, int expert, std::uint64_t chunk);
 
 // The pairs that `home` sends to each rank (their final destinations), from

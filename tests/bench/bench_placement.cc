@@ -16,7 +16,9 @@
 //      every other domain's (`--held-out-only` runs these alone);
 //  (h) group-limited routing (DeepSeek-V3's 8 groups, 4 kept) on 8 islands:
 //      groups on islands against metis free, with the share of (token, layer)
-//      cells that reach more than 4 islands.
+//      cells that reach more than 4 islands;
+//  (i) hot experts split into shards on held-out routing: held once, or a
+//      copy on each island of their replicas (`--splits-only` runs these alone).
 // metis chooses its pooled share on the fitted routing alone (4-fold
 // cross-validation, choose_pooled_share) against a load cap of 0.02 over
 // greedy-load, the aim's; the share it chose ("gl": greedy-load's own
@@ -34,6 +36,7 @@
 #include "placement/cost_model.h"
 #include "placement/expert_groups.h"
 #include "placement/optimizer.h"
+#include "placement/shard_choice.h"
 #include "routing/routing_stats.h"
 #include "routing/synthetic_routing.h"
 
@@ -347,21 +350,86 @@ void group_limited_case() {
   }
 }
 
+// Expert memory of a placement in whole experts (a shard: 1/S): the
+// total over ranks and layers, and the busiest rank's.
+std::pair<double, double> expert_memory(const Placement& p) {
+  std::vector<double> held(std::size_t(p.ranks()), 0.0);
+  for (int l = 0; l < p.layers(); ++l)
+    for (int e = 0; e < p.experts(); ++e)
+      for (int r : p.replicas(l, e)) held[std::size_t(r)] += 1.0 / p.shards(l, e);
+  double total = 0;
+  for (double h : held) total += h;
+  return {total, *std::max_element(held.begin(), held.end())};
+}
+
+// (i) Hot experts split into 2 shards, on held-out routing: metis's
+// replicated placement as it is, its hot experts split into one copy of
+// shards on the island holding most of their replicas, and split into a
+// copy on each island of their replicas (ShardRule::per_island).
+void split_cases(const std::string& data, const RoutingTrace& mixtral) {
+  const RoutingTrace problem0 = tokens_of(mixtral, 0, 83), problem1 = tokens_of(mixtral, 83, mixtral.tokens());
+  const auto domain = [&](const std::string& name, std::size_t first) {
+    return olmoe_domain(data + "/olmoe-" + name + "-expert-counts.json", first, 16384);
+  };
+  struct Case {
+    std::string title;
+    RoutingTrace fit, eval;
+    Topology topology;
+    int redundant;
+  };
+  const std::vector<Case> cases = {
+      {"Mixtral fitted on HumanEval problem 1, judged on problem 0, 2 islands x 2 ranks, 4 spare slots", problem1,
+       problem0, Topology::blocks(4, 2), 4},
+      {"OLMoE shape, C4's loads fitted, GitHub's judged, 4 islands x 4 ranks, 16 spare slots", domain("c4", 0),
+       domain("github", 16384), Topology::blocks(16, 4), 16}};
+  for (const Case& c : cases) {
+    const RoutingStats stats = RoutingStats::from_trace(c.fit, 0, c.fit.tokens());
+    OptimizeOptions o;
+    o.redundant_slots = c.redundant;
+    o.load_cap = 0.02;
+    const Placement metis = optimize(stats, c.topology, o);
+    std::cout << fmt::format("\n(i) hot experts (over 1.5x their layer's mean) split into 2 shards: {}\n"
+                             "  {:<28} {:>12} {:>10} {:>10} {:>10} {:>8}\n",
+                             c.title, "placement", "cross-isl/tok", "rank load", "memory", "busiest", "split");
+    auto row = [&](const std::string& name, const Placement& p) {
+      const Cost cost = evaluate(c.eval, p, c.topology);
+      const auto [total, busiest] = expert_memory(p);
+      int split = 0;
+      for (int l = 0; l < p.layers(); ++l)
+        for (int e = 0; e < p.experts(); ++e) split += p.sharded(l, e);
+      std::cout << fmt::format("  {:<28} {:>12.4f} {:>10.3f} {:>10.1f} {:>10.1f} {:>8}\n", name,
+                               cost.cross_island_copies_per_token, cost.max_mean_rank_load, total, busiest, split);
+    };
+    row("metis, replicas", metis);
+    row("split, one copy", split_hot_experts(metis, stats, c.topology, {.over_mean = 1.5, .shards = 2}));
+    row("split, a copy per island",
+        split_hot_experts(metis, stats, c.topology, {.over_mean = 1.5, .shards = 2, .per_island = true}));
+  }
+  std::cout << "  (memory: expert weights held over all ranks and layers, in experts, a shard counting 1/2; "
+               "busiest: the rank holding most)\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string data = argc > 1 ? argv[1] : MOED_TEST_DATA_DIR;
   const std::string only = argc > 2 ? argv[2] : "";
-  const bool budgets_only = only == "--budgets-only", held_out_only = only == "--held-out-only";
-  if (!only.empty() && !budgets_only && !held_out_only) {
-    std::cerr << "bench_placement: unknown option " << only << " (--budgets-only or --held-out-only)\n";
+  const bool budgets_only = only == "--budgets-only", held_out_only = only == "--held-out-only",
+             splits_only = only == "--splits-only";
+  if (!only.empty() && !budgets_only && !held_out_only && !splits_only) {
+    std::cerr << "bench_placement: unknown option " << only << " (--budgets-only, --held-out-only or --splits-only)\n";
     return 2;
   }
   const RoutingTrace mixtral = read_trace(data + "/mixtral-humaneval.trace");
+  if (splits_only) {
+    split_cases(data, mixtral);
+    return 0;
+  }
   int missed = 0;
   if (!held_out_only) missed += same_source_cases(data, mixtral, budgets_only);
   if (!budgets_only) missed += held_out_cases(data, mixtral);
   if (!budgets_only && !held_out_only) group_limited_case();
+  if (!budgets_only && !held_out_only) split_cases(data, mixtral);
   std::cout << fmt::format("\nequal budgets: the aim is {} ({} budget{} missed)\n", missed ? "MISSED" : "met at every budget",
                            missed, missed == 1 ? "" : "s");
   return 0;

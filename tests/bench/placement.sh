@@ -3,8 +3,9 @@
 # and on synthetic OLMoE- and DeepSeek-V3-shaped routing, fitted on one part of
 # the routing and evaluated on another; then metis against greedy-load at
 # equal slot budgets; then the same on held-out routing (another prompt,
-# another text domain). Prints figures, asserts nothing.
-#   tests/bench/placement.sh [BUILD_DIR] [--budgets-only|--held-out-only]
+# another text domain); group-limited routing; hot experts split into shards,
+# held once or per island. Prints figures, asserts nothing.
+#   tests/bench/placement.sh [BUILD_DIR] [--budgets-only|--held-out-only|--splits-only]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build}

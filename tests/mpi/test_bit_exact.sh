@@ -68,7 +68,8 @@ sharded)
   # Experts split into shards over the ranks of an island (4 canonical
   # F-chunks) serve the bits of the unsplit 1-rank run: 2 shards on 2 ranks,
   # 2 shards per island on 4 ranks in 2 islands (flat and hierarchical, with a
-  # replica across islands), 4 shards on 4 ranks; and refusals of placements
+  # replica across islands, and split experts held in a copy on each island),
+  # 4 shards on 4 ranks; and refusals of placements
   # the run cannot serve.
   chunks=(--set experts.ffn_chunks=4)
   moed_on 0 "${base[@]}" "${chunks[@]}" --dump-output "$SCRATCH/ref.bin"
@@ -81,12 +82,17 @@ sharded)
   placement "$SCRATCH/two.toml" 2 '[[0], {shards = [0, 1]}, [0], [0], [1], [1], {shards = [1, 0]}, [1]]'
   placement "$SCRATCH/islands.toml" 4 '[[0], {shards = [0, 1]}, [1], [1], [2], {shards = [3, 2]}, [3, 0], [3]]'
   placement "$SCRATCH/four.toml" 4 '[[0], [0], [1], {shards = [3, 1, 0, 2]}, [2], [2], [3], [3]]'
+  # Split and replicated: a copy of 2 shards on each island.
+  placement "$SCRATCH/copies.toml" 4 '[[0], {shards = [[0, 1], [3, 2]]}, [1], [1], [2], {shards = [[3, 2], [1, 0]]}, [3, 0], [3]]'
   moed_on 2 "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/two.toml" --dump-output "$SCRATCH/two.bin"
   same_bits "$SCRATCH/ref.bin" "$SCRATCH/two.bin" "2 experts in 2 shards on 2 ranks vs unsplit on 1"
   for comm in "hierarchical=true" "hierarchical=false"; do
     moed_on 4 "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/islands.toml" --set cluster.ranks_per_island=2 \
       --set "comm.$comm" --dump-output "$SCRATCH/islands.bin"
     same_bits "$SCRATCH/ref.bin" "$SCRATCH/islands.bin" "shards in each of 2 islands of 2 ranks, [comm].$comm vs 1"
+    moed_on 4 "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/copies.toml" --set cluster.ranks_per_island=2 \
+      --set "comm.$comm" --dump-output "$SCRATCH/copies.bin"
+    same_bits "$SCRATCH/ref.bin" "$SCRATCH/copies.bin" "split experts held on both islands, [comm].$comm vs 1"
   done
   moed_on 4 "${base[@]}" "${chunks[@]}" --placement "$SCRATCH/four.toml" --set engine.microbatches=2 \
     --dump-output "$SCRATCH/four.bin"

@@ -14,7 +14,8 @@
 #   shards   shards of split experts move to other ranks of their island, and
 #            reoptimize --apply keeps the splits while it moves the rest, then
 #            with [placement].shard_over_mean cuts hot whole experts into
-#            shards;
+#            shards, and with shard_per_island into a copy of shards on each
+#            island;
 #            outputs bit-exact against an unsplit run with the same chunks
 source "$(dirname "$0")/lib.sh"
 : "${MOECTL:?}"
@@ -252,7 +253,7 @@ shards)
   ctl --json placement | python3 -c '
 import json, sys
 p = json.loads(sys.stdin.readline())
-assert p["shards"][1] == {"1": [0, 1], "6": [3, 2]}, p["shards"][1]
+assert p["shards"][1] == {"1": [[0, 1]], "6": [[3, 2]]}, p["shards"][1]
 assert p["replicas"][1][1] == [] and p["replicas"][1][0] == [0], p["replicas"][1]
 ' || fail "moectl placement --json: shards apart from replicas"
   expect_ctl 1 'already holds' "a shard onto a rank holding the other shard" -- migrate 1 1 0 --from 1
@@ -266,24 +267,35 @@ assert p["replicas"][1][1] == [] and p["replicas"][1][0] == [0], p["replicas"][1
     { cat "$SCRATCH/committed.toml" >&2; fail "the re-optimisation moved a shard"; }
   stop_daemon
   same_as_reference "outputs across two shard migrations vs an unsplit single process"
-  # [placement].shard_over_mean: from whole experts, reoptimize splits the
-  # hot ones (the workload's hottest is 2.75x the mean), each shard cut from
-  # a whole copy by the migration, once statistics of 20 steps are in.
-  rm -f "$SCRATCH/committed.toml"
-  start_daemon split "${reference_args[@]}" --set "placement.committed=\"$SCRATCH/committed.toml\"" \
-    --set placement.shard_over_mean=1.5
-  for _ in $(seq 600); do
-    step=$(ctl --json status | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("step", 0))')
-    [ "$step" -ge 20 ] && break
-    sleep 0.1
-  done
-  [ "$step" -ge 20 ] || fail "split: the daemon did not reach step 20 within 60 s"
-  expect_ctl 0 'committed' "reoptimize --apply with shard_over_mean 1.5 cuts the hot experts into shards" -- \
-    reoptimize --apply
-  grep -q 'shards = ' "$SCRATCH/committed.toml" ||
-    { cat "$run/ctl.out" "$SCRATCH/committed.toml" >&2; fail "the committed placement splits no expert"; }
-  stop_daemon
-  same_as_reference "outputs across a live split vs an unsplit single process"
+  # split_live NAME PATTERN WHAT [moed flags...]: from whole experts, once
+  # statistics of 20 steps are in, reoptimize --apply splits the hot ones
+  # (the workload's hottest is 2.75x the mean), each shard cut from a whole
+  # copy by the migration; the committed placement must match PATTERN, and
+  # the outputs those of an unsplit single process.
+  split_live() {
+    local name=$1 pattern=$2 what=$3
+    shift 3
+    rm -f "$SCRATCH/committed.toml"
+    start_daemon "$name" "${reference_args[@]}" --set "placement.committed=\"$SCRATCH/committed.toml\"" \
+      --set placement.shard_over_mean=1.5 "$@"
+    for _ in $(seq 600); do
+      step=$(ctl --json status | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("step", 0))')
+      [ "$step" -ge 20 ] && break
+      sleep 0.1
+    done
+    [ "$step" -ge 20 ] || fail "$name: the daemon did not reach step 20 within 60 s"
+    expect_ctl 0 'committed' "reoptimize --apply $what" -- reoptimize --apply
+    grep -q "$pattern" "$SCRATCH/committed.toml" ||
+      { cat "$run/ctl.out" "$SCRATCH/committed.toml" >&2; fail "$name: the committed placement lacks $pattern"; }
+    stop_daemon
+    same_as_reference "outputs across a live split ($name) vs an unsplit single process"
+  }
+  split_live split 'shards = ' "with shard_over_mean 1.5 cuts the hot experts into shards"
+  # With [placement].shard_per_island on 2 islands of 2 ranks, a hot expert
+  # the re-optimisation replicates on both islands is cut into a copy of
+  # shards on each.
+  split_live copies 'shards = \[\[' "with shard_per_island cuts hot experts into a copy per island" \
+    --set placement.shard_per_island=true --set cluster.ranks_per_island=2
   ;;
 *) fail "unknown part $part" ;;
 esac

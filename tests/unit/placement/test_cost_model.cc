@@ -133,6 +133,18 @@ TEST(CostModel, ASplitExpertIsPricedAsShardsNotReplicas) {
   expect_cost(evaluate(from_rank_2, p, two_by_two()), 0, 1, 2.0, 2.0, 1);
 }
 
+TEST(CostModel, ASplitExpertHeldTwiceServesEachTokenFromItsNearCopy) {
+  // Expert 2 in copies of 2 shards, {0, 1} on island 0 and {2, 3} on island 1.
+  // Token 0 (home 0) and token 2 (home 2) each reach their own island's copy:
+  // no crossing, one fan-out inside; every rank does half a pair.
+  Placement p = make(4, {{{0}, {1}, {2}, {3}}});
+  p.set_shards(0, 2, {0, 1, 2, 3}, 2);
+  expect_cost(evaluate(one_layer(4, {{2}, {}, {2}}), p, two_by_two()), 0, 1, 1.0, 1.0, 2);
+  // Held once on island 1, token 0 crosses to it.
+  p.set_shards(0, 2, {2, 3});
+  expect_cost(evaluate(one_layer(4, {{2}, {}, {2}}), p, two_by_two()), 0.5, 1, 2.0, 2.0, 2);
+}
+
 TEST(CostModel, CellsAreCountedByTheIslandsTheyTouch) {
   // 6 ranks in 3 islands of 2, expert e on rank e. Homes: token i on rank i mod 6.
   //   token 0 (home 0) {0}:       island 0              -> 1 island

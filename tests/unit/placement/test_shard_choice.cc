@@ -1,5 +1,6 @@
 // The optimiser's choice to split hot experts (placement/shard_choice.h):
-// replicas become shards on one island, an unreplicated hot expert is split
+// replicas become shards on one island (or a copy of shards on each island
+// of them, per_island), an unreplicated hot expert is split
 // when its island's ranks can hold 1/S more, cold experts and small islands
 // are left alone, and the result is a valid placement for the run's rules.
 #include "placement/shard_choice.h"
@@ -40,6 +41,32 @@ TEST(ShardChoice, ReplicasOfAHotExpertBecomeShardsOnTheirIsland) {
   check_shards(out, 2, topology, "split");
 }
 
+// per_island: a copy of S shards on each island of the replicas, so tokens
+// keep a near copy; an island too small for S shards loses its replica.
+TEST(ShardChoice, PerIslandKeepsACopyOfShardsOnEachIslandOfTheReplicas) {
+  const Topology topology({0, 0, 1, 1, 2});
+  Placement p(5, 1, 4);
+  for (int e = 0; e < 4; ++e) p.set_replicas(0, e, {e});
+  p.set_replicas(0, 0, {0, 3, 4});  // hot expert 0 on islands 0, 1 and 2 (island 2: one rank)
+  const ShardRule rule{.over_mean = 1.5, .shards = 2, .per_island = true};
+  const Placement out = split_hot_experts(p, loads(1, 3), topology, rule);
+  EXPECT_EQ(out.shards(0, 0), 2);
+  EXPECT_EQ(out.copies(0, 0), 2);
+  EXPECT_EQ(out.replicas(0, 0), (std::vector<int>{0, 1, 3, 2})) << "holders first in each copy";
+  out.validate("per island");
+  check_shards(out, 2, topology, "per island");
+  // Without per_island: one copy, on the first island of the tie.
+  const Placement one = split_hot_experts(p, loads(1, 3), topology, {.over_mean = 1.5, .shards = 2});
+  EXPECT_EQ(one.replicas(0, 0), (std::vector<int>{0, 1}));
+  // A memory budget applies to every copy's ranks: rank 1 and 2 hold an expert, half more fits 1.5.
+  EXPECT_EQ(split_hot_experts(p, loads(1, 3), topology, {.over_mean = 1.5, .shards = 2, .slots_per_rank = 1.5,
+                                                        .per_island = true}),
+            out);
+  EXPECT_EQ(split_hot_experts(p, loads(1, 3), topology, {.over_mean = 1.5, .shards = 2, .slots_per_rank = 1.2,
+                                                        .per_island = true}),
+            p);
+}
+
 TEST(ShardChoice, AnUnreplicatedHotExpertIsSplitOntoTheLeastLoadedRankOfItsIsland) {
   const Topology topology({0, 0, 0, 1});
   Placement p(4, 1, 4);
@@ -75,15 +102,18 @@ TEST(ShardChoice, ColdExpertsSmallIslandsAndTheOffSwitchLeaveThePlacement) {
 TEST(ShardChoice, AReoptimisationKeepsTheCurrentSplits) {
   Placement current = contiguous(4, 2, 4);
   current.set_shards(1, 2, {3, 2});
+  current.set_shards(0, 1, {0, 1, 2, 3}, 2);  // held twice: kept as two copies, not four shards
   const Placement next = shuffled(4, 2, 4, 9);
   const Placement kept = keep_splits(current, next);
   EXPECT_EQ(kept.replicas(1, 2), (std::vector<int>{3, 2}));
   EXPECT_EQ(kept.shards(1, 2), 2);
   for (int l = 0; l < 2; ++l)
     for (int e = 0; e < 4; ++e)
-      if (l != 1 || e != 2) {
+      if ((l != 1 || e != 2) && (l != 0 || e != 1)) {
         EXPECT_EQ(kept.replicas(l, e), next.replicas(l, e));
       }
+  EXPECT_EQ(kept.shards(0, 1), 2);
+  EXPECT_EQ(kept.copies(0, 1), 2);
   for (const Move& m : moves(current, kept)) EXPECT_FALSE(m.layer == 1 && m.expert == 2) << "the split moved";
 }
 

@@ -1,7 +1,8 @@
-// Split experts in placements: the file syntax ({shards = [...]}) and its
-// round trip, each refusal naming the file, line, layer and expert, the run's
-// rules (S divides [experts].ffn_chunks, one island), and migration's moves
-// of shards (placement_diff.h).
+// Split experts in placements: the file syntax ({shards = [...]}, and
+// {shards = [[...], [...]]} for a split expert held in several copies) and
+// its round trip, each refusal naming the file, line, layer and expert, the
+// run's rules (S divides [experts].ffn_chunks, each copy on one island), and
+// migration's moves of shards (placement_diff.h).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -48,6 +49,37 @@ TEST(Shards, ShardOrderIsKept) {
   EXPECT_EQ(back.replicas(1, 2), (std::vector<int>{3, 0, 2, 1}));
   EXPECT_EQ(back.shard_on(1, 2, 2), 2);
   EXPECT_EQ(back.slots_on(3), 3) << "a shard is a slot";
+}
+
+// A split expert can also be replicated: copies of S shards, each on its island.
+TEST(Shards, ASplitExpertHeldInCopiesParsesAndRoundTrips) {
+  const std::string text = kHeader + "[[layer]]\nslots = [[0], {shards = [[1, 0], [3, 2]]}, [1, 2], [3]]\n";
+  const Placement p = parse_placement(text, "c.toml");
+  EXPECT_EQ(p.shards(0, 1), 2);
+  EXPECT_EQ(p.copies(0, 1), 2);
+  EXPECT_EQ(p.replicas(0, 1), (std::vector<int>{1, 0, 3, 2}));
+  EXPECT_EQ(std::vector<int>(p.copy(0, 1, 1).begin(), p.copy(0, 1, 1).end()), (std::vector<int>{3, 2}));
+  EXPECT_EQ(p.shard_on(0, 1, 3), 0);
+  EXPECT_EQ(p.shard_on(0, 1, 0), 1);
+  EXPECT_EQ(p.copy_on(0, 1, 2), 1);
+  EXPECT_EQ(p.copy_on(0, 1, 1), 0);
+  EXPECT_EQ(p.copies(0, 2), 2) << "replicas are the copies of a whole expert";
+  EXPECT_EQ(p.copy_on(0, 2, 2), 1);
+  EXPECT_EQ(format_placement(p).find("{shards = [[1, 0], [3, 2]]}") != std::string::npos, true) << format_placement(p);
+  EXPECT_EQ(parse_placement(format_placement(p), "again.toml"), p);
+  // Islands: each copy on its own is the rule, not the expert as a whole.
+  check_shards(p, 4, Topology({0, 0, 1, 1}), "c.toml");
+  expect_error([&] { check_shards(p, 4, Topology({0, 1, 0, 1}), "c.toml"); }, ErrorKind::Input,
+               {"c.toml", "layer 0 expert 1", "shard 0 of copy 0 is on rank 1 (island 1)", "rank 0 (island 0)"});
+  // Copies of unequal size, or a rank in two copies, are refused.
+  expect_error([&] { parse_placement(kHeader + "[[layer]]\nslots = [[0], {shards = [[1, 0], [3]]}, [1], [3]]\n", "u.toml"); },
+               ErrorKind::Input, {"u.toml", "layer 0 expert 1", "each copy", "2 shard ranks", "(line 7)"});
+  expect_error([&] { parse_placement(kHeader + "[[layer]]\nslots = [[0], {shards = [[1, 0], 3]}, [1], [3]]\n", "u.toml"); },
+               ErrorKind::Input, {"u.toml", "layer 0 expert 1", "each copy"});
+  expect_error([&] { parse_placement(kHeader + "[[layer]]\nslots = [[0], {shards = [[1, 0], [0, 2]]}, [1], [3]]\n", "u.toml"); },
+               ErrorKind::Input, {"u.toml", "layer 0 expert 1 lists rank 0 twice"});
+  expect_error([&] { parse_placement(kHeader + "[[layer]]\nslots = [[0], {shards = [[1], [2]]}, [1], [3]]\n", "u.toml"); },
+               ErrorKind::Input, {"u.toml", "layer 0 expert 1", "at least 2 shards"});
 }
 
 class ShardFileRefuses : public ::testing::TestWithParam<std::tuple<std::string, std::vector<std::string>>> {};
@@ -126,6 +158,45 @@ TEST(Shards, MigrationRefusesToReSplitOrStackShards) {
   expect_error([&] { apply_moves(current, {{0, 1, 0, 3, 0}}); }, ErrorKind::Internal, {"split into 2"});
 }
 
+// Copies of a split expert: each shard of each copy moves from its holder;
+// a change in the number of copies is refused like a re-split.
+TEST(Shards, ShardsOfEachCopyMoveAndCopiesStayAsTheyAre) {
+  Placement current = contiguous(8, 1, 8);
+  current.set_shards(0, 1, {0, 1, 4, 5}, 2);
+  Placement next = current;
+  next.set_shards(0, 1, {0, 1, 6, 5}, 2);  // copy 1's shard 0: rank 4 -> 6
+  const std::vector<Move> m = moves(current, next);
+  ASSERT_EQ(m, (std::vector<Move>{{0, 1, 4, 6, 4, 0, 2, false, 1}}));
+  EXPECT_EQ(apply_moves(current, m), next);
+  EXPECT_NE(describe_moves(m).find("shard 0 of 2 of copy 1: rank 4 -> rank 6"), std::string::npos)
+      << describe_moves(m);
+  Placement fewer = current;
+  fewer.set_shards(0, 1, {0, 1}, 2);
+  expect_error([&] { moves(current, fewer); }, ErrorKind::Input,
+               {"layer 0 expert 1", "held 2 and 1 time(s)", "nor add or drop its copies"});
+  // A shard move that names the wrong copy is an internal error.
+  expect_error([&] { apply_moves(current, {{0, 1, 4, 6, 4, 0, 2, false, 0}}); }, ErrorKind::Internal,
+               {"shard 0 of 2 (copy 0)"});
+  // A whole expert replicated on both islands is cut into a copy on each:
+  // every shard is cut from the holder inside its copy, a holder outside released.
+  Placement whole = contiguous(8, 1, 8);
+  whole.set_replicas(0, 1, {0, 4, 7});
+  Placement split = whole;
+  split.set_shards(0, 1, {0, 1, 5, 4}, 2);
+  const std::vector<Move> cut = moves(whole, split);
+  ASSERT_EQ(cut, (std::vector<Move>{{0, 1, -1, -1, 7, 0, 2, true, 0},
+                                    {0, 1, 0, 0, -1, 0, 2, true, 0},
+                                    {0, 1, 0, 1, -1, 1, 2, true, 0},
+                                    {0, 1, 4, 4, -1, 1, 2, true, 1},
+                                    {0, 1, 4, 5, -1, 0, 2, true, 1}}));
+  EXPECT_EQ(apply_moves(whole, cut), split);
+  expect_error([&] { apply_moves(whole, {cut[0], cut[1], cut[2], cut[3]}); }, ErrorKind::Internal,
+               {"shard 0 of 2 is missing (copy 1"});
+  // Two copies' shards cost two half-experts where no whole copy was.
+  EXPECT_EQ(move_cost(whole, split, 1000).slots, 2u);
+  EXPECT_EQ(move_cost(whole, split, 1000).bytes, 1000u);
+}
+
 // A whole expert that the new placement splits is cut into its shards: each
 // from a holder (its own rank where it holds one), the other holders
 // released, all applied together.
@@ -139,14 +210,15 @@ TEST(Shards, AWholeExpertIsCutIntoItsShards) {
   EXPECT_NE(describe_moves(m).find("split into 2 shards: shard 1 on rank 1 (cut from rank 1)"), std::string::npos)
       << describe_moves(m);
   // Replicated on ranks 1 and 2, split onto ranks 3 and 2: rank 2 keeps shard
-  // 1 cut from its own copy, shard 0 is cut from rank 1, rank 1 is released.
+  // 1 cut from its own copy and cuts shard 0 for rank 3 (a holder inside the
+  // new copy is the source), rank 1 is released.
   Placement replicated = whole;
   replicated.set_replicas(0, 1, {1, 2});
   Placement elsewhere = whole;
   elsewhere.set_shards(0, 1, {3, 2});
   const std::vector<Move> r = moves(replicated, elsewhere);
   ASSERT_EQ(r, (std::vector<Move>{{0, 1, -1, -1, 1, 0, 2, true}, {0, 1, 2, 2, -1, 1, 2, true},
-                                  {0, 1, 1, 3, -1, 0, 2, true}}));
+                                  {0, 1, 2, 3, -1, 0, 2, true}}));
   EXPECT_EQ(apply_moves(replicated, r), elsewhere);
   EXPECT_NE(describe_moves(r).find("split into 2 shards: releases rank 1"), std::string::npos) << describe_moves(r);
   // A cut applies whole: a missing shard or a holder neither kept nor released is an internal error.

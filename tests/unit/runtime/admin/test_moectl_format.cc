@@ -212,7 +212,7 @@ TEST(MoectlFormat, PlacementAsATable) {
             "1      0-1,7   2-3     4-5     6-7\n");
   // A split expert's shards are named under the table; a bad entry is skipped.
   const json split = json::parse(R"({"ok":true,"epoch":3,"ranks":2,"layers":1,"experts":2,
-      "slots":[[[0,1],[1]]], "split":[[0, 7, "x"]]})");
+      "slots":[[[0,1],[1]]], "split":[[0, 7, "x"]], "shards":[{"0":[[0,1]]}]})");
   EXPECT_EQ(format_answer("placement", split),
             "placement epoch 3: 2 ranks, 1 layers, 2 experts\n"
             "layer  rank 0  rank 1\n"
@@ -220,7 +220,8 @@ TEST(MoectlFormat, PlacementAsATable) {
             "layer 0 expert 0: split into 2 shards, on ranks 0, 1\n");
   // A model with dense layers names its rows by model layer; DeepSeek's groups are said.
   const json deepseek = json::parse(R"({"ok":true,"epoch":0,"ranks":2,"layers":2,"experts":4,
-      "slots":[[[0],[0],[1],[1]],[[0],[0],[1],[1,0]]], "split":[[], [3]], "model_layers":[3, 4],
+      "slots":[[[0],[0],[1],[1]],[[0],[0],[1],[1,0]]], "split":[[], [3]], "shards":[{}, {"3":[[1,0]]}],
+      "model_layers":[3, 4],
       "expert_groups":{"groups":2,"kept":1,"size":2},
       "slot":{"dtype":"fp8","bytes":44302336,"shard_bytes":{"2":22151168}}})");
   EXPECT_EQ(format_answer("placement", deepseek),
@@ -231,6 +232,14 @@ TEST(MoectlFormat, PlacementAsATable) {
             "3      0-1     2-3\n"
             "4      0-1,3   2-3\n"
             "layer 4 expert 3: split into 2 shards, on ranks 1, 0\n");
+  // A split expert held twice: its copies, each in shard order.
+  const json copies = json::parse(R"({"ok":true,"epoch":1,"ranks":4,"layers":1,"experts":2,
+      "slots":[[[0,1,2,3],[1]]], "split":[[0]], "shards":[{"0":[[1,0],[3,2]]}]})");
+  EXPECT_EQ(format_answer("placement", copies),
+            "placement epoch 1: 4 ranks, 1 layers, 2 experts\n"
+            "layer  rank 0  rank 1  rank 2  rank 3\n"
+            "0      0       0-1     0       0\n"
+            "layer 0 expert 0: split into 2 shards, 2 copies, on ranks 1, 0; 3, 2\n");
   // An unexpected shape falls back to fields rather than failing.
   EXPECT_EQ(format_answer("placement", json{{"ok", true}, {"epoch", 1}, {"slots", "?"}}),
             "epoch  1\nslots  ?\n");

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "placement/placement.h"
+#include "placement/placement_diff.h"
 #include "runtime/admin/protocol.h"
 #include "runtime/control/control_messages.h"
 #include "runtime/control/migration_coordinator.h"
@@ -237,6 +238,22 @@ TEST(MigrateAShard, FromItsHolderWithinItsIsland) {
   EXPECT_EQ(c.migration()->bytes, kSlotBytes / 2);
 }
 
+// A split expert held in two copies: a shard of the second copy moves within
+// that copy's island, and the move names its copy.
+TEST(MigrateAShard, OfItsCopyWithinThatCopysIsland) {
+  auto p = placement::contiguous(6, 2, 6);
+  p.set_shards(1, 3, {0, 1, 3, 4}, 2);
+  const placement::Topology islands({0, 0, 0, 1, 1, 1});
+  MigrationCoordinator c(slot_bytes, true);
+  c.begin_boundary();
+  const Verdict across = c.migrate(p, 1, 3, 2, 4, &islands);
+  EXPECT_EQ(across.code, admin::code::kRefused);
+  EXPECT_NE(across.message.find("rank 4's on island 1; rank 2 is on island 0"), std::string::npos) << across.message;
+  ASSERT_TRUE(c.migrate(p, 1, 3, 5, 4, &islands).ok());
+  EXPECT_EQ(c.migration()->moves, (std::vector<placement::Move>{{1, 3, 4, 5, 4, 1, 2, false, 1}}));
+  EXPECT_EQ(placement::apply_moves(p, c.migration()->moves).replicas(1, 3), (std::vector<int>{0, 1, 3, 5}));
+}
+
 // A shutdown aborts a migration before commit; from commit on, it finishes.
 class ShutdownDuring : public ::testing::TestWithParam<std::pair<int, bool>> {};
 
@@ -379,14 +396,14 @@ TEST(MigrationCoordinator, ASplitSendsOnlyTheShardsThatLeaveTheirHolder) {
 
 // Rank 0 sends a prepare's moves to the other ranks: every field arrives,
 // a shard's and a cut's included (a rank that missed `cut` would look for
-// the shard it is to cut from its whole copy).
+// the shard it is to cut from its whole copy), and the copy a shard is of.
 TEST(MigrationCoordinator, ThePreparedMovesReachTheRanksWhole) {
   BoundaryActions sent;
   ControlAction prepare;
   prepare.kind = K::prepare;
   prepare.migration = 4;
   prepare.moves = {{1, 2, 1, 0, -1, 0, 2, true}, {1, 2, -1, -1, 3, 0, 2, true}, {0, 5, 2, 3, 2, 1, 2, false},
-                   {0, 6, 0, 1, 0}};
+                   {0, 6, 0, 1, 0}, {0, 7, 4, 5, 4, 1, 2, false, 1}, {1, 2, 6, 7, -1, 1, 2, true, 2}};
   sent.actions.push_back(prepare);
   const BoundaryActions received = decode_actions(encode_actions(sent));
   ASSERT_EQ(received.actions.size(), 1u);

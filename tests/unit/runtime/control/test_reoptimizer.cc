@@ -144,11 +144,18 @@ TEST(ControlViews, PlacementAndMigrationJson) {
   p.set_shards(0, 2, {0, 1});
   const auto split = placement_json(p);
   EXPECT_EQ(split["split"][0], nlohmann::json::array({2}));
-  // Shard ranks apart from replicas: expert 2's shards, and no replica of it.
-  EXPECT_EQ(split["shards"][0]["2"], nlohmann::json::array({0, 1}));
+  // Shard ranks apart from replicas: expert 2's one copy of shards, and no replica of it.
+  EXPECT_EQ(split["shards"][0]["2"], nlohmann::json::parse("[[0, 1]]"));
   EXPECT_EQ(split["replicas"][0][2], nlohmann::json::array());
   EXPECT_EQ(split["replicas"][0][1], nlohmann::json::array({0}));
   EXPECT_EQ(split["slots"][0][2], nlohmann::json::array({0, 1}));
+  // Split and replicated: each copy's ranks in shard order.
+  placement::Placement copies = placement::contiguous(4, 1, 4);
+  copies.set_shards(0, 1, {1, 0, 3, 2}, 2);
+  const auto held_twice = placement_json(copies);
+  EXPECT_EQ(held_twice["shards"][0]["1"], nlohmann::json::parse("[[1, 0], [3, 2]]"));
+  EXPECT_EQ(held_twice["slots"][0][1], nlohmann::json::array({1, 0, 3, 2}));
+  EXPECT_EQ(held_twice["replicas"][0][1], nlohmann::json::array());
   EXPECT_EQ(j["model_layers"], nlohmann::json::array({0}));
   EXPECT_FALSE(j.contains("expert_groups"));
   const auto deepseek = placement_json(p, LayerNumbers({3}), {2, 1});

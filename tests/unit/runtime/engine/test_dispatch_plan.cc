@@ -2,11 +2,13 @@
 // batches, flat plans by hand, the chunk rule and its replica choice (near
 // the chunk's rows, rotating with the step), gateways, hierarchical plans
 // through them, and a split expert's rows (a pair per shard, a remote row
-// crossing once and fanned out at the gateway).
+// crossing once and fanned out at the gateway; with copies, each chunk to
+// every shard of one copy).
 #include "runtime/engine/dispatch_plan.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -437,7 +439,49 @@ TEST(SplitExpert, EveryShardGetsEveryRowAndARemoteRowCrossesOnce) {
     ASSERT_EQ(s.experts, (std::vector<int>{1}));
     EXPECT_EQ(s.rows_from[0][0], 2u);
   }
-  EXPECT_THROW(chunk_replica(in, 1, 0), Error);
+  EXPECT_EQ(chunk_replica(in, 1, 0), 0u);  // held once: its one copy computes every chunk
+}
+
+// A split expert held twice (a copy of 2 shards on each island): each chunk
+// of its rows goes to the copy near them, and to every shard of that copy.
+TEST(SplitExpert, EachChunkGoesToEveryShardOfOneCopy) {
+  const int H = 2;
+  Placement p(4, 1, 2);
+  p.set_replicas(0, 0, {0});
+  p.set_shards(0, 1, {1, 0, 3, 2}, 2);  // copy 0 on island 0, copy 1 on island 1
+  const Topology topology({0, 0, 1, 1});
+  // Rank 0 routes 2 tokens to expert 1 (positions 0-1), rank 2 routes 3 (positions 2-4).
+  const ExpertCounts counts = counts_of({{0, 2}, {0, 0}, {0, 3}, {0, 0}});
+  const Routing mine = make_routing({{{1, 1.0f}}, {{1, 0.5f}}});
+  const std::vector<float> x = token_rows(3, H);
+  PlanInput in{&mine, &p, 0, &counts, 0, 2, 0, &topology, false};
+  // Chunks of 2: [0, 2) from island 0 -> copy 0; [2, 4) and [4, 5) from island 1 -> copy 1.
+  EXPECT_EQ(chunk_replica(in, 1, 0), 0u);
+  EXPECT_EQ(chunk_replica(in, 1, 1), 1u);
+  EXPECT_EQ(chunk_replica(in, 1, 2), 1u);
+  EXPECT_EQ(pairs_to_ranks(in, 0), (std::vector<std::uint64_t>{2, 2, 0, 0}));
+  EXPECT_EQ(pairs_to_ranks(in, 2), (std::vector<std::uint64_t>{0, 0, 3, 3}));
+  const DispatchPlan plan = plan_dispatch(in, x.data(), H);
+  for (int shard_rank : {0, 1}) {
+    EXPECT_EQ(plan.hop2[shard_rank].rows(), 2u) << "rank " << shard_rank;
+    EXPECT_EQ(plan.hop2[shard_rank].experts, (std::vector<std::uint32_t>{1, 1}));
+  }
+  EXPECT_EQ(plan.hop2[2].rows() + plan.hop2[3].rows(), 0u) << "no row crosses";
+  // Schedules: copy 0's shards compute chunk 0 (2 rows of home 0), copy 1's chunks 1 and 2 (3 of home 2).
+  for (int r = 0; r < 4; ++r) {
+    in.rank = r;
+    const ChunkSchedule s = schedule_chunks(in, false);
+    const std::size_t slot = std::size_t(std::find(s.experts.begin(), s.experts.end(), 1) - s.experts.begin());
+    ASSERT_LT(slot, s.experts.size()) << "rank " << r;
+    EXPECT_EQ(s.rows_from[slot], r < 2 ? (std::vector<std::uint32_t>{2, 0, 0, 0})
+                                       : (std::vector<std::uint32_t>{0, 0, 3, 0}))
+        << "rank " << r;
+  }
+  // Without islands the copies take chunks in turn: (chunk + step) mod 2.
+  in.topology = nullptr;
+  in.step = 1;
+  EXPECT_EQ(chunk_replica(in, 1, 0), 1u);
+  EXPECT_EQ(chunk_replica(in, 1, 1), 0u);
 }
 
 }  // namespace

@@ -367,9 +367,12 @@ struct ShardCase {
   int ffn_chunks = 4;
 };
 
-placement::Placement split(placement::Placement p, const std::vector<std::pair<int, std::vector<int>>>& experts) {
+// Each listed expert split into `shards` shards (0: one copy on all its
+// ranks), held ranks.size() / shards times.
+placement::Placement split(placement::Placement p, const std::vector<std::pair<int, std::vector<int>>>& experts,
+                           int shards = 0) {
   for (int l = 0; l < p.layers(); ++l)
-    for (const auto& [e, ranks] : experts) p.set_shards(l, e, ranks);
+    for (const auto& [e, ranks] : experts) p.set_shards(l, e, ranks, shards);
   return p;
 }
 
@@ -392,6 +395,18 @@ const std::vector<ShardCase>& shard_cases() {
        {0, 0, 1, 1}, true},
       {"FiveRanksUnevenIslandsHierarchical",
        [] { return split(shuffled(5, kLayers, kExperts, 9), {{0, {2, 0}}, {3, {4, 3}}}); }, {0, 0, 0, 1, 1},
+       true},
+      // Split and replicated: a copy of 2 shards on each island; each chunk to one copy.
+      {"FourRanksTwoIslandsTwoCopiesFlat",
+       [] { return split(shuffled(4, kLayers, kExperts, 7), {{1, {0, 1, 3, 2}}, {4, {2, 3, 1, 0}}}, 2); },
+       {0, 0, 1, 1}},
+      {"FourRanksTwoIslandsTwoCopiesHierarchical",
+       [] { return split(shuffled(4, kLayers, kExperts, 7), {{1, {0, 1, 3, 2}}, {4, {2, 3, 1, 0}}}, 2); },
+       {0, 0, 1, 1}, true},
+      {"FourRanksOneIslandTwoCopies", [] { return split(contiguous(4, kLayers, kExperts), {{2, {0, 1, 2, 3}}}, 2); },
+       {0, 0, 0, 0}},
+      {"SixRanksThreeIslandsThreeCopiesHierarchical",
+       [] { return split(shuffled(6, kLayers, kExperts, 11), {{3, {1, 0, 2, 3, 5, 4}}}, 2); }, {0, 0, 1, 1, 2, 2},
        true},
   };
   return all;
