@@ -10,6 +10,10 @@ const config::Section<CommConfig>& comm_config_section() {
           config::choice<C>("backend", &C::backend, Backend::automatic, kBackendNames,
                             "Transport backend for dispatch and combine; auto: the first of "
                             "ucx, mpi that can start on every rank"),
+          config::choice<C>("control", &C::control, ControlMedium::mpi, kControlMediumNames,
+                            "the coordinator's collectives after start-up (each step's command, figures, "
+                            "outputs, statistics): over MPI, or over the transport's exchanges (then MPI "
+                            "only starts the job)"),
           config::integer<C>("timeout_ms", &C::timeout_ms, 60000, 100, 86400000,
                              "deadline of every blocking exchange; on expiry the job ends with "
                              "a diagnostic instead of hanging"),

@@ -16,8 +16,16 @@ inline constexpr auto kBackendNames =
     config::name_table<Backend>({{Backend::automatic, "auto"}, {Backend::ucx, "ucx"}, {Backend::mpi, "mpi"}});
 inline std::string_view name_of(Backend v) { return kBackendNames.name(v); }
 
+// [comm].control: what the control collectives run over once the transport
+// is up (start-up always uses MPI): comm/control_channel.h.
+enum class ControlMedium { mpi, transport };
+inline constexpr auto kControlMediumNames =
+    config::name_table<ControlMedium>({{ControlMedium::mpi, "mpi"}, {ControlMedium::transport, "transport"}});
+inline std::string_view name_of(ControlMedium v) { return kControlMediumNames.name(v); }
+
 struct CommConfig {
   Backend backend = Backend::automatic;
+  ControlMedium control = ControlMedium::mpi;
   std::int64_t timeout_ms = 0;
   bool hierarchical = true;
   bool narrow_answers = true;

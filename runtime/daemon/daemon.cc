@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "comm/mpi/mpi_control_link.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "runtime/daemon/start_up.h"
@@ -29,7 +30,7 @@ Daemon::Daemon(const Config& config, const ServeOptions& options, comm::MpiSessi
     : config_(config),
       options_(options),
       rank_(mpi.rank()),
-      control_(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms)) {}
+      control_(comm::mpi_control_link(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms))) {}
 
 Daemon::~Daemon() = default;
 

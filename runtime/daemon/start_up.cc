@@ -15,6 +15,8 @@
 #include <sstream>
 
 #include "comm/idle_backoff.h"
+#include "comm/mpi/mpi_control_link.h"
+#include "comm/transport_control_link.h"
 #include "common/error.h"
 #include "common/listen_address.h"
 #include "common/log.h"
@@ -445,6 +447,12 @@ void Daemon::Startup::build_engine_and_control() {
   // Waits of the control plane keep the transport progressing (a UCX put to
   // a rank that sits in a control collective needs that rank's progress).
   d.control_.set_progress([t = d.transport_.get()] { t->progress(); });
+  // Every rank has its transport (the round agreed): from here on the
+  // control collectives may leave MPI for it.
+  if (c_.comm.control == comm::ControlMedium::transport) {
+    d.control_.use(comm::transport_control_link(*d.transport_));
+    if (d.rank_ == 0) spdlog::info("the control collectives run over the {} transport from here on", d.transport_->name());
+  }
   d.engine_ = std::make_unique<Engine>(c_, *d.transport_, *d.topology_, d.placement_, *d.store_, d.workload_.get());
   if (d.stats_) d.engine_->record_stats_into(&*d.stats_, std::size_t(c_.stats.follow_tokens));
   resume_router_biases(c_, d.control_, d.stats_ ? &*d.stats_ : nullptr, *d.engine_);
@@ -546,7 +554,7 @@ void Daemon::Startup::announce() {
                std::uint64_t(c_.workload.warmup_steps), d.transport_->name(),
                describe_workload(c_, d.workload_.get()), d.start_placement_,
                kernels::blas_description(), d.topology_->describe(), numerics_.batch_invariant,
-               numerics_.description, describe_router_policies(c_)};
+               numerics_.description, describe_router_policies(c_), std::string(name_of(c_.comm.control))};
   d.report_ = std::make_unique<Report>(info, int(c_.metrics.load_window_steps));
   if (d.rank_ == 0) {
     spdlog::info("serving {} with {} ranks ({}, islands from {}), {}", info.shape.describe(), info.ranks,
@@ -604,7 +612,7 @@ Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm
 }
 
 int print_topology(const Config& c, comm::MpiSession& mpi) {
-  comm::ControlChannel control(mpi.world(), std::chrono::milliseconds(c.comm.timeout_ms));
+  comm::ControlChannel control(comm::mpi_control_link(mpi.world(), std::chrono::milliseconds(c.comm.timeout_ms)));
   if (int code = agree_on_command(control, "--print-topology", c)) return code;
   const launch::LaunchInfo where = launch::detect_launch();
   LocalHost local = read_local_host();

@@ -217,7 +217,7 @@ void Report::print(std::ostream& os) const {
       "moed: {} rank{}, {}; {}; {} steps of {} ({} warm-up)\n"
       "  workload           {}\n"
       "  placement          {}\n"
-      "  transport          {}; {}\n"
+      "  transport          {}{}; {}\n"
       "  numerics           {}\n"
       "  tokens/s           {:.0f}  (wall time, step boundary to step boundary)\n"
       "  step latency       p50 {:.2f} ms   p99 {:.2f} ms  (wall time)\n"
@@ -231,7 +231,8 @@ void Report::print(std::ostream& os) const {
       "({:.0f}%)\n",
       info_.ranks, info_.ranks == 1 ? "" : "s", info_.topology, info_.shape.describe(), served_,
       info_.tokens_per_step ? fmt::format("{} tokens", info_.tokens_per_step) : std::string("front-door rows"),
-      info_.warmup_steps, info_.workload, info_.placement, info_.transport, info_.blas, info_.numerics,
+      info_.warmup_steps, info_.workload, info_.placement, info_.transport,
+      info_.control == "transport" ? " (the control collectives too, after start-up)" : "", info_.blas, info_.numerics,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.rows_wait_p50_ms, s.rows_wait_p99_ms,
       s.answers_wait_p50_ms, s.answers_wait_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.experts_ms,
       s.shared_ms > 0 ? fmt::format(" | shared {:.2f}", s.shared_ms) : std::string(), s.other_ms,
@@ -329,6 +330,7 @@ nlohmann::json Report::to_json() const {
       {"warmup_steps", info_.warmup_steps},
       {"measured_steps", s.measured_steps},
       {"transport", info_.transport},
+      {"control", info_.control},
       {"workload", info_.workload},
       {"placement", info_.placement},
       {"batch_invariant", info_.batch_invariant},

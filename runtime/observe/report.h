@@ -34,6 +34,7 @@ struct RunInfo {
   bool batch_invariant = false;  // the start-up probe's verdict
   std::string numerics;          // what the bits depend on, and why
   std::string router_policies;   // the router policies on (empty: none)
+  std::string control = "mpi";   // what the control collectives ran over after start-up ([comm].control)
 };
 
 // The router policies' figures over the measured steps (rates of what they

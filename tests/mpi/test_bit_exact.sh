@@ -110,7 +110,8 @@ sharded)
 engine)
   # The step loop's scheduling: every phase waiting for the previous one,
   # overlap with early partial expert calls, micro-batches, over both
-  # transports and both routes, with replicas on 2 islands: the same bits.
+  # transports and both routes, with replicas on 2 islands, the control
+  # collectives over MPI or over the transport: the same bits.
   moed_on 0 "${base[@]}" --dump-output "$SCRATCH/ref.bin"
   "$MOE_PLACE" make --policy shuffled --ranks 4 --layers 3 --experts 8 --seed 4 --replicas 3 \
     --out "$SCRATCH/p4.toml" >/dev/null
@@ -121,6 +122,13 @@ engine)
         --dump-output "$SCRATCH/n4.bin"
       same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[engine].$engine, [comm].$comm, 4 ranks in 2 islands vs 1"
     done
+  done
+  # The control collectives over the transport after start-up ([comm].control):
+  # over UCX and over the MPI backend's point-to-point messages.
+  for backend in ucx mpi; do
+    moed_on 4 "${base[@]}" "${islands[@]}" --set comm.control=transport --set comm.backend=$backend \
+      --set engine.microbatches=2 --dump-output "$SCRATCH/n4.bin"
+    same_bits "$SCRATCH/ref.bin" "$SCRATCH/n4.bin" "[comm].control = transport over $backend, 4 ranks in 2 islands vs 1"
   done
   # Every run above narrows its answers on the wire (the default); at full width too.
   moed_on 4 "${base[@]}" "${islands[@]}" --set comm.narrow_answers=false --dump-output "$SCRATCH/n4.bin"

@@ -294,8 +294,11 @@ assert p["replicas"][1][1] == [] and p["replicas"][1][0] == [0], p["replicas"][1
   # With [placement].shard_per_island on 2 islands of 2 ranks, a hot expert
   # the re-optimisation replicates on both islands is cut into a copy of
   # shards on each.
+  # Its control collectives run over UCX after start-up ([comm].control).
   split_live copies 'shards = \[\[' "with shard_per_island cuts hot experts into a copy per island" \
-    --set placement.shard_per_island=true --set cluster.ranks_per_island=2
+    --set placement.shard_per_island=true --set cluster.ranks_per_island=2 --set comm.control=transport
+  grep -q 'transport          ucx (the control collectives too, after start-up)' "$run/log" ||
+    { cat "$run/log" >&2; fail "copies: the control collectives did not move to UCX"; }
   ;;
 *) fail "unknown part $part" ;;
 esac
