@@ -14,6 +14,7 @@
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
+#include "placement/redundancy.h"
 #include "placement/shard_choice.h"
 #include "placement/shard_rules.h"
 #include "placement/topology.h"
@@ -145,6 +146,7 @@ struct OptimizeArgs {
   std::string config, stats, trace, tokens, out, from;
   OptimizeOptions options;
   ShardRule shard_rule;
+  int redundancy = 1;
   int max_moves = -1;
   bool json = false;
 };
@@ -180,6 +182,9 @@ int optimize_cmd(const OptimizeArgs& a, const TopologyFlags& tf) {
   if (current) {
     next = relabel_to_minimise_moves(*current, next, topology);
     next = keep_splits(*current, std::move(next));  // a migration does not re-split an expert
+  }
+  next = add_island_redundancy(next, stats, topology, a.redundancy);
+  if (current) {
     if (a.max_moves >= 0) next = limit_moves(*current, next, a.max_moves, sample, topology);
     next.set_epoch(current->epoch() + 1);
     moved = move_cost(*current, next, model ? model->expert_bytes : 0);
@@ -415,6 +420,11 @@ int main(int argc, char** argv) {
   optimize_app->add_option("--shards", opt.shard_rule.shards,
                            "shards per split expert (must divide the run's [experts].ffn_chunks; default 2)")
       ->check(CLI::Range(2, 1 << 16));
+  optimize_app->add_option("--redundancy", opt.redundancy,
+                           "every expert on at least N islands (a replica added on each missing one, after any "
+                           "split): a lost rank or host then leaves each expert a copy (default 1)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->type_name("N");
   optimize_app->add_flag("--shard-per-island", opt.shard_rule.per_island,
                          "a split replicated expert keeps a copy of its shards on each island of its replicas "
                          "(default: one copy, on the island holding most)");

@@ -38,6 +38,7 @@ struct PlacementConfig {
   double shard_over_mean = 0;
   std::int64_t shards = 2;
   bool shard_per_island = false;
+  std::int64_t redundancy = 1;
 };
 
 // Routing statistics the daemon keeps for the placement service.

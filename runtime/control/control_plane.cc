@@ -215,6 +215,7 @@ void ControlPlane::apply(const BoundaryActions& actions) {
           params.shard_over_mean = c_.config.placement.shard_over_mean;
           params.shards = int(c_.config.placement.shards);
           params.shard_per_island = c_.config.placement.shard_per_island;
+          params.redundancy = int(c_.config.placement.redundancy);
           params.ffn_chunks = int(c_.config.experts.ffn_chunks);
           optimizing_ = std::async(std::launch::async, [stats = std::move(*merged), current = c_.placement,
                                                         topology = c_.topology, params] {

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "placement/optimizer.h"
+#include "placement/redundancy.h"
 #include "placement/shard_choice.h"
 #include "placement/shard_rules.h"
 
@@ -27,6 +28,8 @@ ReoptimizePlan plan_reoptimization(const routing::RoutingStats& stats, const pla
     if (rule.over_mean > 0) next = placement::split_hot_experts(next, stats, topology, rule);
     next = placement::relabel_to_minimise_moves(current, next, topology);
     next = placement::keep_splits(current, std::move(next));
+    // After the splits kept: a split expert short of islands is refused, naming it.
+    next = placement::add_island_redundancy(next, stats, topology, request.redundancy);
     if (request.ffn_chunks > 0) placement::check_shards(next, request.ffn_chunks, topology, "the re-optimised placement");
     const routing::RoutingTrace sample = stats.sample_trace();
     if (request.max_moves) next = placement::limit_moves(current, next, *request.max_moves, sample, topology);

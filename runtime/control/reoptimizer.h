@@ -33,6 +33,7 @@ struct ReoptimizeRequest {
   double shard_over_mean = 0;
   int shards = 2;
   bool shard_per_island = false;
+  int redundancy = 1;  // every expert on at least this many islands (placement/redundancy.h)
   int ffn_chunks = 0;
 };
 

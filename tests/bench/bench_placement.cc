@@ -18,7 +18,10 @@
 //      groups on islands against metis free, with the share of (token, layer)
 //      cells that reach more than 4 islands;
 //  (i) hot experts split into shards on held-out routing: held once, or a
-//      copy on each island of their replicas (`--splits-only` runs these alone).
+//      copy on each island of their replicas;
+//  (j) every expert on N islands ([placement].redundancy): its memory, and
+//      the experts a lost rank or island orphans (`--splits-only` runs (i)
+//      and (j) alone).
 // metis chooses its pooled share on the fitted routing alone (4-fold
 // cross-validation, choose_pooled_share) against a load cap of 0.02 over
 // greedy-load, the aim's; the share it chose ("gl": greedy-load's own
@@ -36,6 +39,7 @@
 #include "placement/cost_model.h"
 #include "placement/expert_groups.h"
 #include "placement/optimizer.h"
+#include "placement/redundancy.h"
 #include "placement/shard_choice.h"
 #include "routing/routing_stats.h"
 #include "routing/synthetic_routing.h"
@@ -362,32 +366,40 @@ std::pair<double, double> expert_memory(const Placement& p) {
   return {total, *std::max_element(held.begin(), held.end())};
 }
 
+// The held-out cases of (i) and (j): fitted on one routing, judged on another.
+struct HeldOutCase {
+  std::string title;
+  RoutingTrace fit, eval;
+  Topology topology;
+  int redundant;
+};
+
+std::vector<HeldOutCase> held_out_pair(const std::string& data, const RoutingTrace& mixtral) {
+  const auto domain = [&](const std::string& name, std::size_t first) {
+    return olmoe_domain(data + "/olmoe-" + name + "-expert-counts.json", first, 16384);
+  };
+  return {{"Mixtral fitted on HumanEval problem 1, judged on problem 0, 2 islands x 2 ranks, 4 spare slots",
+           tokens_of(mixtral, 83, mixtral.tokens()), tokens_of(mixtral, 0, 83), Topology::blocks(4, 2), 4},
+          {"OLMoE shape, C4's loads fitted, GitHub's judged, 4 islands x 4 ranks, 16 spare slots", domain("c4", 0),
+           domain("github", 16384), Topology::blocks(16, 4), 16}};
+}
+
+// metis's placement of a held-out case (4-fold cross-validated share, cap 0.02).
+Placement metis_for(const HeldOutCase& c, const RoutingStats& stats) {
+  OptimizeOptions o;
+  o.redundant_slots = c.redundant;
+  o.load_cap = 0.02;
+  return optimize(stats, c.topology, o);
+}
+
 // (i) Hot experts split into 2 shards, on held-out routing: metis's
 // replicated placement as it is, its hot experts split into one copy of
 // shards on the island holding most of their replicas, and split into a
 // copy on each island of their replicas (ShardRule::per_island).
 void split_cases(const std::string& data, const RoutingTrace& mixtral) {
-  const RoutingTrace problem0 = tokens_of(mixtral, 0, 83), problem1 = tokens_of(mixtral, 83, mixtral.tokens());
-  const auto domain = [&](const std::string& name, std::size_t first) {
-    return olmoe_domain(data + "/olmoe-" + name + "-expert-counts.json", first, 16384);
-  };
-  struct Case {
-    std::string title;
-    RoutingTrace fit, eval;
-    Topology topology;
-    int redundant;
-  };
-  const std::vector<Case> cases = {
-      {"Mixtral fitted on HumanEval problem 1, judged on problem 0, 2 islands x 2 ranks, 4 spare slots", problem1,
-       problem0, Topology::blocks(4, 2), 4},
-      {"OLMoE shape, C4's loads fitted, GitHub's judged, 4 islands x 4 ranks, 16 spare slots", domain("c4", 0),
-       domain("github", 16384), Topology::blocks(16, 4), 16}};
-  for (const Case& c : cases) {
+  for (const HeldOutCase& c : held_out_pair(data, mixtral)) {
     const RoutingStats stats = RoutingStats::from_trace(c.fit, 0, c.fit.tokens());
-    OptimizeOptions o;
-    o.redundant_slots = c.redundant;
-    o.load_cap = 0.02;
-    const Placement metis = optimize(stats, c.topology, o);
+    const Placement metis = metis_for(c, stats);
     std::cout << fmt::format("\n(i) hot experts (over 1.5x their layer's mean) split into 2 shards: {}\n"
                              "  {:<28} {:>12} {:>10} {:>10} {:>10} {:>8}\n",
                              c.title, "placement", "cross-isl/tok", "rank load", "memory", "busiest", "split");
@@ -409,6 +421,40 @@ void split_cases(const std::string& data, const RoutingTrace& mixtral) {
                "busiest: the rank holding most)\n";
 }
 
+// (j) [placement].redundancy on held-out routing: metis's placement, then
+// every expert on at least 2 islands. What it costs in memory, what it
+// changes in copies and load, and what a loss leaves: the (layer, expert)
+// pairs with no copy when one rank, or one whole island, is lost (the mean
+// over every rank, or island, lost in turn), which must then be loaded
+// from the checkpoint.
+void redundancy_cases(const std::string& data, const RoutingTrace& mixtral) {
+  for (const HeldOutCase& c : held_out_pair(data, mixtral)) {
+    const RoutingStats stats = RoutingStats::from_trace(c.fit, 0, c.fit.tokens());
+    const Placement metis = metis_for(c, stats);
+    const double experts = double(metis.layers()) * metis.experts();
+    std::cout << fmt::format("\n(j) every expert on N islands ([placement].redundancy): {}\n"
+                             "  {:<16} {:>12} {:>10} {:>10} {:>10} {:>14} {:>14}\n",
+                             c.title, "placement", "cross-isl/tok", "rank load", "memory", "busiest",
+                             "orphaned/rank", "orphaned/isl.");
+    for (int n : {1, 2, 3}) {
+      if (n > c.topology.islands()) continue;
+      const Placement p = add_island_redundancy(metis, stats, c.topology, n);
+      const Cost cost = evaluate(c.eval, p, c.topology);
+      const auto [total, busiest] = expert_memory(p);
+      double by_rank = 0, by_island = 0;
+      for (int r = 0; r < p.ranks(); ++r) by_rank += double(drop_lost_ranks(p, {r}).orphans.size());
+      for (int i = 0; i < c.topology.islands(); ++i)
+        by_island += double(drop_lost_ranks(p, c.topology.ranks_in(i)).orphans.size());
+      std::cout << fmt::format("  {:<16} {:>12.4f} {:>10.3f} {:>10.1f} {:>10.1f} {:>13.1f}% {:>13.1f}%\n",
+                               fmt::format("metis, N = {}", n), cost.cross_island_copies_per_token,
+                               cost.max_mean_rank_load, total, busiest, 100 * by_rank / p.ranks() / experts,
+                               100 * by_island / c.topology.islands() / experts);
+    }
+  }
+  std::cout << "  (orphaned: the share of (layer, expert) pairs left with no copy by one loss, the mean over "
+               "every rank or island lost in turn)\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -423,6 +469,7 @@ int main(int argc, char** argv) {
   const RoutingTrace mixtral = read_trace(data + "/mixtral-humaneval.trace");
   if (splits_only) {
     split_cases(data, mixtral);
+    redundancy_cases(data, mixtral);
     return 0;
   }
   int missed = 0;
@@ -430,6 +477,7 @@ int main(int argc, char** argv) {
   if (!budgets_only) missed += held_out_cases(data, mixtral);
   if (!budgets_only && !held_out_only) group_limited_case();
   if (!budgets_only && !held_out_only) split_cases(data, mixtral);
+  if (!budgets_only && !held_out_only) redundancy_cases(data, mixtral);
   std::cout << fmt::format("\nequal budgets: the aim is {} ({} budget{} missed)\n", missed ? "MISSED" : "met at every budget",
                            missed, missed == 1 ? "" : "s");
   return 0;

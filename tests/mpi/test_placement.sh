@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The placement service end to end: the daemon's statistics merged over ranks
-# equal a single rank's; moe-place optimises from the daemon's own stats file;
-# a daemon started from the optimised placement (or from a move-limited one)
+# equal a single rank's; moe-place optimises from the daemon's own stats file
+# (also with every expert on both islands, --redundancy 2); a daemon started from the optimised placement (or from a move-limited one)
 # serves bit-identical outputs to the contiguous run; bad files are refused.
 source "$(dirname "$0")/lib.sh"
 base=(--config "$SMALL" --set workload.steps=4)
@@ -21,6 +21,21 @@ grep -q "cross-island copies per token" "$SCRATCH/optimize.txt" || fail "optimiz
 moed_on 4 "${base[@]}" --placement "$SCRATCH/metis.toml" --set cluster.ranks_per_island=2 \
   --dump-output "$SCRATCH/metis.bin" >/dev/null
 same_bits "$SCRATCH/contiguous.bin" "$SCRATCH/metis.bin" "served from moe-place's METIS placement (4 ranks) vs contiguous"
+
+# --redundancy 2: every expert on both islands, and the daemon serves from it with the same bits.
+"$MOE_PLACE" optimize --config "$SMALL" --stats "$SCRATCH/four.stats" --ranks 4 --ranks-per-island 2 \
+  --redundancy 2 --out "$SCRATCH/redundant.toml" >/dev/null
+python3 - "$SCRATCH/redundant.toml" <<'PY' || fail "--redundancy 2 left an expert on one island"
+import re, sys
+for line in open(sys.argv[1]):
+    if line.startswith("slots = "):
+        for ranks in re.findall(r"\[([0-9, ]+)\]", line[len("slots = "):]):
+            islands = {int(r) // 2 for r in ranks.split(",")}
+            assert islands == {0, 1}, (ranks, line)
+PY
+moed_on 4 "${base[@]}" --placement "$SCRATCH/redundant.toml" --set cluster.ranks_per_island=2 \
+  --dump-output "$SCRATCH/redundant.bin" >/dev/null
+same_bits "$SCRATCH/contiguous.bin" "$SCRATCH/redundant.bin" "served with every expert on both islands vs contiguous"
 
 "$MOE_PLACE" make --ranks 4 --layers 3 --experts 8 --out "$SCRATCH/current.toml" >/dev/null
 "$MOE_PLACE" optimize --config "$SMALL" --stats "$SCRATCH/four.stats" --ranks-per-island 2 \

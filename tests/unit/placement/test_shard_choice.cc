@@ -12,22 +12,13 @@
 
 #include "placement/placement_diff.h"
 #include "placement/shard_rules.h"
+#include "tests/unit/placement/hot_expert_stats.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::placement {
 namespace {
 
-// One layer of 4 experts; expert 0 takes `hot` times the load of each other.
-routing::RoutingStats loads(int layers, int hot) {
-  routing::RoutingStats stats(layers, 4, 0);
-  for (int l = 0; l < layers; ++l)
-    for (std::uint32_t e = 0; e < 4; ++e)
-      for (int n = 0; n < (e == 0 ? hot : 1) * 10; ++n) {
-        const std::uint32_t one[] = {e};
-        stats.add_choice(l, one);
-      }
-  return stats;
-}
+routing::RoutingStats loads(int layers, int hot) { return test_stats::hot_expert(layers, hot); }
 
 TEST(ShardChoice, ReplicasOfAHotExpertBecomeShardsOnTheirIsland) {
   const Topology topology({0, 0, 1, 1});

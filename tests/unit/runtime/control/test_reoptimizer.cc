@@ -6,6 +6,7 @@
 
 #include "placement/placement.h"
 #include "placement/placement_diff.h"
+#include "placement/redundancy.h"
 #include "placement/topology.h"
 #include "routing/routing_stats.h"
 #include "routing/synthetic_routing.h"
@@ -123,6 +124,27 @@ TEST(Reoptimizer, SplitsHotExpertsByCuttingThem) {
   EXPECT_TRUE(std::any_of(plan.moves.begin(), plan.moves.end(), [](const placement::Move& m) { return m.cut; }));
   request.ffn_chunks = 3;
   EXPECT_NE(plan_reoptimization(stats(), current, topology, request).error.find("ffn_chunks"), std::string::npos);
+}
+
+// With a redundancy of 2, the plan puts every expert on both islands, and
+// then no loss of one island orphans any; one split expert on a single
+// island fails the plan, naming it.
+TEST(Reoptimizer, KeepsEveryExpertOnTwoIslands) {
+  const auto topology = placement::Topology::blocks(4, 2);
+  const auto current = placement::contiguous(4, 2, 16);
+  ReoptimizeRequest request;
+  request.pooled_share = 0.5;
+  request.redundancy = 2;
+  const ReoptimizePlan plan = plan_reoptimization(stats(), current, topology, request);
+  ASSERT_TRUE(plan.error.empty()) << plan.error;
+  const placement::Placement next = placement::apply_moves(current, plan.moves);
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 16; ++e) EXPECT_EQ(placement::islands_holding(next, topology, l, e), 2) << l << " " << e;
+  EXPECT_TRUE(placement::drop_lost_ranks(next, topology.ranks_in(0)).orphans.empty());
+  placement::Placement split = current;
+  split.set_shards(1, 3, {0, 1});
+  EXPECT_NE(plan_reoptimization(stats(), split, topology, request).error.find("layer 1 expert 3 is split"),
+            std::string::npos);
 }
 
 // The control plane reads the policy of a request the admin protocol checked
