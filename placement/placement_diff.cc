@@ -18,6 +18,9 @@ void check_same_shape(const Placement& a, const Placement& b, const char* what) 
              what, a.ranks(), a.layers(), a.experts(), b.ranks(), b.layers(), b.experts());
 }
 
+// " of copy c" for a shard of a split expert's second copy on; nothing for its first.
+std::string copy_label(const Move& m) { return m.copy ? fmt::format(" of copy {}", m.copy) : ""; }
+
 bool holds(const std::vector<int>& ranks, int rank) {
   return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
 }
@@ -342,11 +345,6 @@ Placement apply_moves(const Placement& current, const std::vector<Move>& chosen)
   }
   return out;
 }
-
-namespace {
-// " of copy c" for a shard of a split expert's second copy on; nothing for its first.
-std::string copy_label(const Move& m) { return m.copy ? fmt::format(" of copy {}", m.copy) : ""; }
-}  // namespace
 
 std::string describe_moves(const std::vector<Move>& moves) {
   std::string out;
