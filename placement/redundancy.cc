@@ -116,7 +116,8 @@ LossPlan drop_lost_ranks(const Placement& p, const std::vector<int>& lost) {
   return plan;
 }
 
-Placement adopt_orphans(const LossPlan& plan, const routing::RoutingStats& stats, const std::vector<int>& lost) {
+Placement adopt_orphans(const LossPlan& plan, const routing::RoutingStats& stats, const std::vector<int>& lost,
+                        int max_slots) {
   const Placement& p = plan.survivors;
   check_stats(p, stats);
   std::vector<int> alive;
@@ -130,9 +131,15 @@ Placement adopt_orphans(const LossPlan& plan, const routing::RoutingStats& stats
       if (layer == l) orphans.push_back(e);
     for (int e : hottest_first(stats, l, orphans)) {
       const std::vector<double> load = rank_loads(out, stats, l);
-      int best = alive.front();
+      int best = -1;
       for (int r : alive)
-        if (load[std::size_t(r)] < load[std::size_t(best)]) best = r;
+        if ((max_slots <= 0 || out.slots_on(r) < max_slots) && (best < 0 || load[std::size_t(r)] < load[std::size_t(best)]))
+          best = r;
+      if (best < 0)
+        MOED_THROW(Runtime,
+                   "layer {} expert {} lost its last copy, and every one of the {} surviving ranks holds {} slots "
+                   "already (the capacity): no survivor has room to load it",
+                   l, e, alive.size(), max_slots);
       out.set_replicas(l, e, {best});
     }
   }

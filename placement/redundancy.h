@@ -45,8 +45,12 @@ struct LossPlan {
 LossPlan drop_lost_ranks(const Placement& p, const std::vector<int>& lost);
 
 // `plan.survivors` with each orphan, heaviest first, whole on the surviving
-// rank with the least load in its layer (ties: the lower rank): a valid
-// placement on the ranks that are left. A Runtime error when every rank is lost.
-Placement adopt_orphans(const LossPlan& plan, const routing::RoutingStats& stats, const std::vector<int>& lost);
+// rank with the least load in its layer (ties: the lower rank) among those
+// holding fewer than `max_slots` slots over all layers (0: no limit, else
+// the ranks' expert memory, as validate() counts it): a valid placement on
+// the ranks that are left. A Runtime error when every rank is lost, or when
+// no survivor has room for an orphan (naming it).
+Placement adopt_orphans(const LossPlan& plan, const routing::RoutingStats& stats, const std::vector<int>& lost,
+                        int max_slots = 0);
 
 }  // namespace moed::placement

@@ -82,6 +82,18 @@ TEST(Redundancy, OrphansGoToTheLeastLoadedSurvivors) {
   EXPECT_EQ(adopted.slots_on(0) + adopted.slots_on(1), 0);
   expect_error([&] { adopt_orphans(drop_lost_ranks(p, {0, 1, 2, 3}), loads(1, 3), {0, 1, 2, 3}); },
                ErrorKind::Runtime, {"every rank of 4 is lost"});
+  // Within a capacity of 2 slots per rank both fit as above; at 1, rank 2
+  // and 3 are full and the hot orphan has nowhere to go.
+  EXPECT_EQ(adopt_orphans(plan, loads(1, 3), lost, 2), adopted);
+  expect_error([&] { adopt_orphans(plan, loads(1, 3), lost, 1); }, ErrorKind::Runtime,
+               {"layer 0 expert 0 lost its last copy", "2 surviving ranks holds 1 slots"});
+  // Rank 2 holding a second slot (half of expert 3): expert 0 takes rank 3's
+  // last room at a capacity of 2, and expert 1 finds none.
+  Placement uneven = contiguous(4, 1, 4);
+  uneven.set_replicas(0, 3, {3, 2});
+  expect_error([&] { adopt_orphans(drop_lost_ranks(uneven, lost), loads(1, 3), lost, 2); }, ErrorKind::Runtime,
+               {"layer 0 expert 1 lost its last copy"});
+  EXPECT_EQ(adopt_orphans(drop_lost_ranks(uneven, lost), loads(1, 3), lost, 3).replicas(0, 1), (std::vector<int>{2}));
 }
 
 // On metis's and greedy-load's placements of skewed routing, at several
