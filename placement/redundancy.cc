@@ -36,12 +36,18 @@ std::vector<int> hottest_first(const routing::RoutingStats& stats, int layer, st
   return experts;
 }
 
+// held[i]: island i holds a copy of (layer, expert).
+std::vector<bool> islands_with_copy(const Placement& p, const Topology& topology, int layer, int expert) {
+  std::vector<bool> held(std::size_t(topology.islands()), false);
+  for (int c = 0; c < p.copies(layer, expert); ++c) held[std::size_t(topology.island_of(p.copy(layer, expert, c)[0]))] = true;
+  return held;
+}
+
 }  // namespace
 
 int islands_holding(const Placement& p, const Topology& topology, int layer, int expert) {
-  std::vector<bool> seen(std::size_t(topology.islands()), false);
-  for (int c = 0; c < p.copies(layer, expert); ++c) seen[std::size_t(topology.island_of(p.copy(layer, expert, c)[0]))] = true;
-  return int(std::count(seen.begin(), seen.end(), true));
+  const std::vector<bool> held = islands_with_copy(p, topology, layer, expert);
+  return int(std::count(held.begin(), held.end(), true));
 }
 
 Placement add_island_redundancy(const Placement& p, const routing::RoutingStats& stats, const Topology& topology,
@@ -65,8 +71,7 @@ Placement add_island_redundancy(const Placement& p, const routing::RoutingStats&
                      "{}: split it with a copy per island (shard_per_island), or lower the redundancy",
                      l, e, islands_holding(out, topology, l, e), islands);
         const std::vector<double> load = rank_loads(out, stats, l);
-        std::vector<bool> held(std::size_t(topology.islands()), false);
-        for (int c = 0; c < out.copies(l, e); ++c) held[std::size_t(topology.island_of(out.copy(l, e, c)[0]))] = true;
+        const std::vector<bool> held = islands_with_copy(out, topology, l, e);
         // The least-loaded island (per rank) without a copy, then its least-loaded rank without one.
         int best_island = -1;
         double best_island_load = 0;

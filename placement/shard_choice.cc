@@ -52,7 +52,7 @@ Placement split_hot_experts(const Placement& p, const routing::RoutingStats& sta
       for (int r : holders) held[std::size_t(r)] -= 1.0;  // the expert's own copies go
       // S ranks of `island` for one copy: its holders there first, then the
       // island's ranks with the least expert memory; empty if it is too small.
-      auto copy_on = [&](int island) {
+      auto copy_on_island = [&](int island) {
         std::vector<int> ranks;
         for (int r : holders)
           if (topology.island_of(r) == island) ranks.push_back(r);
@@ -74,7 +74,7 @@ Placement split_hot_experts(const Placement& p, const routing::RoutingStats& sta
             islands.push_back(topology.island_of(r));
       std::vector<int> ranks;
       for (int island : islands) {
-        const std::vector<int> one = copy_on(island);
+        const std::vector<int> one = copy_on_island(island);
         ranks.insert(ranks.end(), one.begin(), one.end());
       }
       if (ranks.empty()) continue;  // no island holding it is large enough

@@ -115,11 +115,16 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
   DispatchPlan plan;
   plan.hop1.resize(placement.ranks());
   plan.hop2.resize(placement.ranks());
-  std::vector<std::uint64_t> seen(placement.experts(), 0);  // my pairs per expert so far
-  // A chunk's copy, remembered: an expert's pairs come in position order.
-  std::vector<std::uint64_t> cached_chunk(placement.experts(), UINT64_MAX);
-  std::vector<int> cached_copy(placement.experts(), 0);
-  std::vector<std::uint64_t> chunk_rows(placement.experts(), 0);  // expert_chunk_rows, once per expert
+  const int E = placement.experts();
+  std::vector<std::uint64_t> seen(E, 0);  // my pairs per expert so far
+  // Per expert, once: its copies, and the ranks of the copy its current
+  // chunk goes to (a chunk's copy, remembered: an expert's pairs come in
+  // position order).
+  std::vector<int> copies(E);
+  std::vector<std::span<const int>> dests(E);
+  for (int e = 0; e < E; ++e) copies[e] = placement.copies(in.layer, e), dests[e] = placement.copy(in.layer, e, 0);
+  std::vector<std::uint64_t> cached_chunk(E, UINT64_MAX);
+  std::vector<std::uint64_t> chunk_rows(E, 0);  // expert_chunk_rows, once per expert
   // The batch a pair for `dest` joins: direct within the home's island, else the gateway's.
   auto route = [&](int dest) -> RowBatch& {
     const int dest_island = via_gateways ? in.topology->island_of(dest) : 0;
@@ -132,18 +137,18 @@ DispatchPlan plan_dispatch(const PlanInput& in, const float* x, int hidden) {
     const float* row = x + t * std::size_t(hidden);
     for (std::size_t i = 0; i < experts.size(); ++i) {
       const int e = int(experts[i]);
-      int copy = 0;
-      if (placement.copies(in.layer, e) > 1) {
+      MOED_CHECK(e < E, "routing names expert {} of {}", e, E);
+      if (copies[e] > 1) {
         if (!chunk_rows[e]) chunk_rows[e] = expert_chunk_rows(in, e);
         std::uint64_t chunk = (in.counts->before(in.rank, e) + seen[e]) / chunk_rows[e];
-        if (cached_chunk[e] != chunk) cached_chunk[e] = chunk, cached_copy[e] = int(chunk_replica(in, e, chunk));
-        copy = cached_copy[e];
+        if (cached_chunk[e] != chunk)
+          cached_chunk[e] = chunk, dests[e] = placement.copy(in.layer, e, int(chunk_replica(in, e, chunk)));
       }
       ++seen[e];
       // A pair per rank of the copy: one for a whole expert, one per shard of
       // a split one (the shards share an island, so a remote one's row
       // crosses once, to the gateway, which fans it out).
-      for (int dest : placement.copy(in.layer, e, copy))
+      for (int dest : dests[e])
         route(dest).add(in.first_token + t, std::int64_t(t), row, experts[i], weights[i], std::uint32_t(dest));
     }
   }
