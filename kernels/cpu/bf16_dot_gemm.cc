@@ -16,6 +16,40 @@
 
 namespace moed::kernels {
 
+namespace detail {
+
+std::size_t block_steps(WeightDtype dtype) {
+  return dtype == WeightDtype::fp8 ? std::size_t(kFp8Tile) : dtype == WeightDtype::mxfp4 ? std::size_t(kMxBlock) : 0;
+}
+
+void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out) {
+  const detail::QuantPanel panel = w.panel(p);
+  const std::size_t steps = block_steps(w.dtype());
+  constexpr std::size_t kP = QuantWeights::kPanel;
+  for (std::size_t b = 0; b * steps < kc; ++b) {
+    const std::size_t block = k0 / steps + b;
+    if (w.dtype() == WeightDtype::fp8) {
+      float scale;
+      std::memcpy(&scale, panel.scales + 4 * block, 4);
+      std::fill(out + 16 * b, out + 16 * b + kP, scale);
+      continue;
+    }
+    const std::uint8_t* e = panel.scales + block * kP;
+    for (std::size_t l = 0; l < kP; ++l) out[16 * b + l] = e8m0_value(e[l]);
+  }
+}
+
+void apply_row_scales(const QuantWeights& w, std::size_t m, float* c, std::size_t ldc) {
+  constexpr std::size_t kP = QuantWeights::kPanel;
+  thread_local std::vector<float> row_scales;
+  row_scales.resize(w.n());
+  for (std::size_t j = 0; j < w.n(); ++j) std::memcpy(&row_scales[j], w.panel(j / kP).scales + 4 * (j % kP), 4);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < w.n(); ++j) c[i * ldc + j] *= row_scales[j];
+}
+
+}  // namespace detail
+
 namespace {
 
 constexpr std::size_t kP = QuantWeights::kPanel;
@@ -93,26 +127,8 @@ detail::DotKernels kernels_here() {
   return detail::portable_dot_kernels();
 }
 
-std::size_t block_steps(WeightDtype dtype) {
-  return dtype == WeightDtype::fp8 ? std::size_t(kFp8Tile) : dtype == WeightDtype::mxfp4 ? std::size_t(kMxBlock) : 0;
-}
-
-// The scale of each block of panel p's steps [k0, k0 + kc), 16 lanes each.
-void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out) {
-  const detail::QuantPanel panel = w.panel(p);
-  const std::size_t steps = block_steps(w.dtype());
-  for (std::size_t b = 0; b * steps < kc; ++b) {
-    const std::size_t block = k0 / steps + b;
-    if (w.dtype() == WeightDtype::fp8) {
-      float scale;
-      std::memcpy(&scale, panel.scales + 4 * block, 4);
-      std::fill(out + 16 * b, out + 16 * b + kP, scale);
-      continue;
-    }
-    const std::uint8_t* e = panel.scales + block * kP;
-    for (std::size_t l = 0; l < kP; ++l) out[16 * b + l] = e8m0_value(e[l]);
-  }
-}
+using detail::block_scales;
+using detail::block_steps;
 
 // A's rows packed as the tiles read them: per k block, tile after tile,
 // pair-major inside a tile, each activation rounded to bf16.
@@ -240,13 +256,7 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
       }
     }
   }
-  if (w.dtype() == WeightDtype::int8) {  // a row's scale, once, at the end of its chain
-    thread_local std::vector<float> row_scales;
-    row_scales.resize(n);
-    for (std::size_t j = 0; j < n; ++j) std::memcpy(&row_scales[j], w.panel(j / kP).scales + 4 * (j % kP), 4);
-    for (std::size_t i = 0; i < m; ++i)
-      for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] *= row_scales[j];
-  }
+  if (w.dtype() == WeightDtype::int8) detail::apply_row_scales(w, m, c, ldc);
 }
 
 }  // namespace
@@ -263,6 +273,8 @@ const char* to_string(CompactProducts products) {
       return "bf16";
     case CompactProducts::int8:
       return "int8";
+    case CompactProducts::amx:
+      return "amx";
   }
   return "?";
 }
@@ -286,14 +298,11 @@ void gemm_bf16_dot_range(const float* a, std::size_t m, const QuantWeights& w, s
 }
 
 InvarianceProbe probe_bf16_dot_invariance(WeightDtype dtype, std::size_t n, std::size_t k) {
-  detail::ProbeValues random(fmt::format("bf16-dot-probe-{}", to_string(dtype)));
-  const QuantWeights w(encode(dtype, random(n * k).data(), n, k));
-  const std::vector<float> row = random(k);
-  std::vector<float> want(n);
-  run(detail::portable_dot_kernels(), row.data(), 1, w, 0, k, want.data(), k, n);
-  const detail::DotKernels here = kernels_here();
-  return detail::probe_row_positions(
-      random, row, want, [&](const float* a, std::size_t m, float* c) { run(here, a, m, w, 0, k, c, k, n); },
+  return detail::probe_kernels(
+      fmt::format("bf16-dot-probe-{}", to_string(dtype)), dtype, n, k, detail::portable_dot_kernels(), kernels_here(),
+      [](const auto& kern, const float* a, std::size_t m, const QuantWeights& w, float* c) {
+        run(kern, a, m, w, 0, w.k(), c, w.k(), w.n());
+      },
       fmt::format("the portable loops on the row alone ({} weights, bf16 products)", to_string(dtype)));
 }
 

@@ -30,8 +30,9 @@ namespace moed::kernels {
 // How compact weights multiply: f32 = each weight's value (scale applied)
 // times the fp32 activation, the fp32 fma chain of quant_weights.h; bf16 =
 // the above; int8 = int8 weights against activations quantized to 8 bits
-// (int8_dot_gemm.h), other formats as bf16.
-enum class CompactProducts { f32, bf16, int8 };
+// (int8_dot_gemm.h), other formats as bf16; amx = bf16 activations in AMX
+// tile products of 32 steps (amx_gemm.h).
+enum class CompactProducts { f32, bf16, int8, amx };
 const char* to_string(CompactProducts products);
 // Whether this CPU runs the bf16 products in hardware: AVX-512 F, BW, VL,
 // VBMI and BF16 (Zen 4, Intel since Sapphire Rapids; Cooper Lake lacks VBMI).
@@ -53,5 +54,15 @@ void gemm_bf16_dot_range(const float* a, std::size_t m, const QuantWeights& w, s
 // The start-up probe: a row's bits at every position and batch size tried,
 // against the portable loops on the row alone.
 InvarianceProbe probe_bf16_dot_invariance(WeightDtype dtype, std::size_t n, std::size_t k);
+
+namespace detail {
+// The steps of one scale block: fp8 128, mxfp4 32, 0 for formats without.
+std::size_t block_steps(WeightDtype dtype);
+// The scale of each block of panel p's steps [k0, k0 + kc), 16 lanes each
+// (out[16 b + lane]); k0 on a block.
+void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out);
+// int8 weights: C[i][j] *= scale[j], a row's scale once at the end of its chain.
+void apply_row_scales(const QuantWeights& w, std::size_t m, float* c, std::size_t ldc);
+}  // namespace detail
 
 }  // namespace moed::kernels

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/rng.h"
 #include "kernels/cpu/fixed_order_tile.h"
+#include "kernels/cpu/amx_gemm.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/int8_dot_gemm.h"
 #include "kernels/cpu/quant_weights.h"
@@ -341,6 +342,8 @@ void gemm_fixed_order_range(const float* a, std::size_t m, const QuantWeights& w
       [[fallthrough]];
     case CompactProducts::bf16:
       return gemm_bf16_dot_range(a, m, w, k_begin, k_end, c, lda, ldc);
+    case CompactProducts::amx:
+      return gemm_amx_range(a, m, w, k_begin, k_end, c, lda, ldc);
     case CompactProducts::f32:
       break;
   }

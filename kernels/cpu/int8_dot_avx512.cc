@@ -208,10 +208,37 @@ struct Fp4Fused {
 
 void fp4_fused_any(const Fp4TileArgs& g) { run_rows<Fp4Fused, 3>(g.rows, g); }
 
+// The portable quantize_row 16 floats at a time: max |x| is exact in any
+// order, and the multiply and the round to even (the default rounding of
+// vcvtps2dq) are the scalar ones.
+float quantize(const float* x, std::size_t k, std::int8_t* q, std::int32_t* sum) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  const __m512 infinity = _mm512_set1_ps(__builtin_huge_valf());
+  __m512 amax = _mm512_setzero_ps();
+  std::size_t j = 0;
+  const auto tail = [&](std::size_t at) { return __mmask16(at + 16 <= k ? 0xffff : (1u << (k - at)) - 1); };
+  for (; j < k; j += 16) {
+    const __m512 v = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(tail(j), x + j)), magnitude));
+    if (_mm512_cmp_ps_mask(v, infinity, _CMP_NLT_UQ)) return __builtin_nanf("");  // inf or NaN
+    amax = _mm512_max_ps(amax, v);
+  }
+  const float top = _mm512_reduce_max_ps(amax);
+  const __m512 inv = _mm512_set1_ps(top > 0 ? 127.0f / top : 0.0f);
+  __m512i total = _mm512_setzero_si512();
+  for (j = 0; j < k; j += 16) {
+    const __m512i codes = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail(j), x + j), inv));
+    total = _mm512_add_epi32(total, codes);
+    _mm512_mask_cvtepi32_storeu_epi8(q + j, tail(j), codes);
+  }
+  *sum = _mm512_reduce_add_epi32(total);
+  return top / 127.0f;
+}
+
 }  // namespace
 
 Int8Kernels avx512_vnni_int8_kernels() {
-  return {tile_any, prepare, 6, prepare_fp4, fp4_tile_any, fp4_fused_any};
+  return {tile_any, prepare, 6, prepare_fp4, fp4_tile_any, fp4_fused_any, quantize};
 }
 
 }  // namespace moed::kernels::detail

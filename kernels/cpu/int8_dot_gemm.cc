@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/amx_gemm.h"
+#include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/int8_dot_tile.h"
 #include "kernels/cpu/row_probe.h"
 #include "kernels/cpu/weight_codes.h"
@@ -105,15 +107,15 @@ float quantize_row(const float* x, std::size_t k, std::int8_t* q, std::int32_t* 
 
 // A row block's activations quantized and packed: per k block, tile after
 // tile, quad-major inside a tile (a[t * tile + r]).
-void pack_rows(const float* a, std::size_t lda, std::size_t rows, std::size_t k, std::size_t tile_rows,
-               std::uint32_t* dst, float* row_scale, std::int32_t* row_sum,
+void pack_rows(const detail::Int8Kernels& kern, const float* a, std::size_t lda, std::size_t rows, std::size_t k,
+               std::size_t tile_rows, std::uint32_t* dst, float* row_scale, std::int32_t* row_sum,
                std::int32_t* block_offsets = nullptr) {
   thread_local std::vector<std::int8_t> q;
   const std::size_t stride = (k + 3) / 4 * 4;
   q.resize(rows * stride);
   for (std::size_t r = 0; r < rows; ++r) {
     std::int8_t* row = q.data() + r * stride;
-    row_scale[r] = quantize_row(a + r * lda, k, row, &row_sum[r]);
+    row_scale[r] = (kern.quantize ? kern.quantize : quantize_row)(a + r * lda, k, row, &row_sum[r]);
     std::fill(row + k, row + stride, std::int8_t(0));
     if (block_offsets)  // 128 x each 32-step block's sum (mxfp4's scale blocks)
       for (std::size_t b = 0; b < k / 32; ++b) {
@@ -133,6 +135,79 @@ void pack_rows(const float* a, std::size_t lda, std::size_t rows, std::size_t k,
   }
 }
 
+// The weights' per-column scales.
+const std::vector<float>& column_scales(const QuantWeights& w) {
+  thread_local std::vector<float> sw;  // grown, never shrunk
+  sw.resize(w.n());
+  for (std::size_t j = 0; j < w.n(); ++j) std::memcpy(&sw[j], w.panel(j / kP).scales + 4 * (j % kP), 4);
+  return sw;
+}
+
+#if MOED_X86_TILES
+// AMX-INT8's tiles: the same exact sums, so the same bits, at any batch; used
+// from kAmxInt8Rows rows, where they beat VNNI's tiles.
+constexpr std::size_t kAmxInt8Rows = 16;
+bool amx_int8_here() {
+  static const bool has = cpu_has_amx() && detail::cpu_reports_amx_int8();
+  return has && gemm_isa() == GemmIsa::avx512;
+}
+
+// Rows quantized and laid out row-major (stride bytes apart) for the tiles;
+// a pair of panels at a time, 256 steps prepared at a time for every row.
+void run_amx(const detail::Int8Kernels& kern, const float* a, std::size_t m, const QuantWeights& w,
+             std::size_t k_begin, std::size_t k, float* c, std::size_t lda, std::size_t ldc) {
+  constexpr std::size_t kBlock = 64, kRows = detail::kAmxRows, kLdc = detail::kAmxLdc;
+  const std::size_t n = w.n(), k_pad = (k + kBlock - 1) / kBlock * kBlock, rows_pad = (m + kRows - 1) / kRows * kRows;
+  const std::size_t stride = k_pad + kBlock;  // rows k = 4096 apart would share L1 sets
+  thread_local std::vector<std::int8_t> rows;  // grown, never shrunk, as the buffers below
+  thread_local std::vector<std::int32_t> row_sum, sums;
+  thread_local std::vector<float> row_scale;
+  alignas(64) thread_local std::uint8_t prepared[2][kKBlock * kP];
+  if (rows.size() < rows_pad * stride) rows.resize(rows_pad * stride);
+  if (sums.size() < rows_pad * kLdc) sums.resize(rows_pad * kLdc);
+  row_sum.resize(m);
+  row_scale.resize(m);
+  for (std::size_t r = 0; r < m; ++r) {
+    std::int8_t* row = rows.data() + r * stride;
+    row_scale[r] = (kern.quantize ? kern.quantize : quantize_row)(a + r * lda, k, row, &row_sum[r]);
+    std::fill(row + k, row + stride, std::int8_t(0));
+  }
+  const std::vector<float>& sw = column_scales(w);
+  const detail::AmxKernels tiles = detail::amx_tile_kernels();
+  const detail::AmxInt8Tile tile = detail::amx_int8_tile();
+  tiles.enter();
+  for (std::size_t p = 0; p < w.panels(); p += 2) {
+    const std::size_t panels = std::min<std::size_t>(2, w.panels() - p);
+    const std::size_t j0 = p * kP, cols = std::min(n, (p + panels) * kP) - j0;
+    for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
+      const std::size_t kc = std::min(kKBlock, k - k0), blocks = (kc + kBlock - 1) / kBlock;
+      for (std::size_t q = 0; q < panels; ++q) {
+        kern.prepare(w.panel(p + q).codes + (k_begin + k0) * kP, kc, prepared[q]);
+        std::fill(prepared[q] + (kc + 3) / 4 * 64, prepared[q] + blocks * kBlock * kP, std::uint8_t(0));
+      }
+      // The next chunk's codes, a share with each row group's tiles: they
+      // stream in while the tiles run.
+      const std::size_t next = k0 + kKBlock < k ? std::min(kKBlock, k - k0 - kKBlock) * kP : 0;
+      const std::size_t groups = (rows_pad + 2 * kRows - 1) / (2 * kRows), share = (next + groups - 1) / groups;
+      for (std::size_t i = 0, g = 0; i < rows_pad; i += 2 * kRows, ++g) {
+        for (std::size_t q = 0; q < panels; ++q) {
+          const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0 + kKBlock) * kP;
+          for (std::size_t at = g * share; at < std::min(next, (g + 1) * share); at += 64) __builtin_prefetch(codes + at);
+        }
+        tile({rows.data() + i * stride + k0, stride, std::min<std::size_t>(2, (rows_pad - i) / kRows),
+              {prepared[0], prepared[1]}, panels, blocks, sums.data() + i * kLdc, k0 == 0});
+      }
+    }
+    for (std::size_t r = 0; r < m; ++r)
+      for (std::size_t j = 0; j < cols; ++j) {
+        const std::int32_t exact = sums[r * kLdc + j] - 128 * row_sum[r];
+        c[r * ldc + j0 + j] = float(exact) * row_scale[r] * sw[j0 + j];
+      }
+  }
+  tiles.leave();
+}
+#endif
+
 void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
          std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
   MOED_CHECK(w.dtype() == WeightDtype::int8, "int8 products over {} weights", to_string(w.dtype()));
@@ -141,11 +216,13 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
   lda = lda ? lda : k;
   ldc = ldc ? ldc : n;
   if (m == 0 || n == 0) return;
+#if MOED_X86_TILES
+  if (m >= kAmxInt8Rows && k > 0 && kern.tile != detail::portable_int8_kernels().tile && amx_int8_here())
+    return run_amx(kern, a, m, w, k_begin, k, c, lda, ldc);
+#endif
   constexpr std::size_t kTilePanels = detail::kInt8TilePanels;
   const std::size_t panels = w.panels(), cols = (panels + kTilePanels - 1) / kTilePanels * kTilePanels * kP;
-  thread_local std::vector<float> sw;  // grown, never shrunk, as the buffers below
-  sw.resize(n);
-  for (std::size_t j = 0; j < n; ++j) std::memcpy(&sw[j], w.panel(j / kP).scales + 4 * (j % kP), 4);
+  const std::vector<float>& sw = column_scales(w);  // grown, never shrunk, as the buffers below
   // Up to 4 tiles of rows (decode), row blocks of one tile, each through all
   // of k in long streams of weights; beyond, the blocking above.
   const std::size_t tiles = (m + kern.tile_rows - 1) / kern.tile_rows;
@@ -162,7 +239,8 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
   row_sum.resize(std::min(row_block, m));
   for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
     const std::size_t rows_in_block = std::min(row_block, m - i0);
-    pack_rows(a + i0 * lda, lda, rows_in_block, k, kern.tile_rows, packed.data(), row_scale.data(), row_sum.data());
+    pack_rows(kern, a + i0 * lda, lda, rows_in_block, k, kern.tile_rows, packed.data(), row_scale.data(),
+              row_sum.data());
     std::fill(acc.begin(), acc.begin() + std::ptrdiff_t(rows_in_block * cols), 0);
     for (std::size_t p_begin = 0; p_begin < panels; p_begin += kPanelBlock)
       for (std::size_t k0 = 0; k0 < k; k0 += k_block) {
@@ -257,8 +335,8 @@ void run_fp4(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
   totals.resize(rows_max * cols);
   for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
     const std::size_t rows_in_block = std::min(row_block, m - i0);
-    pack_rows(a + i0 * lda, lda, rows_in_block, k, kern.tile_rows, packed.data(), row_scale.data(), row_sum.data(),
-              offsets.data());
+    pack_rows(kern, a + i0 * lda, lda, rows_in_block, k, kern.tile_rows, packed.data(), row_scale.data(),
+              row_sum.data(), offsets.data());
     std::fill(totals.begin(), totals.begin() + std::ptrdiff_t(rows_in_block * cols), 0.0f);
     if (fused) {
       fused_fp4(kern, w, k_begin, k, rows_in_block, packed.data(), offsets.data(), totals.data(), cols);

@@ -66,6 +66,11 @@ using Fp4Tile = void (*)(const Fp4TileArgs& args);
 // tile reaches it: no prepared buffer, four streams of weights in flight.
 constexpr std::size_t kFp4FusedRows = 3;
 
+// A row's quantization (int8_dot_gemm.h): q[s] = round-to-even(x[s] x
+// (127 / amax)) for s < k, *sum = their sum; returns amax / 127 (NaN, and q
+// and *sum anything, when the row holds a NaN or an infinity).
+using Int8Quantize = float (*)(const float* x, std::size_t k, std::int8_t* q, std::int32_t* sum);
+
 struct Int8Kernels {
   Int8Tile tile;  // up to tile_rows rows of kInt8TilePanels panels
   Int8Prepare prepare;
@@ -73,6 +78,7 @@ struct Int8Kernels {
   Fp4Prepare prepare_fp4;
   Fp4Tile fp4_tile;   // up to tile_rows rows of kInt8TilePanels prepared panels
   Fp4Tile fp4_fused = nullptr;  // up to kFp4FusedRows rows of kInt8TilePanels raw panels
+  Int8Quantize quantize = nullptr;  // null: the portable loop
 };
 Int8Kernels portable_int8_kernels();
 Int8Kernels avx512_vnni_int8_kernels();  // only where the CPU has AVX-512 VNNI, BW and VBMI

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/amx_gemm.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/int8_dot_gemm.h"
 #include "kernels/cpu/quant_decode_body.h"
@@ -227,6 +228,7 @@ detail::QuantPanel QuantWeights::panel(std::size_t p) const {
 InvarianceProbe probe_row_invariance(WeightDtype dtype, std::size_t n, std::size_t k) {
   if (compact_products() == CompactProducts::int8 && (dtype == WeightDtype::int8 || dtype == WeightDtype::mxfp4))
     return probe_int8_dot_invariance(dtype, n, k);
+  if (compact_products() == CompactProducts::amx) return probe_amx_invariance(dtype, n, k);
   if (compact_products() != CompactProducts::f32) return probe_bf16_dot_invariance(dtype, n, k);
   detail::ProbeValues random(fmt::format("quant-gemm-probe-{}", to_string(dtype)));
   const EncodedMatrix encoded = encode(dtype, random(n * k).data(), n, k);

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "kernels/cpu/encoded_matrix.h"
 #include "kernels/cpu/fixed_order_gemm.h"
+#include "kernels/cpu/quant_weights.h"
 
 namespace moed::kernels::detail {
 
@@ -48,6 +50,23 @@ InvarianceProbe probe_row_positions(ProbeValues& random, const std::vector<float
     }
   }
   return {true, ""};
+}
+
+// The probe of a GEMM over compact weights with kernels of its own:
+// run(kernels, a, m, w, c) computes C[m, n] over all of k; the portable
+// kernels on a row alone are the bits every position must give with the
+// kernels here. `name` keys the random values; `what` names the portable
+// loops in a failure.
+template <class Kernels, class Run>
+InvarianceProbe probe_kernels(const std::string& name, WeightDtype dtype, std::size_t n, std::size_t k,
+                              const Kernels& portable, const Kernels& here, Run&& run, const std::string& what) {
+  ProbeValues random(name);
+  const QuantWeights w(encode(dtype, random(n * k).data(), n, k));
+  const std::vector<float> row = random(k);
+  std::vector<float> want(n);
+  run(portable, row.data(), 1, w, want.data());
+  return probe_row_positions(
+      random, row, want, [&](const float* a, std::size_t m, float* c) { run(here, a, m, w, c); }, what);
 }
 
 }  // namespace moed::kernels::detail

@@ -219,12 +219,14 @@ const config::Section<ExpertsConfig>& experts_section() {
                     "format experts are held and moved in (docs/weight-formats.md): auto = the checkpoint's "
                     "own; fp8 and mxfp4 come from checkpoints (or synthetic weights) in them, int8 "
                     "quantizes per output channel at load; the router stays fp32"),
-          choice<C>("products", &C::products, "auto", {"auto", "f32", "bf16", "int8"},
+          choice<C>("products", &C::products, "auto", {"auto", "f32", "bf16", "int8", "amx"},
                     "how compact experts (dtype other than f32) multiply (docs/weight-formats.md): f32 = "
                     "each weight's value times the fp32 activation; bf16 = activations rounded to bf16 and "
                     "AVX-512 BF16 dot products, about 2x faster, needs AVX-512 BF16 and VBMI on every rank; "
                     "int8 = for int8 and mxfp4 experts, activations quantized to 8 bits per row and AVX-512 "
-                    "VNNI int8 products (needs VNNI and VBMI), faster again and less exact; auto = bf16 where every rank "
+                    "VNNI int8 products (needs VNNI and VBMI), faster again and less exact; amx = activations "
+                    "rounded to bf16 in AMX tile products of 32 steps (needs AMX-BF16 on every rank), bf16's "
+                    "accuracy and several times its rate at 16 rows or more; auto = amx where every rank has it, else bf16 where every rank "
                     "has it, else f32 (part of the numerics: runs compare bit for bit only with equal products)"),
       });
   return s;
@@ -463,9 +465,9 @@ void validate_config(const Config& c, ConfigUse use) {
     MOED_THROW(Usage, "config: [experts].products = \"int8\" multiplies int8 and mxfp4 experts, and these are {} "
                "([experts].dtype{}); set dtype to int8 or mxfp4, or products to bf16 or f32",
                experts_dtype(c), c.experts.dtype == "auto" ? " = auto, the checkpoint's own" : "");
-  if (c.experts.products == "bf16" && experts_dtype(c) == "f32")
-    MOED_THROW(Usage, "config: [experts].products = \"bf16\" multiplies compact experts, and these are f32 "
-               "([experts].dtype{}); set dtype to bf16, fp8, mxfp4 or int8, or products to f32",
+  if ((c.experts.products == "bf16" || c.experts.products == "amx") && experts_dtype(c) == "f32")
+    MOED_THROW(Usage, "config: [experts].products = \"{}\" multiplies compact experts, and these are f32 "
+               "([experts].dtype{}); set dtype to bf16, fp8, mxfp4 or int8, or products to f32", c.experts.products,
                c.experts.dtype == "auto" ? " = auto, the checkpoint's own" : "");
   if (c.experts.products != "auto" && c.experts.products != "f32" && c.experts.gemm == Gemm::openblas)
     MOED_THROW(Usage, "config: [experts].products = \"{}\" runs in moed's fixed-order GEMM; [experts].gemm = "

@@ -429,12 +429,19 @@ void Daemon::Startup::load_weights() {
 
 // The claim holds for the job only if it holds on every rank's CPU.
 void Daemon::Startup::agree_numerics() {
-  // Every rank multiplies compact experts alike: under products = auto, one
-  // rank without bf16 dot products moves all of them to f32.
-  const bool f32_here = kernels::compact_products() == kernels::CompactProducts::f32;
-  if (d_.control_.all_max(f32_here ? 1 : 0, "compact experts' products") && !f32_here) {
-    spdlog::info("[experts].products = auto: f32, as another rank cannot run bf16 dot products");
-    kernels::set_compact_products(kernels::CompactProducts::f32);
+  // Every rank multiplies compact experts alike: under products = auto, the
+  // ranks take what the least able of them runs (amx, then bf16, then f32).
+  // An explicit choice is already the same everywhere, or refused.
+  const auto level = [](kernels::CompactProducts p) {
+    return p == kernels::CompactProducts::amx ? 2 : p == kernels::CompactProducts::bf16 ? 1 : 0;
+  };
+  const kernels::CompactProducts here = kernels::compact_products();
+  const int least = 2 - d_.control_.all_max(2 - level(here), "compact experts' products");
+  if (least < level(here)) {
+    const kernels::CompactProducts agreed = least == 1 ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32;
+    spdlog::info("[experts].products = auto: {}, as another rank cannot run {} products", kernels::to_string(agreed),
+                 kernels::to_string(here));
+    kernels::set_compact_products(agreed);
     numerics_ = probe_numerics(c_);
   }
   if (!numerics_.batch_invariant && c_.experts.gemm == Gemm::fixed_order) spdlog::warn("numerics: {}", numerics_.description);

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "kernels/cpu/amx_gemm.h"
 #include "kernels/cpu/int8_dot_gemm.h"
 #include "runtime/weights/finite_check.h"
 #include "runtime/weights/safetensors.h"
@@ -651,6 +652,15 @@ kernels::CompactProducts local_products(const Config& c) {
                      : std::string("lacks AVX-512 VNNI or VBMI (Zen 4 and Intel since Ice Lake have both)"));
     return kernels::CompactProducts::int8;
   }
+  if (c.experts.products == "amx") {
+    if (!kernels::cpu_has_amx() || kernels::gemm_isa() != kernels::GemmIsa::avx512)
+      MOED_THROW(Usage, "[experts].products = amx: this CPU {}", kernels::cpu_has_amx()
+                     ? fmt::format("runs them only with the avx512 GEMM kernel, and [experts].isa = {}",
+                                   name_of(c.experts.isa))
+                     : std::string("or its OS does not grant AMX-BF16 tiles, AVX-512 BF16 and VBMI (Intel since "
+                                   "Sapphire Rapids has them)"));
+    return kernels::CompactProducts::amx;
+  }
   if (c.experts.products == "bf16") {
     if (!here)
       MOED_THROW(Usage, "[experts].products = bf16: this CPU {}", kernels::cpu_has_bf16_dot()
@@ -659,7 +669,8 @@ kernels::CompactProducts local_products(const Config& c) {
                      : std::string("lacks AVX-512 BF16 or VBMI (Zen 4 and Intel since Sapphire Rapids have both)"));
     return kernels::CompactProducts::bf16;
   }
-  return c.experts.products == "auto" && compact && here ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32;
+  if (c.experts.products != "auto" || !compact || !here) return kernels::CompactProducts::f32;
+  return kernels::cpu_has_amx() ? kernels::CompactProducts::amx : kernels::CompactProducts::bf16;
 }
 
 }  // namespace moed::runtime

@@ -19,8 +19,9 @@
 //              4-layer toy MoE, how many tokens' top-2 sets at the last
 //              layer match the fp32 run.
 // Compact dtypes multiply with --products (auto: bf16 where the CPU has it,
-// and int8 and mxfp4 once more with int8 products where it has VNNI:
-// "int8/vnni", "mxfp4/vnni").
+// every compact dtype once more with amx products where it has AMX:
+// "fp8/amx" and so on; and int8 and mxfp4 once more with int8 products
+// where it has VNNI: "int8/vnni", "mxfp4/vnni").
 // Figures are medians over --reps measurements; it asserts nothing beyond the
 // bitwise check (the machines are shared and noisy).
 // Usage: bench_precision [--quick] [--reps N] [--seconds S] [--shape NAME]...
@@ -41,11 +42,13 @@
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/rng.h"
 #include "common/summary_stats.h"
+#include "kernels/cpu/amx_gemm.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/encoded_matrix.h"
 #include "kernels/cpu/int8_dot_gemm.h"
@@ -481,12 +484,17 @@ struct OneDnnExpert {
   }
 };
 
+bench::OneDnnMatmul::Kind onednn_kind(WeightDtype dtype) {
+  return dtype == WeightDtype::int8 ? bench::OneDnnMatmul::Kind::int8 : bench::OneDnnMatmul::Kind::bf16;
+}
+
 // oneDNN at the decode sizes, cycling through a set of n experts as moed's
-// decode does, and at prefill; bf16 for the bf16-valued dtypes, int8 for int8.
+// decode does; bf16 for the bf16-valued dtypes, int8 for int8. (Its prefill
+// is measured beside moed's, below.)
 void measure_onednn(const Shape& shape, WeightDtype dtype, const Original& w, std::size_t n, const Options& o,
                     Row& row) {
   if (dtype == WeightDtype::f32) return;  // its bound is OpenBLAS's sgemm
-  const auto kind = dtype == WeightDtype::int8 ? bench::OneDnnMatmul::Kind::int8 : bench::OneDnnMatmul::Kind::bf16;
+  const auto kind = onednn_kind(dtype);
   auto gflops = [&](std::size_t m, std::size_t experts) {
     std::vector<OneDnnExpert> set;
     set.reserve(experts);
@@ -506,8 +514,8 @@ void measure_onednn(const Shape& shape, WeightDtype dtype, const Original& w, st
   const std::size_t experts = std::max<std::size_t>(
       2, std::min(n * 4, std::size_t(std::ceil(o.llc_times * double(o.llc) / bytes))));
   for (std::size_t i = 0; i < kDecodeRows.size(); ++i) row.onednn_decode_gflops[i] = gflops(kDecodeRows[i], experts);
-  row.onednn_prefill_gflops = gflops(kPrefillRows, 1);
 }
+
 #endif
 
 // A dtype as measured: with the products it multiplies with.
@@ -517,7 +525,8 @@ struct Variant {
   std::string label() const {
     const bool vnni =
         (dtype == WeightDtype::int8 || dtype == WeightDtype::mxfp4) && products == kernels::CompactProducts::int8;
-    return fmt::format("{}{}", kernels::to_string(dtype), vnni ? "/vnni" : "");
+    const bool amx = products == kernels::CompactProducts::amx && dtype != WeightDtype::f32;
+    return fmt::format("{}{}", kernels::to_string(dtype), vnni ? "/vnni" : amx ? "/amx" : "");
   }
 };
 
@@ -610,12 +619,22 @@ Row measure(const Shape& shape, const Variant& variant, const std::vector<Origin
       row.decode_gflops[i] = flops_per_call(shape, kDecodeRows[i]) / median(decode_runs[i]) / kGB;
   }
 
-  // Prefill: one expert at 256 rows, alternating with OpenBLAS on the unquantized fp32 weights of the same shapes.
+  // Prefill: one expert at 256 rows, alternating with OpenBLAS on the
+  // unquantized fp32 weights of the same shapes and with oneDNN's dense
+  // matmul (the bound): this host's speed drifts by tens of percent over
+  // seconds, and a ratio of measurements taken side by side drifts less.
   {
     const Original& w = originals[0];
     const ExpertView v = set[0].view();
-    std::vector<double> ffn_runs, blas_runs;
+    std::vector<double> ffn_runs, blas_runs, onednn_runs;
+#if MOED_BENCH_ONEDNN
+    std::optional<OneDnnExpert> dense;
+    if (dtype != WeightDtype::f32) dense.emplace(onednn_kind(dtype), kPrefillRows, w);
+#endif
     for (int r = 0; r < o.reps; ++r) {
+#if MOED_BENCH_ONEDNN
+      if (dense) onednn_runs.push_back(seconds_per_call([&] { dense->run(); }, o.seconds));
+#endif
       blas_runs.push_back(seconds_per_call(
           [&] {
             kernels::gemm_xwt(x.data(), kPrefillRows, H, w.w13.data(), 2 * F, scratch.data());
@@ -627,6 +646,7 @@ Row measure(const Shape& shape, const Variant& variant, const std::vector<Origin
     }
     row.prefill_gflops = flops_per_call(shape, kPrefillRows) / median(ffn_runs) / kGB;
     row.sgemm_gflops = flops_per_call(shape, kPrefillRows) / median(blas_runs) / kGB;
+    if (!onednn_runs.empty()) row.onednn_prefill_gflops = flops_per_call(shape, kPrefillRows) / median(onednn_runs) / kGB;
   }
 #if MOED_BENCH_ONEDNN
   measure_onednn(shape, dtype, originals[0], n, o, row);
@@ -737,10 +757,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"avx512", "avx2", "portable"}));
   std::string products = "auto";
   app.add_option("--products", products,
-                 "compact dtypes' products: f32, bf16 (AVX-512 BF16 dot products), int8 (int8 experts: VNNI) or "
-                 "auto (bf16 where the CPU has them; int8 and mxfp4 measured with bf16 and, where the CPU has VNNI, "
-                 "int8)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
+                 "compact dtypes' products: f32, bf16 (AVX-512 BF16 dot products), int8 (int8 experts: VNNI), amx "
+                 "(AMX tiles) or auto (bf16 where the CPU has them; again with amx where it has AMX; int8 and mxfp4 "
+                 "also with int8 where it has VNNI)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8", "amx"}));
   app.add_option("--llc-mb", llc_mb, "last-level cache in MB (default: what sysconf or /sys says)")
       ->check(CLI::Range(1.0, 1e6));
   app.add_option("--llc-times", llc_times, "a decode set's bytes at least this many times the LLC")
@@ -774,12 +794,15 @@ int main(int argc, char** argv) {
       isa_set = true;
     }
   if (!isa_set) return 2;  // unreachable: CLI11 checked the name
-  // auto: bf16 products where the CPU has them, and int8 a second time with
-  // int8 products where it has those.
+  // auto: bf16 products where the CPU has them, every compact dtype a second
+  // time with amx products where it has AMX, and int8 and mxfp4 with int8
+  // products where it has those.
   const bool both_int8 = products == "auto" && kernels::cpu_has_int8_dot();
+  const bool also_amx = products == "auto" && kernels::cpu_has_amx();
   if (products == "auto") products = kernels::cpu_has_bf16_dot() ? "bf16" : "f32";
   const kernels::CompactProducts chosen = products == "bf16"   ? kernels::CompactProducts::bf16
                                           : products == "int8" ? kernels::CompactProducts::int8
+                                          : products == "amx"  ? kernels::CompactProducts::amx
                                                                : kernels::CompactProducts::f32;
   kernels::set_compact_products(chosen);
   std::vector<Shape> shapes;
@@ -791,6 +814,7 @@ int main(int argc, char** argv) {
     if (dtype_names.empty() ||
         std::find(dtype_names.begin(), dtype_names.end(), kernels::to_string(d)) != dtype_names.end()) {
       variants.push_back({d, chosen});
+      if (d != WeightDtype::f32 && also_amx) variants.push_back({d, kernels::CompactProducts::amx});
       if ((d == WeightDtype::int8 || d == WeightDtype::mxfp4) && both_int8)
         variants.push_back({d, kernels::CompactProducts::int8});
     }
@@ -807,9 +831,10 @@ int main(int argc, char** argv) {
       o.reps, o.seconds, quick ? " (--quick)" : "", o.llc_times, o.memory_gb);
   fmt::print(
       "FLOPs per expert call: 2 m (3 H F); weights uniform at the synthetic model's scales (no outliers: real\n"
-      "checkpoints quantize worse); compact dtypes multiply with {} products ([experts].products){}\n",
+      "checkpoints quantize worse); compact dtypes multiply with {} products ([experts].products){}{}\n",
       kernels::to_string(chosen),
-      both_int8 ? "; int8/vnni, mxfp4/vnni: int8 products (8-bit activations, AVX-512 VNNI)" : "");
+      both_int8 ? "; int8/vnni, mxfp4/vnni: int8 products (8-bit activations, AVX-512 VNNI)" : "",
+      also_amx ? "; <dtype>/amx: amx products (bf16 activations, AMX tiles of 32 steps)" : "");
   for (const Shape& shape : shapes) {
     // Two distinct experts (one where the set is a single expert); the decode sets copy them.
     std::vector<Original> originals;

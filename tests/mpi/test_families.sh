@@ -11,9 +11,9 @@
 # With DTYPE, the experts are held in that format ([experts].dtype): fp8 and
 # mxfp4 from a checkpoint written in it (the format by default: auto), bf16
 # from a bf16 checkpoint, int8 quantized at load from an f32 one.
-# With PRODUCTS, [experts].products (the default, auto, takes bf16 dot
-# products where the CPU has them).
-# Usage: test_families.sh deepseek_v3|qwen3_moe|qwen2_moe|olmoe|gpt_oss [f32|bf16|fp8|mxfp4|int8 [auto|f32|bf16]]
+# With PRODUCTS, [experts].products (the default, auto, takes AMX tiles
+# where the CPU has them, else bf16 dot products where it has those).
+# Usage: test_families.sh deepseek_v3|qwen3_moe|qwen2_moe|olmoe|gpt_oss [f32|bf16|fp8|mxfp4|int8 [auto|f32|bf16|int8|amx]]
 source "$(dirname "$0")/lib.sh"
 : "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
 family=${1:?family}

@@ -262,7 +262,7 @@ std::vector<Choice> route_token(std::vector<double> logits, const Layer& L, cons
 
 double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
 
-// What a compact expert's GEMMs read ([experts].products): bf16 rounds
+// What a compact expert's GEMMs read ([experts].products): bf16 and amx round
 // each value (fp32, then bf16); int8 quantizes each GEMM's input row (the
 // input over H; the activation over each canonical chunk of F) to 8 bits:
 // q = round(v 127 / amax), then q amax / 127. The reference does the same
@@ -270,7 +270,7 @@ double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
 moed::kernels::CompactProducts g_products = moed::kernels::CompactProducts::f32;
 void as_gemm_input(double* v, std::size_t n) {
   using moed::kernels::CompactProducts;
-  if (g_products == CompactProducts::bf16)
+  if (g_products == CompactProducts::bf16 || g_products == CompactProducts::amx)
     for (std::size_t i = 0; i < n; ++i) v[i] = double(moed::kernels::bf16_value(moed::kernels::bf16_code(float(v[i]))));
   if (g_products != CompactProducts::int8) return;
   double amax = 0;

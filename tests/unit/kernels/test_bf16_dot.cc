@@ -13,41 +13,21 @@
 #include <limits>
 #include <vector>
 
+#include "tests/unit/kernels/dot_gemm_checks.h"
 #include "tests/unit/kernels/isas_here.h"
 #include "tests/unit/test_support.h"
 
 namespace moed::kernels {
 namespace {
 
+using test::code_value;
+using test::flushed;
 using test::isas_here;
 
 struct Case {
   WeightDtype dtype;
   std::size_t m, n, k;
 };
-
-// The code value of weight (i, j), its scale not applied.
-float code_value(const EncodedMatrix& e, std::size_t i, std::size_t j) {
-  const std::size_t at = i * e.k + j;
-  switch (e.dtype) {
-    case WeightDtype::bf16: {
-      std::uint16_t code;
-      std::memcpy(&code, e.codes.data() + 2 * at, 2);
-      return bf16_value(code);
-    }
-    case WeightDtype::fp8:
-      return fp8_value(e.codes[at]);
-    case WeightDtype::int8:
-      return float(std::int8_t(e.codes[at]));
-    case WeightDtype::mxfp4:
-      return fp4_value(std::uint8_t(e.codes[at / 2] >> (4 * (at % 2)) & 15));
-    case WeightDtype::f32:
-      break;
-  }
-  return std::numeric_limits<float>::quiet_NaN();
-}
-
-float flushed(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 
 // The definition, one output at a time: columns [k0, k1) of row i of x (x
 // holds the whole row) against W's row j.
@@ -83,29 +63,7 @@ class Bf16Dot : public ::testing::TestWithParam<Case> {
 
 TEST_P(Bf16Dot, EveryKernelIsTheDefinition) {
   const Case c = GetParam();
-  const EncodedMatrix encoded = encode(c.dtype, test::random_floats(c.n * c.k, 31).data(), c.n, c.k);
-  const QuantWeights quant(encoded);
-  std::vector<float> a = test::random_floats(c.m * c.k, 32);
-  a[0] = 1e-39f;  // a subnormal activation: read as 0, as vdpbf16ps reads it
-  std::vector<float> want(c.m * c.n);
-  for (std::size_t i = 0; i < c.m; ++i)
-    for (std::size_t j = 0; j < c.n; ++j) want[i * c.n + j] = definition(encoded, a.data() + i * c.k, j, 0, c.k);
-  // A k range from a scale block's start: the chain over those columns alone.
-  const std::size_t grain = column_grain(c.dtype), k0 = c.k / 3 / grain * grain, k1 = c.k - c.k / 5;
-  const QuantWeights columns(columns_of(encoded, k0, k1 / grain * grain));
-  for (GemmIsa isa : isas_here()) {
-    set_gemm_isa(isa);
-    std::vector<float> got(c.m * c.n, -1.0f);
-    gemm_fixed_order(a.data(), c.m, quant, got.data());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << to_string(isa);
-    std::vector<float> range(c.m * c.n), alone(c.m * c.n);
-    const std::size_t k1g = k1 / grain * grain;
-    gemm_fixed_order_range(a.data() + k0, c.m, quant, k0, k1g, range.data(), c.k);
-    gemm_fixed_order(a.data() + k0, c.m, columns, alone.data(), c.k);
-    EXPECT_EQ(std::memcmp(range.data(), alone.data(), range.size() * sizeof(float)), 0) << to_string(isa) << " range";
-    for (std::size_t i = 0; i < c.m; i += 5)
-      EXPECT_EQ(range[i * c.n], definition(encoded, a.data() + i * c.k, 0, k0, k1g)) << to_string(isa) << " row " << i;
-  }
+  test::expect_every_kernel_is(definition, c.dtype, c.m, c.n, c.k);
 }
 
 TEST_P(Bf16Dot, RowBitsDoNotDependOnTheBatch) {
@@ -114,24 +72,9 @@ TEST_P(Bf16Dot, RowBitsDoNotDependOnTheBatch) {
   EXPECT_TRUE(probe.invariant) << probe.detail;
 }
 
-// Only the activations' rounding separates it from fp32 on the same values:
-// each term's relative error is at most 2^-8 (one bf16 rounding) plus fp32's.
 TEST_P(Bf16Dot, ErrorIsBf16Rounding) {
   const Case c = GetParam();
-  const EncodedMatrix encoded = encode(c.dtype, test::random_floats(c.n * c.k, 41).data(), c.n, c.k);
-  const std::vector<float> values = encoded.values(), a = test::random_floats(c.m * c.k, 42);
-  std::vector<float> got(c.m * c.n);
-  gemm_fixed_order(a.data(), c.m, QuantWeights(encoded), got.data());
-  for (std::size_t i = 0; i < c.m; ++i)
-    for (std::size_t j = 0; j < c.n; ++j) {
-      double exact = 0, magnitude = 0;
-      for (std::size_t kk = 0; kk < c.k; ++kk) {
-        exact += double(a[i * c.k + kk]) * values[j * c.k + kk];
-        magnitude += std::fabs(double(a[i * c.k + kk]) * values[j * c.k + kk]);
-      }
-      ASSERT_LE(std::fabs(got[i * c.n + j] - exact), magnitude * (std::ldexp(1.0, -8) + c.k * std::ldexp(1.0, -23)))
-          << "row " << i << " column " << j;
-    }
+  test::expect_error_within_bf16_rounding(c.dtype, c.m, c.n, c.k);
 }
 
 std::vector<Case> cases() {

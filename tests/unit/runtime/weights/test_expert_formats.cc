@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/amx_gemm.h"
 #include "kernels/cpu/expert_ffn.h"
 #include "kernels/cpu/int8_dot_gemm.h"
 #include "placement/placement.h"
@@ -124,12 +125,12 @@ TEST_P(ExpertFormats, ACutShardIsTheShardLoadedFromTheModel) {
                      ErrorKind::Internal, {"already held"});
 }
 
-// With bf16 dot products too (and int8 ones for int8 and mxfp4), a row's bits are its
-// own, and a migrated slot's are the source's.
+// With bf16 dot products and AMX tiles too (and int8 ones for int8 and mxfp4), a
+// row's bits are its own, and a migrated slot's are the source's.
 TEST_P(ExpertFormats, DotProductsKeepARowsBitsAndAMigratedSlotsBits) {
   const Case k = GetParam();
   if (k.dtype == "f32") GTEST_SKIP() << "f32 experts multiply in f32";
-  for (auto products : {kernels::CompactProducts::bf16, kernels::CompactProducts::int8}) {
+  for (auto products : {kernels::CompactProducts::bf16, kernels::CompactProducts::int8, kernels::CompactProducts::amx}) {
     if (products == kernels::CompactProducts::int8 && k.dtype != "int8" && k.dtype != "mxfp4") continue;
     kernels::set_compact_products(products);
     const Config c = config_of(k.family, k.dtype);
@@ -198,12 +199,20 @@ TEST(ExpertFormatErrors, ShapesOffTheScaleGrainAreRefused) {
   EXPECT_NO_THROW(ExpertStore::load(config_of("mixtral", "mxfp4", {"experts.ffn_chunks=4"}), split, 0));
 }
 
-TEST(ExpertProducts, AutoTakesBf16WhereTheCpuHasItAndTheOthersAreRefusedWhereTheyCannot) {
+TEST(ExpertProducts, AutoTakesAmxThenBf16WhereTheCpuHasThemAndTheOthersAreRefusedWhereTheyCannot) {
   EXPECT_EQ(local_products(config_of("mixtral", "f32")), kernels::CompactProducts::f32);
   EXPECT_EQ(local_products(config_of("mixtral", "fp8", {"experts.products=f32"})), kernels::CompactProducts::f32);
   const bool here = kernels::cpu_has_bf16_dot() && kernels::gemm_isa() == kernels::GemmIsa::avx512;
-  EXPECT_EQ(local_products(config_of("mixtral", "fp8")),
-            here ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32);
+  EXPECT_EQ(local_products(config_of("mixtral", "fp8")), !here                   ? kernels::CompactProducts::f32
+                                                         : kernels::cpu_has_amx() ? kernels::CompactProducts::amx
+                                                                                  : kernels::CompactProducts::bf16);
+  test::expect_error([] { (void)config_of("mixtral", "f32", {"experts.products=amx"}); }, ErrorKind::Usage,
+                     {"[experts].products = \"amx\"", "f32"});
+  if (kernels::cpu_has_amx())
+    EXPECT_EQ(local_products(config_of("mixtral", "mxfp4", {"experts.products=amx"})), kernels::CompactProducts::amx);
+  else
+    test::expect_error([] { (void)local_products(config_of("mixtral", "fp8", {"experts.products=amx"})); },
+                       ErrorKind::Usage, {"[experts].products = amx", "AMX-BF16"});
   test::expect_error([] { (void)config_of("mixtral", "f32", {"experts.products=bf16"}); }, ErrorKind::Usage,
                      {"[experts].products = \"bf16\"", "f32"});
   test::expect_error([] { (void)config_of("mixtral", "int8", {"experts.products=bf16", "experts.gemm=openblas"}); },
@@ -224,6 +233,9 @@ TEST(ExpertProducts, AutoTakesBf16WhereTheCpuHasItAndTheOthersAreRefusedWhereThe
   kernels::set_gemm_isa(kernels::GemmIsa::avx2);  // as [experts].isa = avx2 sets it
   test::expect_error([] { (void)local_products(config_of("mixtral", "fp8", {"experts.products=bf16", "experts.isa=avx2"})); },
                      ErrorKind::Usage, {"[experts].products = bf16", "avx512 GEMM kernel", "avx2"});
+  if (kernels::cpu_has_amx())
+    test::expect_error([] { (void)local_products(config_of("mixtral", "fp8", {"experts.products=amx", "experts.isa=avx2"})); },
+                       ErrorKind::Usage, {"[experts].products = amx", "avx512 GEMM kernel", "avx2"});
   EXPECT_EQ(local_products(config_of("mixtral", "fp8", {"experts.isa=avx2"})), kernels::CompactProducts::f32);
   kernels::set_gemm_isa(kernels::best_gemm_isa());
 }

@@ -1,0 +1,217 @@
+#include "kernels/cpu/amx_gemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cmath>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cpu/amx_tile.h"
+#include "kernels/cpu/bf16_dot_gemm.h"
+#include "kernels/cpu/row_probe.h"
+#include "kernels/cpu/weight_codes.h"
+
+namespace moed::kernels {
+
+namespace {
+
+constexpr std::size_t kP = QuantWeights::kPanel;
+constexpr std::size_t kBlock = detail::kAmxBlock, kTileRows = detail::kAmxRows;
+// Steps decoded at a time beyond 32 rows (8 blocks: 8 KB of a panel's
+// pairs); it changes no bit.
+constexpr std::size_t kChunk = 256;
+
+// ---- The definition: portable loops -----------------------------------
+
+float daz(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
+float ftz(float x) { return daz(x); }
+
+void portable_tile(const detail::AmxTileArgs& g) {
+  const std::size_t group = g.group ? g.group : g.blocks;
+  for (std::size_t r = 0; r < g.row_tiles * kTileRows; ++r) {
+    const std::uint16_t* x = g.a + r * g.a_stride;
+    for (std::size_t q = 0; q < g.panels; ++q)
+      for (std::size_t l = 0; l < kP; ++l) {
+        float& c = g.c[r * g.ldc + q * kP + l];
+        if (g.first) c = 0.0f;
+        for (std::size_t b0 = 0, s = 0; b0 < g.blocks; b0 += group, ++s) {
+          float sum = g.group ? 0.0f : c;
+          for (std::size_t b = b0; b < std::min(g.blocks, b0 + group); ++b) {
+            float even = 0.0f, odd = 0.0f;
+            for (std::size_t t = 0; t < kBlock / 2; ++t) {
+              const std::size_t step = b * kBlock + 2 * t, pair = (b * kBlock / 2 + t) * 2 * kP + 2 * l;
+              even = ftz(std::fma(daz(bf16_value(x[step])), daz(bf16_value(g.b[q][pair])), even));
+              odd = ftz(std::fma(daz(bf16_value(x[step + 1])), daz(bf16_value(g.b[q][pair + 1])), odd));
+            }
+            sum = ftz(daz(sum) + ftz(even + odd));
+          }
+          c = g.group ? std::fma(sum, g.scales[q][kP * s + l], c) : sum;
+        }
+      }
+  }
+}
+
+void portable_pack(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t stride,
+                   std::uint16_t* out) {
+  for (std::size_t i = 0; i < m; ++i) {
+    std::uint16_t* row = out + i * stride;
+    for (std::size_t j = 0; j < k; ++j) row[j] = bf16_code(a[i * lda + j]);
+    std::fill(row + k, row + stride, std::uint16_t(0));
+  }
+}
+
+void portable_scale_pairs(std::uint16_t* pairs, std::size_t npairs, const float* scales) {
+  for (std::size_t t = 0; t < npairs; ++t)
+    for (std::size_t e = 0; e < 2 * kP; ++e) {
+      const std::size_t at = 2 * kP * t + e;
+      const float scaled = bf16_value(pairs[at]) * scales[kP * (t / kP) + e / 2];
+      pairs[at] = std::uint16_t(std::bit_cast<std::uint32_t>(scaled) >> 16);
+    }
+}
+
+void no_tile_state() {}
+
+// Bytes of a panel's codes per k step (16 weights).
+std::size_t panel_step_bytes(WeightDtype dtype) {
+  return dtype == WeightDtype::bf16 ? 2 * kP : dtype == WeightDtype::mxfp4 ? kP / 2 : kP;
+}
+
+// ---- The driver -----------------------------------------------------------
+
+detail::AmxKernels kernels_here() {
+#if MOED_X86_TILES
+  if (gemm_isa() == GemmIsa::avx512 && cpu_has_amx()) return detail::amx_tile_kernels();
+#endif
+  return detail::portable_amx_kernels();
+}
+
+// A panel pair's decoded chunk: pairs (zero past the range to the block's
+// end; on 64 bytes, as the decoders store them) and scales, grown, never shrunk.
+struct Chunk {
+  std::vector<std::uint16_t> storage[2];
+  std::vector<float> scales[2];
+  std::uint16_t* pairs(std::size_t q) {
+    const std::size_t past = reinterpret_cast<std::uintptr_t>(storage[q].data()) % 64;  // even: 2-byte elements
+    return storage[q].data() + (64 - past) % 64 / 2;
+  }
+};
+
+void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
+         std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
+  MOED_CHECK(k_begin <= k_end && k_end <= w.k(), "k range [{}, {}) of a matrix with k {}", k_begin, k_end, w.k());
+  const std::size_t steps = detail::block_steps(w.dtype()), n = w.n(), k = k_end - k_begin;
+  MOED_CHECK(steps == 0 || k_begin % steps == 0, "a {} k range starts at {}, inside a {}-step scale block",
+             to_string(w.dtype()), k_begin, steps);
+  lda = lda ? lda : k;
+  ldc = ldc ? ldc : n;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (std::size_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  const bool mxfp4 = w.dtype() == WeightDtype::mxfp4;  // its scales go into the weights
+  const std::size_t group = mxfp4 ? 0 : steps / kBlock, step_bytes = panel_step_bytes(w.dtype());
+  const std::size_t k_pad = (k + kBlock - 1) / kBlock * kBlock, rows_pad = (m + kTileRows - 1) / kTileRows * kTileRows;
+  // A tile's 16 rows one 64-byte line further apart than the row: rows 4 KB
+  // apart (k = 2048) would fall in one L1 set.
+  const std::size_t stride = k_pad + kBlock;
+  // Up to two row tiles (decode), a panel pair's whole k range at once: long
+  // streams of weights, which the hardware prefetchers follow. More rows
+  // share each chunk of 256 steps, while the next streams in.
+  const std::size_t chunk = rows_pad <= 2 * kTileRows ? k_pad : kChunk;
+  // Grown, never shrunk. Rows past m are read by the last tile and their
+  // sums dropped: a row's sums depend on that row alone.
+  thread_local std::vector<std::uint16_t> rows;
+  thread_local std::vector<float> sums;  // the accumulators of two panels' columns
+  thread_local Chunk buffers;
+  if (rows.size() < rows_pad * stride) rows.resize(rows_pad * stride);
+  if (sums.size() < rows_pad * detail::kAmxLdc) sums.resize(rows_pad * detail::kAmxLdc);
+  for (std::size_t q = 0; q < 2; ++q) {
+    if (buffers.storage[q].size() < chunk * kP + 32) buffers.storage[q].resize(chunk * kP + 32);
+    if (buffers.scales[q].size() < chunk / kBlock * kP) buffers.scales[q].resize(chunk / kBlock * kP);
+  }
+  kern.pack(a, lda, m, k, stride, rows.data());
+  kern.enter();
+  for (std::size_t p = 0; p < w.panels(); p += 2) {
+    const std::size_t panels = std::min<std::size_t>(2, w.panels() - p);
+    const std::size_t j0 = p * kP, cols = std::min(n, (p + panels) * kP) - j0;
+    for (std::size_t k0 = 0; k0 < k; k0 += chunk) {
+      const std::size_t kc = std::min(chunk, k - k0), blocks = (kc + kBlock - 1) / kBlock;
+      for (std::size_t q = 0; q < panels; ++q) {
+        std::uint16_t* pairs = buffers.pairs(q);
+        kern.decode(w.panel(p + q), k_begin + k0, kc, pairs);
+        std::fill(pairs + (kc + 1) / 2 * 2 * kP, pairs + blocks * kBlock * kP, std::uint16_t(0));
+        if (steps) detail::block_scales(w, p + q, k_begin + k0, kc, buffers.scales[q].data());
+        if (mxfp4) kern.scale_pairs(pairs, blocks * kBlock / 2, buffers.scales[q].data());
+      }
+      // The next chunk's codes, a share with each row group's tiles: they
+      // stream in while the tiles run, not in a burst at the next decode.
+      const std::size_t next = k0 + chunk < k ? std::min(chunk, k - k0 - chunk) * step_bytes : 0;
+      const std::size_t groups = rows_pad / (2 * kTileRows) + (rows_pad % (2 * kTileRows) != 0);
+      const std::size_t share = (next + groups - 1) / groups;
+      for (std::size_t i = 0, g = 0; i < rows_pad; i += 2 * kTileRows, ++g) {
+        for (std::size_t q = 0; q < panels; ++q) {
+          const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0 + chunk) * step_bytes;
+          for (std::size_t at = g * share; at < std::min(next, (g + 1) * share); at += 64) __builtin_prefetch(codes + at);
+        }
+        const std::size_t row_tiles = std::min<std::size_t>(2, (rows_pad - i) / kTileRows);
+        // The accumulators in a buffer of their own, not in C: C's rows, n
+        // floats apart, fall in few cache sets, and fp8's scale fmas
+        // revisit them every 128 steps.
+        const detail::AmxTileArgs args{rows.data() + i * stride + k0,
+                                       stride,
+                                       row_tiles,
+                                       {buffers.pairs(0), buffers.pairs(1)},
+                                       panels,
+                                       blocks,
+                                       group,
+                                       {buffers.scales[0].data(), buffers.scales[1].data()},
+                                       sums.data() + i * detail::kAmxLdc,
+                                       detail::kAmxLdc,
+                                       k0 == 0};
+        kern.tile(args);
+        if (k0 + kc == k)
+          for (std::size_t r = i; r < std::min(m, i + row_tiles * kTileRows); ++r)
+            std::copy_n(sums.data() + r * detail::kAmxLdc, cols, c + r * ldc + j0);
+      }
+    }
+  }
+  kern.leave();
+  if (w.dtype() == WeightDtype::int8) detail::apply_row_scales(w, m, c, ldc);
+}
+
+}  // namespace
+
+namespace detail {
+AmxKernels portable_amx_kernels() {
+  return {portable_dot_kernels().decode, portable_scale_pairs, portable_pack, portable_tile, no_tile_state, no_tile_state};
+}
+}  // namespace detail
+
+bool cpu_has_amx() {
+#if MOED_X86_TILES
+  static const bool has = cpu_has_bf16_dot() && detail::cpu_reports_amx() && detail::request_amx_state();
+  return has;
+#else
+  return false;
+#endif
+}
+
+void gemm_amx_range(const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin, std::size_t k_end,
+                    float* c, std::size_t lda, std::size_t ldc) {
+  run(kernels_here(), a, m, w, k_begin, k_end, c, lda, ldc);
+}
+
+InvarianceProbe probe_amx_invariance(WeightDtype dtype, std::size_t n, std::size_t k) {
+  return detail::probe_kernels(
+      fmt::format("amx-probe-{}", to_string(dtype)), dtype, n, k, detail::portable_amx_kernels(), kernels_here(),
+      [](const auto& kern, const float* a, std::size_t m, const QuantWeights& w, float* c) {
+        run(kern, a, m, w, 0, w.k(), c, w.k(), w.n());
+      },
+      fmt::format("the portable loops on the row alone ({} weights, amx products)", to_string(dtype)));
+}
+
+}  // namespace moed::kernels

@@ -1,0 +1,89 @@
+// The inner kernel of the AMX GEMM (amx_gemm.h): up to 2 x 2 tiles of 16
+// rows by 16 columns over a chunk of 32-step blocks. One portable set (the
+// definition) and one of AMX instructions, which give the same bits. Like
+// bf16_dot_tile.h, this header includes nothing but plain declarations, so
+// the AMX file compiles no shared inline function.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/bf16_dot_tile.h"
+
+namespace moed::kernels::detail {
+
+constexpr std::size_t kAmxBlock = 32;  // k steps in one tile product
+constexpr std::size_t kAmxRows = 16;   // rows of a tile (and columns: a panel)
+constexpr std::size_t kAmxLdc = 32;    // floats per row of the accumulators: two panels
+
+struct AmxTileArgs {
+  // 16 x row_tiles rows of bf16 activations from the chunk's first step,
+  // a_stride elements apart, 0 past the range (rows past the batch: any).
+  const std::uint16_t* a;
+  std::size_t a_stride;
+  std::size_t row_tiles;  // 1 or 2
+  // Each panel's pairs for the chunk in bf16_dot_tile.h's layout (a block's
+  // 16 pairs of 16 lanes are one tile of 16 x 64 bytes), 0 past the range.
+  const std::uint16_t* b[2];
+  std::size_t panels;  // 1 or 2
+  std::size_t blocks;  // 32-step blocks in the chunk
+  // 0: C = C + T over every block (bf16, int8, mxfp4). Else blocks per scale
+  // block (fp8: 4): S from +0 over them, C = fma(S, scales[q][16 s + lane], C).
+  std::size_t group;
+  const float* scales[2];
+  // The accumulators: 16 x row_tiles rows, ldc floats apart, panel q's
+  // lanes at 16 q; from +0 when first (the range's first chunk).
+  float* c;
+  std::size_t ldc;
+  bool first;
+};
+using AmxTile = void (*)(const AmxTileArgs& args);
+// The rows as the tiles read them: out[i stride + j] = bf16_code(a[i lda + j])
+// for j < k, 0 up to stride (a multiple of 32).
+using AmxPack = void (*)(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t stride,
+                         std::uint16_t* out);
+// mxfp4: each decoded code value w of pair row t, lane l becomes the top
+// half of fp32(w) x scales[16 (t / 16) + l] (the block's 2^(e - 127)):
+// exact, but for values past fp32's range (inf) or below its normal range
+// (subnormal, read as 0 by the tiles).
+using AmxScalePairs = void (*)(std::uint16_t* pairs, std::size_t npairs, const float* scales);
+
+struct AmxKernels {
+  PairDecoder decode;
+  AmxScalePairs scale_pairs;
+  AmxPack pack;
+  AmxTile tile;
+  void (*enter)();  // before a GEMM's tiles on this thread (the tile configuration)
+  void (*leave)();  // after them (the tile state released)
+};
+// The int8 products (int8_dot_gemm.h) on AMX-INT8's TDPBSUD: s8
+// activations, 16 rows x 64 steps a tile, against weights as int8's
+// prepare() lays them out (int8_dot_tile.h: 16 quads of 16 lanes, each code
+// + 128, one tile of 16 x 64 bytes per 64 steps), in exact int32 sums:
+//   c[r][16 q + l] (+)= sum over the blocks' steps of a[r][s] (code + 128).
+// Integers add exactly, so these equal the int8 products' own bits.
+struct AmxInt8Args {
+  const std::int8_t* a;  // 16 x row_tiles rows, a_stride bytes apart, 0 past the range
+  std::size_t a_stride;
+  std::size_t row_tiles;  // 1 or 2
+  const std::uint8_t* b[2];
+  std::size_t panels;  // 1 or 2
+  std::size_t blocks;  // 64-step blocks
+  std::int32_t* c;     // 16 x row_tiles rows of kAmxLdc sums
+  bool first;          // from 0
+};
+using AmxInt8Tile = void (*)(const AmxInt8Args& args);
+// Only where cpu_has_amx() and cpu_reports_amx_int8(); run between the
+// AmxKernels' enter() and leave().
+AmxInt8Tile amx_int8_tile();
+bool cpu_reports_amx_int8();  // CPUID's AMX-INT8 (the OS state as for cpu_reports_amx)
+
+AmxKernels portable_amx_kernels();
+// Only where cpu_has_amx().
+AmxKernels amx_tile_kernels();
+// The CPU has AMX-TILE and AMX-BF16 and the OS saves their state (CPUID, XCR0).
+bool cpu_reports_amx();
+// Asks Linux for the tile data state for this process (once; true if granted).
+bool request_amx_state();
+
+}  // namespace moed::kernels::detail

@@ -1,0 +1,158 @@
+// The GEMM in AMX's arithmetic (amx_gemm.h): the tiles equal the portable
+// loops bit for bit where the CPU has AMX, and both equal a plain loop
+// written here from the definition (activations rounded to bf16, 32-step
+// blocks of an even and an odd chain, fp8's scales on the scale blocks'
+// sums, mxfp4's in the weights),
+// also where products underflow (the tiles flush them); a row's bits do not
+// depend on its batch; a k range is the matrix of those columns; the error
+// against fp32 on the same values stays within bf16's rounding.
+#include "kernels/cpu/amx_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/bf16_dot_gemm.h"
+#include "tests/unit/kernels/dot_gemm_checks.h"
+#include "tests/unit/kernels/isas_here.h"
+#include "tests/unit/test_support.h"
+
+namespace moed::kernels {
+namespace {
+
+using test::code_value;
+using test::flushed;
+using test::isas_here;
+
+struct Case {
+  WeightDtype dtype;
+  std::size_t m, n, k;
+};
+
+// The definition, one output at a time: columns [k0, k1) of x (the whole
+// row) against W's row j.
+float definition(const EncodedMatrix& e, const float* x, std::size_t j, std::size_t k0, std::size_t k1) {
+  const std::size_t scale_block = e.dtype == WeightDtype::fp8 ? 128 : 0;
+  auto xb = [&](std::size_t kk) { return kk < k1 ? flushed(bf16_value(bf16_code(x[kk]))) : 0.0f; };
+  auto wv = [&](std::size_t kk) {  // mxfp4: the value with its power-of-two scale, flushed
+    if (kk >= k1) return 0.0f;
+    return flushed(e.dtype == WeightDtype::mxfp4 ? code_value(e, j, kk) * e.scale(j, kk) : code_value(e, j, kk));
+  };
+  auto tile_product = [&](std::size_t from) {  // 32 steps: T = E + O
+    float even = 0.0f, odd = 0.0f;
+    for (std::size_t kk = from; kk < from + 32; kk += 2) {
+      even = flushed(std::fma(xb(kk), wv(kk), even));
+      odd = flushed(std::fma(xb(kk + 1), wv(kk + 1), odd));
+    }
+    return flushed(even + odd);
+  };
+  auto sum = [&](std::size_t from, std::size_t to) {
+    float s = 0.0f;
+    for (std::size_t b = from; b < to; b += 32) s = flushed(s + tile_product(b));
+    return s;
+  };
+  if (scale_block == 0) {
+    const float s = sum(k0, k1);
+    return e.dtype == WeightDtype::int8 ? s * e.scale(j, 0) : s;
+  }
+  float total = 0.0f;
+  for (std::size_t b = k0; b < k1; b += scale_block)
+    total = std::fma(sum(b, std::min(k1, b + scale_block)), e.scale(j, b), total);
+  return total;
+}
+
+class Amx : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { set_compact_products(CompactProducts::amx); }
+  void TearDown() override {
+    set_compact_products(CompactProducts::f32);
+    set_gemm_isa(best_gemm_isa());
+  }
+};
+
+std::vector<float> expected(const EncodedMatrix& e, const std::vector<float>& a, std::size_t m) {
+  std::vector<float> want(m * e.n);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < e.n; ++j) want[i * e.n + j] = definition(e, a.data() + i * e.k, j, 0, e.k);
+  return want;
+}
+
+TEST_P(Amx, EveryKernelIsTheDefinition) {
+  const Case c = GetParam();
+  test::expect_every_kernel_is(definition, c.dtype, c.m, c.n, c.k);
+}
+
+TEST_P(Amx, RowBitsDoNotDependOnTheBatch) {
+  const Case c = GetParam();
+  const InvarianceProbe probe = probe_row_invariance(c.dtype, c.n, c.k);  // the products set above
+  EXPECT_TRUE(probe.invariant) << probe.detail;
+}
+
+TEST_P(Amx, ErrorIsBf16Rounding) {
+  const Case c = GetParam();
+  test::expect_error_within_bf16_rounding(c.dtype, c.m, c.n, c.k);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (WeightDtype d : {WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
+    const std::size_t odd_k = d == WeightDtype::mxfp4 ? 320 : 301;  // mxfp4 needs k % 32 == 0
+    out.push_back({d, 1, 48, 64});
+    // One and two row tiles, a partial one; two panels, one, a partial one.
+    for (std::size_t m : {5, 16, 20, 33}) out.push_back({d, m, 40, odd_k});
+    out.push_back({d, 70, 32, 544});  // three k chunks of 256
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Amx, ::testing::ValuesIn(cases()), [](const auto& info) {
+  const Case& c = info.param;
+  return fmt::format("{}_{}x{}x{}", to_string(c.dtype), c.m, c.n, c.k);
+});
+
+// Products and sums below fp32's normal range are flushed to 0 by the tiles
+// (measured on Sapphire Rapids' successors); the definition flushes them
+// too. Activations near 2^-70 against weights near 2^-60 put most products
+// there and the rest just above.
+TEST(Amx, UnderflowIsFlushedAsTheTilesDo) {
+  set_compact_products(CompactProducts::amx);
+  const std::size_t m = 20, n = 32, k = 96;
+  std::vector<float> w = test::random_floats(n * k, 7), a = test::random_floats(m * k, 8);
+  for (float& v : w) v = std::ldexp(v, -60);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::ldexp(a[i], i % 3 == 0 ? -70 : -64);
+  const EncodedMatrix encoded = encode(WeightDtype::bf16, w.data(), n, k);
+  const std::vector<float> want = expected(encoded, a, m);
+  std::size_t zeros = 0;
+  for (float v : want) zeros += v == 0.0f;
+  EXPECT_GT(zeros, 0u) << "no output was flushed: the case does not reach the subnormal range";
+  for (GemmIsa isa : isas_here()) {
+    set_gemm_isa(isa);
+    std::vector<float> got(m * n);
+    gemm_fixed_order(a.data(), m, QuantWeights(encoded), got.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << to_string(isa);
+  }
+  set_compact_products(CompactProducts::f32);
+  set_gemm_isa(best_gemm_isa());
+}
+
+// The two bf16 arithmetics are different numerics: on the same inputs some
+// bits differ (which is why a run compares only with equal products).
+TEST(Amx, DiffersFromTheBf16Products) {
+  const std::size_t m = 4, n = 32, k = 256;
+  const EncodedMatrix encoded = encode(WeightDtype::bf16, test::random_floats(n * k, 9).data(), n, k);
+  const std::vector<float> a = test::random_floats(m * k, 10);
+  std::vector<float> tiles(m * n), pairs(m * n);
+  set_compact_products(CompactProducts::amx);
+  gemm_fixed_order(a.data(), m, QuantWeights(encoded), tiles.data());
+  set_compact_products(CompactProducts::bf16);
+  gemm_fixed_order(a.data(), m, QuantWeights(encoded), pairs.data());
+  set_compact_products(CompactProducts::f32);
+  EXPECT_NE(std::memcmp(tiles.data(), pairs.data(), tiles.size() * sizeof(float)), 0);
+  EXPECT_STREQ(to_string(CompactProducts::amx), "amx");
+  if (!cpu_has_amx()) GTEST_SKIP() << "no AMX here: only the portable loops ran";
+}
+
+}  // namespace
+}  // namespace moed::kernels
