@@ -432,13 +432,10 @@ void Daemon::Startup::agree_numerics() {
   // Every rank multiplies compact experts alike: under products = auto, the
   // ranks take what the least able of them runs (amx, then bf16, then f32).
   // An explicit choice is already the same everywhere, or refused.
-  const auto level = [](kernels::CompactProducts p) {
-    return p == kernels::CompactProducts::amx ? 2 : p == kernels::CompactProducts::bf16 ? 1 : 0;
-  };
   const kernels::CompactProducts here = kernels::compact_products();
-  const int least = 2 - d_.control_.all_max(2 - level(here), "compact experts' products");
-  if (least < level(here)) {
-    const kernels::CompactProducts agreed = least == 1 ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32;
+  const int least = 2 - d_.control_.all_max(2 - products_ability(here), "compact experts' products");
+  const kernels::CompactProducts agreed = agreed_products(here, least);
+  if (agreed != here) {
     spdlog::info("[experts].products = auto: {}, as another rank cannot run {} products", kernels::to_string(agreed),
                  kernels::to_string(here));
     kernels::set_compact_products(agreed);

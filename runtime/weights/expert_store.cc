@@ -673,4 +673,13 @@ kernels::CompactProducts local_products(const Config& c) {
   return kernels::cpu_has_amx() ? kernels::CompactProducts::amx : kernels::CompactProducts::bf16;
 }
 
+int products_ability(kernels::CompactProducts products) {
+  return products == kernels::CompactProducts::amx ? 2 : products == kernels::CompactProducts::bf16 ? 1 : 0;
+}
+
+kernels::CompactProducts agreed_products(kernels::CompactProducts here, int least) {
+  if (products_ability(here) <= least) return here;
+  return least >= 1 ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32;
+}
+
 }  // namespace moed::runtime

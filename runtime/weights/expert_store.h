@@ -127,11 +127,18 @@ class ExpertStore {
   std::vector<DenseLayer> dense_;
 };
 
-// [experts].products on this host: f32 for f32 experts; bf16 or int8 where
-// asked (a Usage error where the CPU cannot: AVX-512 BF16 or VNNI, and
-// VBMI, with the avx512 GEMM kernel); for auto, bf16 where this host can.
-// The daemon's ranks then agree (all fall back to f32 under auto when one
-// cannot).
+// [experts].products on this host: f32 for f32 experts; bf16, amx or int8
+// where asked (a Usage error where the CPU cannot: AVX-512 BF16 or VNNI and
+// VBMI, or AMX-BF16, with the avx512 GEMM kernel); for auto, amx where this
+// host can, else bf16 where it can. The daemon's ranks then agree
+// (agreed_products).
 kernels::CompactProducts local_products(const Config& c);
+
+// How able a host is under products = auto: amx 2, bf16 1, anything else 0.
+int products_ability(kernels::CompactProducts products);
+// What a rank choosing `here` multiplies with when the least able rank's
+// ability is `least`: `here` where it is no more able than that, else the
+// most able choice within it (bf16 or f32).
+kernels::CompactProducts agreed_products(kernels::CompactProducts here, int least);
 
 }  // namespace moed::runtime

@@ -240,6 +240,24 @@ TEST(ExpertProducts, AutoTakesAmxThenBf16WhereTheCpuHasThemAndTheOthersAreRefuse
   kernels::set_gemm_isa(kernels::best_gemm_isa());
 }
 
+// Under auto the ranks take the least able rank's products: amx falls to
+// bf16 or f32, bf16 to f32; a rank never rises, and f32 and int8 stay.
+TEST(ExpertProducts, RanksAgreeOnTheLeastAbleRanksProducts) {
+  using P = kernels::CompactProducts;
+  EXPECT_EQ(products_ability(P::amx), 2);
+  EXPECT_EQ(products_ability(P::bf16), 1);
+  EXPECT_EQ(products_ability(P::f32), 0);
+  EXPECT_EQ(products_ability(P::int8), 0);
+  EXPECT_EQ(agreed_products(P::amx, 2), P::amx);
+  EXPECT_EQ(agreed_products(P::amx, 1), P::bf16);
+  EXPECT_EQ(agreed_products(P::amx, 0), P::f32);
+  EXPECT_EQ(agreed_products(P::bf16, 2), P::bf16);
+  EXPECT_EQ(agreed_products(P::bf16, 1), P::bf16);
+  EXPECT_EQ(agreed_products(P::bf16, 0), P::f32);
+  EXPECT_EQ(agreed_products(P::f32, 2), P::f32);
+  EXPECT_EQ(agreed_products(P::int8, 0), P::int8);
+}
+
 TEST(ExpertFormatErrors, ACheckpointThatCannotBecomeTheFormatNamesTheTensor) {
   test::TempDir dir;
   const std::string path = (dir.path() / "bf16").string();
