@@ -39,13 +39,18 @@ void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::siz
   }
 }
 
-void apply_row_scales(const QuantWeights& w, std::size_t m, float* c, std::size_t ldc) {
+const std::vector<float>& column_scales(const QuantWeights& w) {
   constexpr std::size_t kP = QuantWeights::kPanel;
-  thread_local std::vector<float> row_scales;
-  row_scales.resize(w.n());
-  for (std::size_t j = 0; j < w.n(); ++j) std::memcpy(&row_scales[j], w.panel(j / kP).scales + 4 * (j % kP), 4);
+  thread_local std::vector<float> scales;  // grown, never shrunk
+  scales.resize(w.n());
+  for (std::size_t j = 0; j < w.n(); ++j) std::memcpy(&scales[j], w.panel(j / kP).scales + 4 * (j % kP), 4);
+  return scales;
+}
+
+void apply_row_scales(const QuantWeights& w, std::size_t m, float* c, std::size_t ldc) {
+  const std::vector<float>& scales = column_scales(w);
   for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t j = 0; j < w.n(); ++j) c[i * ldc + j] *= row_scales[j];
+    for (std::size_t j = 0; j < w.n(); ++j) c[i * ldc + j] *= scales[j];
 }
 
 }  // namespace detail

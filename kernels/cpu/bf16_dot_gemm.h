@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/quant_weights.h"
@@ -61,6 +62,9 @@ std::size_t block_steps(WeightDtype dtype);
 // The scale of each block of panel p's steps [k0, k0 + kc), 16 lanes each
 // (out[16 b + lane]); k0 on a block.
 void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out);
+// int8 weights: each output channel's (row of W's) fp32 scale, in a buffer of
+// this thread's that the next call overwrites.
+const std::vector<float>& column_scales(const QuantWeights& w);
 // int8 weights: C[i][j] *= scale[j], a row's scale once at the end of its chain.
 void apply_row_scales(const QuantWeights& w, std::size_t m, float* c, std::size_t ldc);
 }  // namespace detail

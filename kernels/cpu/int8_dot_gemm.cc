@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/amx_gemm.h"
+#include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/int8_dot_tile.h"
 #include "kernels/cpu/row_probe.h"
@@ -135,14 +136,6 @@ void pack_rows(const detail::Int8Kernels& kern, const float* a, std::size_t lda,
   }
 }
 
-// The weights' per-column scales.
-const std::vector<float>& column_scales(const QuantWeights& w) {
-  thread_local std::vector<float> sw;  // grown, never shrunk
-  sw.resize(w.n());
-  for (std::size_t j = 0; j < w.n(); ++j) std::memcpy(&sw[j], w.panel(j / kP).scales + 4 * (j % kP), 4);
-  return sw;
-}
-
 #if MOED_X86_TILES
 // AMX-INT8's tiles: the same exact sums, so the same bits, at any batch; used
 // from kAmxInt8Rows rows, where they beat VNNI's tiles.
@@ -172,7 +165,7 @@ void run_amx(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
     row_scale[r] = (kern.quantize ? kern.quantize : quantize_row)(a + r * lda, k, row, &row_sum[r]);
     std::fill(row + k, row + stride, std::int8_t(0));
   }
-  const std::vector<float>& sw = column_scales(w);
+  const std::vector<float>& sw = detail::column_scales(w);
   const detail::AmxKernels tiles = detail::amx_tile_kernels();
   const detail::AmxInt8Tile tile = detail::amx_int8_tile();
   tiles.enter();
@@ -222,14 +215,14 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
 #endif
   constexpr std::size_t kTilePanels = detail::kInt8TilePanels;
   const std::size_t panels = w.panels(), cols = (panels + kTilePanels - 1) / kTilePanels * kTilePanels * kP;
-  const std::vector<float>& sw = column_scales(w);  // grown, never shrunk, as the buffers below
+  const std::vector<float>& sw = detail::column_scales(w);
   // Up to 4 tiles of rows (decode), row blocks of one tile, each through all
   // of k in long streams of weights; beyond, the blocking above.
   const std::size_t tiles = (m + kern.tile_rows - 1) / kern.tile_rows;
   const bool streaming = tiles <= 4;
   const std::size_t row_block = streaming ? (m + tiles - 1) / tiles : kRowBlock / kern.tile_rows * kern.tile_rows;
   const std::size_t k_block = streaming ? std::max<std::size_t>(k, 1) : kKBlock;
-  thread_local std::vector<std::uint32_t> packed;
+  thread_local std::vector<std::uint32_t> packed;  // grown, never shrunk, as the buffers below
   thread_local std::vector<std::int32_t> acc, row_sum;
   thread_local std::vector<float> row_scale;
   alignas(64) thread_local std::uint8_t prepared_steps[detail::kInt8TilePanels][kKBlock * kP];
