@@ -130,6 +130,7 @@ void decode_with(const QuantPanel& w, std::size_t k0, std::size_t kc, std::uint1
   static const Codes codes;
   const std::uint8_t* src = w.codes + k0 * Codes::kStepBytes;
   for (std::size_t s = 0; s < kc; s += 4) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + s * Codes::kStepBytes + kPrefetchBytes), _MM_HINT_T0);
     __m512i p0, p1;
     codes.two(src + s * Codes::kStepBytes, kc - s, p0, p1);
     _mm512_store_si512(out + 16 * s, p0);
@@ -297,8 +298,10 @@ struct Fused {
   if constexpr ((r) < Rows) acc##p##r = dot(acc##p##r, x[Rows + (r)], v1);
 #define MOED_PANEL(p)                                                    \
   if constexpr ((p) < Panels) {                                            \
+    const std::uint8_t* at = src[(p)] + 2 * t * Codes::kStepBytes;        \
+    _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0); \
     __m512i v0, v1;                                                      \
-    codes.two(src[(p)] + 2 * t * Codes::kStepBytes, steps, v0, v1);       \
+    codes.two(at, steps, v0, v1);                                        \
     MOED_ROW_CELLS(MOED_DOT0, p)                                         \
     if (both) {                                                          \
       MOED_ROW_CELLS(MOED_DOT1, p)                                       \

@@ -27,6 +27,14 @@ FixedOrderKernel portable_kernel();
 FixedOrderKernel avx2_kernel();    // only where the CPU has AVX2 and FMA
 FixedOrderKernel avx512_kernel();  // only where the CPU has AVX-512F
 
+// How far ahead of a stream of weight codes the decoding tiles prefetch.
+// At decode the codes stream from DRAM once per step, a few panels side by
+// side, and the work per byte is too small for the hardware prefetchers
+// alone to keep enough lines in flight: on an Intel Xeon with AMX, 1 KB
+// ahead per stream took fp8 and int8 at one row from 0.5 to 0.9 of the
+// bandwidth bound (tests/bench/precision.sh). Prefetching changes no bit.
+constexpr std::size_t kPrefetchBytes = 1024;
+
 // Runs Tile<rows>::run(args...) for 1 <= rows <= Max: a tile's row count is
 // a compile-time constant, so its accumulators live in registers. Tile is
 // each file's own (internal) template, so no instantiation is shared across

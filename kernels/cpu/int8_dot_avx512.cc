@@ -62,6 +62,8 @@ struct Tile {
         return _mm512_xor_si512(_mm512_permutexvar_epi8(transpose, _mm512_maskz_loadu_epi8(mask, codes + 16 * s)),
                                 offset);
       };
+      for (const std::uint8_t* codes : panel)
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 16 * s + kPrefetchBytes), _MM_HINT_T0);
       const __m512i w0 = load(panel[0]), w1 = load(panel[1]), w2 = load(panel[2]), w3 = load(panel[3]);
       const std::uint32_t* x = g.a + (s / 4) * Rows;
       MOED_ROW(0) MOED_ROW(1) MOED_ROW(2) MOED_ROW(3) MOED_ROW(4) MOED_ROW(5)
@@ -187,6 +189,7 @@ struct Fp4Fused {
   }
 #define MOED_PANEL(p)                                                                              \
   {                                                                                                \
+    _mm_prefetch(reinterpret_cast<const char*>(g.panels[(p)] + 8 * s + kPrefetchBytes), _MM_HINT_T0); \
     const __m512i c = _mm512_loadu_si512(g.panels[(p)] + 8 * s);                                   \
     const __m512i lo = _mm512_shuffle_epi8(lookup, _mm512_and_si512(c, low));                      \
     const __m512i hi = _mm512_shuffle_epi8(lookup, _mm512_and_si512(_mm512_srli_epi16(c, 4), low)); \
