@@ -279,8 +279,20 @@ struct Fused {
                   const float* const* scales) {
     static const Codes codes_static;
     const Codes codes = codes_static;  // its tables in registers
-    const std::uint8_t* src[4];
-    for (int p = 0; p < 4; ++p) src[p] = w[p].codes + k0 * Codes::kStepBytes;
+    const std::uint8_t* src[Panels];
+    for (int p = 0; p < Panels; ++p) src[p] = w[p].codes + k0 * Codes::kStepBytes;
+    // Prefetching past a stream's end reaches the same stream of the next
+    // group of panels (the caller's next call, panels being contiguous):
+    // at short k (1,024 steps: 16 KB of fp8) each group's first lines
+    // would otherwise come from DRAM unannounced.
+    // (Addresses only: a prefetch reads nothing and never faults.)
+    const std::ptrdiff_t stream_bytes = std::ptrdiff_t(kc * Codes::kStepBytes);
+    const std::ptrdiff_t to_next_group = Panels > 1 ? Panels * (w[1].codes - w[0].codes) - stream_bytes : 0;
+    const auto prefetch = [&](int p, const std::uint8_t* at) __attribute__((always_inline)) {
+      std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
+      if (Panels > 1 && ahead >= stream_bytes) ahead += to_next_group;
+      _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
+    };
 #define MOED_DECLARE(p, r) __m512 acc##p##r = _mm512_setzero_ps();
     MOED_CELLS(MOED_DECLARE)
 #undef MOED_DECLARE
@@ -299,7 +311,7 @@ struct Fused {
 #define MOED_PANEL(p)                                                    \
   if constexpr ((p) < Panels) {                                            \
     const std::uint8_t* at = src[(p)] + 2 * t * Codes::kStepBytes;        \
-    _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0); \
+    prefetch((p), at);                                                    \
     __m512i v0, v1;                                                      \
     codes.two(at, steps, v0, v1);                                        \
     MOED_ROW_CELLS(MOED_DOT0, p)                                         \

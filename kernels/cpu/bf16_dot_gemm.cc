@@ -195,21 +195,20 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
     if (kern.fused && rows_in_block <= detail::kDotFusedRows) {
       const std::size_t group = detail::dot_fused_panels(rows_in_block);
       fused_panels = std::min(w.panels(), n / kP) / group * group;
-      thread_local std::vector<float> four_scales[4];
+      thread_local std::vector<float> group_scales[detail::kDotFusedPanels];
       for (std::size_t p = 0; p < fused_panels; p += group) {
-        const detail::QuantPanel four[4] = {w.panel(p), w.panel(p + std::min<std::size_t>(1, group - 1)),
-                                            w.panel(p + std::min<std::size_t>(2, group - 1)),
-                                            w.panel(p + std::min<std::size_t>(3, group - 1))};
-        if (steps)
-          for (std::size_t i = 0; i < group; ++i) {
-            four_scales[i].resize((k + steps - 1) / steps * kP);
-            block_scales(w, p + i, k_begin, k, four_scales[i].data());
-          }
-        const float* const scales[4] = {four_scales[0].data(), four_scales[1].data(), four_scales[2].data(),
-                                        four_scales[3].data()};
+        detail::QuantPanel panels[detail::kDotFusedPanels];
+        const float* scales[detail::kDotFusedPanels] = {};
+        for (std::size_t i = 0; i < group; ++i) {
+          panels[i] = w.panel(p + i);
+          if (!steps) continue;
+          group_scales[i].resize((k + steps - 1) / steps * kP);
+          block_scales(w, p + i, k_begin, k, group_scales[i].data());
+          scales[i] = group_scales[i].data();
+        }
         const detail::DotTileArgs args{packed.data(), rows_in_block, (k + 1) / 2, steps / 2, nullptr,
                                        c_block + p * kP, ldc, true};
-        kern.fused(args, four, k_begin, k, scales);
+        kern.fused(args, panels, k_begin, k, scales);
       }
     }
     for (std::size_t p_begin = fused_panels; p_begin < w.panels(); p_begin += kPanelBlock) {
