@@ -282,15 +282,16 @@ struct Fused {
     const std::uint8_t* src[Panels];
     for (int p = 0; p < Panels; ++p) src[p] = w[p].codes + k0 * Codes::kStepBytes;
     // Prefetching past a stream's end reaches the same stream of the next
-    // group of panels (the caller's next call, panels being contiguous):
-    // at short k (1,024 steps: 16 KB of fp8) each group's first lines
-    // would otherwise come from DRAM unannounced.
+    // group of panels (the caller's next call, panels being contiguous; a
+    // lone panel's stream runs on into the next panel by itself): at short
+    // k (1,024 steps: 16 KB of fp8) each group's first lines would
+    // otherwise come from DRAM unannounced.
     // (Addresses only: a prefetch reads nothing and never faults.)
     const std::ptrdiff_t stream_bytes = std::ptrdiff_t(kc * Codes::kStepBytes);
     const std::ptrdiff_t to_next_group = Panels > 1 ? Panels * (w[1].codes - w[0].codes) - stream_bytes : 0;
     const auto prefetch = [&](int p, const std::uint8_t* at) __attribute__((always_inline)) {
       std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
-      if (Panels > 1 && ahead >= stream_bytes) ahead += to_next_group;
+      if (ahead >= stream_bytes) ahead += to_next_group;
       _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
     };
 #define MOED_DECLARE(p, r) __m512 acc##p##r = _mm512_setzero_ps();

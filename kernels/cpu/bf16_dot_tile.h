@@ -54,8 +54,8 @@ using DotPairTile = void (*)(const DotTileArgs& args, const std::uint16_t* pairs
 using DotFusedTile = void (*)(const DotTileArgs& args, const QuantPanel* w, std::size_t k0, std::size_t kc,
                               const float* const* scales);
 constexpr std::size_t kDotFusedRows = 12;
-constexpr std::size_t kDotFusedPanels = 4;
 constexpr std::size_t dot_fused_panels(std::size_t rows) { return rows <= 3 ? 4 : rows <= 6 ? 2 : 1; }
+constexpr std::size_t kDotFusedPanels = dot_fused_panels(1);  // the most side by side
 
 struct DotKernels {
   PairDecoder decode;

@@ -62,8 +62,9 @@ struct Tile {
         return _mm512_xor_si512(_mm512_permutexvar_epi8(transpose, _mm512_maskz_loadu_epi8(mask, codes + 16 * s)),
                                 offset);
       };
-      for (const std::uint8_t* codes : panel)
-        _mm_prefetch(reinterpret_cast<const char*>(codes + 16 * s + kPrefetchBytes), _MM_HINT_T0);
+      if (!g.prepared)  // raw codes stream from memory; prepared ones were just written
+        for (const std::uint8_t* codes : panel)
+          _mm_prefetch(reinterpret_cast<const char*>(codes + 16 * s + kPrefetchBytes), _MM_HINT_T0);
       const __m512i w0 = load(panel[0]), w1 = load(panel[1]), w2 = load(panel[2]), w3 = load(panel[3]);
       const std::uint32_t* x = g.a + (s / 4) * Rows;
       MOED_ROW(0) MOED_ROW(1) MOED_ROW(2) MOED_ROW(3) MOED_ROW(4) MOED_ROW(5)
