@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "common/error.h"
@@ -100,6 +100,34 @@ struct Chunk {
   }
 };
 
+// Up to amx_fused_rows() rows: the whole panels in groups of
+// amx_fused_panels(m), each over all of k, through the decode tiles (the
+// tiles' bits, without the tiles). Returns the panels done.
+std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows, std::size_t m, const QuantWeights& w,
+                      std::size_t k_begin, std::size_t k, std::size_t stride, float* c, std::size_t ldc) {
+  const std::size_t group_panels = detail::amx_fused_panels(m), steps = detail::block_steps(w.dtype());
+  const std::size_t panels = std::min(w.panels(), w.n() / kP) / group_panels * group_panels;
+  if (panels == 0) return 0;
+  thread_local std::vector<float> values;  // grown, never shrunk
+  if (values.size() < m * stride) values.resize(m * stride);
+  for (std::size_t i = 0; i < m * stride; ++i) values[i] = bf16_value(rows[i]);
+  thread_local std::vector<float> group_scales[detail::kAmxFusedPanels];
+  for (std::size_t p = 0; p < panels; p += group_panels) {
+    detail::QuantPanel group[detail::kAmxFusedPanels];
+    const float* scales[detail::kAmxFusedPanels] = {};
+    for (std::size_t i = 0; i < group_panels; ++i) {
+      group[i] = w.panel(p + i);
+      if (w.dtype() != WeightDtype::fp8) continue;
+      group_scales[i].resize((k + steps - 1) / steps * kP);
+      detail::block_scales(w, p + i, k_begin, k, group_scales[i].data());
+      scales[i] = group_scales[i].data();
+    }
+    const std::size_t group_blocks = w.dtype() == WeightDtype::fp8 ? steps / kBlock : 0;
+    kern.fused({values.data(), stride, m, group, k_begin, k, group_blocks, scales, c + p * kP, ldc});
+  }
+  return panels;
+}
+
 void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin,
          std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
   MOED_CHECK(k_begin <= k_end && k_end <= w.k(), "k range [{}, {}) of a matrix with k {}", k_begin, k_end, w.k());
@@ -140,8 +168,14 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
     if (buffers.scales[q].size() < chunk / kBlock * kP) buffers.scales[q].resize(chunk / kBlock * kP);
   }
   kern.pack(a, lda, m, k, stride, rows.data());
+  const bool fused = kern.fused && m <= detail::amx_fused_rows(w.panel(0).kind);
+  const std::size_t fused_panels = fused ? run_fused(kern, rows.data(), m, w, k_begin, k, stride, c, ldc) : 0;
+  if (fused_panels == w.panels()) {
+    if (w.dtype() == WeightDtype::int8) detail::apply_row_scales(w, m, c, ldc);
+    return;
+  }
   kern.enter();
-  for (std::size_t p = 0; p < w.panels(); p += 2) {
+  for (std::size_t p = fused_panels; p < w.panels(); p += 2) {
     const std::size_t panels = std::min<std::size_t>(2, w.panels() - p);
     const std::size_t j0 = p * kP, cols = std::min(n, (p + panels) * kP) - j0;
     for (std::size_t k0 = 0; k0 < k; k0 += chunk) {
@@ -161,7 +195,8 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
       for (std::size_t i = 0, g = 0; i < rows_pad; i += 2 * kTileRows, ++g) {
         for (std::size_t q = 0; q < panels; ++q) {
           const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0 + chunk) * step_bytes;
-          for (std::size_t at = g * share; at < std::min(next, (g + 1) * share); at += 64) __builtin_prefetch(codes + at);
+          for (std::size_t at = g * share; at < std::min(next, (g + 1) * share); at += 64)
+            __builtin_prefetch(codes + at);
         }
         const std::size_t row_tiles = std::min<std::size_t>(2, (rows_pad - i) / kTileRows);
         // The accumulators in a buffer of their own, not in C: C's rows, n
@@ -193,7 +228,8 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
 
 namespace detail {
 AmxKernels portable_amx_kernels() {
-  return {portable_dot_kernels().decode, portable_scale_pairs, portable_pack, portable_tile, no_tile_state, no_tile_state};
+  return {
+      portable_dot_kernels().decode, portable_scale_pairs, portable_pack, portable_tile, no_tile_state, no_tile_state};
 }
 }  // namespace detail
 

@@ -46,7 +46,8 @@ bool cpu_has_amx();
 // C[m, n] = A[m, k] · Wᵀ over [k_begin, k_end) in the order above (a points
 // at the range's first column, as in gemm_fixed_order_range). fp8 and mxfp4
 // ranges start on a scale block. Runs the tiles where cpu_has_amx() and
-// gemm_isa() is avx512, else the portable loops.
+// gemm_isa() is avx512 (at a few rows, AVX-512 decode tiles that give
+// their bits with fmas: amx_tile.h), else the portable loops.
 void gemm_amx_range(const float* a, std::size_t m, const QuantWeights& w, std::size_t k_begin, std::size_t k_end,
                     float* c, std::size_t lda = 0, std::size_t ldc = 0);
 

@@ -48,13 +48,46 @@ using AmxPack = void (*)(const float* a, std::size_t lda, std::size_t m, std::si
 // (subnormal, read as 0 by the tiles).
 using AmxScalePairs = void (*)(std::uint16_t* pairs, std::size_t npairs, const float* scales);
 
+// At up to amx_fused_rows() rows (decode): the tiles' bits without the tiles.
+// Each panel's codes are decoded to pairs in registers (pair_codes_avx512.h)
+// and each step of the E and O chains is one AVX-512 fma with MXCSR's DAZ
+// and FTZ set: the step the definition (amx_gemm.h) names. T = E + O and
+// C = C + T (fp8: S = S + T) run likewise; fp8's C = fma(S, scale, C) runs
+// under the caller's MXCSR. A tile product costs the same at 1 row as at 16,
+// these fmas in proportion to the rows.
+struct AmxFusedArgs {
+  // rows of activations as fp32 (each a bf16 value), x_stride apart, from
+  // the range's first step, 0 past it to the end of its last 32-step block.
+  const float* x;
+  std::size_t x_stride;
+  std::size_t rows;
+  const QuantPanel* w;         // amx_fused_panels(rows) whole panels side by side
+  std::size_t k0, kc;          // the range of steps [k0, k0 + kc)
+  std::size_t group;           // as in AmxTileArgs
+  const float* const* scales;  // fp8: panel i's, 16 per scale block of the range
+  float* c;                    // C[rows, 16 x panels], ldc apart: written
+  std::size_t ldc;
+};
+using AmxFusedTile = void (*)(const AmxFusedArgs& args);
+// The most rows at which the decode tiles ran faster than the tiles
+// (DeepSeek-V3's W1|W3 on a Xeon with AMX, 1 to 8 rows): bf16 and int8 up
+// to 3 (at 4 the tiles ran 1.1x), fp8 up to 4 (even there), mxfp4 up to 8
+// (1.3x there, 3x at 1 row: its scales cost the tiles a pass of their own).
+constexpr std::size_t kAmxFusedRows = 8;
+constexpr std::size_t amx_fused_rows(QuantPanel::Kind kind) {
+  return kind == QuantPanel::mxfp4 ? kAmxFusedRows : kind == QuantPanel::fp8 ? 4 : 3;
+}
+constexpr std::size_t amx_fused_panels(std::size_t rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+constexpr std::size_t kAmxFusedPanels = amx_fused_panels(1);  // the most side by side
+
 struct AmxKernels {
   PairDecoder decode;
   AmxScalePairs scale_pairs;
   AmxPack pack;
   AmxTile tile;
-  void (*enter)();  // before a GEMM's tiles on this thread (the tile configuration)
-  void (*leave)();  // after them (the tile state released)
+  void (*enter)();               // before a GEMM's tiles on this thread (the tile configuration)
+  void (*leave)();               // after them (the tile state released)
+  AmxFusedTile fused = nullptr;  // rows <= kAmxFusedRows; null: the tiles at every size
 };
 // The int8 products (int8_dot_gemm.h) on AMX-INT8's TDPBSUD: s8
 // activations, 16 rows x 64 steps a tile, against weights as int8's
@@ -81,6 +114,8 @@ bool cpu_reports_amx_int8();  // CPUID's AMX-INT8 (the OS state as for cpu_repor
 AmxKernels portable_amx_kernels();
 // Only where cpu_has_amx().
 AmxKernels amx_tile_kernels();
+// Only where the CPU has AVX-512 F, BW, VL, VBMI and BF16 (cpu_has_bf16_dot).
+AmxFusedTile avx512_amx_fused_tile();
 // The CPU has AMX-TILE and AMX-BF16 and the OS saves their state (CPUID, XCR0).
 bool cpu_reports_amx();
 // Asks Linux for the tile data state for this process (once; true if granted).

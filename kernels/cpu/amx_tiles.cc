@@ -237,7 +237,7 @@ bool request_amx_state() {
 }
 
 AmxKernels amx_tile_kernels() {
-  return {avx512_bf16_dot_kernels().decode, scale_pairs, pack, tile_any, enter, leave};
+  return {avx512_bf16_dot_kernels().decode, scale_pairs, pack, tile_any, enter, leave, avx512_amx_fused_tile()};
 }
 
 }  // namespace moed::kernels::detail

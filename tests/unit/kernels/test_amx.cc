@@ -103,6 +103,12 @@ std::vector<Case> cases() {
     // One and two row tiles, a partial one; two panels, one, a partial one.
     for (std::size_t m : {5, 16, 20, 33}) out.push_back({d, m, 40, odd_k});
     out.push_back({d, 70, 32, 544});  // three k chunks of 256
+    // The decode tiles (up to 8 rows): four panels side by side at 1 and 2
+    // rows, two at 3 and 4, one beyond; a group's leftover panels and a
+    // partial one through the tiles.
+    out.push_back({d, 1, 128, 64});
+    out.push_back({d, 2, 72, odd_k});
+    for (std::size_t m : {3, 4, 8}) out.push_back({d, m, 120, odd_k});
   }
   return out;
 }
@@ -132,6 +138,81 @@ TEST(Amx, UnderflowIsFlushedAsTheTilesDo) {
     std::vector<float> got(m * n);
     gemm_fixed_order(a.data(), m, QuantWeights(encoded), got.data());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << to_string(isa);
+  }
+  set_compact_products(CompactProducts::f32);
+  set_gemm_isa(best_gemm_isa());
+}
+
+// The same at the decode tiles' sizes (1 to 8 rows, four panels; and 20), with
+// mxfp4 too: its weights near 2^-125 have scales at the bottom of e8m0's
+// range (2^-127 itself, a subnormal float, among them), so that many scaled
+// weights fall below fp32's normal range and are read as 0, as the tiles do.
+TEST(Amx, DecodeTilesFlushAsTheTilesDo) {
+  set_compact_products(CompactProducts::amx);
+  const std::size_t n = 64;
+  // k = 32: one tile product, whose T of -0 (two chains flushed from below
+  // 0) the sum from +0 makes +0.
+  for (std::size_t k : {32, 96})
+    for (WeightDtype dtype : {WeightDtype::bf16, WeightDtype::mxfp4}) {
+      const bool fp4 = dtype == WeightDtype::mxfp4;
+      std::vector<float> w = test::random_floats(n * k, 11);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::ldexp(w[i], fp4 ? -122 - int(i / 32 % 4) : -60);
+      const EncodedMatrix encoded = encode(dtype, w.data(), n, k);
+      if (fp4) {
+        std::size_t below_normal = 0;
+        for (std::size_t j = 0; j < n; ++j)
+          for (std::size_t kk = 0; kk < k; ++kk)
+            below_normal += std::fpclassify(code_value(encoded, j, kk) * encoded.scale(j, kk)) == FP_SUBNORMAL;
+        EXPECT_GT(below_normal, 0u) << "no scaled weight below fp32's normal range: the case does not test the flush";
+      }
+      for (std::size_t m : {1, 2, 3, 4, 8, 20}) {
+        std::vector<float> a = test::random_floats(m * k, 12);
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::ldexp(a[i], fp4 ? 40 : i % 3 == 0 ? -70 : -64);
+        const std::vector<float> want = expected(encoded, a, m);
+        std::size_t zeros = 0;
+        for (float v : want) zeros += v == 0.0f;
+        if (!fp4) {
+          EXPECT_GT(zeros, 0u) << "no output was flushed at " << m << " rows";
+        }
+        for (GemmIsa isa : isas_here()) {
+          set_gemm_isa(isa);
+          std::vector<float> got(m * n);
+          gemm_fixed_order(a.data(), m, QuantWeights(encoded), got.data());
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << to_string(dtype) << " " << m << " rows " << to_string(isa);
+        }
+      }
+    }
+  set_compact_products(CompactProducts::f32);
+  set_gemm_isa(best_gemm_isa());
+}
+
+// Subnormal inputs are read as 0 (DAZ) by the tiles and the decode tiles
+// alike: rows of activations near 2^60 against columns of subnormal bf16
+// weights, and rows of subnormal activations against weights near 2^60,
+// whose products would be normal (near 2^-70); at the decode tiles' sizes
+// and the tiles' (20 rows).
+TEST(Amx, SubnormalInputsAreReadAsZero) {
+  set_compact_products(CompactProducts::amx);
+  const std::size_t n = 64, k = 96;
+  const auto scaled = [](std::vector<float> v, std::size_t row_length, auto exponent) {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::ldexp(v[i], exponent(i / row_length));
+    return v;
+  };
+  const auto magnitude = [](std::size_t row) { return row % 3 == 0 ? -130 : row % 3 == 1 ? 60 : 0; };
+  const std::vector<float> w = scaled(test::random_floats(n * k, 13), k, magnitude);
+  const EncodedMatrix encoded = encode(WeightDtype::bf16, w.data(), n, k);
+  for (std::size_t m : {1, 3, 20}) {
+    const std::vector<float> a = scaled(test::random_floats(m * k, 14), k, [](std::size_t row) {
+      return row % 3 == 0 ? 60 : row % 3 == 1 ? -130 : 0;
+    });
+    const std::vector<float> want = expected(encoded, a, m);
+    for (GemmIsa isa : isas_here()) {
+      set_gemm_isa(isa);
+      std::vector<float> got(m * n);
+      gemm_fixed_order(a.data(), m, QuantWeights(encoded), got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << m << " rows " << to_string(isa);
+    }
   }
   set_compact_products(CompactProducts::f32);
   set_gemm_isa(best_gemm_isa());
