@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <vector>
@@ -51,6 +52,10 @@ class UcxCore {
 
   unsigned progress() { return ucp_worker_progress(worker_.get()); }
 
+  // Every exchange's sequence number, in the order the ranks open them
+  // (the same on every rank: exchanges and windows' teardowns are collective).
+  std::uint64_t next_sequence() { return next_sequence_++; }
+
   // Progresses the worker until done() holds. Past the deadline, calls
   // on_expiry, which must throw (the transport is then marked failed).
   // Yields the core while idle: ranks may share cores.
@@ -71,8 +76,9 @@ class UcxCore {
   }
 
   // A barrier over the bootstrap during which the worker keeps progressing
-  // (a peer may need this rank's progress to finish its flush or close).
-  // False, with a warning, when the deadline passes.
+  // (a peer may need this rank's progress to finish its close). False, with
+  // a warning, when the deadline passes. Only the transport's own teardown
+  // uses it: after its endpoints are closed nothing else can carry a barrier.
   bool progressing_barrier(const char* what);
 
   // After a failure the teardown stays local: peers may be stuck or gone.
@@ -92,6 +98,7 @@ class UcxCore {
   ucx::Worker worker_;
   std::vector<ucx::Endpoint> endpoints_;  // none to self: the self block is a memcpy
   bool failed_ = false;
+  std::uint64_t next_sequence_ = 0;
 };
 
 UcxCore::UcxCore(Bootstrap& bootstrap, std::chrono::milliseconds timeout)
@@ -486,6 +493,21 @@ class UcxExchange final : public Exchange {
   bool finished_ = false;
 };
 
+// A barrier over the endpoints, not the bootstrap: one exchange of a byte
+// with every peer (so that serving never waits on MPI after start-up).
+// Throws as an exchange does when a peer does not come in time.
+void peer_barrier(const std::shared_ptr<UcxCore>& core, const std::string& what) {
+  const auto ranks = std::size_t(core->size());
+  std::vector<std::byte> tokens(ranks);
+  const std::vector<std::size_t> bytes(ranks, 1);
+  std::vector<std::size_t> offsets(ranks);
+  std::iota(offsets.begin(), offsets.end(), std::size_t{0});
+  UcxExchange exchange(core, core->next_sequence(), tokens.data(), bytes, offsets, what, ReceiveSizes::exact);
+  const std::byte token{1};
+  for (int peer = 0; peer < core->size(); ++peer) exchange.send(peer, &token, 1);
+  exchange.finish();
+}
+
 // A window in memory allocated and registered by ucp_mem_map. Puts to self
 // are a memcpy; puts to peers go through their unpacked rkeys.
 class UcxWindow final : public RmaWindow {
@@ -498,11 +520,12 @@ class UcxWindow final : public RmaWindow {
   }
   ~UcxWindow() override {
     // Collective like MPI_Win_free: no rank unmaps its window while a peer may
-    // still be writing into it.
+    // still be writing into it. Each rank's puts have landed once it has
+    // flushed; the barrier waits for every rank's flush.
     try {
       if (!core_->failed()) {
         flush("window teardown");
-        core_->progressing_barrier("window teardown");
+        peer_barrier(core_, "window teardown: every rank's puts landed");
       }
     } catch (const std::exception& e) {
       spdlog::warn("UCX window teardown: {}", e.what());
@@ -597,7 +620,7 @@ class UcxTransport final : public Transport {
                                           const std::string& what, ReceiveSizes sizes) override {
     // All ranks open their exchanges in the same order: the sequence number
     // names the same exchange everywhere.
-    return std::make_unique<UcxExchange>(core_, next_sequence_++, recv, recv_bytes, recv_offsets, what,
+    return std::make_unique<UcxExchange>(core_, core_->next_sequence(), recv, recv_bytes, recv_offsets, what,
                                          sizes);
   }
 
@@ -640,7 +663,6 @@ class UcxTransport final : public Transport {
 
  private:
   std::shared_ptr<UcxCore> core_;  // shared with the windows, which may outlive the transport
-  std::uint64_t next_sequence_ = 0;
 };
 
 }  // namespace

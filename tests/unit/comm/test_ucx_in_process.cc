@@ -8,13 +8,17 @@
 // its waits).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "comm/bootstrap.h"
 #include "comm/transport.h"
 #include "common/error.h"
 #include "tests/unit/comm/run_ranks.h"
@@ -137,6 +141,54 @@ TEST(UcxInOneProcess, ConnectsExchangesAndPutsOverTcpAlone) {
   // tcp on loopback only: other interfaces may come and go on a shared machine.
   UcxEnvironment env({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}});
   connect_exchange_and_put();
+}
+
+// A bootstrap that counts the collectives made over it.
+class CountingBootstrap final : public Bootstrap {
+ public:
+  explicit CountingBootstrap(Bootstrap& inner) : inner_(inner) {}
+  int calls() const { return calls_; }
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
+  std::vector<std::vector<std::byte>> all_gather(std::span<const std::byte> mine, const std::string& what) override {
+    ++calls_;
+    return inner_.all_gather(mine, what);
+  }
+  void all_reduce(std::span<std::int64_t> values, Reduction reduction, const std::string& what) override {
+    ++calls_;
+    inner_.all_reduce(values, reduction, what);
+  }
+  void barrier(const std::string& what, const Progress& progress) override {
+    ++calls_;
+    inner_.barrier(what, progress);
+  }
+
+ private:
+  Bootstrap& inner_;
+  int calls_ = 0;
+};
+
+// After start-up, serving and migrating never wait on the bootstrap (MPI in
+// a job, which would wait forever on a lost rank): exchanges and a window's
+// whole life, its teardown's barrier included, run over the endpoints. The
+// transport's own teardown, at the job's end, is the one use left.
+TEST(UcxInOneProcess, AfterStartUpOnlyTheTeardownUsesTheBootstrap) {
+  test::run_ranks(kRanks, [](Bootstrap& threads) {
+    CountingBootstrap bootstrap(threads);
+    CommConfig config;
+    config.backend = comm::Backend::ucx;
+    config.timeout_ms = 10000;
+    std::unique_ptr<Transport> t = create_transport(config, bootstrap);
+    const int at_start = bootstrap.calls();
+    EXPECT_GT(at_start, 0) << "the start-up made no collective over the bootstrap";
+    exchange_exact_bytes(*t);
+    put_into_every_window(*t);  // creates, fills, flushes and frees a window
+    put_into_every_window(*t);  // and a second one, in the memory of the first
+    EXPECT_EQ(bootstrap.calls(), at_start) << "rank " << t->rank();
+    t.reset();
+    EXPECT_GT(bootstrap.calls(), at_start) << "the teardown waited for no rank";
+  });
 }
 
 // Over threads, "auto" takes UCX; the MPI backend says it needs MPI.
