@@ -61,43 +61,68 @@ struct Fused {
       MOED_CELLS(MOED_ZERO)
 #undef MOED_ZERO
       // mxfp4: the block's 16 scales as exponents for vscalefps (e - 127:
-      // code x 2^(e - 127) exact, a result below fp32's normal range 0 by FTZ).
+      // code x 2^(e - 127) exact, a result below fp32's normal range 0 by
+      // FTZ), applied to each weight; or, where every scale of the block lies
+      // in [chain_scales_from, chain_scales_to] (amx_tile.h), to the two
+      // chains at the block's end, with the same bits and a vscalefps for
+      // every 512 weights instead of every 16.
       __m512 exponent[Panels];
+      bool on_chains = true;
       if constexpr (kFp4) {
         const std::size_t block = g.k0 / kBlock + b;
+        const __m128i from = _mm_set1_epi8(char(g.chain_scales_from)), to = _mm_set1_epi8(char(g.chain_scales_to));
         for (int p = 0; p < Panels; ++p) {
           const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.w[p].scales + 16 * block));
           exponent[p] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(e), _mm512_set1_epi32(127)));
+          on_chains = on_chains && (_mm_cmpge_epu8_mask(e, from) & _mm_cmple_epu8_mask(e, to)) == 0xffff;
         }
       }
-      for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += 4) {
-        const std::size_t steps = s < g.kc ? g.kc - s : 0;  // 0 past the range: zeros
-#define MOED_FMA(p, r)                                                   \
-  if constexpr ((r) < Rows) {                                            \
-    const float* x = g.x + (r)*g.x_stride + s;                           \
-    even##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[0]), w0e, even##p##r); \
-    odd##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[1]), w0o, odd##p##r);   \
-    even##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[2]), w1e, even##p##r); \
-    odd##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[3]), w1o, odd##p##r);   \
+      const auto block_steps = [&]<bool ScaleWeights>() __attribute__((always_inline)) {
+        for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += 4) {
+          const std::size_t steps = s < g.kc ? g.kc - s : 0;  // 0 past the range: zeros
+#define MOED_FMA(p, r)                                                                              \
+  if constexpr ((r) < Rows) {                                                                       \
+    const float* x = g.x + (r) * g.x_stride + s;                                                    \
+    even##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[0]), w0e, even##p##r);                           \
+    odd##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[1]), w0o, odd##p##r);                             \
+    even##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[2]), w1e, even##p##r);                           \
+    odd##p##r = _mm512_fmadd_ps(_mm512_set1_ps(x[3]), w1o, odd##p##r);                             \
   }
-#define MOED_PANEL(p)                                                                            \
-  if constexpr ((p) < Panels) {                                                                  \
-    const std::uint8_t* at = src[(p)] + s * Codes::kStepBytes;                                   \
-    prefetch((p), at);                                                                           \
-    __m512i v0, v1;                                                                              \
-    codes.two(at, steps, v0, v1);                                                                \
-    __m512 w0e = even_steps(v0), w0o = odd_steps(v0), w1e = even_steps(v1), w1o = odd_steps(v1); \
-    if constexpr (kFp4) {                                                                        \
-      w0e = _mm512_scalef_ps(w0e, exponent[(p)]);                                                \
-      w0o = _mm512_scalef_ps(w0o, exponent[(p)]);                                                \
-      w1e = _mm512_scalef_ps(w1e, exponent[(p)]);                                                \
-      w1o = _mm512_scalef_ps(w1o, exponent[(p)]);                                                \
-    }                                                                                            \
-    MOED_ROW_CELLS(MOED_FMA, p)                                                                  \
+#define MOED_PANEL(p)                                                                               \
+  if constexpr ((p) < Panels) {                                                                     \
+    const std::uint8_t* at = src[(p)] + s * Codes::kStepBytes;                                      \
+    prefetch((p), at);                                                                              \
+    __m512i v0, v1;                                                                                 \
+    codes.two(at, steps, v0, v1);                                                                   \
+    __m512 w0e = even_steps(v0), w0o = odd_steps(v0), w1e = even_steps(v1), w1o = odd_steps(v1);    \
+    if constexpr (ScaleWeights) {                                                                   \
+      w0e = _mm512_scalef_ps(w0e, exponent[(p)]);                                                   \
+      w0o = _mm512_scalef_ps(w0o, exponent[(p)]);                                                   \
+      w1e = _mm512_scalef_ps(w1e, exponent[(p)]);                                                   \
+      w1o = _mm512_scalef_ps(w1o, exponent[(p)]);                                                   \
+    }                                                                                               \
+    MOED_ROW_CELLS(MOED_FMA, p)                                                                     \
   }
-        MOED_PANEL(0) MOED_PANEL(1) MOED_PANEL(2) MOED_PANEL(3)
+          MOED_PANEL(0) MOED_PANEL(1) MOED_PANEL(2) MOED_PANEL(3)
 #undef MOED_PANEL
 #undef MOED_FMA
+        }
+      };
+      if (!kFp4 || on_chains) {
+        block_steps.template operator()<false>();
+      } else {
+        block_steps.template operator()<true>();
+      }
+      if constexpr (kFp4) {
+        if (on_chains) {
+#define MOED_SCALE_CHAINS(p, r)                                  \
+  if constexpr ((p) < Panels && (r) < Rows) {                    \
+    even##p##r = _mm512_scalef_ps(even##p##r, exponent[(p)]);    \
+    odd##p##r = _mm512_scalef_ps(odd##p##r, exponent[(p)]);      \
+  }
+          MOED_CELLS(MOED_SCALE_CHAINS)
+#undef MOED_SCALE_CHAINS
+        }
       }
       // T = E + O; C = C + T, or S = S + T over an fp8 scale block, from +0
       // (0 + T, not T: the sum maps T = -0 to +0, as the tiles do).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <vector>
 
@@ -112,6 +113,9 @@ std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows,
   if (values.size() < m * stride) values.resize(m * stride);
   for (std::size_t i = 0; i < m * stride; ++i) values[i] = bf16_value(rows[i]);
   thread_local std::vector<float> group_scales[detail::kAmxFusedPanels];
+  const detail::ChainScales chain_scales = w.dtype() == WeightDtype::mxfp4
+                                               ? detail::amx_chain_scales(values.data(), m * stride)
+                                               : detail::ChainScales{1, 0};
   for (std::size_t p = 0; p < panels; p += group_panels) {
     detail::QuantPanel group[detail::kAmxFusedPanels];
     const float* scales[detail::kAmxFusedPanels] = {};
@@ -123,7 +127,20 @@ std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows,
       scales[i] = group_scales[i].data();
     }
     const std::size_t group_blocks = w.dtype() == WeightDtype::fp8 ? steps / kBlock : 0;
-    kern.fused({values.data(), stride, m, group, k_begin, k, group_blocks, scales, c + p * kP, ldc});
+    detail::AmxFusedArgs args{};
+    args.x = values.data();
+    args.x_stride = stride;
+    args.rows = m;
+    args.w = group;
+    args.k0 = k_begin;
+    args.kc = k;
+    args.group = group_blocks;
+    args.scales = scales;
+    args.c = c + p * kP;
+    args.ldc = ldc;
+    args.chain_scales_from = chain_scales.from;
+    args.chain_scales_to = chain_scales.to;
+    kern.fused(args);
   }
   return panels;
 }
@@ -227,6 +244,29 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
 }  // namespace
 
 namespace detail {
+ChainScales amx_chain_scales(const float* x, std::size_t count) {
+  constexpr ChainScales kNone{1, 0};
+  float largest = 0.0f, smallest = 0.0f;  // of the nonzero normal |x|
+  for (std::size_t i = 0; i < count; ++i) {
+    const float v = std::fabs(x[i]);
+    if (!(v <= std::numeric_limits<float>::max())) return kNone;  // NaN or infinity
+    if (v < std::numeric_limits<float>::min()) continue;           // 0, or subnormal: read as 0
+    largest = std::max(largest, v);
+    smallest = smallest == 0.0f ? v : std::min(smallest, v);
+  }
+  int from = -125, to = 125;  // every scaled code normal
+  if (largest > 0.0f) {
+    const int quantum = std::ilogb(smallest) - 8;
+    const double sum_bound = 192.0 * double(largest) * (1.0 + std::ldexp(1.0, -18));
+    const double room = double(std::numeric_limits<float>::max()) / sum_bound;
+    if (quantum < -126 || room < 1.0) return kNone;  // the unscaled sums themselves would leave the range
+    from = std::max(from, -126 - quantum);
+    to = std::min(to, int(std::floor(std::log2(room))));
+  }
+  if (from > to) return kNone;
+  return {std::uint8_t(from + 127), std::uint8_t(to + 127)};
+}
+
 AmxKernels portable_amx_kernels() {
   return {
       portable_dot_kernels().decode, portable_scale_pairs, portable_pack, portable_tile, no_tile_state, no_tile_state};

@@ -67,7 +67,28 @@ struct AmxFusedArgs {
   const float* const* scales;  // fp8: panel i's, 16 per scale block of the range
   float* c;                    // C[rows, 16 x panels], ldc apart: written
   std::size_t ldc;
+  // mxfp4: the e8m0 scales a block may apply to its chains' sums instead of
+  // each weight, the bits the same (amx_chain_scales); from > to: none.
+  std::uint8_t chain_scales_from = 1, chain_scales_to = 0;
 };
+// mxfp4 in the decode tiles: a block's chains over the unscaled code values,
+// times 2^(e - 127) at the block's end, give the bits of the chains over the
+// scaled values when no value on either way leaves fp32's normal range
+// (scaling by a power of two then commutes with every rounding). With the
+// rows' activations x (bf16 values; t the exponent of the smallest nonzero
+// normal |x|, X the largest |x|) that holds for 2^(e - 127) = 2^s when:
+//   every scaled code is normal: 0.5 x 2^s >= 2^-126 and 6 x 2^s < 2^128;
+//   no nonzero sum falls below 2^-126: products x c are multiples of
+//     2^(t - 8) (8 bits of x, c a multiple of 1/2), and so is every rounded
+//     sum of them; 2^(t - 8) and 2^(t - 8 + s) >= 2^-126;
+//   none overflows: |a sum| <= 32 x 6 X (1 + 2^-18), and 2^s times that,
+//     below fp32's largest.
+// Returns {from, to} (from > to: no scale qualifies), any NaN or infinity
+// in x leaving none.
+struct ChainScales {
+  std::uint8_t from, to;
+};
+ChainScales amx_chain_scales(const float* x, std::size_t count);
 using AmxFusedTile = void (*)(const AmxFusedArgs& args);
 // The most rows at which the decode tiles ran faster than the tiles
 // (DeepSeek-V3's W1|W3 on a Xeon with AMX, 1 to 8 rows): bf16 and int8 up

@@ -12,8 +12,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "tests/unit/kernels/dot_gemm_checks.h"
 #include "tests/unit/kernels/isas_here.h"
@@ -216,6 +219,30 @@ TEST(Amx, SubnormalInputsAreReadAsZero) {
   }
   set_compact_products(CompactProducts::f32);
   set_gemm_isa(best_gemm_isa());
+}
+
+// The mxfp4 scales a decode tile may apply to its chains' sums (amx_tile.h):
+// the bounds worked by hand for a few rows of activations.
+TEST(Amx, ChainScalesKeepEverySumNormal) {
+  const auto range = [](std::vector<float> x) {
+    const detail::ChainScales r = detail::amx_chain_scales(x.data(), x.size());
+    return std::pair<int, int>(r.from, r.to);
+  };
+  // t = -1 (0.5), X = 1: s >= -126 - (t - 8) = -117; s <= floor(log2(2^128 / 192.0007)) = 120.
+  EXPECT_EQ(range({1.0f, -0.5f, 0.0f}), std::make_pair(-117 + 127, 120 + 127));
+  // Nothing but zeros and subnormals (read as 0): only the codes' own range, s in [-125, 125].
+  EXPECT_EQ(range({0.0f, -0.0f, std::ldexp(1.0f, -130)}), std::make_pair(2, 252));
+  // X = 2^120: s <= floor(log2(2^8 / 192.0007)) = 0; t = 120 leaves the codes' lower bound.
+  EXPECT_EQ(range({std::ldexp(1.0f, 120)}), std::make_pair(2, 127));
+  const auto none = [&](std::vector<float> x) {
+    const auto [from, to] = range(std::move(x));
+    return from > to;
+  };
+  EXPECT_TRUE(none({1.0f, std::nanf("")}));
+  EXPECT_TRUE(none({1.0f, -std::numeric_limits<float>::infinity()}));
+  EXPECT_TRUE(none({std::ldexp(1.0f, -119)}));  // its products' quantum 2^-127 is subnormal already
+  EXPECT_TRUE(none({std::ldexp(1.0f, 126)}));   // 192 X overflows already
+  EXPECT_FALSE(none({std::ldexp(1.0f, -118)}));
 }
 
 // The two bf16 arithmetics are different numerics: on the same inputs some
