@@ -31,7 +31,7 @@ inline __m512 odd_steps(__m512i pairs) {
 template <int Panels, int Rows, class Codes>
 struct Fused {
   static_assert(Panels * Rows <= 8, "two chains a cell, the tables and the decoded pairs fill the 32 registers");
-  static constexpr bool kFp4 = std::is_same_v<Codes, Fp4Codes>;  // scales in the weights
+  static constexpr bool kFp4 = std::is_same_v<Codes, Fp4Codes>;  // block scales on the weights or the chains
 
   static void run(const AmxFusedArgs& g) {
     static const Codes codes_static;

@@ -108,7 +108,7 @@ struct AmxKernels {
   AmxTile tile;
   void (*enter)();               // before a GEMM's tiles on this thread (the tile configuration)
   void (*leave)();               // after them (the tile state released)
-  AmxFusedTile fused = nullptr;  // rows <= kAmxFusedRows; null: the tiles at every size
+  AmxFusedTile fused = nullptr;  // rows <= amx_fused_rows(kind); null: the tiles at every size
 };
 // The int8 products (int8_dot_gemm.h) on AMX-INT8's TDPBSUD: s8
 // activations, 16 rows x 64 steps a tile, against weights as int8's
