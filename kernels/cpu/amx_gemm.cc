@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "common/error.h"
@@ -106,36 +106,30 @@ struct Chunk {
 // tiles' bits, without the tiles). Returns the panels done.
 std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows, std::size_t m, const QuantWeights& w,
                       std::size_t k_begin, std::size_t k, std::size_t stride, float* c, std::size_t ldc) {
-  const std::size_t group_panels = detail::amx_fused_panels(m), steps = detail::block_steps(w.dtype());
+  const std::size_t group_panels = detail::amx_fused_panels(m);
   const std::size_t panels = std::min(w.panels(), w.n() / kP) / group_panels * group_panels;
   if (panels == 0) return 0;
   thread_local std::vector<float> values;  // grown, never shrunk
   if (values.size() < m * stride) values.resize(m * stride);
   for (std::size_t i = 0; i < m * stride; ++i) values[i] = bf16_value(rows[i]);
-  thread_local std::vector<float> group_scales[detail::kAmxFusedPanels];
   const detail::ChainScales chain_scales = w.dtype() == WeightDtype::mxfp4
                                                ? detail::amx_chain_scales(values.data(), m * stride)
                                                : detail::ChainScales{1, 0};
+  // fp8's scales come as floats per scale block; mxfp4's e8m0 bytes the
+  // tiles read from the panels themselves.
+  const bool fp8 = w.dtype() == WeightDtype::fp8;
+  static_assert(detail::kAmxFusedPanels <= detail::kMaxGroupPanels);
   for (std::size_t p = 0; p < panels; p += group_panels) {
-    detail::QuantPanel group[detail::kAmxFusedPanels];
-    const float* scales[detail::kAmxFusedPanels] = {};
-    for (std::size_t i = 0; i < group_panels; ++i) {
-      group[i] = w.panel(p + i);
-      if (w.dtype() != WeightDtype::fp8) continue;
-      group_scales[i].resize((k + steps - 1) / steps * kP);
-      detail::block_scales(w, p + i, k_begin, k, group_scales[i].data());
-      scales[i] = group_scales[i].data();
-    }
-    const std::size_t group_blocks = w.dtype() == WeightDtype::fp8 ? steps / kBlock : 0;
+    const detail::PanelGroup group = detail::panel_group(w, p, group_panels, k_begin, k, fp8);
     detail::AmxFusedArgs args{};
     args.x = values.data();
     args.x_stride = stride;
     args.rows = m;
-    args.w = group;
+    args.w = group.panels;
     args.k0 = k_begin;
     args.kc = k;
-    args.group = group_blocks;
-    args.scales = scales;
+    args.group = fp8 ? detail::block_steps(w.dtype()) / kBlock : 0;
+    args.scales = group.scales;
     args.c = c + p * kP;
     args.ldc = ldc;
     args.chain_scales_from = chain_scales.from;

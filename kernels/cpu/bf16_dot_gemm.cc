@@ -39,6 +39,22 @@ void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::siz
   }
 }
 
+PanelGroup panel_group(const QuantWeights& w, std::size_t p, std::size_t count, std::size_t k0, std::size_t kc,
+                       bool with_scales) {
+  MOED_CHECK(count <= kMaxGroupPanels, "a group of {} panels, at most {}", count, kMaxGroupPanels);
+  thread_local std::vector<float> storage[kMaxGroupPanels];  // grown, never shrunk
+  const std::size_t steps = block_steps(w.dtype());
+  PanelGroup group;
+  for (std::size_t i = 0; i < count; ++i) {
+    group.panels[i] = w.panel(p + i);
+    if (!with_scales) continue;
+    storage[i].resize((kc + steps - 1) / steps * QuantWeights::kPanel);
+    block_scales(w, p + i, k0, kc, storage[i].data());
+    group.scales[i] = storage[i].data();
+  }
+  return group;
+}
+
 const std::vector<float>& column_scales(const QuantWeights& w) {
   constexpr std::size_t kP = QuantWeights::kPanel;
   thread_local std::vector<float> scales;  // grown, never shrunk
@@ -195,20 +211,12 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
     if (kern.fused && rows_in_block <= detail::kDotFusedRows) {
       const std::size_t group = detail::dot_fused_panels(rows_in_block);
       fused_panels = std::min(w.panels(), n / kP) / group * group;
-      thread_local std::vector<float> group_scales[detail::kDotFusedPanels];
+      static_assert(detail::kDotFusedPanels <= detail::kMaxGroupPanels);
       for (std::size_t p = 0; p < fused_panels; p += group) {
-        detail::QuantPanel panels[detail::kDotFusedPanels];
-        const float* scales[detail::kDotFusedPanels] = {};
-        for (std::size_t i = 0; i < group; ++i) {
-          panels[i] = w.panel(p + i);
-          if (!steps) continue;
-          group_scales[i].resize((k + steps - 1) / steps * kP);
-          block_scales(w, p + i, k_begin, k, group_scales[i].data());
-          scales[i] = group_scales[i].data();
-        }
+        const detail::PanelGroup panels = detail::panel_group(w, p, group, k_begin, k, steps != 0);
         const detail::DotTileArgs args{packed.data(), rows_in_block, (k + 1) / 2, steps / 2, nullptr,
                                        c_block + p * kP, ldc, true};
-        kern.fused(args, panels, k_begin, k, scales);
+        kern.fused(args, panels.panels, k_begin, k, panels.scales);
       }
     }
     for (std::size_t p_begin = fused_panels; p_begin < w.panels(); p_begin += kPanelBlock) {

@@ -62,6 +62,18 @@ std::size_t block_steps(WeightDtype dtype);
 // The scale of each block of panel p's steps [k0, k0 + kc), 16 lanes each
 // (out[16 b + lane]); k0 on a block.
 void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out);
+// A group of whole panels that a decode tile runs side by side (the bf16
+// products' and the amx products' fused tiles): panels [p, p + count) of w,
+// count <= kMaxGroupPanels, and, with_scales, each one's block_scales over
+// the steps [k0, k0 + kc), in buffers of this thread's that the next call
+// overwrites (null scales without).
+constexpr std::size_t kMaxGroupPanels = 4;
+struct PanelGroup {
+  QuantPanel panels[kMaxGroupPanels];
+  const float* scales[kMaxGroupPanels] = {};
+};
+PanelGroup panel_group(const QuantWeights& w, std::size_t p, std::size_t count, std::size_t k0, std::size_t kc,
+                       bool with_scales);
 // int8 weights: each output channel's (row of W's) fp32 scale, in a buffer of
 // this thread's that the next call overwrites.
 const std::vector<float>& column_scales(const QuantWeights& w);
