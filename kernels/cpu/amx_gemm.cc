@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/row_probe.h"
@@ -21,10 +22,10 @@ namespace {
 
 constexpr std::size_t kP = QuantWeights::kPanel;
 constexpr std::size_t kBlock = detail::kAmxBlock, kTileRows = detail::kAmxRows;
-// Steps decoded at a time beyond 32 rows (8 blocks: 8 KB of a panel's
-// pairs), and up to 16 rows (2 blocks, or one fp8 scale block: a chunk
-// holds whole scale blocks); neither changes a bit.
-constexpr std::size_t kChunk = 256, kSmallChunk = 64;
+// Steps decoded at a time up to 16 rows (2 blocks, or one fp8 scale block:
+// a chunk holds whole scale blocks); beyond, the whole range. Neither
+// changes a bit.
+constexpr std::size_t kSmallChunk = 64;
 
 // ---- The definition: portable loops -----------------------------------
 
@@ -34,7 +35,7 @@ float ftz(float x) { return daz(x); }
 void portable_tile(const detail::AmxTileArgs& g) {
   const std::size_t group = g.group ? g.group : g.blocks;
   for (std::size_t r = 0; r < g.row_tiles * kTileRows; ++r) {
-    const std::uint16_t* x = g.a + r * g.a_stride;
+    const std::uint16_t* x = g.a + r / kTileRows * g.a_tile;  // the row tile's first block
     for (std::size_t q = 0; q < g.panels; ++q)
       for (std::size_t l = 0; l < kP; ++l) {
         float& c = g.c[r * g.ldc + q * kP + l];
@@ -45,8 +46,9 @@ void portable_tile(const detail::AmxTileArgs& g) {
             float even = 0.0f, odd = 0.0f;
             for (std::size_t t = 0; t < kBlock / 2; ++t) {
               const std::size_t step = b * kBlock + 2 * t, pair = (b * kBlock / 2 + t) * 2 * kP + 2 * l;
-              even = ftz(std::fma(daz(bf16_value(x[step])), daz(bf16_value(g.b[q][pair])), even));
-              odd = ftz(std::fma(daz(bf16_value(x[step + 1])), daz(bf16_value(g.b[q][pair + 1])), odd));
+              const std::size_t at = detail::amx_packed_at(r % kTileRows, step, 0);  // within the row tile
+              even = ftz(std::fma(daz(bf16_value(x[at])), daz(bf16_value(g.b[q][pair])), even));
+              odd = ftz(std::fma(daz(bf16_value(x[at + 1])), daz(bf16_value(g.b[q][pair + 1])), odd));
             }
             sum = ftz(daz(sum) + ftz(even + odd));
           }
@@ -56,13 +58,11 @@ void portable_tile(const detail::AmxTileArgs& g) {
   }
 }
 
-void portable_pack(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t stride,
+void portable_pack(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t k_pad,
                    std::uint16_t* out) {
-  for (std::size_t i = 0; i < m; ++i) {
-    std::uint16_t* row = out + i * stride;
-    for (std::size_t j = 0; j < k; ++j) row[j] = bf16_code(a[i * lda + j]);
-    std::fill(row + k, row + stride, std::uint16_t(0));
-  }
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < k_pad; ++j)
+      out[detail::amx_packed_at(i, j, k_pad)] = j < k ? bf16_code(a[i * lda + j]) : std::uint16_t(0);
 }
 
 void portable_scale_pairs(std::uint16_t* pairs, std::size_t npairs, const float* scales) {
@@ -91,29 +91,32 @@ detail::AmxKernels kernels_here() {
 }
 
 // A panel pair's decoded chunk: pairs (zero past the range to the block's
-// end; on 64 bytes, as the decoders store them) and scales, grown, never shrunk.
+// end) and scales.
 struct Chunk {
-  std::vector<std::uint16_t> storage[2];
-  std::vector<float> scales[2];
-  std::uint16_t* pairs(std::size_t q) {
-    const std::size_t past = reinterpret_cast<std::uintptr_t>(storage[q].data()) % 64;  // even: 2-byte elements
-    return storage[q].data() + (64 - past) % 64 / 2;
-  }
+  detail::AlignedScratch<std::uint16_t> pairs[2];
+  std::vector<float> scales[2];  // grown, never shrunk
 };
 
 // Up to amx_fused_rows() rows: the whole panels in groups of
 // amx_fused_panels(m), each over all of k, through the decode tiles (the
 // tiles' bits, without the tiles). Returns the panels done.
 std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows, std::size_t m, const QuantWeights& w,
-                      std::size_t k_begin, std::size_t k, std::size_t stride, float* c, std::size_t ldc) {
+                      std::size_t k_begin, std::size_t k, float* c, std::size_t ldc) {
   const std::size_t group_panels = detail::amx_fused_panels(m);
   const std::size_t panels = std::min(w.panels(), w.n() / kP) / group_panels * group_panels;
   if (panels == 0) return 0;
-  thread_local std::vector<float> values;  // grown, never shrunk
-  if (values.size() < m * stride) values.resize(m * stride);
-  for (std::size_t i = 0; i < m * stride; ++i) values[i] = bf16_value(rows[i]);
+  // The rows as fp32, one 64-byte line further apart than a row: rows 4 KB
+  // apart (k = 2048) would fall in one L1 set.
+  const std::size_t k_pad = (k + kBlock - 1) / kBlock * kBlock, stride = k_pad + kBlock;
+  thread_local detail::AlignedScratch<float> scratch;
+  float* values = scratch.get(m * stride);
+  for (std::size_t i = 0; i < m; ++i) {
+    for (std::size_t j = 0; j < k_pad; ++j)
+      values[i * stride + j] = bf16_value(rows[detail::amx_packed_at(i, j, k_pad)]);
+    std::fill_n(values + i * stride + k_pad, stride - k_pad, 0.0f);
+  }
   const detail::ChainScales chain_scales = w.dtype() == WeightDtype::mxfp4
-                                               ? detail::amx_chain_scales(values.data(), m * stride)
+                                               ? detail::amx_chain_scales(values, m * stride)
                                                : detail::ChainScales{1, 0};
   // fp8's scales come as floats per scale block; mxfp4's e8m0 bytes the
   // tiles read from the panels themselves.
@@ -122,7 +125,7 @@ std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows,
   for (std::size_t p = 0; p < panels; p += group_panels) {
     const detail::PanelGroup group = detail::panel_group(w, p, group_panels, k_begin, k, fp8);
     detail::AmxFusedArgs args{};
-    args.x = values.data();
+    args.x = values;
     args.x_stride = stride;
     args.rows = m;
     args.w = group.panels;
@@ -155,32 +158,28 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
   const bool mxfp4 = w.dtype() == WeightDtype::mxfp4;  // its scales go into the weights
   const std::size_t group = mxfp4 ? 0 : steps / kBlock, step_bytes = panel_step_bytes(w.dtype());
   const std::size_t k_pad = (k + kBlock - 1) / kBlock * kBlock, rows_pad = (m + kTileRows - 1) / kTileRows * kTileRows;
-  // A tile's 16 rows one 64-byte line further apart than the row: rows 4 KB
-  // apart (k = 2048) would fall in one L1 set.
-  const std::size_t stride = k_pad + kBlock;
   // One row tile (decode): small chunks, so that the decode of the next
   // overlaps the tile products of the last (measured on DeepSeek's W1|W3 at
   // 1 to 16 rows: 0-25% faster than a panel pair's whole k at once, which
-  // left memory idle while the tiles ran). Two row tiles: the whole k range,
-  // long streams of weights (small chunks measured 8% slower for fp8). More
-  // rows share each chunk of 256 steps, while the next streams in.
-  const std::size_t chunk = rows_pad <= kTileRows       ? std::max(kSmallChunk, steps)
-                            : rows_pad <= 2 * kTileRows ? k_pad
-                                                        : kChunk;
+  // left memory idle while the tiles ran). More row tiles: the whole k
+  // range, long streams of weights, and each accumulator loaded and stored
+  // once (chunks of 256 steps measured 8% slower for fp8 at 32 rows, and
+  // 5-15% slower in bf16 at 256 rows: a tile store waits for its last
+  // product, and the next call's loads for the store).
+  const std::size_t chunk = rows_pad <= kTileRows ? std::max(kSmallChunk, steps) : k_pad;
   // Grown, never shrunk. Rows past m are read by the last tile and their
   // sums dropped: a row's sums depend on that row alone.
-  thread_local std::vector<std::uint16_t> rows;
-  thread_local std::vector<float> sums;  // the accumulators of two panels' columns
+  thread_local detail::AlignedScratch<std::uint16_t> rows_scratch;
+  thread_local detail::AlignedScratch<float> sums_scratch;
   thread_local Chunk buffers;
-  if (rows.size() < rows_pad * stride) rows.resize(rows_pad * stride);
-  if (sums.size() < rows_pad * detail::kAmxLdc) sums.resize(rows_pad * detail::kAmxLdc);
-  for (std::size_t q = 0; q < 2; ++q) {
-    if (buffers.storage[q].size() < chunk * kP + 32) buffers.storage[q].resize(chunk * kP + 32);
+  std::uint16_t* const rows = rows_scratch.get(rows_pad * k_pad);
+  float* const sums = sums_scratch.get(rows_pad * detail::kAmxLdc);  // the accumulators of two panels' columns
+  std::uint16_t* const pairs[2] = {buffers.pairs[0].get(chunk * kP), buffers.pairs[1].get(chunk * kP)};
+  for (std::size_t q = 0; q < 2; ++q)
     if (buffers.scales[q].size() < chunk / kBlock * kP) buffers.scales[q].resize(chunk / kBlock * kP);
-  }
-  kern.pack(a, lda, m, k, stride, rows.data());
+  kern.pack(a, lda, m, k, k_pad, rows);
   const bool fused = kern.fused && m <= detail::amx_fused_rows(w.panel(0).kind);
-  const std::size_t fused_panels = fused ? run_fused(kern, rows.data(), m, w, k_begin, k, stride, c, ldc) : 0;
+  const std::size_t fused_panels = fused ? run_fused(kern, rows, m, w, k_begin, k, c, ldc) : 0;
   if (fused_panels == w.panels()) {
     if (w.dtype() == WeightDtype::int8) detail::apply_row_scales(w, m, c, ldc);
     return;
@@ -192,11 +191,10 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
     for (std::size_t k0 = 0; k0 < k; k0 += chunk) {
       const std::size_t kc = std::min(chunk, k - k0), blocks = (kc + kBlock - 1) / kBlock;
       for (std::size_t q = 0; q < panels; ++q) {
-        std::uint16_t* pairs = buffers.pairs(q);
-        kern.decode(w.panel(p + q), k_begin + k0, kc, pairs);
-        std::fill(pairs + (kc + 1) / 2 * 2 * kP, pairs + blocks * kBlock * kP, std::uint16_t(0));
+        kern.decode(w.panel(p + q), k_begin + k0, kc, pairs[q]);
+        std::fill(pairs[q] + (kc + 1) / 2 * 2 * kP, pairs[q] + blocks * kBlock * kP, std::uint16_t(0));
         if (steps) detail::block_scales(w, p + q, k_begin + k0, kc, buffers.scales[q].data());
-        if (mxfp4) kern.scale_pairs(pairs, blocks * kBlock / 2, buffers.scales[q].data());
+        if (mxfp4) kern.scale_pairs(pairs[q], blocks * kBlock / 2, buffers.scales[q].data());
       }
       // The next chunk's codes, a share with each row group's tiles: they
       // stream in while the tiles run, not in a burst at the next decode.
@@ -213,21 +211,21 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
         // The accumulators in a buffer of their own, not in C: C's rows, n
         // floats apart, fall in few cache sets, and fp8's scale fmas
         // revisit them every 128 steps.
-        const detail::AmxTileArgs args{rows.data() + i * stride + k0,
-                                       stride,
+        const detail::AmxTileArgs args{rows + detail::amx_packed_at(i, k0, k_pad),
+                                       kTileRows * k_pad,
                                        row_tiles,
-                                       {buffers.pairs(0), buffers.pairs(1)},
+                                       {pairs[0], pairs[1]},
                                        panels,
                                        blocks,
                                        group,
                                        {buffers.scales[0].data(), buffers.scales[1].data()},
-                                       sums.data() + i * detail::kAmxLdc,
+                                       sums + i * detail::kAmxLdc,
                                        detail::kAmxLdc,
                                        k0 == 0};
         kern.tile(args);
         if (k0 + kc == k)
           for (std::size_t r = i; r < std::min(m, i + row_tiles * kTileRows); ++r)
-            std::copy_n(sums.data() + r * detail::kAmxLdc, cols, c + r * ldc + j0);
+            std::copy_n(sums + r * detail::kAmxLdc, cols, c + r * ldc + j0);
       }
     }
   }

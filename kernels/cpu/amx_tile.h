@@ -16,11 +16,23 @@ constexpr std::size_t kAmxBlock = 32;  // k steps in one tile product
 constexpr std::size_t kAmxRows = 16;   // rows of a tile (and columns: a panel)
 constexpr std::size_t kAmxLdc = 32;    // floats per row of the accumulators: two panels
 
+// The activations as the tiles read them (AmxPack's layout): rows in tiles
+// of 16, each tile's steps in blocks of 32, each block one tile of 16 rows x
+// 64 bytes, contiguous: row r, step s at
+//   (r / 16) x 16 k_pad + (s / 32) x 512 + (r % 16) x 32 + s % 32
+// (k_pad: the steps rounded up to a block). A tile load then reads 1 KB in
+// a row, which the prefetchers follow, not 16 lines a row apart.
+constexpr std::size_t amx_packed_at(std::size_t r, std::size_t s, std::size_t k_pad) {
+  return r / kAmxRows * kAmxRows * k_pad + s / kAmxBlock * kAmxRows * kAmxBlock + r % kAmxRows * kAmxBlock +
+         s % kAmxBlock;
+}
+
 struct AmxTileArgs {
-  // 16 x row_tiles rows of bf16 activations from the chunk's first step,
-  // a_stride elements apart, 0 past the range (rows past the batch: any).
+  // 16 x row_tiles rows of bf16 activations in AmxPack's layout, from the
+  // chunk's first block (row tile 0), 0 past the range (rows past the
+  // batch: any); row tile 1 a_tile elements further (16 k_pad).
   const std::uint16_t* a;
-  std::size_t a_stride;
+  std::size_t a_tile;
   std::size_t row_tiles;  // 1 or 2
   // Each panel's pairs for the chunk in bf16_dot_tile.h's layout (a block's
   // 16 pairs of 16 lanes are one tile of 16 x 64 bytes), 0 past the range.
@@ -38,9 +50,10 @@ struct AmxTileArgs {
   bool first;
 };
 using AmxTile = void (*)(const AmxTileArgs& args);
-// The rows as the tiles read them: out[i stride + j] = bf16_code(a[i lda + j])
-// for j < k, 0 up to stride (a multiple of 32).
-using AmxPack = void (*)(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t stride,
+// The rows as the tiles read them: out[amx_packed_at(i, j, k_pad)] =
+// bf16_code(a[i lda + j]) for i < m, j < k, 0 for k <= j < k_pad (a
+// multiple of 32); rows from m to the next 16 untouched.
+using AmxPack = void (*)(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t k_pad,
                          std::uint16_t* out);
 // mxfp4: each decoded code value w of pair row t, lane l becomes the top
 // half of fp32(w) x scales[16 (t / 16) + l] (the block's 2^(e - 127)):
@@ -117,8 +130,11 @@ struct AmxKernels {
 //   c[r][16 q + l] (+)= sum over the blocks' steps of a[r][s] (code + 128).
 // Integers add exactly, so these equal the int8 products' own bits.
 struct AmxInt8Args {
-  const std::int8_t* a;  // 16 x row_tiles rows, a_stride bytes apart, 0 past the range
-  std::size_t a_stride;
+  // 16 x row_tiles rows, 0 past the range, from the chunk's first block:
+  // each 64-step block of a row tile one tile of 16 rows x 64 bytes,
+  // contiguous (amx_int8_packed_at); row tile 1 a_tile bytes on.
+  const std::int8_t* a;
+  std::size_t a_tile;
   std::size_t row_tiles;  // 1 or 2
   const std::uint8_t* b[2];
   std::size_t panels;  // 1 or 2
@@ -127,6 +143,11 @@ struct AmxInt8Args {
   bool first;          // from 0
 };
 using AmxInt8Tile = void (*)(const AmxInt8Args& args);
+constexpr std::size_t kAmxInt8Block = 64;  // k steps in one AMX-INT8 tile product
+constexpr std::size_t amx_int8_packed_at(std::size_t r, std::size_t s, std::size_t k_pad) {
+  return r / kAmxRows * kAmxRows * k_pad + s / kAmxInt8Block * kAmxRows * kAmxInt8Block +
+         r % kAmxRows * kAmxInt8Block + s % kAmxInt8Block;
+}
 // Only where cpu_has_amx() and cpu_reports_amx_int8(); run between the
 // AmxKernels' enter() and leave().
 AmxInt8Tile amx_int8_tile();

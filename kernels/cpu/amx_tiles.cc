@@ -29,7 +29,8 @@ struct TileConfig {
 };
 
 // Every tile is 16 rows of 64 bytes: tmm0-3 the accumulators C[rt][q]
-// (2 rt + q), tmm4-5 the activations of row tile rt, tmm6-7 panel q's pairs.
+// (2 rt + q), tmm4-5 the activations of row tile rt (AmxPack's layout: a
+// block's 16 rows 64 bytes apart), tmm6-7 panel q's pairs.
 constexpr TileConfig sixteen_by_64() {
   TileConfig config;
   for (int t = 0; t < 8; ++t) {
@@ -93,11 +94,11 @@ inline void each_tile(F&& f) {
 // Blocks [b0, b1) into the accumulators.
 template <int Rows, int Panels>
 inline void products(const AmxTileArgs& g, std::size_t b0, std::size_t b1) {
-  const long a_bytes = long(g.a_stride * sizeof(std::uint16_t));
+  constexpr long a_bytes = kAmxBlock * sizeof(std::uint16_t);
   for (std::size_t b = b0; b < b1; ++b) {
-    const std::uint16_t* a = g.a + b * kAmxBlock;
+    const std::uint16_t* a = g.a + b * kAmxRows * kAmxBlock;
     _tile_loadd(4, a, a_bytes);
-    if constexpr (Rows > 1) _tile_loadd(5, a + kAmxRows * g.a_stride, a_bytes);
+    if constexpr (Rows > 1) _tile_loadd(5, a + g.a_tile, a_bytes);
     _tile_loadd(6, g.b[0] + b * kAmxRows * 32, 64);
     if constexpr (Panels > 1) _tile_loadd(7, g.b[1] + b * kAmxRows * 32, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -148,11 +149,11 @@ void tile_any(const AmxTileArgs& g) {
 template <int Rows, int Panels>
 void int8_tile(const AmxInt8Args& g) {
   each_tile<Rows, Panels>([&](int t) { g.first ? zero_c(t) : load_c(t, g.c, kAmxLdc); });
-  const long a_bytes = long(g.a_stride);
+  constexpr long a_bytes = 64;
   for (std::size_t b = 0; b < g.blocks; ++b) {
-    const std::int8_t* a = g.a + b * 64;
+    const std::int8_t* a = g.a + b * kAmxRows * 64;
     _tile_loadd(4, a, a_bytes);
-    if constexpr (Rows > 1) _tile_loadd(5, a + kAmxRows * g.a_stride, a_bytes);
+    if constexpr (Rows > 1) _tile_loadd(5, a + g.a_tile, a_bytes);
     _tile_loadd(6, g.b[0] + b * 1024, 64);
     if constexpr (Panels > 1) _tile_loadd(7, g.b[1] + b * 1024, 64);
     _tile_dpbsud(0, 4, 6);
@@ -179,18 +180,15 @@ inline __m256i bf16_codes(__m512 x) {
   return _mm512_cvtepi32_epi16(code);
 }
 
-void pack(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t stride, std::uint16_t* out) {
+void pack(const float* a, std::size_t lda, std::size_t m, std::size_t k, std::size_t k_pad, std::uint16_t* out) {
   for (std::size_t i = 0; i < m; ++i) {
     const float* src = a + i * lda;
-    std::uint16_t* row = out + i * stride;
-    std::size_t j = 0;
-    for (; j + 16 <= k; j += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + j), bf16_codes(_mm512_loadu_ps(src + j)));
-    if (j < k) {
-      const __mmask16 tail = __mmask16((1u << (k - j)) - 1);
-      _mm256_mask_storeu_epi16(row + j, tail, bf16_codes(_mm512_maskz_loadu_ps(tail, src + j)));
+    // 16 steps at a time: half a block, never across one.
+    for (std::size_t j = 0; j < k_pad; j += 16) {
+      const __mmask16 valid = j + 16 <= k ? __mmask16(0xffff) : j < k ? __mmask16((1u << (k - j)) - 1) : 0;
+      const __m256i codes = _mm256_maskz_mov_epi16(valid, bf16_codes(_mm512_maskz_loadu_ps(valid, src + j)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + amx_packed_at(i, j, k_pad)), codes);
     }
-    std::fill(row + k, row + stride, std::uint16_t(0));
   }
 }
 

@@ -239,10 +239,25 @@ float quantize(const float* x, std::size_t k, std::int8_t* q, std::int32_t* sum)
   return top / 127.0f;
 }
 
+void finish(const Int8FinishArgs& g) {
+  for (std::size_t r = 0; r < g.rows; ++r) {
+    const __m512i offset = _mm512_set1_epi32(128 * g.row_sum[r]);
+    const __m512 row_scale = _mm512_set1_ps(g.row_scale[r]);
+    const std::int32_t* sums = g.sums + r * g.ld;
+    float* c = g.c + r * g.ldc;
+    for (std::size_t j = 0; j < g.cols; j += 16) {
+      const __mmask16 valid = j + 16 <= g.cols ? __mmask16(0xffff) : __mmask16((1u << (g.cols - j)) - 1);
+      const __m512i exact = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(valid, sums + j), offset);
+      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), row_scale);
+      _mm512_mask_storeu_ps(c + j, valid, _mm512_mul_ps(scaled, _mm512_maskz_loadu_ps(valid, g.col_scale + j)));
+    }
+  }
+}
+
 }  // namespace
 
 Int8Kernels avx512_vnni_int8_kernels() {
-  return {tile_any, prepare, 6, prepare_fp4, fp4_tile_any, fp4_fused_any, quantize};
+  return {tile_any, prepare, 6, prepare_fp4, fp4_tile_any, fp4_fused_any, quantize, finish};
 }
 
 }  // namespace moed::kernels::detail

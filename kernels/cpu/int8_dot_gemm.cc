@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/aligned_scratch.h"
 #include "kernels/cpu/amx_gemm.h"
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/amx_tile.h"
@@ -106,6 +107,14 @@ float quantize_row(const float* x, std::size_t k, std::int8_t* q, std::int32_t* 
   return amax / 127.0f;
 }
 
+void finish_rows(const detail::Int8FinishArgs& g) {
+  for (std::size_t r = 0; r < g.rows; ++r)
+    for (std::size_t j = 0; j < g.cols; ++j) {
+      const std::int32_t exact = g.sums[r * g.ld + j] - 128 * g.row_sum[r];
+      g.c[r * g.ldc + j] = float(exact) * g.row_scale[r] * g.col_scale[j];
+    }
+}
+
 // A row block's activations quantized and packed: per k block, tile after
 // tile, quad-major inside a tile (a[t * tile + r]).
 void pack_rows(const detail::Int8Kernels& kern, const float* a, std::size_t lda, std::size_t rows, std::size_t k,
@@ -145,25 +154,31 @@ bool amx_int8_here() {
   return has && gemm_isa() == GemmIsa::avx512;
 }
 
-// Rows quantized and laid out row-major (stride bytes apart) for the tiles;
-// a pair of panels at a time, 256 steps prepared at a time for every row.
+// Rows quantized and laid out as the tiles read them (amx_int8_packed_at);
+// a pair of panels at a time, through the whole range at once from two row
+// tiles on (each accumulator stored once: measured faster, as for the amx
+// products), in chunks of 256 steps at one.
 void run_amx(const detail::Int8Kernels& kern, const float* a, std::size_t m, const QuantWeights& w,
              std::size_t k_begin, std::size_t k, float* c, std::size_t lda, std::size_t ldc) {
-  constexpr std::size_t kBlock = 64, kRows = detail::kAmxRows, kLdc = detail::kAmxLdc;
+  constexpr std::size_t kBlock = detail::kAmxInt8Block, kRows = detail::kAmxRows, kLdc = detail::kAmxLdc;
   const std::size_t n = w.n(), k_pad = (k + kBlock - 1) / kBlock * kBlock, rows_pad = (m + kRows - 1) / kRows * kRows;
-  const std::size_t stride = k_pad + kBlock;  // rows k = 4096 apart would share L1 sets
-  thread_local std::vector<std::int8_t> rows;  // grown, never shrunk, as the buffers below
-  thread_local std::vector<std::int32_t> row_sum, sums;
+  const std::size_t chunk = rows_pad <= kRows ? kKBlock : k_pad;
+  thread_local detail::AlignedScratch<std::int8_t> rows_scratch, row_scratch;
+  thread_local detail::AlignedScratch<std::int32_t> sums_scratch;
+  thread_local detail::AlignedScratch<std::uint8_t> prepared_scratch[2];
+  thread_local std::vector<std::int32_t> row_sum;  // grown, never shrunk, as the buffers below
   thread_local std::vector<float> row_scale;
-  alignas(64) thread_local std::uint8_t prepared[2][kKBlock * kP];
-  if (rows.size() < rows_pad * stride) rows.resize(rows_pad * stride);
-  if (sums.size() < rows_pad * kLdc) sums.resize(rows_pad * kLdc);
+  std::int8_t* const rows = rows_scratch.get(rows_pad * k_pad);
+  std::int8_t* const row = row_scratch.get(k_pad);
+  std::int32_t* const sums = sums_scratch.get(rows_pad * kLdc);
+  std::uint8_t* const prepared[2] = {prepared_scratch[0].get(chunk * kP), prepared_scratch[1].get(chunk * kP)};
   row_sum.resize(m);
   row_scale.resize(m);
   for (std::size_t r = 0; r < m; ++r) {
-    std::int8_t* row = rows.data() + r * stride;
     row_scale[r] = (kern.quantize ? kern.quantize : quantize_row)(a + r * lda, k, row, &row_sum[r]);
-    std::fill(row + k, row + stride, std::int8_t(0));
+    std::fill(row + k, row + k_pad, std::int8_t(0));
+    for (std::size_t s = 0; s < k_pad; s += kBlock)
+      std::memcpy(rows + detail::amx_int8_packed_at(r, s, k_pad), row + s, kBlock);
   }
   const std::vector<float>& sw = detail::column_scales(w);
   const detail::AmxKernels tiles = detail::amx_tile_kernels();
@@ -172,30 +187,32 @@ void run_amx(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
   for (std::size_t p = 0; p < w.panels(); p += 2) {
     const std::size_t panels = std::min<std::size_t>(2, w.panels() - p);
     const std::size_t j0 = p * kP, cols = std::min(n, (p + panels) * kP) - j0;
-    for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
-      const std::size_t kc = std::min(kKBlock, k - k0), blocks = (kc + kBlock - 1) / kBlock;
+    for (std::size_t k0 = 0; k0 < k; k0 += chunk) {
+      const std::size_t kc = std::min(chunk, k - k0), blocks = (kc + kBlock - 1) / kBlock;
       for (std::size_t q = 0; q < panels; ++q) {
         kern.prepare(w.panel(p + q).codes + (k_begin + k0) * kP, kc, prepared[q]);
         std::fill(prepared[q] + (kc + 3) / 4 * 64, prepared[q] + blocks * kBlock * kP, std::uint8_t(0));
       }
       // The next chunk's codes, a share with each row group's tiles: they
       // stream in while the tiles run.
-      const std::size_t next = k0 + kKBlock < k ? std::min(kKBlock, k - k0 - kKBlock) * kP : 0;
+      const std::size_t next = k0 + chunk < k ? std::min(chunk, k - k0 - chunk) * kP : 0;
       const std::size_t groups = (rows_pad + 2 * kRows - 1) / (2 * kRows), share = (next + groups - 1) / groups;
       for (std::size_t i = 0, g = 0; i < rows_pad; i += 2 * kRows, ++g) {
         for (std::size_t q = 0; q < panels; ++q) {
-          const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0 + kKBlock) * kP;
+          const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0 + chunk) * kP;
           for (std::size_t at = g * share; at < std::min(next, (g + 1) * share); at += 64) __builtin_prefetch(codes + at);
         }
-        tile({rows.data() + i * stride + k0, stride, std::min<std::size_t>(2, (rows_pad - i) / kRows),
-              {prepared[0], prepared[1]}, panels, blocks, sums.data() + i * kLdc, k0 == 0});
+        const std::size_t row_tiles = std::min<std::size_t>(2, (rows_pad - i) / kRows);
+        tile({rows + detail::amx_int8_packed_at(i, k0, k_pad), kRows * k_pad, row_tiles, {prepared[0], prepared[1]},
+              panels, blocks, sums + i * kLdc, k0 == 0});
+        if (k0 + kc < k) continue;
+        // The row group's outputs while its sums are in L1 (all rows' at
+        // once, each on a page of its own, measured slower).
+        const std::size_t group_rows = std::min(m, i + row_tiles * kRows) - i;
+        (kern.finish ? kern.finish : finish_rows)({sums + i * kLdc, kLdc, group_rows, cols, row_sum.data() + i,
+                                                   row_scale.data() + i, sw.data() + j0, c + i * ldc + j0, ldc});
       }
     }
-    for (std::size_t r = 0; r < m; ++r)
-      for (std::size_t j = 0; j < cols; ++j) {
-        const std::int32_t exact = sums[r * kLdc + j] - 128 * row_sum[r];
-        c[r * ldc + j0 + j] = float(exact) * row_scale[r] * sw[j0 + j];
-      }
   }
   tiles.leave();
 }
@@ -257,11 +274,8 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
           }
         }
       }
-    for (std::size_t r = 0; r < rows_in_block; ++r)
-      for (std::size_t j = 0; j < n; ++j) {
-        const std::int32_t exact = acc[r * cols + j] - 128 * row_sum[r];
-        c[(i0 + r) * ldc + j] = float(exact) * row_scale[r] * sw[j];
-      }
+    (kern.finish ? kern.finish : finish_rows)(
+        {acc.data(), cols, rows_in_block, n, row_sum.data(), row_scale.data(), sw.data(), c + i0 * ldc, ldc});
   }
 }
 

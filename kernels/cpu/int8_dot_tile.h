@@ -71,6 +71,21 @@ constexpr std::size_t kFp4FusedRows = 3;
 // and *sum anything, when the row holds a NaN or an infinity).
 using Int8Quantize = float (*)(const float* x, std::size_t k, std::int8_t* q, std::int32_t* sum);
 
+// The int8 products' last step: c[r ldc + j] = (float(sums[r ld + j] - 128
+// row_sum[r]) x row_scale[r]) x col_scale[j] for r < rows, j < cols: two
+// roundings, in that order.
+struct Int8FinishArgs {
+  const std::int32_t* sums;
+  std::size_t ld;
+  std::size_t rows, cols;
+  const std::int32_t* row_sum;
+  const float* row_scale;
+  const float* col_scale;
+  float* c;
+  std::size_t ldc;
+};
+using Int8Finish = void (*)(const Int8FinishArgs& args);
+
 struct Int8Kernels {
   Int8Tile tile;  // up to tile_rows rows of kInt8TilePanels panels
   Int8Prepare prepare;
@@ -79,6 +94,7 @@ struct Int8Kernels {
   Fp4Tile fp4_tile;   // up to tile_rows rows of kInt8TilePanels prepared panels
   Fp4Tile fp4_fused = nullptr;  // up to kFp4FusedRows rows of kInt8TilePanels raw panels
   Int8Quantize quantize = nullptr;  // null: the portable loop
+  Int8Finish finish = nullptr;      // null: the portable loop
 };
 Int8Kernels portable_int8_kernels();
 Int8Kernels avx512_vnni_int8_kernels();  // only where the CPU has AVX-512 VNNI, BW and VBMI
