@@ -455,11 +455,14 @@ void redundancy_cases(const std::string& data, const RoutingTrace& mixtral) {
                "every rank or island lost in turn)\n";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const std::string data = argc > 1 ? argv[1] : MOED_TEST_DATA_DIR;
   const std::string only = argc > 2 ? argv[2] : "";
+  if (data == "-h" || data == "--help") {
+    std::cout << "Usage: bench_placement [DATA_DIR] [--budgets-only|--held-out-only|--splits-only]\n"
+                 "DATA_DIR holds mixtral-humaneval.trace and the OLMoE expert counts (tests/data).\n";
+    return 0;
+  }
   const bool budgets_only = only == "--budgets-only", held_out_only = only == "--held-out-only",
              splits_only = only == "--splits-only";
   if (!only.empty() && !budgets_only && !held_out_only && !splits_only) {
@@ -481,4 +484,15 @@ int main(int argc, char** argv) {
   std::cout << fmt::format("\nequal budgets: the aim is {} ({} budget{} missed)\n", missed ? "MISSED" : "met at every budget",
                            missed, missed == 1 ? "" : "s");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a missing or bad data file: say which, exit 2
+    std::cerr << "bench_placement: " << e.what() << "\n";
+    return 2;
+  }
 }
