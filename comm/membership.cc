@@ -1,0 +1,271 @@
+#include "comm/membership.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/error.h"
+
+namespace moed::comm {
+
+namespace {
+
+using Kind = MembershipMessage::Kind;
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::suspect: return "suspect";
+    case Kind::prepare: return "prepare";
+    case Kind::promise: return "promise";
+    case Kind::accept: return "accept";
+    case Kind::accepted: return "accepted";
+    case Kind::refuse: return "refuse";
+    case Kind::decide: return "decide";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string to_string(const MembershipMessage& m) {
+  return fmt::format("{} {} -> {} epoch {} ballot ({}, {}) members [{}]{}", kind_name(m.kind), m.from, m.to, m.epoch,
+                     m.ballot.round, m.ballot.rank, fmt::join(m.members, " "),
+                     m.kind == Kind::suspect ? fmt::format(" suspected {}", m.suspected) : std::string());
+}
+
+Membership::Membership(int self, View current) : self_(self), view_(std::move(current)) {
+  MOED_CHECK(std::is_sorted(view_.members.begin(), view_.members.end()) &&
+                 std::adjacent_find(view_.members.begin(), view_.members.end()) == view_.members.end(),
+             "membership of epoch {}: members [{}] are not ascending and distinct", view_.epoch,
+             fmt::join(view_.members, " "));
+  MOED_CHECK(member(self), "membership of epoch {}: rank {} is not among its members [{}]", view_.epoch, self,
+             fmt::join(view_.members, " "));
+}
+
+bool Membership::member(int rank) const {
+  return std::binary_search(view_.members.begin(), view_.members.end(), rank);
+}
+
+int Membership::leader() const {
+  for (int rank : view_.members)
+    if (!suspects_.count(rank)) return rank;
+  return self_;  // unreachable: self is never suspected
+}
+
+MembershipMessage Membership::to(int rank, Kind kind) const {
+  MembershipMessage m;
+  m.kind = kind;
+  m.from = self_;
+  m.to = rank;
+  m.epoch = view_.epoch + 1;
+  return m;
+}
+
+std::vector<MembershipMessage> Membership::suspect(int rank) {
+  if (fenced_ || rank == self_ || !member(rank) || suspects_.count(rank)) return {};
+  suspects_.insert(rank);
+  agreeing_ = true;
+  std::vector<MembershipMessage> out;
+  for (int other : view_.members)
+    if (other != self_ && !suspects_.count(other)) {
+      out.push_back(to(other, Kind::suspect));
+      out.back().suspected = rank;
+    }
+  // This rank the lowest now (the leader was lost): lead; leading already,
+  // the promises it waits for may now be complete.
+  std::vector<MembershipMessage> more = leader() != self_        ? std::vector<MembershipMessage>{}
+                                        : phase_ == Phase::none    ? lead()
+                                        : phase_ == Phase::prepare ? propose_when_complete()
+                                                                   : std::vector<MembershipMessage>{};
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+std::vector<MembershipMessage> Membership::propose_when_complete() {
+  for (int rank : view_.members)
+    if (!suspects_.count(rank) && !answered_.count(rank)) return {};  // wait for it, or the deadline
+  return propose();
+}
+
+std::vector<MembershipMessage> Membership::propose() {
+  // An earlier proposal may have been decided: it must stand. Else the
+  // ranks that answered, less any suspected since.
+  if (best_ballot_.round > 0) {
+    proposal_ = best_;
+  } else {
+    proposal_.clear();
+    for (int rank : answered_)
+      if (!suspects_.count(rank)) proposal_.push_back(rank);
+  }
+  phase_ = Phase::accept;
+  accepted_ballot_ = ballot_;
+  accepted_ = proposal_;
+  answered_ = {self_};
+  std::vector<MembershipMessage> out;
+  for (int other : view_.members)  // any member's acceptance counts toward the majority
+    if (other != self_) {
+      out.push_back(to(other, Kind::accept));
+      out.back().ballot = ballot_;
+      out.back().members = proposal_;
+    }
+  return out;
+}
+
+std::vector<MembershipMessage> Membership::lead() {
+  highest_round_ = std::max(highest_round_, promised_.round) + 1;
+  ballot_ = {highest_round_, self_};
+  phase_ = Phase::prepare;
+  promised_ = ballot_;
+  answered_ = {self_};
+  best_ballot_ = accepted_ballot_;
+  best_ = accepted_;
+  // Every member, the suspected too: one that answers is live after all
+  // (its answer clears the suspicion), and a majority may need it.
+  std::vector<MembershipMessage> out;
+  for (int other : view_.members)
+    if (other != self_) {
+      out.push_back(to(other, Kind::prepare));
+      out.back().ballot = ballot_;
+    }
+  return out;
+}
+
+std::vector<MembershipMessage> Membership::adopt(View decided) {
+  view_ = std::move(decided);
+  fenced_ = !member(self_);
+  agreeing_ = false;
+  // Suspicions start over with the epoch: a member still unreachable is
+  // found so again (a stale one would keep a rank from its leader). Paxos
+  // state starts over too.
+  suspects_.clear();
+  promised_ = accepted_ballot_ = ballot_ = best_ballot_ = {};
+  accepted_.clear();
+  best_.clear();
+  proposal_.clear();
+  answered_.clear();
+  phase_ = Phase::none;
+  std::vector<MembershipMessage> out;
+  // The next epoch's messages that came early, now in order.
+  std::vector<MembershipMessage> early;
+  std::vector<MembershipMessage> kept;
+  for (MembershipMessage& m : later_) (m.epoch == view_.epoch + 1 ? early : kept).push_back(std::move(m));
+  later_ = std::move(kept);
+  for (const MembershipMessage& m : early) {
+    std::vector<MembershipMessage> more = receive(m);
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+
+std::vector<MembershipMessage> Membership::receive(const MembershipMessage& m) {
+  if (fenced_ || m.to != self_) return {};
+  if (m.kind == Kind::decide) {
+    if (m.epoch <= view_.epoch) return {};  // decided already (a decision is final)
+    return adopt({m.epoch, m.members});
+  }
+  if (m.epoch <= view_.epoch) {  // the sender missed a decision: tell it
+    MembershipMessage reply = to(m.from, Kind::decide);
+    reply.epoch = view_.epoch;
+    reply.members = view_.members;
+    return {reply};
+  }
+  if (!member(m.from)) return {};
+  if (m.epoch > view_.epoch + 1) {
+    // A decision this rank has not heard yet (it may be on its way: a new
+    // leader's prepare can overtake the old one's decide): kept until that
+    // decision arrives or this rank's deadline makes it ask for it. At most
+    // a few per member: a rank that never catches up holds no more.
+    if (later_.size() >= 4 * view_.members.size()) later_.erase(later_.begin());
+    later_.push_back(m);
+    return {};
+  }
+  highest_round_ = std::max(highest_round_, m.ballot.round);
+  // A rank heard from directly is not lost: a deadline that passed too
+  // early is forgiven (else suspicions of live ranks could only grow, and
+  // leave no majority to agree).
+  suspects_.erase(m.from);
+  if (m.kind == Kind::prepare || m.kind == Kind::accept) {
+    agreeing_ = true;
+    if (m.ballot < promised_) {  // promised a higher ballot: say which
+      MembershipMessage reply = to(m.from, Kind::refuse);
+      reply.ballot = promised_;
+      return {reply};
+    }
+  }
+  switch (m.kind) {
+    case Kind::suspect: return suspect(m.suspected);
+    case Kind::prepare: {
+      promised_ = m.ballot;
+      if (phase_ != Phase::none && ballot_ < m.ballot) phase_ = Phase::none;  // outbid: follow
+      MembershipMessage reply = to(m.from, Kind::promise);
+      reply.ballot = m.ballot;
+      reply.accepted_ballot = accepted_ballot_;
+      reply.members = accepted_;
+      return {reply};
+    }
+    case Kind::accept: {
+      promised_ = accepted_ballot_ = m.ballot;
+      accepted_ = m.members;
+      MembershipMessage reply = to(m.from, Kind::accepted);
+      reply.ballot = m.ballot;
+      return {reply};
+    }
+    case Kind::promise: {
+      if (phase_ != Phase::prepare || m.ballot != ballot_) return {};
+      answered_.insert(m.from);
+      if (m.accepted_ballot.round > 0 && best_ballot_ < m.accepted_ballot) {
+        best_ballot_ = m.accepted_ballot;
+        best_ = m.members;
+      }
+      // Every member not suspected: a live rank is never left out for being
+      // slower than a majority (the deadline settles a silent one).
+      return propose_when_complete();
+    }
+    case Kind::accepted: {
+      if (phase_ != Phase::accept || m.ballot != ballot_) return {};
+      answered_.insert(m.from);
+      if (answered_.size() < quorum()) return {};
+      const std::vector<int> old_members = view_.members;
+      const View decided{view_.epoch + 1, proposal_};
+      std::vector<MembershipMessage> out;
+      for (int other : old_members)  // every member: one left out learns it
+        if (other != self_) {
+          out.push_back(to(other, Kind::decide));
+          out.back().members = decided.members;
+        }
+      std::vector<MembershipMessage> more = adopt(decided);
+      out.insert(out.end(), more.begin(), more.end());
+      return out;
+    }
+    case Kind::refuse:
+      if (phase_ != Phase::none && ballot_ < m.ballot) phase_ = Phase::none;  // outbid: wait, then lead higher
+      return {};
+    case Kind::decide: break;
+  }
+  return {};
+}
+
+std::vector<MembershipMessage> Membership::timeout() {
+  if (fenced_ || !agreeing_) return {};
+  if (leader() != self_) return suspect(leader());  // waited for the leader in vain: lost, or cut off
+  if (phase_ == Phase::prepare && answered_.size() >= quorum()) {
+    // A majority promised: the silent members are lost (each suspected,
+    // and told so), the rest proposed.
+    std::vector<MembershipMessage> out;
+    for (int rank : view_.members)
+      if (!answered_.count(rank) && !suspects_.count(rank)) {
+        std::vector<MembershipMessage> told = suspect(rank);
+        out.insert(out.end(), told.begin(), told.end());
+      }
+    if (phase_ == Phase::prepare) {  // suspect() may have proposed already
+      std::vector<MembershipMessage> more = propose();
+      out.insert(out.end(), more.begin(), more.end());
+    }
+    return out;
+  }
+  return lead();  // again, with a higher ballot
+}
+
+}  // namespace moed::comm

@@ -1,0 +1,291 @@
+// Membership (comm/membership.h) under a simulated network: messages
+// delivered in random order, ranks lost before and during the agreement (the
+// leader among them), a rank paused past the deadlines that then comes back,
+// and deadlines that fire early. Every run must end with one view on every
+// live rank it keeps, the same decision for each epoch on every rank that
+// made it, and every rank it left out fenced.
+#include "comm/membership.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/error.h"
+
+namespace moed::comm {
+namespace {
+
+using Kind = MembershipMessage::Kind;
+
+struct Scenario {
+  int ranks = 4;
+  int lost = 1;              // ranks lost: the first at the start, the others during the agreement
+  bool lose_leader = false;  // the first loss during the agreement is the lowest live rank
+  bool pause = false;        // one more rank stops at the start and comes back later
+  bool early_deadlines = false;
+  unsigned seed = 1;
+};
+
+class Network {
+ public:
+  explicit Network(const Scenario& s) : s_(s), rng_(s.seed), down_(std::size_t(s.ranks), false) {
+    std::vector<int> all(std::size_t(s.ranks));
+    for (int r = 0; r < s.ranks; ++r) all[std::size_t(r)] = r;
+    for (int r = 0; r < s.ranks; ++r) ranks_.emplace_back(r, View{0, all});
+  }
+
+  void run() {
+    std::vector<int> order(std::size_t(s_.ranks));
+    for (int r = 0; r < s_.ranks; ++r) order[std::size_t(r)] = r;
+    std::shuffle(order.begin(), order.end(), rng_);
+    const int first = order[0];
+    lose(first);
+    if (s_.pause) {
+      paused_ = order[1];
+      down_[std::size_t(paused_)] = true;
+    }
+    for (std::size_t i = 2; i < order.size() && int(to_lose_.size()) + 1 < s_.lost; ++i) to_lose_.push_back(order[i]);
+    // Some of the live ranks notice the first loss at once, the rest later.
+    for (int r : order)
+      if (!down_[std::size_t(r)] && rng_() % 2) send(ranks_[std::size_t(r)].suspect(first));
+    for (int step = 0; step < 200000; ++step) {
+      check();
+      if (!to_lose_.empty() && rng_() % 64 == 0) {
+        // The next planned loss; or, losing leaders, the lowest live rank
+        // (which leads) in its place.
+        const int planned = to_lose_.back();
+        to_lose_.pop_back();
+        lose(s_.lose_leader ? lowest_live() : planned);
+        continue;
+      }
+      if (paused_ >= 0 && rng_() % 512 == 0) resume();
+      // Early deadlines for a while; then they pass only when nothing is in
+      // flight (eventually, deadlines longer than any message takes).
+      const bool early = s_.early_deadlines && step < 20000 && rng_() % 50 == 0;
+      if (!flight_.empty() && !early) {
+        deliver();
+        continue;
+      }
+      if (flight_.empty() && settled()) {
+        if (paused_ >= 0) {
+          resume();
+          continue;
+        }
+        if (to_lose_.empty()) return;
+      }
+      quiet();
+    }
+    FAIL() << "no settled state after 200000 events (seed " << s_.seed << ")";
+  }
+
+  // The final state: one view, exactly the live ranks not fenced.
+  void expect_final() {
+    std::set<int> kept;
+    const View* view = nullptr;
+    for (int r = 0; r < s_.ranks; ++r) {
+      if (lost_.count(r)) continue;
+      const Membership& m = ranks_[std::size_t(r)];
+      if (m.fenced()) continue;
+      kept.insert(r);
+      if (view == nullptr) view = &m.view();
+      EXPECT_EQ(m.view(), *view) << "rank " << r << " (seed " << s_.seed << ")";
+      EXPECT_FALSE(m.agreeing()) << "rank " << r;
+    }
+    ASSERT_NE(view, nullptr) << "every live rank fenced (seed " << s_.seed << ")";
+    EXPECT_EQ(std::set<int>(view->members.begin(), view->members.end()), kept) << "seed " << s_.seed;
+    for (int r : lost_) EXPECT_FALSE(kept.count(r)) << "lost rank " << r << " kept (seed " << s_.seed << ")";
+    if (s_.early_deadlines) return;
+    // Deadlines only when nothing is in flight: no healthy rank is dropped.
+    for (int r = 0; r < s_.ranks; ++r) {
+      if (lost_.count(r) || r == paused_once_) continue;
+      EXPECT_TRUE(kept.count(r)) << "rank " << r << " (seed " << s_.seed << ")";
+    }
+  }
+
+ private:
+  void send(const std::vector<MembershipMessage>& messages) {
+    for (const MembershipMessage& m : messages) {
+      ASSERT_EQ(m.from >= 0 && m.from < s_.ranks && m.to >= 0 && m.to < s_.ranks && m.from != m.to, true)
+          << to_string(m);
+      flight_.push_back(m);
+    }
+  }
+  void deliver() {
+    const std::size_t at = rng_() % flight_.size();
+    const MembershipMessage m = flight_[at];
+    flight_.erase(flight_.begin() + std::ptrdiff_t(at));
+    if (lost_.count(m.to)) return;  // dropped
+    if (m.to == paused_) {
+      held_.push_back(m);
+      return;
+    }
+    send(ranks_[std::size_t(m.to)].receive(m));
+  }
+  void lose(int rank) {
+    lost_.insert(rank);
+    down_[std::size_t(rank)] = true;
+  }
+  void resume() {
+    down_[std::size_t(rank_paused())] = false;
+    const int r = rank_paused();
+    paused_once_ = r;
+    paused_ = -1;
+    for (const MembershipMessage& m : held_) flight_.push_back(m);
+    held_.clear();
+    detect_dropping_peers(r);
+  }
+  // A rank's exchanges fail against the peers that dropped it (they closed
+  // their endpoints to it): it suspects the first such peer it meets.
+  void detect_dropping_peers(int r) {
+    Membership& m = ranks_[std::size_t(r)];
+    for (int other : m.view().members) {
+      if (other == r || !live(other)) continue;
+      const View& theirs = ranks_[std::size_t(other)].view();
+      if (theirs.epoch > m.view().epoch && !std::binary_search(theirs.members.begin(), theirs.members.end(), r)) {
+        send(m.suspect(other));
+        return;
+      }
+    }
+  }
+  int rank_paused() const { return paused_; }
+  int lowest_live() const {
+    for (int r = 0; r < s_.ranks; ++r)
+      if (!down_[std::size_t(r)]) return r;
+    return 0;
+  }
+  bool live(int r) const { return !down_[std::size_t(r)]; }
+  // Nothing left to do: no live rank agreeing or holding a lost rank in its view.
+  bool settled() const {
+    for (int r = 0; r < s_.ranks; ++r) {
+      if (!live(r) || ranks_[std::size_t(r)].fenced()) continue;
+      const Membership& m = ranks_[std::size_t(r)];
+      if (m.agreeing()) return false;
+      for (int member : m.view().members)
+        if (!live(member) && member != paused_) return false;
+    }
+    return true;
+  }
+  // Nothing in flight: ranks notice lost members (endpoint errors), then the
+  // leaders' deadlines pass, then (nothing sent) the others'.
+  void quiet() {
+    const std::size_t before = flight_.size();
+    for (int r = 0; r < s_.ranks; ++r) {
+      if (!live(r)) continue;
+      Membership& m = ranks_[std::size_t(r)];
+      for (int member : std::vector<int>(m.view().members))
+        if (!live(member) && !m.suspected().count(member)) send(m.suspect(member));
+      if (!m.fenced() && !m.agreeing()) detect_dropping_peers(r);
+    }
+    if (flight_.size() != before) return;
+    for (int r = 0; r < s_.ranks; ++r)
+      if (live(r) && ranks_[std::size_t(r)].leader() == r) send(ranks_[std::size_t(r)].timeout());
+    if (flight_.size() != before) return;
+    for (int r = 0; r < s_.ranks; ++r)
+      if (live(r)) send(ranks_[std::size_t(r)].timeout());
+  }
+  // Every rank that reached an epoch holds the one decision for it.
+  void check() {
+    for (int r = 0; r < s_.ranks; ++r) {
+      const View& v = ranks_[std::size_t(r)].view();
+      const auto [at, fresh] = decided_.emplace(v.epoch, v.members);
+      ASSERT_EQ(at->second, v.members) << "rank " << r << " decided otherwise for epoch " << v.epoch << " (seed "
+                                       << s_.seed << ")";
+      (void)fresh;
+    }
+  }
+
+  Scenario s_;
+  std::mt19937 rng_;
+  std::vector<Membership> ranks_;
+  std::vector<bool> down_;
+  std::set<int> lost_;
+  std::vector<int> to_lose_;
+  int paused_ = -1, paused_once_ = -1;
+  std::vector<MembershipMessage> flight_, held_;
+  std::map<std::uint64_t, std::vector<int>> decided_;
+};
+
+void run_many(Scenario s, unsigned runs) {
+  for (unsigned seed = 1; seed <= runs; ++seed) {
+    s.seed = seed;
+    Network net(s);
+    net.run();
+    if (::testing::Test::HasFatalFailure()) return;
+    net.expect_final();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(Membership, OneLossIsDecidedAlikeByEverySurvivor) { run_many({.ranks = 4, .lost = 1}, 1000); }
+
+TEST(Membership, LossesDuringTheAgreementIncludingTheLeader) {
+  run_many({.ranks = 5, .lost = 2}, 1000);
+  run_many({.ranks = 7, .lost = 3, .lose_leader = true}, 1000);
+}
+
+TEST(Membership, APausedRankComesBackFencedOrKept) {
+  run_many({.ranks = 5, .lost = 1, .pause = true}, 1000);
+}
+
+TEST(Membership, EarlyDeadlinesAndCompetingLeadersStillAgree) {
+  run_many({.ranks = 5, .lost = 2, .early_deadlines = true}, 1000);
+  run_many({.ranks = 6, .lost = 1, .lose_leader = true, .pause = true, .early_deadlines = true}, 1000);
+}
+
+TEST(Membership, ALeaderDecidesInOneRoundWhenNothingElseHappens) {
+  // Ranks 0-3, rank 3 lost and noticed by rank 1 only: rank 1 tells the
+  // others; rank 0 leads, every survivor promises and accepts {0, 1, 2}.
+  std::vector<Membership> ranks;
+  for (int r = 0; r < 4; ++r) ranks.emplace_back(r, View{0, {0, 1, 2, 3}});
+  std::vector<MembershipMessage> flight = ranks[1].suspect(3);
+  ASSERT_EQ(flight.size(), 2u);  // to 0 and 2, not to the suspected rank
+  int delivered = 0;
+  while (!flight.empty()) {
+    const MembershipMessage m = flight.front();
+    flight.erase(flight.begin());
+    if (m.to == 3) continue;
+    ++delivered;
+    for (const MembershipMessage& out : ranks[std::size_t(m.to)].receive(m)) flight.push_back(out);
+  }
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(ranks[std::size_t(r)].view(), (View{1, {0, 1, 2}})) << "rank " << r;
+    EXPECT_FALSE(ranks[std::size_t(r)].fenced());
+  }
+  EXPECT_LE(delivered, 16);
+}
+
+TEST(Membership, ARankThatMissedTheDecisionLearnsItAndIsFenced) {
+  Membership dropped(2, View{0, {0, 1, 2}});
+  Membership survivor(0, View{0, {0, 1, 2}});
+  MembershipMessage decide;
+  decide.kind = Kind::decide;
+  decide.from = 1;
+  decide.to = 0;
+  decide.epoch = 1;
+  decide.members = {0, 1};
+  EXPECT_TRUE(survivor.receive(decide).empty());
+  // The dropped rank wakes and asks; the survivor answers with its view.
+  std::vector<MembershipMessage> asked = dropped.suspect(1);
+  ASSERT_FALSE(asked.empty());
+  std::vector<MembershipMessage> answer;
+  for (const MembershipMessage& m : asked)
+    if (m.to == 0)
+      for (const MembershipMessage& reply : survivor.receive(m)) answer.push_back(reply);
+  ASSERT_EQ(answer.size(), 1u);
+  EXPECT_EQ(answer[0].kind, Kind::decide);
+  dropped.receive(answer[0]);
+  EXPECT_TRUE(dropped.fenced());
+  EXPECT_EQ(dropped.view(), (View{1, {0, 1}}));
+}
+
+TEST(Membership, AViewThatIsNotAscendingOrLacksTheRankIsRefused) {
+  EXPECT_THROW(Membership(1, View{0, {2, 1}}), Error);
+  EXPECT_THROW(Membership(3, View{0, {0, 1, 2}}), Error);
+}
+
+}  // namespace
+}  // namespace moed::comm
