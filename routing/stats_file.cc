@@ -1,7 +1,6 @@
 #include "routing/stats_file.h"
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +12,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/little_endian.h"
 
 namespace moed::routing {
 
@@ -35,42 +35,8 @@ std::uint64_t fnv1a(std::string_view bytes) {
   return h;
 }
 
-// Little endian whatever the host, one byte at a time.
-class Writer {
- public:
-  explicit Writer(std::size_t size) { out_.reserve(size); }
-  void u32(std::uint32_t v) { put(v, 4); }
-  void u64(std::uint64_t v) { put(v, 8); }
-  void f64(double v) { put(std::bit_cast<std::uint64_t>(v), 8); }
-  void bytes(std::string_view s) { out_ += s; }
-  std::string& str() { return out_; }
-
- private:
-  void put(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  std::uint32_t u32() { return static_cast<std::uint32_t>(get(4)); }
-  std::uint64_t u64() { return get(8); }
-  double f64() { return std::bit_cast<double>(get(8)); }
-
- private:
-  std::uint64_t get(int n) {  // the caller has checked the size
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i)
-      v |= std::uint64_t{static_cast<unsigned char>(in_[pos_ + static_cast<std::size_t>(i)])}
-           << (8 * i);
-    pos_ += static_cast<std::size_t>(n);
-    return v;
-  }
-  std::string_view in_;
-  std::size_t pos_ = 0;
-};
+using Writer = LittleEndianWriter;
+using Reader = LittleEndianReader;
 
 std::string read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

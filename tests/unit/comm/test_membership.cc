@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "comm/membership_wire.h"
 #include "common/error.h"
 
 namespace moed::comm {
@@ -285,6 +286,89 @@ TEST(Membership, ARankThatMissedTheDecisionLearnsItAndIsFenced) {
 TEST(Membership, AViewThatIsNotAscendingOrLacksTheRankIsRefused) {
   EXPECT_THROW(Membership(1, View{0, {2, 1}}), Error);
   EXPECT_THROW(Membership(3, View{0, {0, 1, 2}}), Error);
+}
+
+
+MembershipMessage sample(Kind kind) {
+  MembershipMessage m;
+  m.kind = kind;
+  m.from = 3;
+  m.to = 1;
+  m.epoch = 0x0102030405060708ull;
+  m.ballot = {77, 3};
+  m.accepted_ballot = {5, 0};
+  m.members = {0, 1, 3, 6};
+  m.suspected = kind == Kind::suspect ? 2 : -1;
+  return m;
+}
+
+bool same(const MembershipMessage& a, const MembershipMessage& b) {
+  return a.kind == b.kind && a.from == b.from && a.to == b.to && a.epoch == b.epoch && a.ballot == b.ballot &&
+         a.accepted_ballot == b.accepted_ballot && a.members == b.members && a.suspected == b.suspected;
+}
+
+TEST(MembershipWire, EveryKindRoundTrips) {
+  for (Kind kind : {Kind::suspect, Kind::prepare, Kind::promise, Kind::accept, Kind::accepted, Kind::refuse,
+                    Kind::decide}) {
+    const MembershipMessage m = sample(kind);
+    EXPECT_TRUE(same(decode_membership_message(encode(m), 8), m)) << to_string(m);
+  }
+}
+
+// Every cut and every single-byte change is refused as Input or decodes to a
+// message that encodes to the same bytes: never a crash or a wild read.
+TEST(MembershipWire, CutOrCorruptBytesAreRefusedOrExact) {
+  const std::string bytes = encode(sample(Kind::accept));
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    try {
+      decode_membership_message(bytes.substr(0, n), 8);
+      ADD_FAILURE() << "a message cut to " << n << " bytes decoded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Input) << e.what();
+    }
+  }
+  int refused = 0;
+  for (std::size_t at = 0; at < bytes.size(); ++at)
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string changed = bytes;
+      changed[at] = static_cast<char>(changed[at] ^ (1 << bit));
+      try {
+        EXPECT_EQ(encode(decode_membership_message(changed, 8)), changed) << "byte " << at << " bit " << bit;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Input) << e.what();
+        ++refused;
+      }
+    }
+  EXPECT_GT(refused, 0);
+}
+
+TEST(MembershipWire, ErrorsNameWhatWasWrong) {
+  const auto refused = [](std::string bytes, int ranks) {
+    try {
+      decode_membership_message(bytes, ranks);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("decoded");
+  };
+  std::string bytes = encode(sample(Kind::promise));
+  EXPECT_NE(refused(bytes, 6).find("member 6 is not a rank of 6"), std::string::npos) << refused(bytes, 6);
+  EXPECT_NE(refused(bytes + "x", 8).find("4 members need 16 bytes"), std::string::npos);
+  std::string version = bytes;
+  version[0] = 9;
+  EXPECT_NE(refused(version, 8).find("version 9"), std::string::npos);
+  std::string kind = bytes;
+  kind[1] = 42;
+  EXPECT_NE(refused(kind, 8).find("unknown kind 42"), std::string::npos);
+  MembershipMessage unsorted = sample(Kind::decide);
+  unsorted.members = {0, 3, 1};
+  EXPECT_NE(refused(encode(unsorted), 8).find("ascending"), std::string::npos);
+  MembershipMessage self = sample(Kind::decide);
+  self.to = self.from;
+  EXPECT_NE(refused(encode(self), 8).find("to itself"), std::string::npos);
+  MembershipMessage no_suspect = sample(Kind::suspect);
+  no_suspect.suspected = -1;
+  EXPECT_NE(refused(encode(no_suspect), 8).find("suspected rank -1"), std::string::npos);
 }
 
 }  // namespace
