@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "common/error.h"
@@ -13,6 +14,10 @@ namespace moed::comm {
 namespace {
 
 using Kind = MembershipMessage::Kind;
+
+void append(std::vector<MembershipMessage>& out, std::vector<MembershipMessage> more) {
+  out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+}
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -75,11 +80,8 @@ std::vector<MembershipMessage> Membership::suspect(int rank) {
     }
   // This rank the lowest now (the leader was lost): lead; leading already,
   // the promises it waits for may now be complete.
-  std::vector<MembershipMessage> more = leader() != self_        ? std::vector<MembershipMessage>{}
-                                        : phase_ == Phase::none    ? lead()
-                                        : phase_ == Phase::prepare ? propose_when_complete()
-                                                                   : std::vector<MembershipMessage>{};
-  out.insert(out.end(), more.begin(), more.end());
+  if (leader() == self_ && phase_ == Phase::none) append(out, lead());
+  if (leader() == self_ && phase_ == Phase::prepare) append(out, propose_when_complete());
   return out;
 }
 
@@ -152,10 +154,7 @@ std::vector<MembershipMessage> Membership::adopt(View decided) {
   std::vector<MembershipMessage> kept;
   for (MembershipMessage& m : later_) (m.epoch == view_.epoch + 1 ? early : kept).push_back(std::move(m));
   later_ = std::move(kept);
-  for (const MembershipMessage& m : early) {
-    std::vector<MembershipMessage> more = receive(m);
-    out.insert(out.end(), more.begin(), more.end());
-  }
+  for (const MembershipMessage& m : early) append(out, receive(m));
   return out;
 }
 
@@ -227,16 +226,13 @@ std::vector<MembershipMessage> Membership::receive(const MembershipMessage& m) {
       if (phase_ != Phase::accept || m.ballot != ballot_) return {};
       answered_.insert(m.from);
       if (answered_.size() < quorum()) return {};
-      const std::vector<int> old_members = view_.members;
-      const View decided{view_.epoch + 1, proposal_};
       std::vector<MembershipMessage> out;
-      for (int other : old_members)  // every member: one left out learns it
+      for (int other : view_.members)  // every member: one left out learns it
         if (other != self_) {
           out.push_back(to(other, Kind::decide));
-          out.back().members = decided.members;
+          out.back().members = proposal_;
         }
-      std::vector<MembershipMessage> more = adopt(decided);
-      out.insert(out.end(), more.begin(), more.end());
+      append(out, adopt({view_.epoch + 1, proposal_}));
       return out;
     }
     case Kind::refuse:
@@ -255,14 +251,8 @@ std::vector<MembershipMessage> Membership::timeout() {
     // and told so), the rest proposed.
     std::vector<MembershipMessage> out;
     for (int rank : view_.members)
-      if (!answered_.count(rank) && !suspects_.count(rank)) {
-        std::vector<MembershipMessage> told = suspect(rank);
-        out.insert(out.end(), told.begin(), told.end());
-      }
-    if (phase_ == Phase::prepare) {  // suspect() may have proposed already
-      std::vector<MembershipMessage> more = propose();
-      out.insert(out.end(), more.begin(), more.end());
-    }
+      if (!answered_.count(rank) && !suspects_.count(rank)) append(out, suspect(rank));
+    if (phase_ == Phase::prepare) append(out, propose());  // suspect() may have proposed already
     return out;
   }
   return lead();  // again, with a higher ballot

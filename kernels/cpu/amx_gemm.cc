@@ -97,17 +97,18 @@ struct Chunk {
   std::vector<float> scales[2];  // grown, never shrunk
 };
 
-// Up to amx_fused_rows() rows: the whole panels in groups of
-// amx_fused_panels(m), each over all of k, through the decode tiles (the
-// tiles' bits, without the tiles). Returns the panels done.
-std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows, std::size_t m, const QuantWeights& w,
-                      std::size_t k_begin, std::size_t k, float* c, std::size_t ldc) {
+// Up to amx_fused_rows() rows (as AmxPack laid them out, k_pad steps): the
+// whole panels in groups of amx_fused_panels(m), each over all of k, through
+// the decode tiles (the tiles' bits, without the tiles). Returns the panels
+// done.
+std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows, std::size_t k_pad, std::size_t m,
+                      const QuantWeights& w, std::size_t k_begin, std::size_t k, float* c, std::size_t ldc) {
   const std::size_t group_panels = detail::amx_fused_panels(m);
   const std::size_t panels = std::min(w.panels(), w.n() / kP) / group_panels * group_panels;
   if (panels == 0) return 0;
   // The rows as fp32, one 64-byte line further apart than a row: rows 4 KB
   // apart (k = 2048) would fall in one L1 set.
-  const std::size_t k_pad = (k + kBlock - 1) / kBlock * kBlock, stride = k_pad + kBlock;
+  const std::size_t stride = k_pad + kBlock;
   thread_local detail::AlignedScratch<float> scratch;
   float* values = scratch.get(m * stride);
   for (std::size_t i = 0; i < m; ++i) {
@@ -179,7 +180,7 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
     if (buffers.scales[q].size() < chunk / kBlock * kP) buffers.scales[q].resize(chunk / kBlock * kP);
   kern.pack(a, lda, m, k, k_pad, rows);
   const bool fused = kern.fused && m <= detail::amx_fused_rows(w.panel(0).kind);
-  const std::size_t fused_panels = fused ? run_fused(kern, rows, m, w, k_begin, k, c, ldc) : 0;
+  const std::size_t fused_panels = fused ? run_fused(kern, rows, k_pad, m, w, k_begin, k, c, ldc) : 0;
   if (fused_panels == w.panels()) {
     if (w.dtype() == WeightDtype::int8) detail::apply_row_scales(w, m, c, ldc);
     return;

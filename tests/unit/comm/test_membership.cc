@@ -131,8 +131,8 @@ class Network {
     down_[std::size_t(rank)] = true;
   }
   void resume() {
-    down_[std::size_t(rank_paused())] = false;
-    const int r = rank_paused();
+    const int r = paused_;
+    down_[std::size_t(r)] = false;
     paused_once_ = r;
     paused_ = -1;
     for (const MembershipMessage& m : held_) flight_.push_back(m);
@@ -152,7 +152,6 @@ class Network {
       }
     }
   }
-  int rank_paused() const { return paused_; }
   int lowest_live() const {
     for (int r = 0; r < s_.ranks; ++r)
       if (!down_[std::size_t(r)]) return r;
