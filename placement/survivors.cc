@@ -1,0 +1,58 @@
+#include "placement/survivors.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace moed::placement {
+
+namespace {
+
+void check_members(const std::vector<int>& members, int ranks) {
+  MOED_CHECK(!members.empty() && std::is_sorted(members.begin(), members.end()) &&
+                 std::adjacent_find(members.begin(), members.end()) == members.end() && members.front() >= 0 &&
+                 members.back() < ranks,
+             "members [{}] are not ascending ranks of {}", fmt::join(members, " "), ranks);
+}
+
+}  // namespace
+
+Placement placement_on_members(const Placement& p, const std::vector<int>& members) {
+  check_members(members, p.ranks());
+  std::vector<int> new_rank(std::size_t(p.ranks()), -1);
+  for (std::size_t i = 0; i < members.size(); ++i) new_rank[std::size_t(members[i])] = int(i);
+  Placement out(int(members.size()), p.layers(), p.experts());
+  out.set_epoch(p.epoch());
+  for (int l = 0; l < p.layers(); ++l)
+    for (int e = 0; e < p.experts(); ++e) {
+      std::vector<int> ranks;
+      for (int r : p.replicas(l, e)) {
+        MOED_CHECK(new_rank[std::size_t(r)] >= 0, "layer {} expert {} has a slot on rank {}, not among [{}]", l, e, r,
+                   fmt::join(members, " "));
+        ranks.push_back(new_rank[std::size_t(r)]);
+      }
+      if (p.sharded(l, e))
+        out.set_shards(l, e, std::move(ranks), p.shards(l, e));
+      else
+        out.set_replicas(l, e, std::move(ranks));
+    }
+  return out;
+}
+
+Topology topology_on_members(const Topology& t, const std::vector<int>& members) {
+  check_members(members, t.ranks());
+  std::vector<int> new_island(std::size_t(t.islands()), -1), island_of_rank;
+  int islands = 0;
+  for (int r : members) {
+    int& island = new_island[std::size_t(t.island_of(r))];
+    if (island < 0) island = islands++;
+    island_of_rank.push_back(island);
+  }
+  Topology out(std::move(island_of_rank));
+  out.set_link_costs(t.link_cost(LinkClass::SameIsland), t.link_cost(LinkClass::CrossIsland));
+  return out;
+}
+
+}  // namespace moed::placement

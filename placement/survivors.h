@@ -1,0 +1,25 @@
+// The survivors of a loss as the ranks of the next epoch (elastic serving,
+// docs/elastic.md): world rank members[i] becomes rank i, as the transport
+// numbers them after continue_with() (comm/transport.h). The placement and
+// the topology the daemon rebuilds its engine from, renumbered; pure and
+// unit-tested apart from the daemon.
+#pragma once
+
+#include <vector>
+
+#include "placement/placement.h"
+#include "placement/topology.h"
+
+namespace moed::placement {
+
+// `p` over the members: every slot (replica or shard, in the same order) on
+// its rank's new number, the epoch kept. `p` must place nothing on a rank
+// outside `members` (drop_lost_ranks and adopt_orphans come first): an
+// Internal error naming the slot otherwise. Members: ascending ranks of `p`.
+Placement placement_on_members(const Placement& p, const std::vector<int>& members);
+
+// `t` over the members: the islands that still hold one renumbered densely
+// in their order, the link costs kept.
+Topology topology_on_members(const Topology& t, const std::vector<int>& members);
+
+}  // namespace moed::placement

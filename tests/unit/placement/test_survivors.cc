@@ -1,0 +1,87 @@
+// The survivors as the next epoch's ranks (placement/survivors.h): a
+// placement after a loss renumbered over the members, replicas and shards in
+// their order, that serves every expert from the same processes; a slot
+// left on a lost rank refused; islands that lost every rank gone and the
+// rest renumbered densely, link costs kept. Checked over every lost rank of
+// a redundant placement: drop, adopt, renumber, valid.
+#include "placement/survivors.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/error.h"
+#include "placement/redundancy.h"
+#include "tests/unit/placement/hot_expert_stats.h"
+#include "tests/unit/test_support.h"
+
+namespace moed::placement {
+namespace {
+
+TEST(Survivors, APlacementIsRenumberedOverTheMembers) {
+  Placement p(4, 1, 4);
+  p.set_epoch(7);
+  p.set_replicas(0, 0, {0});
+  p.set_replicas(0, 1, {3, 1});         // replica order kept
+  p.set_shards(0, 2, {1, 3}, 2);        // shard order kept
+  p.set_replicas(0, 3, {3});
+  const Placement q = placement_on_members(p, {0, 1, 3});  // world rank 2 lost, held nothing
+  EXPECT_EQ(q.ranks(), 3);
+  EXPECT_EQ(q.epoch(), 7u);
+  EXPECT_EQ(q.replicas(0, 0), std::vector<int>{0});
+  EXPECT_EQ(q.replicas(0, 1), (std::vector<int>{2, 1}));
+  EXPECT_EQ(q.shards(0, 2), 2);
+  EXPECT_EQ(q.replicas(0, 2), (std::vector<int>{1, 2}));
+  EXPECT_EQ(q.replicas(0, 3), std::vector<int>{2});
+  q.validate("renumbered");
+  // Everyone kept: the same placement.
+  EXPECT_EQ(placement_on_members(p, {0, 1, 2, 3}), p);
+}
+
+TEST(Survivors, ASlotOnARankLeftOutIsRefused) {
+  const Placement p = contiguous(4, 1, 4);
+  test::expect_error([&] { placement_on_members(p, {0, 1, 3}); }, ErrorKind::Internal,
+                     {"layer 0 expert 2 has a slot on rank 2, not among [0 1 3]"});
+  test::expect_error([&] { placement_on_members(p, {1, 0}); }, ErrorKind::Internal, {"not ascending"});
+  test::expect_error([&] { placement_on_members(p, {}); }, ErrorKind::Internal, {"not ascending"});
+  test::expect_error([&] { placement_on_members(p, {0, 4}); }, ErrorKind::Internal, {"ranks of 4"});
+}
+
+TEST(Survivors, IslandsThatLostEveryRankGoAndTheRestAreRenumbered) {
+  Topology t({0, 0, 1, 1, 2, 2});
+  t.set_link_costs(2, 10);
+  const Topology q = topology_on_members(t, {0, 1, 4, 5});  // island 1 lost whole
+  EXPECT_EQ(q.island_of_ranks(), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(q.islands(), 2);
+  EXPECT_EQ(q.link_cost(LinkClass::SameIsland), 2);
+  EXPECT_EQ(q.link_cost(LinkClass::CrossIsland), 10);
+  EXPECT_EQ(topology_on_members(t, {1, 2, 5}).island_of_ranks(), (std::vector<int>{0, 1, 2}));
+}
+
+// Every single loss of a placement with every expert on two islands: the
+// survivors' placement, renumbered, is valid on the members and serves each
+// expert from the same world ranks as before the renumbering.
+TEST(Survivors, EverySingleLossOfARedundantPlacementRenumbersToAValidOne) {
+  const Topology topology({0, 0, 1, 1});
+  const routing::RoutingStats stats = test_stats::hot_expert(2, 3);
+  const Placement two = add_island_redundancy(shuffled(4, 2, 4, 5), stats, topology, 2);
+  for (int lost = 0; lost < 4; ++lost) {
+    const LossPlan plan = drop_lost_ranks(two, {lost});
+    EXPECT_TRUE(plan.orphans.empty()) << "rank " << lost;
+    std::vector<int> members;
+    for (int r = 0; r < 4; ++r)
+      if (r != lost) members.push_back(r);
+    const Placement q = placement_on_members(adopt_orphans(plan, stats, {lost}), members);
+    q.validate("after losing rank " + std::to_string(lost));
+    for (int l = 0; l < 2; ++l)
+      for (int e = 0; e < 4; ++e) {
+        std::vector<int> world;
+        for (int r : q.replicas(l, e)) world.push_back(members[std::size_t(r)]);
+        EXPECT_EQ(world, plan.survivors.replicas(l, e)) << "lost " << lost << " layer " << l << " expert " << e;
+      }
+    EXPECT_EQ(topology_on_members(topology, members).islands(), 2);
+  }
+}
+
+}  // namespace
+}  // namespace moed::placement
