@@ -23,6 +23,9 @@ const config::Section<CommConfig>& comm_config_section() {
           config::flag<C>("narrow_answers", &C::narrow_answers, true,
                           "send each fixed-point answer row in the fewest bytes per sum that hold "
                           "it (the same integers, about 5/8 of the bytes); false: 8 bytes per sum"),
+          config::flag<C>("detect_lost_peers", &C::detect_lost_peers, false,
+                          "a second UCX endpoint per peer, in error handling mode PEER, reports a peer "
+                          "whose process or link is gone instead of leaving it to a deadline (elastic serving)"),
           config::integer<C>("wait_spin_polls", &C::wait_spin_polls, 32, 0, 1 << 30,
                              "a wait polls this many times at full speed first (each wait anew)"),
           config::integer<C>("wait_yield_polls", &C::wait_yield_polls, 2048, 0, 1 << 30,

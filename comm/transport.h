@@ -16,13 +16,30 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm_config.h"
+#include "common/error.h"
 
 namespace moed::comm {
 
 class Bootstrap;
+class PeerMessenger;
+
+// An exchange or a flush that cannot complete because of some ranks (world
+// ranks, ascending): their endpoint failed, or its deadline passed waiting
+// for them. Elastic serving starts the survivors' agreement from them
+// (comm/survivor_agreement.h); otherwise it ends the job like any Runtime error.
+class PeersUnreachable : public Error {
+ public:
+  PeersUnreachable(std::vector<int> world_ranks, const std::string& message, const char* file, int line)
+      : Error(ErrorKind::Runtime, message, file, line), ranks_(std::move(world_ranks)) {}
+  const std::vector<int>& ranks() const { return ranks_; }
+
+ private:
+  std::vector<int> ranks_;
+};
 
 // Byte blocks one rank sends to and receives from every rank.
 struct ExchangeLayout {
@@ -107,6 +124,23 @@ class Transport {
   // Lets the backend make progress on outstanding work (UCX: the worker);
   // called by waits elsewhere so that no peer's one-sided put starves.
   virtual void progress() {}
+  // Point-to-point messages outside the exchanges (comm/peer_messenger.h),
+  // made on first use and living as long as the transport; nullptr where the
+  // backend carries none (MPI: a rank waiting in MPI cannot outlive a peer).
+  virtual PeerMessenger* messenger() { return nullptr; }
+  // Elastic serving: from here on the job is the world ranks `world_members`
+  // (ascending, this rank among them) as epoch `epoch`: rank() and size()
+  // count them densely, exchanges and windows span them alone, and what is
+  // left of exchanges cut short by the loss is discarded, never matched.
+  // Every exchange and window of the earlier epoch must be gone; the send
+  // and receive buffers of exchanges cut short must stay allocated and
+  // unchanged until this returns (a peer may still be reading a block: it
+  // waits, under [comm].timeout_ms, until every send to a member is done,
+  // and throws PeersUnreachable naming the members that never took theirs).
+  // A Usage error for a backend that cannot outlive a peer (MPI).
+  virtual void continue_with(const std::vector<int>& world_members, std::uint64_t epoch);
+  // The world rank of `rank` (the same rank until continue_with()).
+  virtual int world_rank(int rank) const { return rank; }
 
   // Blocking exchanges, built on open_exchange (the same messages and bits).
   // The all-to-all-v of a whole layout: send every block, wait for all.

@@ -42,15 +42,22 @@ WorkerAddress::WorkerAddress(ucp_worker_h worker) : worker_(worker) {
   check_ucs(ucp_worker_get_address(worker, &address_, &length_), "ucp_worker_get_address");
 }
 
-Endpoint::Endpoint(ucp_worker_h worker, std::span<const std::byte> remote_address) {
+Endpoint::Endpoint(ucp_worker_h worker, std::span<const std::byte> remote_address, ucp_err_handler_cb_t on_error,
+                   void* arg) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
   params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  if (on_error) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = on_error;
+    params.err_handler.arg = arg;
+  }
   check_ucs(ucp_ep_create(worker, &params, &ep_), "ucp_ep_create");
 }
 
 Request Endpoint::start_close() {
-  ucp_request_param_t param{};  // no FORCE flag: flush, then close (FORCE needs err mode PEER)
+  ucp_request_param_t param{};  // no FORCE flag: flush, then close
   return Request(
       check_request(ucp_ep_close_nbx(std::exchange(ep_, nullptr), &param), "ucp_ep_close_nbx"));
 }

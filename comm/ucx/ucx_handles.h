@@ -110,7 +110,11 @@ class WorkerAddress {
 class Endpoint {
  public:
   Endpoint() = default;
-  Endpoint(ucp_worker_h worker, std::span<const std::byte> remote_address);
+  // With `on_error`, the endpoint reports a lost peer (UCX's error handling
+  // mode PEER): on_error(arg, ep, status) runs inside a progress call, and
+  // operations on the endpoint fail from then on.
+  Endpoint(ucp_worker_h worker, std::span<const std::byte> remote_address, ucp_err_handler_cb_t on_error = nullptr,
+           void* arg = nullptr);
   Endpoint(Endpoint&& o) noexcept : ep_(std::exchange(o.ep_, nullptr)) {}
   Endpoint& operator=(Endpoint&& o) noexcept {
     ep_ = std::exchange(o.ep_, nullptr);

@@ -16,173 +16,19 @@
 
 #include "comm/bootstrap.h"
 #include "comm/idle_backoff.h"
+#include "comm/peer_messenger.h"
+#include "comm/ucx/ucx_core.h"
 #include "comm/ucx/ucx_handles.h"
+#include "comm/ucx/ucx_messenger.h"
 #include "common/error.h"
 
 namespace moed::comm {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Tag of a message: the exchange's sequence number above the sender's rank.
-constexpr int kRankBits = 24;
-constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
-ucp_tag_t message_tag(std::uint64_t sequence, int sender) {
-  return (sequence << kRankBits) | ucp_tag_t(sender);
-}
-
-// What the transport and its windows share: the bootstrap, the UCX context,
-// the worker and the endpoints. Members are declared in creation order, so
-// they are released endpoints first.
-class UcxCore {
- public:
-  UcxCore(Bootstrap& bootstrap, std::chrono::milliseconds timeout);
-  ~UcxCore();
-  UcxCore(const UcxCore&) = delete;
-  UcxCore& operator=(const UcxCore&) = delete;
-
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
-  Clock::time_point deadline() const { return Clock::now() + timeout_; }
-  ucp_context_h context() const { return context_.get(); }
-  ucp_worker_h worker() const { return worker_.get(); }
-  ucp_ep_h endpoint(int peer) const { return endpoints_[peer].get(); }
-
-  unsigned progress() { return ucp_worker_progress(worker_.get()); }
-
-  // Every exchange's sequence number, in the order the ranks open them
-  // (the same on every rank: exchanges and windows' teardowns are collective).
-  std::uint64_t next_sequence() { return next_sequence_++; }
-
-  // Progresses the worker until done() holds. Past the deadline, calls
-  // on_expiry, which must throw (the transport is then marked failed).
-  // Yields the core while idle: ranks may share cores.
-  template <class Done, class OnExpiry>
-  void progress_until(Done&& done, Clock::time_point deadline, OnExpiry&& on_expiry) {
-    IdleBackoff backoff;
-    while (!done()) {
-      if (progress() != 0)
-        backoff.reset();
-      else
-        backoff.idle();
-      if (Clock::now() > deadline) {
-        failed_ = true;
-        on_expiry();
-        MOED_THROW(Internal, "deadline callback returned instead of throwing");
-      }
-    }
-  }
-
-  // A barrier over the bootstrap during which the worker keeps progressing
-  // (a peer may need this rank's progress to finish its close). False, with
-  // a warning, when the deadline passes. Only the transport's own teardown
-  // uses it: after its endpoints are closed nothing else can carry a barrier.
-  bool progressing_barrier(const char* what);
-
-  // After a failure the teardown stays local: peers may be stuck or gone.
-  void mark_failed() { failed_ = true; }
-  bool failed() const { return failed_ || std::uncaught_exceptions() > 0; }
-
- private:
-  // Every rank reports whether its part succeeded; throws on all ranks
-  // unless all did, so that no rank goes on to wait for a failed one.
-  void agree(const std::string& local_error, const char* step);
-  void close_endpoints();
-
-  Bootstrap& bootstrap_;
-  int rank_ = 0, size_ = 1;
-  std::chrono::milliseconds timeout_;
-  ucx::Context context_;
-  ucx::Worker worker_;
-  std::vector<ucx::Endpoint> endpoints_;  // none to self: the self block is a memcpy
-  bool failed_ = false;
-  std::uint64_t next_sequence_ = 0;
-};
-
-UcxCore::UcxCore(Bootstrap& bootstrap, std::chrono::milliseconds timeout)
-    : bootstrap_(bootstrap), rank_(bootstrap.rank()), size_(bootstrap.size()), timeout_(timeout) {
-  if (size_ >= (1 << kRankBits))
-    MOED_THROW(Runtime, "UCX transport: {} ranks exceed the {} the message tags can name", size_,
-               1 << kRankBits);
-
-  std::string error;
-  std::optional<ucx::WorkerAddress> address;
-  try {
-    context_ = ucx::make_context(std::size_t(size_));
-    worker_ = ucx::make_worker(context_.get());
-    address.emplace(worker_.get());
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(error, "start");
-
-  const std::vector<std::vector<std::byte>> addresses =
-      bootstrap_.all_gather(address->bytes(), "UCX transport: the worker addresses");
-  try {
-    endpoints_.resize(size_);
-    for (int peer = 0; peer < size_; ++peer)
-      if (peer != rank_) endpoints_[peer] = ucx::Endpoint(worker_.get(), addresses[peer]);
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(error, "connect");
-}
-
-void UcxCore::agree(const std::string& local_error, const char* step) {
-  const bool failed_somewhere =
-      bootstrap_.all_max(local_error.empty() ? 0 : 1, fmt::format("UCX transport: whether every rank could {}", step));
-  if (!failed_somewhere) return;
-  failed_ = true;
-  if (!local_error.empty()) MOED_THROW(Runtime, "UCX transport on rank {}: {}", rank_, local_error);
-  MOED_THROW(Runtime, "UCX transport: failed to {} on another rank (see its error)", step);
-}
-
-bool UcxCore::progressing_barrier(const char* what) {
-  try {
-    bootstrap_.barrier(fmt::format("UCX transport: {}", what), [this] { progress(); });
-    return true;
-  } catch (const Error&) {
-    spdlog::warn("UCX transport: {}: not every rank arrived within {} ms; closing without them",
-                 what, timeout_.count());
-    failed_ = true;
-    return false;
-  }
-}
-
-void UcxCore::close_endpoints() {
-  std::vector<ucx::Request> closing;
-  for (auto& endpoint : endpoints_)
-    if (endpoint) closing.push_back(endpoint.start_close());
-  const auto all_closed = [&] {
-    for (const auto& request : closing)
-      if (!request.done()) return false;
-    return true;
-  };
-  try {
-    progress_until(all_closed, deadline(), [&] {
-      MOED_THROW(Runtime, "closing UCX endpoints took over {} ms", timeout_.count());
-    });
-  } catch (const Error& e) {
-    spdlog::warn("UCX transport: {}", e.what());
-  }
-}
-
-UcxCore::~UcxCore() {
-  // Graceful teardown, all ranks together: once every rank is here no more
-  // data is in flight; close the endpoints (each close flushes and tells the
-  // peer); and wait again so that no worker is destroyed while a peer still
-  // needs it to finish closing. After a failure, skip the peers.
-  try {
-    if (!failed() && progressing_barrier("teardown")) {
-      close_endpoints();
-      progressing_barrier("teardown after closing endpoints");
-    }
-  } catch (const std::exception& e) {
-    spdlog::warn("UCX transport teardown: {}", e.what());
-  }
-}
+using ucx::Clock;
+using ucx::kFullMask;
+using UcxCore = ucx::Core;
 
 // The tagged messages of one exchange. Completion callbacks count finished
 // operations and queue completed receives as arrivals.
@@ -194,15 +40,27 @@ UcxCore::~UcxCore() {
 // already matched (a rendezvous under way) goes on and completes as its data
 // lands, and a handle released before then lets UCX write into the buffer
 // unseen. Past the grace (a sender stalled mid-rendezvous) the receive is
-// released unfinished: the job is ending. Pending sends are released and go
-// on unwatched (UCX cannot cancel a send).
-class MessageSet {
+// released unfinished: the job is ending. UCX cannot cancel a send, and a
+// peer that matched a rendezvous still reads the sender's memory: a set
+// with sends pending is handed to the core (ucx::AbandonedSends), alive
+// with its callbacks until they complete or their peer is lost; the caller
+// keeps the send buffers until then (Transport::continue_with waits for it).
+class MessageSet final : public ucx::AbandonedSends {
  public:
   // at_most: a receive's size is its capacity, filled from 1 byte up.
-  MessageSet(ucp_worker_h worker, std::size_t capacity, bool at_most) : worker_(worker), at_most_(at_most) {
+  MessageSet(const UcxCore& core, std::size_t capacity, bool at_most)
+      : core_(core), worker_(core.worker()), at_most_(at_most) {
     ops_.reserve(capacity);
   }
-  ~MessageSet() {
+  ~MessageSet() override {
+    cancel_receives();
+    for (Op& op : ops_)
+      if (op.request) ucp_request_free(op.request);  // a send goes on unwatched
+  }
+
+  // Cancels the receives not matched yet, and waits (at most kCancelGrace)
+  // for those matched to land.
+  void cancel_receives() {
     const auto receiving = [&] {
       return std::any_of(ops_.begin(), ops_.end(), [](const Op& op) { return op.is_recv && op.request && !op.done; });
     };
@@ -216,8 +74,18 @@ class MessageSet {
       else
         backoff.idle();
     }
-    for (Op& op : ops_)
-      if (op.request) ucp_request_free(op.request);
+  }
+
+  bool sending() const {
+    return std::any_of(ops_.begin(), ops_.end(), [](const Op& op) { return !op.is_recv && !op.done; });
+  }
+
+  // Every send to a rank not lost has completed.
+  std::vector<int> unsettled() const override {
+    std::vector<int> peers;
+    for (const Op& op : ops_)
+      if (!op.is_recv && !op.done && !core_.lost(op.world)) peers.push_back(op.world);
+    return peers;
   }
   MessageSet(const MessageSet&) = delete;
   MessageSet& operator=(const MessageSet&) = delete;
@@ -235,7 +103,7 @@ class MessageSet {
     param.user_data = &op;
     op.request = ucx::check_request(
         ucp_tag_recv_nbx(worker_, non_null(buffer), bytes, tag, kFullMask, &param),
-        "ucp_tag_recv_nbx", fmt::format("from rank {}", peer));
+        "ucp_tag_recv_nbx", fmt::format("from {}", core_.name(peer)));
   }
 
   void post_send(ucp_ep_h ep, int peer, const std::byte* buffer, std::size_t bytes, ucp_tag_t tag) {
@@ -244,8 +112,14 @@ class MessageSet {
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = on_send;
     param.user_data = &op;
-    op.request = ucx::check_request(ucp_tag_send_nbx(ep, non_null(buffer), bytes, tag, &param),
-                                    "ucp_tag_send_nbx", fmt::format("to rank {}", peer));
+    ucs_status_ptr_t result = ucp_tag_send_nbx(ep, non_null(buffer), bytes, tag, &param);
+    if (UCS_PTR_IS_ERR(result)) {
+      // Reported as the operation's failure by check(): a lost peer is then
+      // PeersUnreachable, not a broken exchange.
+      complete(op, UCS_PTR_STATUS(result), 0);
+      return;
+    }
+    op.request = result;
     if (!op.request) complete(op, UCS_OK, bytes);
   }
 
@@ -254,10 +128,10 @@ class MessageSet {
 
   // The peer of the oldest completed receive not taken before, checked as
   // check() does. Only when has_arrival().
-  int take_arrival(int rank, const std::string& what) {
+  int take_arrival(const std::string& what) {
     const Op& op = ops_[arrivals_.front()];
     arrivals_.pop_front();
-    check(op, rank, what, at_most_);
+    check(op, what);
     return op.peer;
   }
 
@@ -278,14 +152,44 @@ class MessageSet {
 
   // After all_done(): every operation succeeded and every message had the
   // length the layout expects.
-  void check(int rank, const std::string& what) const {
-    for (const Op& op : ops_) check(op, rank, what, at_most_);
+  void check(const std::string& what) const {
+    // A lost peer first, whatever else failed with it.
+    std::vector<int> lost;
+    for (const Op& op : ops_)
+      if (op.done && op.status != UCS_OK && core_.lost(core_.world_rank(op.peer))) lost.push_back(op.peer);
+    if (!lost.empty()) throw_unreachable(lost, what);
+    for (const Op& op : ops_) check(op, what);
+  }
+
+  // Unfinished operations with a peer found lost since they were posted.
+  std::vector<int> pending_with_lost_peers() const {
+    std::vector<int> peers;
+    if (!core_.any_lost()) return peers;
+    for (const Op& op : ops_)
+      if (!op.done && core_.lost(core_.world_rank(op.peer))) peers.push_back(op.peer);
+    return peers;
+  }
+
+  [[noreturn]] void throw_unreachable(std::vector<int> peers, const std::string& what) const {
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    std::vector<int> world;
+    std::vector<std::string> names;
+    for (int peer : peers) {
+      world.push_back(core_.world_rank(peer));
+      names.push_back(core_.name(peer));
+    }
+    throw PeersUnreachable(world,
+                           fmt::format("{}: {}: lost [{}] (their endpoints failed)", core_.name(core_.rank()), what,
+                                       fmt::join(names, ", ")),
+                           __FILE__, __LINE__);
   }
 
  private:
   struct Op {
     MessageSet* set;
-    int peer;
+    int peer;   // in the epoch the set was made in
+    int world;  // the same peer's world rank
     bool is_recv;
     std::size_t expected;
     void* request = nullptr;
@@ -294,26 +198,25 @@ class MessageSet {
     std::size_t length = 0;
   };
 
-  static void check(const Op& op, int rank, const std::string& what, bool at_most) {
+  void check(const Op& op, const std::string& what) const {
+    const std::string me = core_.name(core_.rank()), peer = core_.name(op.peer);
+    if (op.status != UCS_OK && op.status != UCS_ERR_MESSAGE_TRUNCATED && core_.lost(core_.world_rank(op.peer)))
+      throw_unreachable({op.peer}, what);
     if (op.status == UCS_ERR_MESSAGE_TRUNCATED)
-      MOED_THROW(Runtime, "rank {}: {}: rank {} sent more than the {} bytes expected", rank, what,
-                 op.peer, op.expected);
+      MOED_THROW(Runtime, "{}: {}: {} sent more than the {} bytes expected", me, what, peer, op.expected);
     if (op.status != UCS_OK)
       ucx::throw_ucs(op.is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx", op.status,
-                     fmt::format("rank {}: {}: {} rank {}", rank, what,
-                                 op.is_recv ? "from" : "to", op.peer));
-    if (op.is_recv && op.length != op.expected && !(at_most && op.length > 0 && op.length < op.expected))
-      MOED_THROW(Runtime,
-                 "rank {}: {}: rank {} sent {} bytes, {} expected (the ranks disagree "
-                 "on the exchange layout)",
-                 rank, what, op.peer, op.length, op.expected);
+                     fmt::format("{}: {}: {} {}", me, what, op.is_recv ? "from" : "to", peer));
+    if (op.is_recv && op.length != op.expected && !(at_most_ && op.length > 0 && op.length < op.expected))
+      MOED_THROW(Runtime, "{}: {}: {} sent {} bytes, {} expected (the ranks disagree on the exchange layout)", me,
+                 what, peer, op.length, op.expected);
   }
 
   Op& add(int peer, bool is_recv, std::size_t bytes) {
     // The callbacks hold pointers into ops_: it must never reallocate.
     MOED_CHECK(ops_.size() < ops_.capacity(), "{} messages posted, room for {}", ops_.size() + 1,
                ops_.capacity());
-    return ops_.emplace_back(Op{this, peer, is_recv, bytes});
+    return ops_.emplace_back(Op{this, peer, core_.world_rank(peer), is_recv, bytes});
   }
 
   // UCX wants a valid address even for a zero-byte message.
@@ -343,6 +246,7 @@ class MessageSet {
       op.set->arrivals_.push_back(std::size_t(&op - op.set->ops_.data()));
   }
 
+  const UcxCore& core_;
   ucp_worker_h worker_;
   bool at_most_;
   std::vector<Op> ops_;
@@ -350,7 +254,7 @@ class MessageSet {
   std::deque<std::size_t> arrivals_;  // completed receives (indices into ops_) not yet taken
 };
 
-// One all-to-all-v over tagged messages: message_tag(sequence, sender), so
+// One all-to-all-v over tagged messages: ucx::exchange_tag(sequence, sender), so
 // that the blocks of exchanges open at once never match each other's
 // receives. Blocks of 0 bytes are not messages; the block to self is a copy.
 // Any error marks the core failed (the teardown then stays local).
@@ -366,9 +270,11 @@ class UcxExchange final : public Exchange {
         recv_(recv),
         recv_bytes_(recv_bytes),
         recv_offsets_(recv_offsets),
-        messages_(core_->worker(), 2 * std::size_t(core_->size() - 1), sizes == ReceiveSizes::at_most),
+        messages_(std::make_unique<MessageSet>(*core_, 2 * std::size_t(core_->size() - 1),
+                                               sizes == ReceiveSizes::at_most)),
         at_most_(sizes == ReceiveSizes::at_most),
         sent_(std::size_t(core_->size()), false) {
+    core_->note_open(+1);
     guarded([&] {
       const int n = core_->size(), me = core_->rank();
       MOED_CHECK(int(recv_bytes_.size()) == n && int(recv_offsets_.size()) == n,
@@ -377,15 +283,20 @@ class UcxExchange final : public Exchange {
         if (recv_bytes_[src] == 0)
           local_arrivals_.push_back(src);  // both sides know the block is empty
         else if (src != me)
-          messages_.post_recv(src, recv_ + recv_offsets_[src], recv_bytes_[src],
-                              message_tag(sequence_, src));
+          messages_->post_recv(src, recv_ + recv_offsets_[src], recv_bytes_[src],
+                              core_->tag(sequence_, src));
       }
     });
   }
   ~UcxExchange() override {
-    // Unfinished: an error unwinds. The messages' destructor cancels the
-    // pending receives; peers may be left waiting, so teardown stays local.
-    if (!finished_) core_->mark_failed();
+    core_->note_open(-1);
+    // Unfinished: an error unwinds. Pending receives are cancelled; pending
+    // sends stay with the core until UCX is done with them. Peers may be
+    // left waiting, so teardown stays local.
+    if (finished_) return;
+    core_->mark_failed();
+    messages_->cancel_receives();
+    if (messages_->sending()) core_->abandon(std::move(messages_));
   }
 
   void send(int dest, const std::byte* data, std::size_t bytes) override {
@@ -396,7 +307,7 @@ class UcxExchange final : public Exchange {
       sent_[dest] = true;
       if (dest == me) return send_to_self(data, bytes);
       if (bytes == 0) return;
-      messages_.post_send(core_->endpoint(dest), dest, data, bytes, message_tag(sequence_, me));
+      messages_->post_send(core_->endpoint(dest), dest, data, bytes, core_->tag(sequence_, me));
     });
   }
 
@@ -404,11 +315,12 @@ class UcxExchange final : public Exchange {
     return guarded([&] {
       if (reported_ == core_->size()) return kAllArrived;
       if (block) {
-        core_->progress_until([&] { return has_arrival(); }, deadline_, [&] { throw_deadline(); });
+        core_->progress_until([&] { return has_arrival() || lost_peer(); }, deadline_, [&] { throw_deadline(); });
       } else {
         core_->progress();  // once: the caller polls between its own work
         if (!has_arrival() && Clock::now() > deadline_) throw_deadline();
       }
+      if (!has_arrival()) throw_if_lost();
       if (!has_arrival()) return kNoneYet;
       ++reported_;
       if (!local_arrivals_.empty()) {
@@ -416,14 +328,14 @@ class UcxExchange final : public Exchange {
         local_arrivals_.pop_front();
         return src;
       }
-      return messages_.take_arrival(core_->rank(), what_);
+      return messages_->take_arrival(what_);
     });
   }
 
   std::size_t received_bytes(int source) const override {
     if (source == core_->rank()) return self_bytes_;
     if (recv_bytes_.at(std::size_t(source)) == 0) return 0;
-    return messages_.received_length(source);
+    return messages_->received_length(source);
   }
 
   void finish() override {
@@ -431,9 +343,10 @@ class UcxExchange final : public Exchange {
       const int me = core_->rank();
       MOED_CHECK(sent_[me] || recv_bytes_[me] == 0, "{}: finish before the block to self was sent",
                  what_);
-      core_->progress_until([&] { return messages_.all_done(); }, deadline_,
+      core_->progress_until([&] { return messages_->all_done() || lost_peer(); }, deadline_,
                             [&] { throw_deadline(); });
-      messages_.check(me, what_);
+      throw_if_lost();
+      messages_->check(what_);
       finished_ = true;
     });
   }
@@ -450,7 +363,14 @@ class UcxExchange final : public Exchange {
     }
   }
 
-  bool has_arrival() const { return !local_arrivals_.empty() || messages_.has_arrival(); }
+  bool has_arrival() const { return !local_arrivals_.empty() || messages_->has_arrival(); }
+  // A peer this exchange still waits for is lost: a receive posted by tag
+  // belongs to no endpoint, and UCX never fails it.
+  bool lost_peer() const { return !messages_->pending_with_lost_peers().empty(); }
+  void throw_if_lost() const {
+    if (std::vector<int> peers = messages_->pending_with_lost_peers(); !peers.empty())
+      messages_->throw_unreachable(std::move(peers), what_);
+  }
 
   void send_to_self(const std::byte* data, std::size_t bytes) {
     const int me = core_->rank();
@@ -463,19 +383,27 @@ class UcxExchange final : public Exchange {
   }
 
   [[noreturn]] void throw_deadline() const {
-    std::vector<int> from = messages_.pending(true);
+    std::vector<int> from = messages_->pending(true);
     const int me = core_->rank();
     if (!sent_[me] && recv_bytes_[me] != 0) {
       from.push_back(me);
       std::sort(from.begin(), from.end());
     }
-    const std::vector<int> to = messages_.pending(false);
+    const std::vector<int> to = messages_->pending(false);
     std::string sends =
         to.empty() ? "" : fmt::format(", and for sends to ranks [{}]", fmt::join(to, ", "));
-    MOED_THROW(Runtime,
-               "rank {}: {}: deadline of {} ms expired; still waiting for data from ranks [{}]{} "
-               "([comm].timeout_ms)",
-               me, what_, core_->timeout().count(), fmt::join(from, ", "), sends);
+    // The peers waited for, by world rank: elastic serving suspects them.
+    std::vector<int> peers;
+    for (int rank : from)
+      if (rank != me) peers.push_back(core_->world_rank(rank));
+    for (int rank : to) peers.push_back(core_->world_rank(rank));
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    const std::string message = fmt::format(
+        "{}: {}: deadline of {} ms expired; still waiting for data from ranks [{}]{} ([comm].timeout_ms)",
+        core_->name(me), what_, core_->timeout().count(), fmt::join(from, ", "), sends);
+    if (peers.empty()) MOED_THROW(Runtime, "{}", message);
+    throw PeersUnreachable(std::move(peers), message, __FILE__, __LINE__);
   }
 
   std::shared_ptr<UcxCore> core_;  // declared first: the worker outlives the messages
@@ -484,7 +412,7 @@ class UcxExchange final : public Exchange {
   std::string what_;
   std::byte* recv_;
   std::vector<std::size_t> recv_bytes_, recv_offsets_;
-  MessageSet messages_;
+  std::unique_ptr<MessageSet> messages_;
   bool at_most_;
   std::size_t self_bytes_ = 0;       // the block to self, once sent
   std::vector<bool> sent_;           // by destination
@@ -517,8 +445,10 @@ class UcxWindow final : public RmaWindow {
         memory_(core_->context(), std::max<std::size_t>(bytes, 1)),  // UCX refuses length 0
         bytes_(bytes) {
     std::memset(memory_.data(), 0, memory_.bytes());
+    core_->note_open(+1);
   }
   ~UcxWindow() override {
+    core_->note_open(-1);
     // Collective like MPI_Win_free: no rank unmaps its window while a peer may
     // still be writing into it. Each rank's puts have landed once it has
     // flushed; the barrier waits for every rank's flush.
@@ -563,11 +493,11 @@ class UcxWindow final : public RmaWindow {
     }
     ucp_request_param_t param{};
     // The handle is released at once: flush() waits for completion.
-    ucx::Request request(
-        ucx::check_request(ucp_put_nbx(core_->endpoint(target), src, bytes,
-                                       remote_base_[target] + offset, rkeys_[target].get(), &param),
-                           "ucp_put_nbx", fmt::format("to rank {}", target)));
     unflushed_[target] = true;
+    ucs_status_ptr_t result = ucp_put_nbx(core_->endpoint(target), src, bytes, remote_base_[target] + offset,
+                                                rkeys_[target].get(), &param);
+    if (UCS_PTR_IS_ERR(result) && core_->lost(core_->world_rank(target))) return;  // flush() reports it
+    ucx::Request request(ucx::check_request(result, "ucp_put_nbx", fmt::format("to {}", core_->name(target))));
   }
 
   void flush(const std::string& what) override {
@@ -575,25 +505,45 @@ class UcxWindow final : public RmaWindow {
     ucx::Request request(
         ucx::check_request(ucp_worker_flush_nbx(core_->worker(), &param), "ucp_worker_flush_nbx"));
     core_->progress_until(
-        [&] { return request.done(); }, core_->deadline(),
+        [&] { return request.done() || !lost_targets().empty(); }, core_->deadline(),
         [&] {
-          std::vector<int> targets;
+          std::vector<int> targets, world;
           for (int r = 0; r < core_->size(); ++r)
-            if (unflushed_[r]) targets.push_back(r);
-          MOED_THROW(
-              Runtime,
-              "rank {}: {}: deadline of {} ms expired; puts to ranks [{}] not confirmed (over "
-              "tcp a target completes puts only while it progresses UCX) ([comm].timeout_ms)",
-              core_->rank(), what, core_->timeout().count(), fmt::join(targets, ", "));
+            if (unflushed_[r]) {
+              targets.push_back(r);
+              world.push_back(core_->world_rank(r));
+            }
+          throw PeersUnreachable(
+              world,
+              fmt::format("{}: {}: deadline of {} ms expired; puts to ranks [{}] not confirmed (over "
+                          "tcp a target completes puts only while it progresses UCX) ([comm].timeout_ms)",
+                          core_->name(core_->rank()), what, core_->timeout().count(), fmt::join(targets, ", ")),
+              __FILE__, __LINE__);
         });
+    if (std::vector<int> lost = lost_targets(); !lost.empty()) {
+      core_->mark_failed();
+      throw PeersUnreachable(lost,
+                             fmt::format("{}: {}: puts to world ranks [{}] cannot land: their endpoints failed",
+                                         core_->name(core_->rank()), what, fmt::join(lost, ", ")),
+                             __FILE__, __LINE__);
+    }
     if (ucs_status_t s = request.status(); s != UCS_OK) {
       core_->mark_failed();
-      ucx::throw_ucs("ucp_worker_flush_nbx", s, fmt::format("rank {}: {}", core_->rank(), what));
+      ucx::throw_ucs("ucp_worker_flush_nbx", s, fmt::format("{}: {}", core_->name(core_->rank()), what));
     }
     unflushed_.assign(core_->size(), false);
   }
 
  private:
+  // World ranks put to since the last flush whose endpoint failed.
+  std::vector<int> lost_targets() const {
+    std::vector<int> lost;
+    if (!core_->any_lost()) return lost;
+    for (int r = 0; r < core_->size(); ++r)
+      if (unflushed_[r] && core_->lost(core_->world_rank(r))) lost.push_back(core_->world_rank(r));
+    return lost;
+  }
+
   std::shared_ptr<UcxCore> core_;  // outlives the keys and the memory
   ucx::MappedMemory memory_;
   std::size_t bytes_;
@@ -605,7 +555,8 @@ class UcxWindow final : public RmaWindow {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(const CommConfig& config, Bootstrap& bootstrap)
-      : core_(std::make_shared<UcxCore>(bootstrap, std::chrono::milliseconds(config.timeout_ms))) {}
+      : core_(std::make_shared<UcxCore>(bootstrap, std::chrono::milliseconds(config.timeout_ms),
+                                        config.detect_lost_peers)) {}
   ~UcxTransport() override {
     if (std::uncaught_exceptions() > 0) core_->mark_failed();
   }
@@ -613,7 +564,17 @@ class UcxTransport final : public Transport {
   const char* name() const override { return "ucx"; }
   int rank() const override { return core_->rank(); }
   int size() const override { return core_->size(); }
+  int world_rank(int rank) const override { return core_->world_rank(rank); }
   void progress() override { core_->progress(); }
+  void continue_with(const std::vector<int>& world_members, std::uint64_t epoch) override {
+    core_->continue_with(world_members, epoch);
+  }
+  PeerMessenger* messenger() override {
+    // Made on first use: its posted receives match by a mask, which every
+    // arriving exchange message would otherwise be checked against too.
+    if (!messenger_) messenger_ = make_ucx_messenger(core_);
+    return messenger_.get();
+  }
 
   std::unique_ptr<Exchange> open_exchange(std::byte* recv, const std::vector<std::size_t>& recv_bytes,
                                           const std::vector<std::size_t>& recv_offsets,
@@ -663,6 +624,7 @@ class UcxTransport final : public Transport {
 
  private:
   std::shared_ptr<UcxCore> core_;  // shared with the windows, which may outlive the transport
+  std::unique_ptr<PeerMessenger> messenger_;
 };
 
 }  // namespace

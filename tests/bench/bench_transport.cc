@@ -5,11 +5,13 @@
 //           every backend). GB/s per rank = bytes a rank sends / time.
 //   oneway  rank 0 sends B bytes to rank 1, nothing else moves (the shape of
 //           ucx_perftest's tag_bw, for the comparison with it).
+// Besides the backends, "ucx-detect": UCX with [comm].detect_lost_peers
+// (endpoints in error handling mode PEER), the price of elastic serving.
 // Each figure is the best of --repeats timings of about --seconds each.
 // Prints one "RESULT backend mode bytes GB/s" line per figure on rank 0, and
 // asserts nothing.
 //   mpirun -np 2 bench_transport [--sizes 262144,1048576,...] [--seconds S]
-//                                [--repeats R] [--backend NAME]
+//                                [--repeats R] [--backend NAME|ucx-detect]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -81,6 +83,9 @@ std::vector<std::size_t> parse_sizes(const std::string& text) {
 
 }  // namespace
 
+// UCX with [comm].detect_lost_peers: what elastic serving's endpoints cost.
+constexpr const char* kUcxDetecting = "ucx-detect";
+
 int main(int argc, char** argv) {
   comm::MpiSession mpi(&argc, &argv);
   std::vector<std::size_t> sizes{std::size_t(256) << 10, std::size_t(1) << 20,
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {
   double target_seconds = 0.5;
   int repeats = 3;
   std::vector<std::string> backends = comm::transport_backend_names();
+  backends.emplace_back(kUcxDetecting);
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
     if (arg == "--sizes")
@@ -107,7 +113,8 @@ int main(int argc, char** argv) {
   try {
     for (const std::string& name : backends) {
       comm::CommConfig config;
-      config.backend = comm::kBackendNames.parse(name, "--backend");
+      config.detect_lost_peers = name == kUcxDetecting;
+      config.backend = comm::kBackendNames.parse(config.detect_lost_peers ? "ucx" : name, "--backend");
       config.timeout_ms = 120000;
       std::unique_ptr<Transport> t;
       try {

@@ -10,6 +10,8 @@
 #   bidir   GB/s per rank: both ranks send B to each other, then the same back
 #   oneway  GB/s: rank 0 sends B to rank 1 (tag_bw's shape)
 #   perftest GB/s: ucx_perftest -t tag_bw -s B (one sender, one receiver)
+#   ucx-detect / ucx bidir: the same exchanges with [comm].detect_lost_peers
+#            (endpoints that report a lost peer, for elastic serving)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -43,16 +45,18 @@ fig() { awk -v b="$1" -v m="$2" -v s="$3" '$1 == "RESULT" && $2 == b && $3 == m 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-" }'; }
 
 echo
-printf "%10s | %9s %9s | %9s %9s | %9s | %12s %12s | %10s\n" "bytes/pair" "ucx bidir" "ucx 1way" \
-  "mpi bidir" "mpi 1way" "perftest" "ucx 1way /" "ucx bidir /" "ucx bidir /"
-printf "%10s | %9s %9s | %9s %9s | %9s | %12s %12s | %10s\n" "" "GB/s/rank" "GB/s" "GB/s/rank" \
-  "GB/s" "tag_bw GB/s" "perftest" "perftest" "mpi bidir"
+printf "%10s | %9s %9s | %9s %9s | %9s | %12s %12s | %10s | %11s\n" "bytes/pair" "ucx bidir" "ucx 1way" \
+  "mpi bidir" "mpi 1way" "perftest" "ucx 1way /" "ucx bidir /" "ucx bidir /" "ucx-detect"
+printf "%10s | %9s %9s | %9s %9s | %9s | %12s %12s | %10s | %11s\n" "" "GB/s/rank" "GB/s" "GB/s/rank" \
+  "GB/s" "tag_bw GB/s" "perftest" "perftest" "mpi bidir" "/ ucx bidir"
 for size in "${sizes[@]}"; do
   ub=$(fig ucx bidir "$size") uo=$(fig ucx oneway "$size")
   mb=$(fig mpi bidir "$size") mo=$(fig mpi oneway "$size")
+  db=$(fig ucx-detect bidir "$size")
   p=${perf[$size]}
-  printf "%10s | %9s %9s | %9s %9s | %9s | %12s %12s | %10s\n" "$size" "${ub:--}" "${uo:--}" \
-    "${mb:--}" "${mo:--}" "$p" "$(ratio "$uo" "$p")" "$(ratio "$ub" "$p")" "$(ratio "$ub" "$mb")"
+  printf "%10s | %9s %9s | %9s %9s | %9s | %12s %12s | %10s | %11s\n" "$size" "${ub:--}" "${uo:--}" \
+    "${mb:--}" "${mo:--}" "$p" "$(ratio "$uo" "$p")" "$(ratio "$ub" "$p")" "$(ratio "$ub" "$mb")" \
+    "$(ratio "$db" "$ub")"
 done
 echo
 echo "aim (issue 4): moed-UCX at least 0.8 of ucx_perftest tag bandwidth for large batches"

@@ -12,8 +12,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +20,7 @@
 #include "comm/transport.h"
 #include "common/error.h"
 #include "tests/unit/comm/run_ranks.h"
+#include "tests/unit/comm/ucx_environment.h"
 
 namespace moed::comm {
 namespace {
@@ -47,28 +46,6 @@ std::size_t block_bytes(int src, int dst) {
       return 300000 + std::size_t(src) * 1000;
   }
 }
-
-// Sets UCX_* variables for one test (ucp_init reads them), restoring them after.
-class UcxEnvironment {
- public:
-  UcxEnvironment(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [name, value] : vars) {
-      const char* old = std::getenv(name);
-      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-      setenv(name, value, 1);
-    }
-  }
-  ~UcxEnvironment() {
-    for (const auto& [name, old] : saved_)
-      if (old)
-        setenv(name.c_str(), old->c_str(), 1);
-      else
-        unsetenv(name.c_str());
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 void exchange_exact_bytes(Transport& t) {
   const int me = t.rank();
@@ -139,7 +116,7 @@ TEST(UcxInOneProcess, ConnectsExchangesAndPutsOverTheDefaultTransports) { connec
 
 TEST(UcxInOneProcess, ConnectsExchangesAndPutsOverTcpAlone) {
   // tcp on loopback only: other interfaces may come and go on a shared machine.
-  UcxEnvironment env({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}});
+  test::UcxEnvironment env({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}});
   connect_exchange_and_put();
 }
 

@@ -1,0 +1,65 @@
+// The survivors' agreement as the ranks run it: a Membership (the pure
+// state machine of comm/membership.h) whose messages travel over a
+// PeerMessenger (comm/peer_messenger.h) as comm/membership_wire.h encodes
+// them, and whose deadlines this class keeps.
+//
+// A rank calls poll() between steps: it takes arrived messages and the
+// peers the transport found lost, and fires a round's deadline when it has
+// passed. Once an agreement is under way (this rank suspected a peer, or
+// heard that another did) the rank stops serving and calls agree(), which
+// returns the next epoch's view: the same on every rank that decides it. A
+// rank left out of it (it was stopped or cut off past the deadlines) finds
+// fenced() set and must exit without touching anything shared.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "comm/membership.h"
+
+namespace moed::comm {
+
+class PeerMessenger;
+
+class SurvivorAgreement {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `round`: how long a rank waits for the answers of one round before it
+  // suspects the silent (the daemon passes [comm].timeout_ms).
+  SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round);
+
+  // This rank found `rank` unreachable (a deadline of its own passed).
+  void suspect(int rank);
+  // Takes what has arrived without waiting, and fires a round's deadline
+  // that has passed. True while an agreement is under way.
+  bool poll();
+  // Runs the agreement under way until it decides: the new view (or this
+  // rank is fenced()). With no agreement under way, returns the current
+  // view at once. Throws a Runtime error naming the members not heard
+  // from when `limit` passes first: fewer than a majority of the epoch's
+  // members answer, and only a restart brings the job back.
+  const View& agree(std::chrono::milliseconds limit);
+
+  const View& view() const { return membership_.view(); }
+  bool agreeing() const { return membership_.agreeing(); }
+  bool fenced() const { return membership_.fenced(); }
+  // Messages dropped because they could not be decoded or lied about their sender.
+  std::uint64_t dropped_messages() const { return dropped_; }
+
+ private:
+  void carry(const std::vector<MembershipMessage>& messages);
+  // Restarts the round's clock when an agreement begins or an epoch is decided.
+  void track_rounds();
+
+  PeerMessenger& messenger_;
+  Membership membership_;
+  std::chrono::milliseconds round_;
+  Clock::time_point round_deadline_{};
+  bool was_agreeing_ = false;
+  std::uint64_t epoch_seen_ = 0;
+  std::uint64_t dropped_ = 0;
+};
+
+}  // namespace moed::comm

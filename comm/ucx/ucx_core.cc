@@ -1,0 +1,224 @@
+#include "comm/ucx/ucx_core.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "comm/bootstrap.h"
+#include "comm/transport.h"
+
+namespace moed::comm::ucx {
+
+Core::Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_lost_peers)
+    : bootstrap_(bootstrap),
+      world_rank_(bootstrap.rank()),
+      world_size_(bootstrap.size()),
+      rank_(world_rank_),
+      timeout_(timeout),
+      lost_(std::size_t(world_size_), 0),
+      reported_lost_(std::size_t(world_size_), 0) {
+  if (world_size_ >= (1 << kRankBits))
+    MOED_THROW(Runtime, "UCX transport: {} ranks exceed the {} the message tags can name", world_size_,
+               1 << kRankBits);
+  for (int r = 0; r < world_size_; ++r) members_.push_back(r);
+
+  std::string error;
+  std::optional<ucx::WorkerAddress> address;
+  try {
+    context_ = ucx::make_context(std::size_t(world_size_));
+    worker_ = ucx::make_worker(context_.get());
+    address.emplace(worker_.get());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "start");
+
+  const std::vector<std::vector<std::byte>> addresses =
+      bootstrap_.all_gather(address->bytes(), "UCX transport: the worker addresses");
+  try {
+    peer_handles_.reserve(std::size_t(world_size_));
+    for (int peer = 0; peer < world_size_; ++peer) peer_handles_.push_back({this, peer});
+    endpoints_.resize(std::size_t(world_size_));
+    if (detect_lost_peers) watch_endpoints_.resize(std::size_t(world_size_));
+    for (int peer = 0; peer < world_size_; ++peer) {
+      if (peer == world_rank_) continue;
+      endpoints_[std::size_t(peer)] = ucx::Endpoint(worker_.get(), addresses[std::size_t(peer)]);
+      if (detect_lost_peers)
+        watch_endpoints_[std::size_t(peer)] = ucx::Endpoint(worker_.get(), addresses[std::size_t(peer)],
+                                                            on_endpoint_error, &peer_handles_[std::size_t(peer)]);
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "connect");
+}
+
+std::string Core::name(int rank) const {
+  if (!went_on_without_some_) return fmt::format("rank {}", rank);
+  return fmt::format("rank {} (world {})", rank, world_rank(rank));
+}
+
+void Core::continue_with(const std::vector<int>& world_members, std::uint64_t epoch) {
+  MOED_CHECK(std::is_sorted(world_members.begin(), world_members.end()) &&
+                 std::adjacent_find(world_members.begin(), world_members.end()) == world_members.end() &&
+                 !world_members.empty() && world_members.front() >= 0 && world_members.back() < world_size_,
+             "UCX transport: the members [{}] are not ascending world ranks", fmt::join(world_members, " "));
+  const auto me = std::find(world_members.begin(), world_members.end(), world_rank_);
+  MOED_CHECK(me != world_members.end(), "UCX transport: world rank {} goes on without itself", world_rank_);
+  MOED_CHECK(epoch > epoch_, "UCX transport: epoch {} after epoch {}", epoch, epoch_);
+  MOED_CHECK(open_ == 0, "UCX transport: {} exchanges or windows of epoch {} still open", open_, epoch_);
+  for (int member : world_members)
+    if (lost(member)) MOED_THROW(Runtime, "UCX transport: world rank {} goes on with world rank {}, lost", world_rank_, member);
+  went_on_without_some_ = went_on_without_some_ || int(world_members.size()) < world_size_;
+  members_ = world_members;
+  rank_ = int(me - world_members.begin());
+  const std::uint64_t previous = epoch_;
+  epoch_ = epoch;
+  next_sequence_ = 0;
+  discard_stale_messages();
+  // A peer's rendezvous whose message this rank dropped now completes; one
+  // still on its way is dropped as it comes. Sends to ranks left out are
+  // not waited for: a rank fenced may never read them.
+  const auto unsettled_members = [&] {
+    std::vector<int> peers;
+    for (const auto& sends : abandoned_)
+      for (int peer : sends->unsettled())
+        if (std::binary_search(members_.begin(), members_.end(), peer)) peers.push_back(peer);
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    return peers;
+  };
+  progress_until(
+      [&] {
+        discard_stale_messages(previous);
+        return unsettled_members().empty();
+      },
+      deadline(),
+      [&] {
+        const std::vector<int> peers = unsettled_members();
+        throw PeersUnreachable(peers,
+                               fmt::format("UCX transport on world rank {}: epoch {}: sends of an exchange cut short "
+                                           "to world ranks [{}] did not complete within {} ms ([comm].timeout_ms)",
+                                           world_rank_, epoch_, fmt::join(peers, ", "), timeout_.count()),
+                               __FILE__, __LINE__);
+      });
+  abandoned_.clear();
+  failed_ = false;  // the loss is behind: the members' exchanges and windows tear down together again
+}
+
+void Core::abandon(std::unique_ptr<AbandonedSends> sends) { abandoned_.push_back(std::move(sends)); }
+
+void Core::discard_stale_messages(std::optional<std::uint64_t> only) {
+  const ucp_tag_t current = exchange_tag(epoch_, 0, 0) & kEpochMask;
+  std::size_t discarded = 0;
+  for (std::uint64_t e = 0; e < (std::uint64_t{1} << kEpochBits); ++e) {
+    const ucp_tag_t stale = exchange_tag(e, 0, 0);
+    if (stale == current || (only && stale != (exchange_tag(*only, 0, 0) & kEpochMask))) continue;
+    ucp_tag_recv_info_t info{};
+    while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_.get(), stale, kPeerMessageBit | kEpochMask, 1, &info)) {
+      // Received into nothing: UCX ends it as truncated without fetching its
+      // data (a rendezvous sender is told, and its send completes).
+      ucp_request_param_t param{};
+      ucs_status_ptr_t result = ucp_tag_msg_recv_nbx(worker_.get(), nullptr, 0, message, &param);
+      if (UCS_PTR_IS_ERR(result) && UCS_PTR_STATUS(result) != UCS_ERR_MESSAGE_TRUNCATED)
+        ucx::throw_ucs("ucp_tag_msg_recv_nbx", UCS_PTR_STATUS(result), "discarding a stale message");
+      if (!UCS_PTR_IS_ERR(result)) {
+        ucx::Request request(result);
+        const auto until = Clock::now() + std::chrono::seconds(1);
+        while (!request.done() && Clock::now() < until) progress();
+      }
+      ++discarded;
+    }
+  }
+  if (discarded)
+    spdlog::info("UCX transport on world rank {}: epoch {}: discarded {} messages of exchanges cut short", world_rank_,
+                 epoch_, discarded);
+}
+
+void Core::on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  const auto& handle = *static_cast<const PeerHandle*>(arg);
+  if (!handle.core->lost(handle.peer))
+    spdlog::warn("UCX transport on rank {}: the endpoint to rank {} failed ({}); rank {} is taken as lost",
+                 handle.core->world_rank_, handle.peer, ucs_status_string(status), handle.peer);
+  handle.core->mark_lost(handle.peer);
+}
+
+void Core::mark_lost(int world_rank) {
+  if (lost_[std::size_t(world_rank)]) return;
+  lost_[std::size_t(world_rank)] = 1;
+  ++lost_count_;
+  failed_ = true;
+  went_on_without_some_ = true;  // the bootstrap's teardown barriers would wait for the lost rank
+}
+
+std::vector<int> Core::take_lost_peers() {
+  std::vector<int> peers;
+  for (int peer = 0; peer < world_size_; ++peer)
+    if (lost_[std::size_t(peer)] && !reported_lost_[std::size_t(peer)]) {
+      reported_lost_[std::size_t(peer)] = 1;
+      peers.push_back(peer);
+    }
+  return peers;
+}
+
+void Core::agree(const std::string& local_error, const char* step) {
+  const bool failed_somewhere =
+      bootstrap_.all_max(local_error.empty() ? 0 : 1, fmt::format("UCX transport: whether every rank could {}", step));
+  if (!failed_somewhere) return;
+  failed_ = true;
+  if (!local_error.empty()) MOED_THROW(Runtime, "UCX transport on rank {}: {}", world_rank_, local_error);
+  MOED_THROW(Runtime, "UCX transport: failed to {} on another rank (see its error)", step);
+}
+
+bool Core::progressing_barrier(const char* what) {
+  try {
+    bootstrap_.barrier(fmt::format("UCX transport: {}", what), [this] { progress(); });
+    return true;
+  } catch (const Error&) {
+    spdlog::warn("UCX transport: {}: not every rank arrived within {} ms; closing without them",
+                 what, timeout_.count());
+    failed_ = true;
+    return false;
+  }
+}
+
+void Core::close_endpoints() {
+  std::vector<ucx::Request> closing;
+  for (auto* endpoints : {&watch_endpoints_, &endpoints_})
+    for (auto& endpoint : *endpoints)
+      if (endpoint) closing.push_back(endpoint.start_close());
+  const auto all_closed = [&] {
+    for (const auto& request : closing)
+      if (!request.done()) return false;
+    return true;
+  };
+  try {
+    progress_until(all_closed, deadline(), [&] {
+      MOED_THROW(Runtime, "closing UCX endpoints took over {} ms", timeout_.count());
+    });
+  } catch (const Error& e) {
+    spdlog::warn("UCX transport: {}", e.what());
+  }
+}
+
+Core::~Core() {
+  // Graceful teardown, all ranks together: once every rank is here no more
+  // data is in flight; close the endpoints (each close flushes and tells the
+  // peer); and wait again so that no worker is destroyed while a peer still
+  // needs it to finish closing. After a failure, or once a rank was lost
+  // (the bootstrap's barriers include it), skip the peers: an endpoint
+  // still open is released by the worker's destruction.
+  try {
+    if (!failed() && !went_on_without_some_ && progressing_barrier("teardown")) {
+      close_endpoints();
+      progressing_barrier("teardown after closing endpoints");
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("UCX transport teardown: {}", e.what());
+  }
+}
+
+}  // namespace moed::comm::ucx

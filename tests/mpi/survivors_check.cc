@@ -1,0 +1,188 @@
+// The survivors of a lost rank go on, across real processes (issue 31,
+// docs/elastic.md): run under `mpirun --enable-recovery` with the UCX
+// transport and [comm].detect_lost_peers. Every rank runs --steps steps of
+// one exchange each, whose blocks carry (step, sender, receiver) and are
+// checked byte for byte; after the first exchange the --victim rank either
+// kills itself (--how kill) or stops itself (--how stop: the test sends
+// SIGCONT once the others have gone on). A rank whose exchange cannot
+// reach a peer suspects it; the survivors agree on the next epoch, go on
+// over the same transport (continue_with) from the lowest step any of them
+// has not finished, and serve every step. A rank left out learns it was
+// fenced and leaves. Every rank leaves with _exit, without MPI_Finalize
+// (which would wait for the lost rank). Lines, one per event:
+//   world rank R: pid P
+//   world rank R: step S: <what the exchange could not reach>
+//   world rank R: epoch E: members [..], rank X of Y
+//   world rank R: fenced at epoch E, leaving
+//   world rank R: served N steps, the last on epoch E
+//   FAIL world rank R: ...
+// With --linger-until FILE the survivors stay, once done, until FILE exists.
+//   survivors_check --victim R --how kill|stop [--steps N] [--timeout-ms N]
+//                   [--linger-until FILE]
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/membership.h"
+#include "comm/mpi/mpi_bootstrap.h"
+#include "comm/mpi/mpi_session.h"
+#include "comm/survivor_agreement.h"
+#include "comm/transport.h"
+#include "common/error.h"
+
+namespace {
+
+using namespace moed;
+
+int g_world_rank = -1;
+
+void say(const std::string& line) {
+  std::printf("world rank %d: %s\n", g_world_rank, line.c_str());
+  std::fflush(stdout);
+}
+
+[[noreturn]] void leave(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(code);
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  std::printf("FAIL world rank %d: %s\n", g_world_rank, what.c_str());
+  leave(1);
+}
+
+std::byte block_byte(std::uint64_t step, int from, int to, std::size_t i) {
+  return std::byte((step * 29 + std::uint64_t(from) * 131 + std::uint64_t(to) * 17 + i * 7 + (i >> 8)) & 0xFF);
+}
+
+// The buffers of every step's exchange, kept for the job's life: a peer may
+// still read the blocks of an exchange cut short until continue_with().
+std::vector<std::byte> g_send, g_recv;
+
+// One step: a block of `bytes` to every rank of the epoch. `still_member`
+// runs once the blocks have landed, before they are checked: a rank fenced
+// meanwhile may have read blocks its peers had reused, and must not use them.
+template <class StillMember>
+void step_exchange(comm::Transport& t, std::uint64_t step, std::size_t bytes, StillMember&& still_member) {
+  const int n = t.size(), me = t.rank();
+  comm::ExchangeLayout layout;
+  layout.send_bytes.assign(std::size_t(n), bytes);
+  layout.recv_bytes.assign(std::size_t(n), bytes);
+  layout.send_offsets = comm::ExchangeLayout::prefix_offsets(layout.send_bytes);
+  layout.recv_offsets = comm::ExchangeLayout::prefix_offsets(layout.recv_bytes);
+  std::vector<std::byte>& send = g_send;
+  std::vector<std::byte>& recv = g_recv;
+  send.resize(std::max(send.size(), layout.send_total()));
+  recv.resize(std::max(recv.size(), layout.recv_total()));
+  for (int to = 0; to < n; ++to)
+    for (std::size_t i = 0; i < bytes; ++i)
+      send[layout.send_offsets[std::size_t(to)] + i] = block_byte(step, t.world_rank(me), t.world_rank(to), i);
+  t.exchange(send.data(), layout, recv.data(), fmt::format("step {}", step));
+  still_member();
+  for (int from = 0; from < n; ++from)
+    for (std::size_t i = 0; i < bytes; ++i)
+      if (recv[layout.recv_offsets[std::size_t(from)] + i] != block_byte(step, t.world_rank(from), t.world_rank(me), i))
+        fail(fmt::format("step {}: byte {} from world rank {} differs", step, i, t.world_rank(from)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::MpiSession mpi(&argc, &argv);
+  g_world_rank = mpi.rank();
+  int victim = -1;
+  std::string how;
+  std::uint64_t steps = 6;
+  std::string linger_file;
+  comm::CommConfig config;
+  config.backend = comm::Backend::ucx;
+  config.detect_lost_peers = true;
+  config.timeout_ms = 20000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string arg = argv[i], value = argv[i + 1];
+    if (arg == "--victim") victim = std::stoi(value);
+    else if (arg == "--how") how = value;
+    else if (arg == "--steps") steps = std::stoull(value);
+    else if (arg == "--timeout-ms") config.timeout_ms = std::stoll(value);
+    else if (arg == "--linger-until") linger_file = value;
+    else victim = -2;
+  }
+  if (victim < 0 || victim >= mpi.size() || (how != "kill" && how != "stop") || mpi.size() < 3) {
+    if (mpi.rank() == 0)
+      std::fprintf(stderr, "usage: survivors_check --victim R --how kill|stop [--steps N] [--timeout-ms N] "
+                           "[--linger-until FILE] (3 ranks or more)\n");
+    return 2;
+  }
+  try {
+    comm::MpiBootstrap bootstrap(mpi.world(), std::chrono::milliseconds(config.timeout_ms));
+    std::unique_ptr<comm::Transport> t = comm::create_transport(config, bootstrap);
+    comm::View world;
+    for (int r = 0; r < mpi.size(); ++r) world.members.push_back(r);
+    comm::SurvivorAgreement agreement(*t->messenger(), world, std::chrono::milliseconds(config.timeout_ms));
+    say(fmt::format("pid {}", getpid()));
+    constexpr std::size_t kBlock = 100000;  // past the eager limits: a rendezvous per block
+    // Between steps and before a step's blocks are used: a loss another rank
+    // noticed, or a decision that left this rank out.
+    const auto still_member = [&] {
+      agreement.poll();
+      if (!agreement.fenced()) return;
+      say(fmt::format("fenced at epoch {}, leaving", agreement.view().epoch));
+      leave(0);
+    };
+    step_exchange(*t, 1000, kBlock, still_member);  // every rank connected before the loss
+    if (g_world_rank == victim) std::raise(how == "kill" ? SIGKILL : SIGSTOP);
+
+    std::uint64_t step = 0;
+    while (step < steps) {
+      try {
+        step_exchange(*t, step, kBlock, still_member);
+        ++step;
+      } catch (const comm::PeersUnreachable& e) {
+        say(fmt::format("step {}: {}", step, e.what()));
+        for (int lost : e.ranks()) agreement.suspect(lost);
+      }
+      if (!agreement.agreeing() && !agreement.fenced()) continue;
+      const comm::View& view = agreement.agree(std::chrono::milliseconds(4 * config.timeout_ms));
+      if (agreement.fenced()) {
+        say(fmt::format("fenced at epoch {}, leaving", view.epoch));
+        leave(0);
+      }
+      try {
+        t->continue_with(view.members, view.epoch);
+      } catch (const comm::PeersUnreachable& e) {  // a member never took the blocks sent it: lost too
+        say(e.what());
+        for (int lost : e.ranks()) agreement.suspect(lost);
+        continue;
+      }
+      say(fmt::format("epoch {}: members [{}], rank {} of {}", view.epoch, fmt::join(view.members, " "), t->rank(),
+                      t->size()));
+      // From the lowest step a member has not finished: one that finished
+      // the step the loss cut short serves it again with the others.
+      std::vector<std::uint64_t> next(std::size_t(t->size()));
+      t->all_gather(&step, sizeof step, next.data(), "the steps each survivor finished");
+      step = *std::min_element(next.begin(), next.end());
+    }
+    step_exchange(*t, 2000, 1, still_member);  // every survivor served every step before any leaves
+    say(fmt::format("served {} steps, the last on epoch {}", steps, agreement.view().epoch));
+    // A stopped rank that comes back may still read the blocks this rank
+    // sent it before the loss: stay until the test says it has left.
+    if (!linger_file.empty())
+      while (access(linger_file.c_str(), F_OK) != 0) {
+        agreement.poll();
+        usleep(1000);
+      }
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  leave(0);
+}
