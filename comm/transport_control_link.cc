@@ -10,20 +10,22 @@ namespace {
 
 class TransportControlLink final : public ControlLink {
  public:
-  explicit TransportControlLink(Transport& t) : t_(t), rank_(t.rank()), size_(t.size()) {}
+  // Rank and size are the transport's at each call: after continue_with()
+  // the survivors' (comm/transport.h).
+  explicit TransportControlLink(Transport& t) : t_(t) {}
 
   const char* name() const override { return "transport"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return t_.rank(); }
+  int size() const override { return t_.size(); }
   void set_progress(std::function<void()>) override {}  // the exchanges progress the transport
 
   void broadcast(void* data, std::size_t bytes, const std::string& what) override {
-    std::vector<std::size_t> recv(std::size_t(size_), 0), offsets(std::size_t(size_), 0);
-    if (rank_ != 0) recv[0] = bytes;
+    std::vector<std::size_t> recv(std::size_t(size()), 0), offsets(std::size_t(size()), 0);
+    if (rank() != 0) recv[0] = bytes;
     std::byte* buffer = bytes ? static_cast<std::byte*>(data) : &unused_;
     auto exchange = t_.open_exchange(buffer, recv, offsets, what, ReceiveSizes::exact);
-    if (rank_ == 0 && bytes)
-      for (int r = 1; r < size_; ++r) exchange->send(r, buffer, bytes);
+    if (rank() == 0 && bytes)
+      for (int r = 1; r < size(); ++r) exchange->send(r, buffer, bytes);
     exchange->finish();
   }
 
@@ -32,8 +34,8 @@ class TransportControlLink final : public ControlLink {
 
   int all_max(int value, const std::string& what) override {
     const std::vector<std::byte> all =
-        from_every_rank(&value, sizeof value, std::vector<std::size_t>(std::size_t(size_), sizeof value), what);
-    for (int r = 0; r < size_; ++r) {
+        from_every_rank(&value, sizeof value, std::vector<std::size_t>(std::size_t(size()), sizeof value), what);
+    for (int r = 0; r < size(); ++r) {
       int v;
       std::memcpy(&v, all.data() + std::size_t(r) * sizeof v, sizeof v);
       value = std::max(value, v);
@@ -42,12 +44,12 @@ class TransportControlLink final : public ControlLink {
   }
 
   std::vector<std::byte> gather(const void* data, std::size_t bytes, bool equal, const std::string& what) override {
-    std::vector<std::size_t> sizes(std::size_t(size_), bytes);
+    std::vector<std::size_t> sizes(std::size_t(size()), bytes);
     if (!equal) {
       const std::uint64_t mine = bytes;
-      const std::vector<std::byte> all = gather_blocks(&mine, std::vector<std::size_t>(std::size_t(size_), sizeof mine),
+      const std::vector<std::byte> all = gather_blocks(&mine, std::vector<std::size_t>(std::size_t(size()), sizeof mine),
                                                        "the sizes of " + what);
-      if (rank_ == 0)
+      if (rank() == 0)
         for (std::size_t r = 0; r < sizes.size(); ++r) std::memcpy(&sizes[r], all.data() + r * sizeof mine, sizeof mine);
     }
     return gather_blocks(data, sizes, what);
@@ -57,8 +59,8 @@ class TransportControlLink final : public ControlLink {
     // Every rank's length to every rank, then every rank's string.
     const std::uint64_t length = mine.size();
     const std::vector<std::byte> all = from_every_rank(
-        &length, sizeof length, std::vector<std::size_t>(std::size_t(size_), sizeof length), "the lengths of " + what);
-    std::vector<std::size_t> lengths(static_cast<std::size_t>(size_));
+        &length, sizeof length, std::vector<std::size_t>(std::size_t(size()), sizeof length), "the lengths of " + what);
+    std::vector<std::size_t> lengths(static_cast<std::size_t>(size()));
     for (std::size_t r = 0; r < lengths.size(); ++r) {
       std::uint64_t n;
       std::memcpy(&n, all.data() + r * sizeof n, sizeof n);
@@ -76,15 +78,15 @@ class TransportControlLink final : public ControlLink {
   // must know every size; the others only their own).
   std::vector<std::byte> gather_blocks(const void* data, const std::vector<std::size_t>& sizes,
                                        const std::string& what) {
-    std::vector<std::size_t> recv(std::size_t(size_), 0), offsets(std::size_t(size_), 0);
+    std::vector<std::size_t> recv(std::size_t(size()), 0), offsets(std::size_t(size()), 0);
     std::vector<std::byte> out;
-    if (rank_ == 0) {
+    if (rank() == 0) {
       recv = sizes;
       offsets = ExchangeLayout::prefix_offsets(recv);
       out.resize(offsets.back() + recv.back());
     }
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), recv, offsets, what, ReceiveSizes::exact);
-    if (const std::size_t mine = sizes[std::size_t(rank_)])
+    if (const std::size_t mine = sizes[std::size_t(rank())])
       exchange->send(0, static_cast<const std::byte*>(data), mine);
     exchange->finish();
     return out;
@@ -98,7 +100,7 @@ class TransportControlLink final : public ControlLink {
     std::vector<std::byte> out(offsets.back() + sizes.back());
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), sizes, offsets, what, ReceiveSizes::exact);
     if (mine)
-      for (int r = 0; r < size_; ++r) exchange->send(r, static_cast<const std::byte*>(data), mine);
+      for (int r = 0; r < size(); ++r) exchange->send(r, static_cast<const std::byte*>(data), mine);
     exchange->finish();
     return out;
   }
@@ -107,9 +109,9 @@ class TransportControlLink final : public ControlLink {
   template <class T>
   void fold(std::span<T> values, Op op, const std::string& what) {
     const std::vector<std::byte> all = gather(values.data(), values.size_bytes(), true, what);
-    if (rank_ != 0) return;
+    if (rank() != 0) return;
     std::vector<T> from(values.size());
-    for (int r = 1; r < size_; ++r) {
+    for (int r = 1; r < size(); ++r) {
       std::memcpy(from.data(), all.data() + std::size_t(r) * values.size_bytes(), values.size_bytes());
       for (std::size_t i = 0; i < values.size(); ++i)
         values[i] = op == Op::max ? std::max(values[i], from[i]) : T(values[i] + from[i]);
@@ -117,7 +119,6 @@ class TransportControlLink final : public ControlLink {
   }
 
   Transport& t_;
-  int rank_, size_;
   std::byte unused_{};  // a receive buffer for exchanges that receive nothing here
 };
 

@@ -9,7 +9,8 @@
 // - a message that does not decode, or lies about its sender, is dropped;
 // - the survivors go on over the same transport: an exchange that waits for
 //   the dead rank ends in PeersUnreachable naming it, the agreement decides,
-//   and continue_with() gives dense ranks whose exchanges and windows work,
+//   and continue_with() gives dense ranks whose exchanges, windows and
+//   control collectives work,
 //   with the messages of the exchange cut short never matched by a later one.
 // No wait depends on the machine's speed: every loop waits for a state,
 // under a generous limit that only a hang reaches.
@@ -26,10 +27,12 @@
 #include <vector>
 
 #include "comm/bootstrap.h"
+#include "comm/control_channel.h"
 #include "comm/membership_wire.h"
 #include "comm/peer_messenger.h"
 #include "comm/survivor_agreement.h"
 #include "comm/transport.h"
+#include "comm/transport_control_link.h"
 #include "common/error.h"
 #include "tests/unit/comm/run_ranks.h"
 #include "tests/unit/comm/ucx_environment.h"
@@ -270,6 +273,8 @@ TEST(SurvivorAgreement, TheSurvivorsGoOnOverTheSameTransportAsDenseRanks) {
       [](Transport& t) { exchange_blocks(t, 0, kBlock, "test: the exchange before the loss"); },
       [](Transport& t, SurvivorAgreement& agreement) {
         const int me = t.rank();
+        // Made before the loss: it numbers the ranks as the transport does at each call.
+        const std::unique_ptr<ControlLink> control = transport_control_link(t);
         if (me == kBehind) {
           // Never opens the next exchange: the blocks the others send it
           // there stay unmatched, with the sequence number the second
@@ -296,6 +301,14 @@ TEST(SurvivorAgreement, TheSurvivorsGoOnOverTheSameTransportAsDenseRanks) {
         EXPECT_EQ(t.rank(), me) << "world ranks below the lost one keep their number";
         exchange_blocks(t, 1, kBlock, "test: the first exchange of epoch 1");
         exchange_blocks(t, 1, kBlock, "test: the second exchange of epoch 1");
+        // The control collectives over the survivors, rank 0 their root.
+        EXPECT_EQ(control->size(), kRanks - 1);
+        int word = me == 0 ? 77 : -1;
+        control->broadcast(&word, sizeof word, "test: a broadcast over the survivors");
+        EXPECT_EQ(word, 77);
+        EXPECT_EQ(control->all_max(me * 10, "test: the largest over the survivors"), (kRanks - 2) * 10);
+        EXPECT_EQ(control->all_gather_strings(std::to_string(t.world_rank(me)), "test: every survivor's name"),
+                  (std::vector<std::string>{"0", "1", "2"}));
         std::unique_ptr<RmaWindow> window = t.create_window(kBlock * std::size_t(t.size()), "test: window");
         const int n = t.size();
         std::vector<std::vector<std::byte>> blocks(std::size_t(n), std::vector<std::byte>(std::size_t{kBlock}));
