@@ -13,6 +13,7 @@
 //   world rank R: pid P
 //   world rank R: step S: <what the exchange could not reach>
 //   world rank R: epoch E: members [..], rank X of Y
+//   world rank R: went on in T ms (...)     (the pause the loss cost this rank)
 //   world rank R: fenced at epoch E, leaving
 //   world rank R: served N steps, the last on epoch E
 //   FAIL world rank R: ...
@@ -24,11 +25,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -143,12 +146,23 @@ int main(int argc, char** argv) {
     if (g_world_rank == victim) std::raise(how == "kill" ? SIGKILL : SIGSTOP);
 
     std::uint64_t step = 0;
+    using Clock = std::chrono::steady_clock;
+    std::optional<Clock::time_point> cut_short;  // when the step the loss cut short began
     while (step < steps) {
+      const Clock::time_point began = Clock::now();
       try {
         step_exchange(*t, step, kBlock, still_member);
         ++step;
+        if (cut_short && agreement.view().epoch > 0) {
+          say(fmt::format("went on in {:.1f} ms (from the start of the step the loss cut short to the end of the "
+                          "first step served on epoch {})",
+                          std::chrono::duration<double, std::milli>(Clock::now() - *cut_short).count(),
+                          agreement.view().epoch));
+          cut_short.reset();
+        }
       } catch (const comm::PeersUnreachable& e) {
         say(fmt::format("step {}: {}", step, e.what()));
+        if (!cut_short) cut_short = began;
         for (int lost : e.ranks()) agreement.suspect(lost);
       }
       if (!agreement.agreeing() && !agreement.fenced()) continue;

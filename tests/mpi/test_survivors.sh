@@ -32,7 +32,10 @@ timeout 120 mpirun "${flags[@]}" -np 4 "$SURVIVORS_CHECK" --victim 3 --how kill 
 expect_survivors "0 1 2" 3
 grep -q "lost \[rank 3 (world 3)\] (their endpoints failed)" "$out" ||
   { cat "$out" >&2; fail "SIGKILL: the loss was not reported by the endpoints"; }
+[ "$(grep -c '^world rank [012]: went on in [0-9.]* ms' "$out")" = 3 ] ||
+  { cat "$out" >&2; fail "SIGKILL: a survivor did not report its pause"; }
 echo "ok: SIGKILL of a rank: its watch endpoints report it, the other three agree on epoch 1 and serve every step"
+echo "    $(grep -m1 '^world rank 0: went on in' "$out")"
 
 timeout 180 mpirun "${flags[@]}" -np 4 "$SURVIVORS_CHECK" --victim 1 --how stop --timeout-ms 2000 \
   --linger-until "$SCRATCH/fenced" >"$out" 2>&1 &
