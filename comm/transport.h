@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -141,6 +142,12 @@ class Transport {
   virtual void continue_with(const std::vector<int>& world_members, std::uint64_t epoch);
   // The world rank of `rank` (the same rank until continue_with()).
   virtual int world_rank(int rank) const { return rank; }
+  // Runs `hook` on the idle polls of this transport's waits (an exchange's,
+  // a flush's); it may throw to abandon the wait, which then unwinds as on
+  // any error. Elastic serving polls the survivors' agreement there, so that
+  // a rank blocked in a step answers it and leaves the step once it begins.
+  // Ignored by a backend without peer messages.
+  virtual void set_wait_hook(std::function<void()> hook) { static_cast<void>(hook); }
 
   // Blocking exchanges, built on open_exchange (the same messages and bits).
   // The all-to-all-v of a whole layout: send every block, wait for all.

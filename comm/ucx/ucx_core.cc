@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 
 #include "comm/bootstrap.h"
@@ -28,7 +29,17 @@ Core::Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_
   std::string error;
   std::optional<ucx::WorkerAddress> address;
   try {
-    context_ = ucx::make_context(std::size_t(world_size_));
+    // Elastic serving must outlive a peer: no transport that reads or writes
+    // its memory directly (comm/ucx/ucx_handles.h).
+    std::string tls;
+    if (detect_lost_peers) {
+      const char* set = std::getenv("UCX_TLS");
+      tls = ucx::tls_without_peer_memory_access(set ? set : "");
+      if (tls.empty())
+        MOED_THROW(Usage, "UCX_TLS={} leaves no transport once cma, which reads a peer's memory, "
+                   "is left out for [comm].detect_lost_peers", set);
+    }
+    context_ = ucx::make_context(std::size_t(world_size_), tls);
     worker_ = ucx::make_worker(context_.get());
     address.emplace(worker_.get());
   } catch (const Error& e) {
@@ -104,7 +115,8 @@ void Core::continue_with(const std::vector<int>& world_members, std::uint64_t ep
                                            "to world ranks [{}] did not complete within {} ms ([comm].timeout_ms)",
                                            world_rank_, epoch_, fmt::join(peers, ", "), timeout_.count()),
                                __FILE__, __LINE__);
-      });
+      },
+      /*hook=*/false);  // the caller's hook would see the agreement it is acting on
   abandoned_.clear();
   failed_ = false;  // the loss is behind: the members' exchanges and windows tear down together again
 }
@@ -196,9 +208,9 @@ void Core::close_endpoints() {
     return true;
   };
   try {
-    progress_until(all_closed, deadline(), [&] {
-      MOED_THROW(Runtime, "closing UCX endpoints took over {} ms", timeout_.count());
-    });
+    progress_until(
+        all_closed, deadline(),
+        [&] { MOED_THROW(Runtime, "closing UCX endpoints took over {} ms", timeout_.count()); }, /*hook=*/false);
   } catch (const Error& e) {
     spdlog::warn("UCX transport: {}", e.what());
   }

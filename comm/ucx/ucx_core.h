@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -114,20 +115,24 @@ class Core {
   void continue_with(const std::vector<int>& world_members, std::uint64_t epoch);
   // Exchanges and windows alive (+1 as each is made, -1 as it goes).
   void note_open(int delta) { open_ += delta; }
+  void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
   // Keeps the sends of an exchange cut short until they settle.
   void abandon(std::unique_ptr<AbandonedSends> sends);
 
   // Progresses the worker until done() holds. Past the deadline, calls
   // on_expiry, which must throw (the transport is then marked failed).
-  // Yields the core while idle: ranks may share cores.
+  // Yields the core while idle: ranks may share cores. With `hook`, runs the
+  // wait hook on idle polls (which may throw to abandon the wait).
   template <class Done, class OnExpiry>
-  void progress_until(Done&& done, Clock::time_point deadline, OnExpiry&& on_expiry) {
+  void progress_until(Done&& done, Clock::time_point deadline, OnExpiry&& on_expiry, bool hook = true) {
     IdleBackoff backoff;
     while (!done()) {
-      if (progress() != 0)
+      if (progress() != 0) {
         backoff.reset();
-      else
+      } else {
+        if (hook && wait_hook_) wait_hook_();
         backoff.idle();
+      }
       if (Clock::now() > deadline) {
         failed_ = true;
         on_expiry();
@@ -182,6 +187,7 @@ class Core {
   bool went_on_without_some_ = false;  // the bootstrap's collectives would wait for lost ranks
   int lost_count_ = 0;
   int open_ = 0;
+  std::function<void()> wait_hook_;
   std::uint64_t next_sequence_ = 0;
   std::vector<PeerHandle> peer_handles_;  // the error callbacks' arguments: never reallocated once connected
   std::vector<char> lost_, reported_lost_;

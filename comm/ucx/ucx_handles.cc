@@ -1,7 +1,11 @@
 #include "comm/ucx/ucx_handles.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "common/error.h"
 
@@ -12,10 +16,54 @@ void throw_ucs(const char* call, ucs_status_t status, std::string_view detail) {
   MOED_THROW(Runtime, "{} ({}): {}", call, detail, ucs_status_string(status));
 }
 
-Context make_context(std::size_t estimated_endpoints) {
+std::string tls_without_peer_memory_access(const std::string& tls) {
+  // knem and xpmem read a peer's memory too, but Debian's UCX has neither,
+  // and naming a transport UCX lacks makes it warn at every start.
+  static const char* const kDirect[] = {"cma"};
+  const auto direct = [](std::string_view name) {
+    return std::any_of(std::begin(kDirect), std::end(kDirect), [&](const char* d) { return name == d; });
+  };
+  std::vector<std::string> names;
+  const bool excluding = !tls.empty() && tls.front() == '^';
+  std::string_view rest = excluding ? std::string_view(tls).substr(1) : std::string_view(tls);
+  if (tls == "all") rest = {};
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    names.emplace_back(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  std::string out;
+  const auto add = [&](std::string_view name) {
+    if (name.empty()) return;
+    if (!out.empty()) out += ',';
+    out += name;
+  };
+  if (tls.empty() || tls == "all" || excluding) {
+    // Everything (less what was excluded already) less the direct transports.
+    out = "^";
+    std::string list;
+    for (const std::string& name : names)
+      if (!direct(name)) list += (list.empty() ? "" : ",") + name;
+    for (const char* d : kDirect) list += (list.empty() ? "" : ",") + std::string(d);
+    return out + list;
+  }
+  for (const std::string& name : names) {
+    if (direct(name)) continue;
+    if (name == "sm" || name == "shm") {
+      add("posix");
+      add("sysv");
+    } else {
+      add(name);
+    }
+  }
+  return out;
+}
+
+Context make_context(std::size_t estimated_endpoints, const std::string& tls) {
   ucp_config_t* raw_config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &raw_config), "ucp_config_read");
   Config config(raw_config);
+  if (!tls.empty()) check_ucs(ucp_config_modify(config.get(), "TLS", tls.c_str()), "ucp_config_modify(TLS)");
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -54,7 +55,19 @@ using Worker = std::unique_ptr<std::remove_pointer_t<ucp_worker_h>, WorkerDelete
 using Rkey = std::unique_ptr<std::remove_pointer_t<ucp_rkey_h>, RkeyDeleter>;
 
 // ucp_init with TAG and RMA, reading the UCX_* environment (UCX_TLS, ...).
-Context make_context(std::size_t estimated_endpoints);
+// `tls`, when given, replaces UCX_TLS (see tls_without_peer_memory_access).
+Context make_context(std::size_t estimated_endpoints, const std::string& tls = {});
+
+// UCX_TLS's value (`tls`, empty when unset) less cma, the transport that
+// reads and writes a peer process's memory directly (the shared-memory
+// aliases sm and shm become posix,sysv). On an endpoint without error
+// handling UCX 1.13 ends the process when such a transfer meets a peer that
+// is gone (measured: every survivor of a rank killed with its blocks
+// announced); elastic serving ([comm].detect_lost_peers) must outlive it. A
+// rendezvous then moves its data in fragments through shared memory.
+// knem and xpmem would need the same; Debian's UCX has neither. Pure,
+// unit-tested.
+std::string tls_without_peer_memory_access(const std::string& tls);
 // One worker for a single thread.
 Worker make_worker(ucp_context_h context);
 

@@ -59,10 +59,12 @@ class MessageSet final : public ucx::AbandonedSends {
   }
 
   // Cancels the receives not matched yet, and waits (at most kCancelGrace)
-  // for those matched to land.
+  // for those matched to land; not for a lost peer's, which never will.
   void cancel_receives() {
     const auto receiving = [&] {
-      return std::any_of(ops_.begin(), ops_.end(), [](const Op& op) { return op.is_recv && op.request && !op.done; });
+      return std::any_of(ops_.begin(), ops_.end(), [&](const Op& op) {
+        return op.is_recv && op.request && !op.done && !core_.lost(op.world);
+      });
     };
     for (Op& op : ops_)
       if (op.is_recv && op.request && !op.done) ucp_request_cancel(worker_, op.request);  // may complete it at once
@@ -569,6 +571,7 @@ class UcxTransport final : public Transport {
   void continue_with(const std::vector<int>& world_members, std::uint64_t epoch) override {
     core_->continue_with(world_members, epoch);
   }
+  void set_wait_hook(std::function<void()> hook) override { core_->set_wait_hook(std::move(hook)); }
   PeerMessenger* messenger() override {
     // Made on first use: its posted receives match by a mask, which every
     // arriving exchange message would otherwise be checked against too.

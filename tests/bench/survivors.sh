@@ -2,7 +2,7 @@
 # The pause a lost rank costs its survivors at the transport level (issue
 # 31; tests/mpi/survivors_check.cc under mpirun --enable-recovery, UCX with
 # [comm].detect_lost_peers, 4 ranks on this host, one exchange of 100 KB
-# blocks per step): rank 3 is killed (SIGKILL) after its first exchange,
+# blocks per step): rank 3 is killed (SIGKILL) at the start of step 1,
 # and each survivor times the span from the start of the step the loss cut
 # short to the end of the first step it served on the new epoch: the loss
 # found by the watch endpoints, the agreement on the survivors, continue_with

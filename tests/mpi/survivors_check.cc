@@ -2,9 +2,11 @@
 // docs/elastic.md): run under `mpirun --enable-recovery` with the UCX
 // transport and [comm].detect_lost_peers. Every rank runs --steps steps of
 // one exchange each, whose blocks carry (step, sender, receiver) and are
-// checked byte for byte; after the first exchange the --victim rank either
-// kills itself (--how kill) or stops itself (--how stop: the test sends
-// SIGCONT once the others have gone on). A rank whose exchange cannot
+// checked byte for byte; after step 0 the --victim rank either
+// kills itself (--how kill), or kills itself once it has announced its next
+// step's blocks (--how kill-sending: a survivor that takes one would read
+// its memory), or stops itself (--how stop: the test sends SIGCONT once
+// the others have gone on). A rank whose exchange cannot
 // reach a peer suspects it; the survivors agree on the next epoch, go on
 // over the same transport (continue_with) from the lowest step any of them
 // has not finished, and serve every step. A rank left out learns it was
@@ -13,12 +15,14 @@
 //   world rank R: pid P
 //   world rank R: step S: <what the exchange could not reach>
 //   world rank R: epoch E: members [..], rank X of Y
-//   world rank R: went on in T ms (...)     (the pause the loss cost this rank)
+//   world rank R: went on in T ms (...)     (the pause the loss cost this rank:
+//     from the start of the step it cut short, or from when this rank heard
+//     of it between steps)
 //   world rank R: fenced at epoch E, leaving
 //   world rank R: served N steps, the last on epoch E
 //   FAIL world rank R: ...
 // With --linger-until FILE the survivors stay, once done, until FILE exists.
-//   survivors_check --victim R --how kill|stop [--steps N] [--timeout-ms N]
+//   survivors_check --victim R --how kill|kill-sending|stop [--steps N] [--timeout-ms N]
 //                   [--linger-until FILE]
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -120,9 +124,9 @@ int main(int argc, char** argv) {
     else if (arg == "--linger-until") linger_file = value;
     else victim = -2;
   }
-  if (victim < 0 || victim >= mpi.size() || (how != "kill" && how != "stop") || mpi.size() < 3) {
+  if (victim < 0 || victim >= mpi.size() || (how != "kill" && how != "kill-sending" && how != "stop") || mpi.size() < 3) {
     if (mpi.rank() == 0)
-      std::fprintf(stderr, "usage: survivors_check --victim R --how kill|stop [--steps N] [--timeout-ms N] "
+      std::fprintf(stderr, "usage: survivors_check --victim R --how kill|kill-sending|stop [--steps N] [--timeout-ms N] "
                            "[--linger-until FILE] (3 ranks or more)\n");
     return 2;
   }
@@ -142,13 +146,39 @@ int main(int argc, char** argv) {
       say(fmt::format("fenced at epoch {}, leaving", agreement.view().epoch));
       leave(0);
     };
-    step_exchange(*t, 1000, kBlock, still_member);  // every rank connected before the loss
-    if (g_world_rank == victim) std::raise(how == "kill" ? SIGKILL : SIGSTOP);
-
-    std::uint64_t step = 0;
+    // A rank blocked in a step answers the agreement meanwhile, and leaves
+    // the step once one has begun (or has decided without it).
+    std::uint64_t epoch_served = 0;
+    t->set_wait_hook([&] {
+      agreement.poll();
+      if (agreement.agreeing() || agreement.fenced() || agreement.view().epoch != epoch_served)
+        throw comm::PeersUnreachable({}, "an agreement on the survivors began", __FILE__, __LINE__);
+    });
+    // The victim goes at the start of step 1, once every rank has connected
+    // and served step 0.
+    const auto victim_goes = [&] {
+      if (how == "kill-sending") {
+        // Dies with its step's blocks announced: the survivors that take
+        // them would read its memory.
+        const int n = t->size();
+        const std::vector<std::size_t> sizes(std::size_t(n), kBlock);
+        const std::vector<std::size_t> offsets = comm::ExchangeLayout::prefix_offsets(sizes);
+        g_recv.resize(std::size_t(n) * kBlock);
+        g_send.resize(std::size_t(n) * kBlock);
+        for (int to = 0; to < n; ++to)
+          for (std::size_t i = 0; i < kBlock; ++i)
+            g_send[offsets[std::size_t(to)] + i] = block_byte(1, g_world_rank, to, i);  // the true blocks
+        auto exchange = t->open_exchange(g_recv.data(), sizes, offsets, "step 1", comm::ReceiveSizes::exact);
+        for (int to = 0; to < n; ++to) exchange->send(to, g_send.data() + offsets[std::size_t(to)], kBlock);
+        t->progress();
+      }
+      std::raise(how == "stop" ? SIGSTOP : SIGKILL);
+    };
     using Clock = std::chrono::steady_clock;
     std::optional<Clock::time_point> cut_short;  // when the step the loss cut short began
+    std::uint64_t step = 0;
     while (step < steps) {
+      if (step == 1 && g_world_rank == victim && agreement.view().epoch == 0) victim_goes();
       const Clock::time_point began = Clock::now();
       try {
         step_exchange(*t, step, kBlock, still_member);
@@ -165,13 +195,15 @@ int main(int argc, char** argv) {
         if (!cut_short) cut_short = began;
         for (int lost : e.ranks()) agreement.suspect(lost);
       }
-      if (!agreement.agreeing() && !agreement.fenced()) continue;
+      if (!agreement.agreeing() && !agreement.fenced() && agreement.view().epoch == epoch_served) continue;
+      if (!cut_short) cut_short = Clock::now();  // heard of the loss between steps
       const comm::View& view = agreement.agree(std::chrono::milliseconds(4 * config.timeout_ms));
       if (agreement.fenced()) {
         say(fmt::format("fenced at epoch {}, leaving", view.epoch));
         leave(0);
       }
       try {
+        epoch_served = view.epoch;
         t->continue_with(view.members, view.epoch);
       } catch (const comm::PeersUnreachable& e) {  // a member never took the blocks sent it: lost too
         say(e.what());

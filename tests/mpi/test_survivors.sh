@@ -2,10 +2,11 @@
 # The survivors of a lost rank go on, across real processes on this host
 # (tests/mpi/survivors_check.cc under mpirun --enable-recovery, UCX with
 # [comm].detect_lost_peers, 4 ranks):
-# - SIGKILL of rank 3 after its first exchange: its watch endpoints report
+# - SIGKILL of rank 3 at the start of step 1: its watch endpoints report
 #   the loss (no deadline passes), the other three agree on epoch 1 without
 #   it, go on over the same transport and serve every step, each block
 #   checked byte for byte; mpirun ends with 0;
+# - SIGKILL of rank 2 just after it announced its next step's blocks;
 # - SIGSTOP of rank 1 (a middle rank: the survivors renumber) past the
 #   exchange deadline: the others go on without it; once they have, SIGCONT
 #   wakes it, it learns that it was fenced and leaves.
@@ -36,6 +37,16 @@ grep -q "lost \[rank 3 (world 3)\] (their endpoints failed)" "$out" ||
   { cat "$out" >&2; fail "SIGKILL: a survivor did not report its pause"; }
 echo "ok: SIGKILL of a rank: its watch endpoints report it, the other three agree on epoch 1 and serve every step"
 echo "    $(grep -m1 '^world rank 0: went on in' "$out")"
+
+# Killed with its next step's blocks announced: the survivors that took
+# them would read its memory (UCX's cma ends the reader then, so elastic
+# serving leaves cma out), and their waits must not outlast the loss.
+rc=0
+timeout 120 mpirun "${flags[@]}" -np 4 "$SURVIVORS_CHECK" --victim 2 --how kill-sending --timeout-ms 60000 >"$out" 2>&1 || rc=$?
+[ "$rc" = 0 ] || { cat "$out" >&2; fail "SIGKILL while sending: mpirun exit $rc"; }
+expect_survivors "0 1 3" 2
+! grep -q "cma_ep" "$out" || { cat "$out" >&2; fail "SIGKILL while sending: a survivor read the dead rank's memory"; }
+echo "ok: SIGKILL of a rank with its blocks announced: the other three go on"
 
 timeout 180 mpirun "${flags[@]}" -np 4 "$SURVIVORS_CHECK" --victim 1 --how stop --timeout-ms 2000 \
   --linger-until "$SCRATCH/fenced" >"$out" 2>&1 &
