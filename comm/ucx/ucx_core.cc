@@ -68,7 +68,7 @@ Core::Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_
 }
 
 std::string Core::name(int rank) const {
-  if (!went_on_without_some_) return fmt::format("rank {}", rank);
+  if (!without_some()) return fmt::format("rank {}", rank);
   return fmt::format("rank {} (world {})", rank, world_rank(rank));
 }
 
@@ -83,7 +83,6 @@ void Core::continue_with(const std::vector<int>& world_members, std::uint64_t ep
   MOED_CHECK(open_ == 0, "UCX transport: {} exchanges or windows of epoch {} still open", open_, epoch_);
   for (int member : world_members)
     if (lost(member)) MOED_THROW(Runtime, "UCX transport: world rank {} goes on with world rank {}, lost", world_rank_, member);
-  went_on_without_some_ = went_on_without_some_ || int(world_members.size()) < world_size_;
   members_ = world_members;
   rank_ = int(me - world_members.begin());
   const std::uint64_t previous = epoch_;
@@ -124,11 +123,9 @@ void Core::continue_with(const std::vector<int>& world_members, std::uint64_t ep
 void Core::abandon(std::unique_ptr<AbandonedSends> sends) { abandoned_.push_back(std::move(sends)); }
 
 void Core::discard_stale_messages(std::optional<std::uint64_t> only) {
-  const ucp_tag_t current = exchange_tag(epoch_, 0, 0) & kEpochMask;
   std::size_t discarded = 0;
-  for (std::uint64_t e = 0; e < (std::uint64_t{1} << kEpochBits); ++e) {
-    const ucp_tag_t stale = exchange_tag(e, 0, 0);
-    if (stale == current || (only && stale != (exchange_tag(*only, 0, 0) & kEpochMask))) continue;
+  const auto discard_epoch = [&](std::uint64_t epoch) {
+    const ucp_tag_t stale = exchange_tag(epoch, 0, 0);  // the epoch's bits alone
     ucp_tag_recv_info_t info{};
     while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_.get(), stale, kPeerMessageBit | kEpochMask, 1, &info)) {
       // Received into nothing: UCX ends it as truncated without fetching its
@@ -144,6 +141,13 @@ void Core::discard_stale_messages(std::optional<std::uint64_t> only) {
       }
       ++discarded;
     }
+  };
+  if (only) {
+    discard_epoch(*only);
+  } else {
+    const ucp_tag_t current = exchange_tag(epoch_, 0, 0);
+    for (std::uint64_t e = 0; e < (std::uint64_t{1} << kEpochBits); ++e)
+      if (exchange_tag(e, 0, 0) != current) discard_epoch(e);
   }
   if (discarded)
     spdlog::info("UCX transport on world rank {}: epoch {}: discarded {} messages of exchanges cut short", world_rank_,
@@ -163,7 +167,6 @@ void Core::mark_lost(int world_rank) {
   lost_[std::size_t(world_rank)] = 1;
   ++lost_count_;
   failed_ = true;
-  went_on_without_some_ = true;  // the bootstrap's teardown barriers would wait for the lost rank
 }
 
 std::vector<int> Core::take_lost_peers() {
@@ -224,7 +227,7 @@ Core::~Core() {
   // (the bootstrap's barriers include it), skip the peers: an endpoint
   // still open is released by the worker's destruction.
   try {
-    if (!failed() && !went_on_without_some_ && progressing_barrier("teardown")) {
+    if (!failed() && !without_some() && progressing_barrier("teardown")) {
       close_endpoints();
       progressing_barrier("teardown after closing endpoints");
     }

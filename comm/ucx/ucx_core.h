@@ -171,6 +171,8 @@ class Core {
   void agree(const std::string& local_error, const char* step);
   void close_endpoints();
 
+  // A rank was lost or left out: the bootstrap's collectives would wait for it.
+  bool without_some() const { return lost_count_ > 0 || int(members_.size()) < world_size_; }
   // Receives and drops every unexpected exchange message of an epoch other
   // than epoch_ (of `epoch` alone, when given).
   void discard_stale_messages(std::optional<std::uint64_t> epoch = std::nullopt);
@@ -184,7 +186,6 @@ class Core {
   std::uint64_t epoch_ = 0;
   std::chrono::milliseconds timeout_;
   bool failed_ = false;
-  bool went_on_without_some_ = false;  // the bootstrap's collectives would wait for lost ranks
   int lost_count_ = 0;
   int open_ = 0;
   std::function<void()> wait_hook_;

@@ -1,8 +1,9 @@
 #include "comm/ucx/ucx_handles.h"
 
-#include <algorithm>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstring>
-#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,44 +20,25 @@ void throw_ucs(const char* call, ucs_status_t status, std::string_view detail) {
 std::string tls_without_peer_memory_access(const std::string& tls) {
   // knem and xpmem read a peer's memory too, but Debian's UCX has neither,
   // and naming a transport UCX lacks makes it warn at every start.
-  static const char* const kDirect[] = {"cma"};
-  const auto direct = [](std::string_view name) {
-    return std::any_of(std::begin(kDirect), std::end(kDirect), [&](const char* d) { return name == d; });
-  };
-  std::vector<std::string> names;
+  constexpr std::string_view kDirect = "cma";
   const bool excluding = !tls.empty() && tls.front() == '^';
-  std::string_view rest = excluding ? std::string_view(tls).substr(1) : std::string_view(tls);
-  if (tls == "all") rest = {};
+  const bool everything = tls.empty() || tls == "all";
+  std::vector<std::string_view> kept;
+  std::string_view rest = everything ? std::string_view() : std::string_view(tls).substr(excluding ? 1 : 0);
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
-    names.emplace_back(rest.substr(0, comma));
+    const std::string_view name = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-  }
-  std::string out;
-  const auto add = [&](std::string_view name) {
-    if (name.empty()) return;
-    if (!out.empty()) out += ',';
-    out += name;
-  };
-  if (tls.empty() || tls == "all" || excluding) {
-    // Everything (less what was excluded already) less the direct transports.
-    out = "^";
-    std::string list;
-    for (const std::string& name : names)
-      if (!direct(name)) list += (list.empty() ? "" : ",") + name;
-    for (const char* d : kDirect) list += (list.empty() ? "" : ",") + std::string(d);
-    return out + list;
-  }
-  for (const std::string& name : names) {
-    if (direct(name)) continue;
-    if (name == "sm" || name == "shm") {
-      add("posix");
-      add("sysv");
+    if (name.empty() || name == kDirect) continue;
+    if (!excluding && (name == "sm" || name == "shm")) {
+      kept.insert(kept.end(), {"posix", "sysv"});
     } else {
-      add(name);
+      kept.push_back(name);
     }
   }
-  return out;
+  if (!excluding && !everything) return fmt::format("{}", fmt::join(kept, ","));
+  kept.push_back(kDirect);  // everything, less what was excluded already, less cma
+  return fmt::format("^{}", fmt::join(kept, ","));
 }
 
 Context make_context(std::size_t estimated_endpoints, const std::string& tls) {

@@ -79,22 +79,29 @@ std::vector<std::byte> g_send, g_recv;
 // One step: a block of `bytes` to every rank of the epoch. `still_member`
 // runs once the blocks have landed, before they are checked: a rank fenced
 // meanwhile may have read blocks its peers had reused, and must not use them.
-template <class StillMember>
-void step_exchange(comm::Transport& t, std::uint64_t step, std::size_t bytes, StillMember&& still_member) {
+// A step's layout (a block of `bytes` to and from every rank of the epoch),
+// with this rank's blocks written into g_send.
+comm::ExchangeLayout lay_out_step(comm::Transport& t, std::uint64_t step, std::size_t bytes) {
   const int n = t.size(), me = t.rank();
   comm::ExchangeLayout layout;
   layout.send_bytes.assign(std::size_t(n), bytes);
   layout.recv_bytes.assign(std::size_t(n), bytes);
   layout.send_offsets = comm::ExchangeLayout::prefix_offsets(layout.send_bytes);
   layout.recv_offsets = comm::ExchangeLayout::prefix_offsets(layout.recv_bytes);
-  std::vector<std::byte>& send = g_send;
-  std::vector<std::byte>& recv = g_recv;
-  send.resize(std::max(send.size(), layout.send_total()));
-  recv.resize(std::max(recv.size(), layout.recv_total()));
+  g_send.resize(std::max(g_send.size(), layout.send_total()));
+  g_recv.resize(std::max(g_recv.size(), layout.recv_total()));
   for (int to = 0; to < n; ++to)
     for (std::size_t i = 0; i < bytes; ++i)
-      send[layout.send_offsets[std::size_t(to)] + i] = block_byte(step, t.world_rank(me), t.world_rank(to), i);
-  t.exchange(send.data(), layout, recv.data(), fmt::format("step {}", step));
+      g_send[layout.send_offsets[std::size_t(to)] + i] = block_byte(step, t.world_rank(me), t.world_rank(to), i);
+  return layout;
+}
+
+template <class StillMember>
+void step_exchange(comm::Transport& t, std::uint64_t step, std::size_t bytes, StillMember&& still_member) {
+  const int n = t.size(), me = t.rank();
+  const comm::ExchangeLayout layout = lay_out_step(t, step, bytes);
+  const std::vector<std::byte>& recv = g_recv;
+  t.exchange(g_send.data(), layout, g_recv.data(), fmt::format("step {}", step));
   still_member();
   for (int from = 0; from < n; ++from)
     for (std::size_t i = 0; i < bytes; ++i)
@@ -160,16 +167,11 @@ int main(int argc, char** argv) {
       if (how == "kill-sending") {
         // Dies with its step's blocks announced: the survivors that take
         // them would read its memory.
-        const int n = t->size();
-        const std::vector<std::size_t> sizes(std::size_t(n), kBlock);
-        const std::vector<std::size_t> offsets = comm::ExchangeLayout::prefix_offsets(sizes);
-        g_recv.resize(std::size_t(n) * kBlock);
-        g_send.resize(std::size_t(n) * kBlock);
-        for (int to = 0; to < n; ++to)
-          for (std::size_t i = 0; i < kBlock; ++i)
-            g_send[offsets[std::size_t(to)] + i] = block_byte(1, g_world_rank, to, i);  // the true blocks
-        auto exchange = t->open_exchange(g_recv.data(), sizes, offsets, "step 1", comm::ReceiveSizes::exact);
-        for (int to = 0; to < n; ++to) exchange->send(to, g_send.data() + offsets[std::size_t(to)], kBlock);
+        const comm::ExchangeLayout layout = lay_out_step(*t, 1, kBlock);  // the true blocks
+        auto exchange =
+            t->open_exchange(g_recv.data(), layout.recv_bytes, layout.recv_offsets, "step 1", comm::ReceiveSizes::exact);
+        for (int to = 0; to < t->size(); ++to)
+          exchange->send(to, g_send.data() + layout.send_offsets[std::size_t(to)], kBlock);
         t->progress();
       }
       std::raise(how == "stop" ? SIGSTOP : SIGKILL);
