@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "runtime/config/config.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/daemon/exit_status.h"
 #include "runtime/config/memory_estimate.h"
 #include "runtime/weights/synthetic_model.h"
 
@@ -119,13 +120,17 @@ int main(int argc, char** argv) {
     mpi = std::make_unique<moed::comm::MpiSession>(&argc, &argv);
     moed::init_logging(mpi->rank(), config.log.level);
     if (cli.print_topology) return moed::runtime::print_topology(config, *mpi);
-    return moed::runtime::serve(config, cli.serve, *mpi);
+    const int code = moed::runtime::serve(config, cli.serve, *mpi);
+    moed::runtime::note_exit_status(mpi->rank(), code);
+    return code;
   } catch (const moed::Error& e) {
     spdlog::critical("{}", e.describe());
+    if (mpi) moed::runtime::note_exit_status(mpi->rank(), e.exit_code());
     if (mpi && mpi->size() > 1) mpi->abort(e.exit_code());  // peers may be blocked on this rank
     return e.exit_code();
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
+    if (mpi) moed::runtime::note_exit_status(mpi->rank(), 1);
     if (mpi && mpi->size() > 1) mpi->abort(1);
     return 1;
   }

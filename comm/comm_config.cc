@@ -26,6 +26,10 @@ const config::Section<CommConfig>& comm_config_section() {
           config::flag<C>("detect_lost_peers", &C::detect_lost_peers, false,
                           "a second UCX endpoint per peer, in error handling mode PEER, reports a peer "
                           "whose process or link is gone instead of leaving it to a deadline (elastic serving)"),
+          config::flag<C>("elastic", &C::elastic, false,
+                          "survive a lost rank: the others agree on who is left and go on serving without "
+                          "a restart (needs the front door, backend ucx, control transport; turns on "
+                          "detect_lost_peers)"),
           config::integer<C>("wait_spin_polls", &C::wait_spin_polls, 32, 0, 1 << 30,
                              "a wait polls this many times at full speed first (each wait anew)"),
           config::integer<C>("wait_yield_polls", &C::wait_yield_polls, 2048, 0, 1 << 30,

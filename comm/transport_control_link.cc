@@ -24,8 +24,10 @@ class TransportControlLink final : public ControlLink {
     if (rank() != 0) recv[0] = bytes;
     std::byte* buffer = bytes ? static_cast<std::byte*>(data) : &unused_;
     auto exchange = t_.open_exchange(buffer, recv, offsets, what, ReceiveSizes::exact);
-    if (rank() == 0 && bytes)
-      for (int r = 1; r < size(); ++r) exchange->send(r, buffer, bytes);
+    if (rank() == 0 && bytes) {
+      const std::byte* block = outgoing(buffer, bytes);
+      for (int r = 1; r < size(); ++r) exchange->send(r, block, bytes);
+    }
     exchange->finish();
   }
 
@@ -74,6 +76,15 @@ class TransportControlLink final : public ControlLink {
   }
 
  private:
+  // What this rank sends, copied into a buffer the link keeps: an exchange
+  // cut short by a lost peer unwinds the caller's buffer while UCX may still
+  // be sending from it, and continue_with() waits for those sends to end
+  // before the next collective replaces it (comm/transport.h).
+  const std::byte* outgoing(const void* data, std::size_t bytes) {
+    outbox_.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + bytes);
+    return outbox_.data();
+  }
+
   // Rank r's `sizes[r]` bytes at `data`, on rank 0 in rank order (rank 0
   // must know every size; the others only their own).
   std::vector<std::byte> gather_blocks(const void* data, const std::vector<std::size_t>& sizes,
@@ -87,7 +98,7 @@ class TransportControlLink final : public ControlLink {
     }
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), recv, offsets, what, ReceiveSizes::exact);
     if (const std::size_t mine = sizes[std::size_t(rank())])
-      exchange->send(0, static_cast<const std::byte*>(data), mine);
+      exchange->send(0, outgoing(data, mine), mine);
     exchange->finish();
     return out;
   }
@@ -99,8 +110,10 @@ class TransportControlLink final : public ControlLink {
     const std::vector<std::size_t> offsets = ExchangeLayout::prefix_offsets(sizes);
     std::vector<std::byte> out(offsets.back() + sizes.back());
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), sizes, offsets, what, ReceiveSizes::exact);
-    if (mine)
-      for (int r = 0; r < size(); ++r) exchange->send(r, static_cast<const std::byte*>(data), mine);
+    if (mine) {
+      const std::byte* block = outgoing(data, mine);
+      for (int r = 0; r < size(); ++r) exchange->send(r, block, mine);
+    }
     exchange->finish();
     return out;
   }
@@ -119,6 +132,7 @@ class TransportControlLink final : public ControlLink {
   }
 
   Transport& t_;
+  std::vector<std::byte> outbox_;
   std::byte unused_{};  // a receive buffer for exchanges that receive nothing here
 };
 

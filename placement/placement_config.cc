@@ -89,8 +89,9 @@ const config::Section<PlacementConfig>& placement_config_section() {
                           "reoptimize's split of a replicated expert: a copy of `shards` shards on each "
                           "island of its replicas (false: one copy, on the island holding most)"),
           config::integer<C>("redundancy", &C::redundancy, 1, 1, 1 << 16,
-                             "reoptimize: every expert on at least this many islands (a replica added on each "
-                             "missing one), so a lost rank or host leaves each a copy; 1 = no constraint"),
+                             "every expert on at least this many islands, from the start and after each "
+                             "reoptimize (a replica added on each missing one), so a lost rank or host leaves "
+                             "each a copy; 1 = no constraint"),
       });
   return section;
 }

@@ -45,6 +45,13 @@ std::vector<bool> islands_with_copy(const Placement& p, const Topology& topology
 
 }  // namespace
 
+routing::RoutingStats alike_loads(int layers, int experts) {
+  routing::RoutingStats alike(layers, experts, 0.0);
+  for (int l = 0; l < layers; ++l)
+    for (std::uint32_t e = 0; e < std::uint32_t(experts); ++e) alike.add_choice(l, std::span(&e, 1));
+  return alike;
+}
+
 int islands_holding(const Placement& p, const Topology& topology, int layer, int expert) {
   const std::vector<bool> held = islands_with_copy(p, topology, layer, expert);
   return int(std::count(held.begin(), held.end(), true));

@@ -20,6 +20,11 @@
 
 namespace moed::placement {
 
+// Statistics in which every expert of every layer carries the same load:
+// what ranks plan with when each must come to the same placement on its own
+// (their routing statistics differ).
+routing::RoutingStats alike_loads(int layers, int experts);
+
 // Distinct islands holding a copy of (layer, expert).
 int islands_holding(const Placement& p, const Topology& topology, int layer, int expert);
 

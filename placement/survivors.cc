@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "placement/redundancy.h"
 
 namespace moed::placement {
 
@@ -53,6 +54,21 @@ Topology topology_on_members(const Topology& t, const std::vector<int>& members)
   Topology out(std::move(island_of_rank));
   out.set_link_costs(t.link_cost(LinkClass::SameIsland), t.link_cost(LinkClass::CrossIsland));
   return out;
+}
+
+SurvivorsPlan plan_for_survivors(const Placement& p, const std::vector<int>& lost, int max_slots) {
+  const LossPlan dropped = drop_lost_ranks(p, lost);
+  SurvivorsPlan plan;
+  for (int r = 0; r < p.ranks(); ++r)
+    if (std::find(lost.begin(), lost.end(), r) == lost.end()) plan.members.push_back(r);
+  if (plan.members.empty()) MOED_THROW(Runtime, "every rank of the placement is lost: nothing survives to serve");
+  Placement adopted = dropped.survivors;
+  if (!dropped.orphans.empty()) adopted = adopt_orphans(dropped, alike_loads(p.layers(), p.experts()), lost, max_slots);
+  plan.placement = placement_on_members(adopted, plan.members);
+  plan.to_load.resize(plan.members.size());
+  for (const auto& [l, e] : dropped.orphans)
+    for (int r : plan.placement.replicas(l, e)) plan.to_load[std::size_t(r)].emplace_back(l, e);
+  return plan;
 }
 
 }  // namespace moed::placement

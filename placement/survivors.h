@@ -5,6 +5,7 @@
 // unit-tested apart from the daemon.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "placement/placement.h"
@@ -21,5 +22,18 @@ Placement placement_on_members(const Placement& p, const std::vector<int>& membe
 // `t` over the members: the islands that still hold one renumbered densely
 // in their order, the link costs kept.
 Topology topology_on_members(const Topology& t, const std::vector<int>& members);
+
+// What the survivors of `lost` (ranks of `p`) serve with: the lost slots
+// dropped (drop_lost_ranks), the orphans adopted (adopt_orphans, an
+// expert's load counted alike for every expert: each survivor must come to
+// the same plan from what it alone knows, and the routing statistics differ
+// by rank) and the result renumbered over the members. Each rank loads its
+// `to_load` from the checkpoint before serving with `placement`.
+struct SurvivorsPlan {
+  std::vector<int> members;  // the ranks of `p` that are left, ascending: members[i] becomes rank i
+  Placement placement;       // over the members
+  std::vector<std::vector<std::pair<int, int>>> to_load;  // per new rank: (layer, expert) orphans it adopts
+};
+SurvivorsPlan plan_for_survivors(const Placement& p, const std::vector<int>& lost, int max_slots = 0);
 
 }  // namespace moed::placement

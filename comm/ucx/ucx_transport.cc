@@ -558,7 +558,7 @@ class UcxTransport final : public Transport {
  public:
   UcxTransport(const CommConfig& config, Bootstrap& bootstrap)
       : core_(std::make_shared<UcxCore>(bootstrap, std::chrono::milliseconds(config.timeout_ms),
-                                        config.detect_lost_peers)) {}
+                                        config.detect_lost_peers || config.elastic)) {}
   ~UcxTransport() override {
     if (std::uncaught_exceptions() > 0) core_->mark_failed();
   }

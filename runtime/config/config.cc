@@ -483,6 +483,15 @@ void validate_config(const Config& c, ConfigUse use) {
   if (!c.ingress.listen.empty() && c.ingress.key_file.empty())
     MOED_THROW(Usage, "config: [ingress].listen needs [ingress].key_file: network clients must prove they hold the "
                "cluster's key (e.g. head -c 32 /dev/urandom > key; chmod 600 key)");
+  if (c.comm.elastic && c.workload.kind != WorkloadKind::ingress)
+    MOED_THROW(Usage, "config: [comm].elastic serves the front door's clients through a lost rank; it needs "
+               "[workload].kind = \"ingress\" (a built-in workload's tokens are split over the ranks at start)");
+  if (c.comm.elastic && c.comm.backend != comm::Backend::ucx)
+    MOED_THROW(Usage, "config: [comm].elastic needs [comm].backend = \"ucx\" (it is \"{}\"): a rank waiting in MPI "
+               "cannot outlive a peer", comm::name_of(c.comm.backend));
+  if (c.comm.elastic && c.comm.control != comm::ControlMedium::transport)
+    MOED_THROW(Usage, "config: [comm].elastic needs [comm].control = \"transport\": MPI's collectives would wait "
+               "for a lost rank forever");
   if (c.workload.kind == WorkloadKind::trace && c.workload.trace.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
   if (c.workload.kind == WorkloadKind::synthetic && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))

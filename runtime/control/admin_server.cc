@@ -117,7 +117,8 @@ std::string one_line(std::string line) {
 
 struct AdminServer::Impl final : SocketService::Handler {
   std::string dir, path;
-  int rank, coordinator;
+  int rank;
+  std::atomic<int> coordinator{0};  // set by the step thread after a loss, read by the server's
   Handlers handlers;
   Limits limits;
   std::unique_ptr<SocketService> service;
@@ -319,12 +320,11 @@ void AdminServer::Impl::handle_line(Client& c, std::string_view line) {
   }
   Request& request = std::get<Request>(parsed);
   if (is_control(request.cmd)) {
-    if (rank != coordinator) {
+    if (const int now = coordinator.load(); rank != now) {
       answer_now(c, answer_error(request.id, code::kNotCoordinator,
                                  fmt::format("'{}' is a control command: send it to the "
                                              "coordinator, rank {}, at {}",
-                                             request.cmd, coordinator,
-                                             AdminServer::socket_path(dir, coordinator))));
+                                             request.cmd, now, AdminServer::socket_path(dir, now))));
       return;
     }
     submit(c, std::move(request));
@@ -480,6 +480,8 @@ void AdminServer::Impl::shut_down_clients() {
     if (!c.dead) write_to(c);
   }
 }
+
+void AdminServer::set_coordinator(int rank) { impl_->coordinator.store(rank); }
 
 AdminServer::AdminServer(const std::string& dir, int rank, int coordinator_rank, Handlers handlers,
                          Limits limits)

@@ -98,6 +98,9 @@ class AdminServer {
 
   const std::string& path() const;
   AdminCounters counters() const;
+  // Elastic serving: the coordinator is now world rank `rank` (the lowest
+  // survivor of a loss); control commands go there from now on.
+  void set_coordinator(int rank);
 
   // <dir>/moed-<rank>.sock
   static std::string socket_path(const std::string& dir, int rank);

@@ -60,6 +60,20 @@ void ControlPlane::save_stats(const routing::RoutingStats& merged, bool last) {
   spdlog::info("wrote {} ({} steps, {} sampled tokens)", c_.config.stats.file, merged.steps(), merged.sample_size());
 }
 
+void ControlPlane::abandon_for_loss() {
+  if (transfer_ || coordinator_.busy())
+    MOED_THROW(Runtime, "a rank was lost during a live migration: weights may be in flight, so this rank cannot go "
+                        "on serving (the restart path takes over)");
+  windows_.drop();
+}
+
+void ControlPlane::continue_as(int rank, int ranks) {
+  c_.rank = rank;
+  c_.ranks = ranks;
+  windows_ = MigrationWindows(comm::rma_weight_movers(c_.transport), rank);
+  publish_placement();
+}
+
 void ControlPlane::submit(admin::Request request, admin::Reply reply) {
   std::lock_guard lock(queue_mu_);
   queue_.emplace_back(std::move(request), std::move(reply));

@@ -84,6 +84,14 @@ class ControlPlane {
   void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
   // At exit: answers whatever is still waiting.
   void finish();
+  // Elastic serving, after a lost rank, before Transport::continue_with:
+  // lets go of the kept migration window (locally: the lost rank cannot
+  // take part). A Runtime error while a migration runs or is being
+  // planned: weights may be in flight, and the restart path takes over.
+  void abandon_for_loss();
+  // After continue_with: this rank is `rank` of the survivors' `ranks`; the
+  // placement (the daemon's, renumbered) is shown again.
+  void continue_as(int rank, int ranks);
   // The request ids the last boundary asked every rank to trace (moectl trace --follow).
   const std::vector<std::uint64_t>& follow_now() const { return follow_now_; }
   // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.

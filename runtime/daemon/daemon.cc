@@ -1,12 +1,15 @@
 #include "runtime/daemon/daemon.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
 #include "comm/mpi/mpi_control_link.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "runtime/daemon/exit_status.h"
 #include "runtime/daemon/start_up.h"
 #include "runtime/daemon/stop_signal.h"
 #include "runtime/workload/token_order.h"
@@ -67,20 +70,41 @@ bool Daemon::serve_step(std::uint64_t step, StepRecord* reduced) {
 }
 
 bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
+  if (!agreement_) return serve_front_door_turn(step, reduced);
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    // A loss another rank noticed: go on without it before this turn.
+    if (loss_under_way()) throw comm::PeersUnreachable({}, "the survivors' agreement began", __FILE__, __LINE__);
+    return serve_front_door_turn(step, reduced);
+  } catch (const comm::PeersUnreachable& e) {
+    spdlog::warn("step {}: {}", step, e.what());
+    go_on_without(e.ranks(), step, started);
+    return true;
+  }
+}
+
+bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
   follow_requests(step);
-  // With no work anywhere, every rank waits a little longer each time (up to
-  // [ingress].idle_wait_us), so an idle daemon sleeps instead of spinning.
-  const auto idle = std::min<std::int64_t>(config_.ingress.idle_wait_us, std::int64_t(50) << std::min(idle_turns_, 20));
-  front_door_->wait_for_work(std::chrono::microseconds(idle));
-  front_door_->take(batches_);
+  // Rows a loss cut short are served again first, alone (elastic serving):
+  // a row's bits do not depend on its batch, so they are the bits it would
+  // have had, and its client is answered once.
+  if (!batches_pending_) {
+    // With no work anywhere, every rank waits a little longer each time (up to
+    // [ingress].idle_wait_us), so an idle daemon sleeps instead of spinning.
+    const auto idle = std::min<std::int64_t>(config_.ingress.idle_wait_us, std::int64_t(50) << std::min(idle_turns_, 20));
+    front_door_->wait_for_work(std::chrono::microseconds(idle));
+    front_door_->take(batches_);
+    batches_pending_ = true;
+  }
   std::vector<Engine::LayerRows> rows(batches_.size());
   for (std::size_t l = 0; l < batches_.size(); ++l)
     rows[l] = {batches_[l].x.data(), batches_[l].rows(), batches_[l].request_ids.data(), batches_[l].positions.data()};
   const std::vector<std::uint32_t> counts = engine_->agree_layer_counts(rows, step);
   if (std::all_of(counts.begin(), counts.end(), [](std::uint32_t n) { return n == 0; })) {
+    batches_pending_ = false;
     ++idle_turns_;
     snapshot_->note_idle_turn();
     return true;
@@ -88,7 +112,9 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
   idle_turns_ = 0;
   maybe_inject(fault_, rank_, served_);
   StepRecord rec = engine_->run_layers(step, rows, counts);
+  if (agreement_) leave_if_fenced();  // a rank the others left out answers nothing (docs/elastic.md)
   front_door_->complete(batches_);
+  batches_pending_ = false;
   rec = reduce_record(control_, rec, step);
   after_step(step, served_++, started, std::move(rec), reduced);
   return true;
@@ -167,9 +193,20 @@ int serve(const Config& config, const ServeOptions& options, comm::MpiSession& m
   install_stop_signals();  // from here on, SIGTERM and SIGINT drain (runtime/daemon/stop_signal.h)
   Daemon::Started started = Daemon::start(config, options, mpi);
   if (!started.daemon) return started.exit_code;
-  for (std::uint64_t step = 0; started.daemon->serve_step(step); ++step) {
+  Daemon& d = *started.daemon;
+  for (std::uint64_t step = 0; d.serve_step(step); step = d.next_step(step)) {
   }
-  started.daemon->finish();
+  d.finish();
+  if (d.outlived_a_peer()) {
+    // MPI_Finalize and the transport's collective teardown would wait for
+    // the lost rank (docs/elastic.md): what this rank owes is written.
+    spdlog::info("moed: leaving without MPI_Finalize, as a rank of the job was lost");
+    note_exit_status(mpi.rank(), 0);
+    spdlog::default_logger()->flush();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(0);
+  }
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include "comm/control_channel.h"
 #include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_session.h"
+#include "comm/survivor_agreement.h"
 #include "comm/transport.h"
 #include "placement/placement.h"
 #include "placement/topology.h"
@@ -61,6 +62,12 @@ class Daemon {
   void finish();
   // Gathers every rank's routing statistics on rank 0 and writes [stats].file.
   void write_stats(bool last);  // last: the write at exit
+  // The step after `step`: the next, or, once the survivors of a loss have
+  // agreed, the one they go on from together.
+  std::uint64_t next_step(std::uint64_t step);
+  // This rank went on without a lost peer: it must leave without
+  // MPI_Finalize, which would wait for that peer.
+  bool outlived_a_peer() const { return outlived_a_peer_; }
 
   const Config& config() const { return config_; }
   comm::ControlChannel& control() { return control_; }
@@ -81,6 +88,22 @@ class Daemon {
   void follow_requests(std::uint64_t step);
   void after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
                   StepRecord rec, StepRecord* reduced);
+  bool serve_front_door_turn(std::uint64_t step, StepRecord* reduced);
+
+  // Elastic serving ([comm].elastic; runtime/daemon/elastic.cc).
+  // At start: the survivors' agreement over the transport's peer messages,
+  // polled from the transport's waits.
+  void watch_for_losses();
+  // Polls the agreement: true once one began, or decided an epoch this rank
+  // has not gone on with.
+  bool loss_under_way();
+  // A rank the others left out exits here, before it answers anything.
+  void leave_if_fenced();
+  // After a lost peer cut step `step` short (`suspects`: who this rank
+  // found unreachable) or another rank said so: the agreement, then the
+  // survivors' placement, orphans loaded, the engine rebuilt over them.
+  void go_on_without(const std::vector<int>& suspects, std::uint64_t step,
+                     std::chrono::steady_clock::time_point cut_short);
 
   const Config& config_;
   ServeOptions options_;
@@ -116,6 +139,13 @@ class Daemon {
   std::vector<ingress::LayerBatch> batches_;        // the front door's rows of this step, per layer
   std::uint64_t served_ = 0;                        // front door: steps that had work
   int idle_turns_ = 0;                              // front door: turns in a row without work anywhere
+  int local_ranks_ = 1;                             // ranks on this host (the memory check's share)
+  std::unique_ptr<comm::SurvivorAgreement> agreement_;  // [comm].elastic
+  std::uint64_t epoch_served_ = 0;                  // the survivors' epoch this rank serves in
+  bool batches_pending_ = false;                    // batches_ taken but not answered: a loss cut their step short
+  std::optional<std::uint64_t> resume_at_;          // the step the survivors go on from
+  bool outlived_a_peer_ = false;
+  nlohmann::json losses_ = nlohmann::json::array(); // what status shows of each loss (the last kKeptLosses)
 };
 
 // moed's main loop: start, serve every configured step, finish. Returns the

@@ -33,6 +33,7 @@
 #include "launch/topology_description.h"
 #include "placement/memory_plan.h"
 #include "placement/placement_file.h"
+#include "placement/redundancy.h"
 #include "placement/shard_rules.h"
 #include "routing/stats_file.h"
 #include "runtime/config/memory_estimate.h"
@@ -164,6 +165,12 @@ placement::Placement initial_placement(const Config& c, const placement::Topolog
                    : placement::read_placement_file(file, layer_numbers(c.model));
   std::string origin = file.empty() ? "[placement].policy" : file;
   placement::check_placement_shape(p, ranks, L, E, origin);
+  // Every expert on N islands from the start (elastic serving: a lost rank
+  // then orphans nothing); every rank plans alike, with no statistics.
+  if (c.placement.redundancy > 1) {
+    p = placement::add_island_redundancy(p, placement::alike_loads(L, E), topology, int(c.placement.redundancy));
+    origin += fmt::format(" with [placement].redundancy = {}", c.placement.redundancy);
+  }
   p.validate(origin, int(c.placement.max_slots_per_rank));
   placement::check_shards(p, int(c.experts.ffn_chunks), topology, origin);
   return p;
@@ -419,9 +426,10 @@ void Daemon::Startup::agree_topology_and_placement() {
 
 void Daemon::Startup::load_weights() {
   // Before the weights: sizes the host cannot hold are refused naming their keys.
+  d_.local_ranks_ = std::max(1, where_.local_size);
   refuse_if_too_large(
       estimate_rank_memory(c_, placement::slot_groups(d_.placement_, d_.rank_), mpi_.size(), d_.rank_),
-      std::max(1, where_.local_size), fmt::format("rank {}", d_.rank_));
+      d_.local_ranks_, fmt::format("rank {}", d_.rank_));
   d_.store_.emplace(ExpertStore::load(c_, d_.placement_, d_.rank_));
   d_.workload_ = make_workload(c_, d_.store_->layer(0).gate.data());
   d_.stats_ = initial_stats(c_, d_.rank_, mpi_.size());
@@ -611,6 +619,7 @@ Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm
     if (round.together) (start_up.*round.together)();
   }
   start_up.announce();
+  if (c.comm.elastic) d->watch_for_losses();
   d->snapshot_->note_loaded();
   return {std::move(d), 0};
 }

@@ -381,4 +381,8 @@ void Engine::drive_passes(double& rows_wait, double& answers_wait) {
   for (LayerPass& pass : passes_) pass.finish();
 }
 
+void Engine::abandon_step() {
+  for (LayerPass& pass : passes_) pass.abandon();
+}
+
 }  // namespace moed::runtime

@@ -69,6 +69,11 @@ class Engine {
   // Serves every layer that has rows on some rank, in layer order (collective).
   StepRecord run_layers(std::uint64_t step, std::vector<LayerRows>& layers, const std::vector<std::uint32_t>& counts);
 
+  // Elastic serving: a lost peer cut the step short. Closes the passes'
+  // exchanges (Transport::continue_with needs none open) and keeps their
+  // buffers until the engine is destroyed, after continue_with.
+  void abandon_step();
+
   // Routing statistics to feed with this rank's tokens after every step
   // (none: nullptr). Front-door tokens are followed across layers by
   // (request id, position), at most `follow_tokens` at once.

@@ -456,4 +456,11 @@ void LayerPass::finish() {
   }
 }
 
+void LayerPass::abandon() {
+  for (Stream& s : streams_) {
+    s.rows.reset();
+    s.answers.reset();
+  }
+}
+
 }  // namespace moed::runtime

@@ -90,6 +90,10 @@ class LayerPass {
   bool awaiting_rows() const;
   // Waits for the last sends; after done().
   void finish();
+  // A lost peer cut the pass short: closes its exchanges (their receives
+  // cancelled, their sends left to the transport), keeping the buffers,
+  // which a peer may still be reading until Transport::continue_with().
+  void abandon();
   // What the pass still waits for, for a deadline's message.
   std::string describe() const;
 

@@ -30,6 +30,7 @@ Report::Report(RunInfo info, int load_window_steps, int recent_steps, int hot_ex
     : info_(std::move(info)),
       window_(load_window_steps),
       hot_experts_(hot_experts),
+      recent_steps_(recent_steps),
       window_load_(std::size_t(info_.shape.layers) * std::size_t(info_.shape.experts), 0),
       window_tokens_(std::size_t(info_.shape.layers), 0),
       recent_wall_(std::size_t(recent_steps)),
@@ -38,6 +39,12 @@ Report::Report(RunInfo info, int load_window_steps, int recent_steps, int hot_ex
       recent_answers_wait_(std::size_t(recent_steps) * std::size_t(info_.shape.layers)),
       rank_signals_(std::max(1, info_.ranks), info_.shape.layers, info_.shape.experts, load_window_steps,
                     recent_steps) {}
+
+void Report::continue_with_ranks(int ranks, std::string topology) {
+  info_.ranks = ranks;
+  info_.topology = std::move(topology);
+  rank_signals_ = RankSignals(std::max(1, ranks), info_.shape.layers, info_.shape.experts, window_, recent_steps_);
+}
 
 std::size_t Report::retained_samples() const {
   return ring_.size() + ring_tokens_.size() + recent_wall_.size() + recent_tokens_.size() + recent_rows_wait_.size() +

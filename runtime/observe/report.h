@@ -121,6 +121,10 @@ class Report {
   void boundary(double now);
   // One step's record, already reduced over ranks (max of times, sum of bytes).
   void add_step(std::uint64_t step, const StepRecord& rec);
+  // Elastic serving: the job goes on as `ranks` ranks on `topology` (the
+  // survivors of a loss). The per-rank signals start again over them; the
+  // job's figures go on.
+  void continue_with_ranks(int ranks, std::string topology);
   std::string step_line(std::uint64_t step, const StepRecord& rec) const;
   Summary summary() const;
   std::uint64_t steps_served() const { return served_; }  // the warm-up included
@@ -138,7 +142,7 @@ class Report {
   nlohmann::json window_load_json() const;
 
   RunInfo info_;
-  int window_, hot_experts_;
+  int window_, hot_experts_, recent_steps_;
   std::uint64_t served_ = 0;  // steps served, warm-up included
 
   // Measured steps only (after the warm-up).

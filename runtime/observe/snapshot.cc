@@ -84,12 +84,22 @@ void Snapshot::publish(const ControlState& control, const Summary* summary) {
     figures.thresholds = alert_book_.limits();
     metrics = prometheus_text(*summary, figures);
   }
-  status["alerts"] = alerts;
   status["memory"] = memory_json(memory_after_load_, process_memory(), peak_since_load_);
   std::lock_guard lock(mu_);
+  if (!survivors_.is_null()) {
+    status["survivors"] = survivors_;
+    for (const json& loss : survivors_.value("losses", json::array())) alerts.push_back(loss.value("alert", ""));
+  }
+  status["alerts"] = std::move(alerts);
   status_ = std::move(status);
   if (summary) metrics_ = std::move(metrics), summary_ = *summary;
   migration_ = control.migration;
+}
+
+void Snapshot::set_survivors(json survivors) {
+  std::lock_guard lock(mu_);
+  survivors_ = std::move(survivors);
+  if (!status_.is_null()) status_["survivors"] = survivors_;  // shown before the next step publishes
 }
 
 void Snapshot::set_placement(json placement) {

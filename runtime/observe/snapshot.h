@@ -69,6 +69,10 @@ class Snapshot {
   // for (any thread): status shows them as "front_door", and the metrics
   // as moed_front_door_* (this rank's).
   void set_front_door_counters(std::function<nlohmann::json()> counters);
+  // Elastic serving, after each agreement on the survivors: the epoch, its
+  // members (world ranks) and the losses so far (runtime/daemon/elastic.cc).
+  // Status shows it as "survivors", with an alert for each loss.
+  void set_survivors(nlohmann::json survivors);
 
   // The reads, from any thread, as last published.
   int rank() const { return rank_; }
@@ -102,7 +106,7 @@ class Snapshot {
   bool peak_since_load_ = false;
 
   mutable std::mutex mu_;
-  nlohmann::json status_, placement_, migration_;
+  nlohmann::json status_, placement_, migration_, survivors_;
   std::string metrics_;
   std::shared_ptr<const routing::RoutingStats> last_stats_;
   std::optional<Summary> summary_;  // rank 0: the last published figures

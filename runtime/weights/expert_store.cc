@@ -415,6 +415,16 @@ ExpertStore ExpertStore::load(const Config& config, const placement::Placement& 
   return store;
 }
 
+void ExpertStore::load_experts(const Config& config, const std::vector<std::pair<int, int>>& experts) {
+  if (experts.empty()) return;
+  TensorSource source(config, shape_, dtype_);
+  for (const auto& [l, e] : experts) {
+    MOED_CHECK(!holds(l, e), "layer {} expert {} is held here already", shape_.spec.model_layer(l), e);
+    slots_.emplace(std::pair{l, e}, make_slot(source.expert(l, e), std::size_t(shape_.ffn), 0, 1));
+  }
+  malloc_trim(0);
+}
+
 ExpertStore::Slot ExpertStore::make_slot(ExpertTensors t, std::size_t ffn, int shard, int shards) const {
   MOED_CHECK(t.w13.dtype == dtype_ && t.w2.dtype == dtype_, "a {} slot in a store of {}", kernels::to_string(t.w13.dtype),
              kernels::to_string(dtype_));

@@ -11,7 +11,9 @@
 //   front_door_check --dir DIR --ranks R --mode workload --config C [--set K=V]... --out FILE
 //
 // --key-file K: through the ranks' network doors (the addresses each rank
-// lists in DIR/moed-ingress-<rank>.ucx), proving key K.
+// lists in DIR/moed-ingress-<rank>.ucx), proving key K. --all-homes (with
+// --key-file): every client has every rank's door as a home, its own rank's
+// first, and fails over to the others when one is lost.
 //
 // Request r has 1 + (hash % 48) rows at a layer from hash among the model's
 // layers L .. (--first-layer L, 0 by default: a model whose first layers are
@@ -312,6 +314,9 @@ int main(int argc, char** argv) {
   pause_opt->needs(app.get_option("--resume-file"));
   std::string key_file;
   app.add_option("--key-file", key_file, "connect through the ranks' network doors, proving this key");
+  bool all_homes = false;
+  app.add_flag("--all-homes", all_homes, "every rank's network door a home of each client")
+      ->needs(app.get_option("--key-file"));
   CLI11_PARSE(app, argc, argv);
   moed::client::Options options;
   options.slots = 4, options.max_rows = 64, options.timeout_ms = 60'000, options.key_file = key_file;
@@ -328,8 +333,12 @@ int main(int argc, char** argv) {
     }
     std::vector<std::unique_ptr<Client>> clients;
     const int n_clients = mode == "serial" ? 1 : ranks * per_rank;
-    for (int i = 0; i < n_clients; ++i)
-      clients.push_back(std::make_unique<Client>(door_of(dir, i % ranks, key_file), options));
+    for (int i = 0; i < n_clients; ++i) {
+      std::vector<std::string> homes{door_of(dir, i % ranks, key_file)};
+      for (int r = 1; all_homes && r < ranks; ++r) homes.push_back(door_of(dir, (i + r) % ranks, key_file));
+      clients.push_back(homes.size() == 1 ? std::make_unique<Client>(homes[0], options)
+                                          : std::make_unique<Client>(homes, options));
+    }
     std::vector<std::vector<int>> share(static_cast<std::size_t>(n_clients));
     for (int r = 0; r < count; ++r) share[std::size_t(r % n_clients)].push_back(r);
     if (mode == "workload") {

@@ -54,6 +54,11 @@ EOF
 expect_output "dry run, --hostfile (slots=8 and none) --gpus-per-host 8 --ranks 16" "$cmd_2x8" -- \
   "$MPIRUN_L" --hostfile "$SCRATCH/hosts" --gpus-per-host 8 --ranks 16 --moed "$MOED" --dry-run -- --config "$SMALL"
 
+# Elastic serving: mpirun keeps the survivors alive, and moed is told to go on.
+cmd_elastic="${cmd_2x8/--bind-to none/--bind-to none --enable-recovery -x MOED_EXIT_STATUS_DIR} --set comm.elastic=true"
+expect_output "dry run, --elastic" "$cmd_elastic" -- \
+  "$MPIRUN_L" --hosts node1,node2 --gpus-per-host 8 --moed "$MOED" --elastic --dry-run -- --config "$SMALL"
+
 # The root flag follows the user who runs the launcher.
 if [ "$(id -u)" = 0 ]; then
   expect_in "as root" "$cmd_2x8" "mpirun --allow-run-as-root -np 16"

@@ -83,5 +83,41 @@ TEST(Survivors, EverySingleLossOfARedundantPlacementRenumbersToAValidOne) {
   }
 }
 
+// The plan the daemon's survivors serve with: with every expert on two
+// islands nothing is loaded; without, each orphan goes to one survivor,
+// spread by the placement's own loads, and that survivor alone loads it.
+TEST(Survivors, APlanLoadsNothingWhenEveryExpertHasACopyLeft) {
+  const Topology topology({0, 0, 1, 1});
+  const Placement two = add_island_redundancy(shuffled(4, 2, 4, 5), test_stats::hot_expert(2, 3), topology, 2);
+  for (int lost = 0; lost < 4; ++lost) {
+    const SurvivorsPlan plan = plan_for_survivors(two, {lost});
+    EXPECT_EQ(plan.members.size(), 3u);
+    for (const auto& loads : plan.to_load) EXPECT_TRUE(loads.empty()) << "lost " << lost;
+    EXPECT_EQ(plan.to_load.size(), 3u);
+    plan.placement.validate("lost " + std::to_string(lost));
+  }
+}
+
+TEST(Survivors, APlanSpreadsTheOrphansOverTheSurvivors) {
+  const Placement p = contiguous(4, 1, 8);  // rank r holds experts 2r and 2r + 1
+  const SurvivorsPlan plan = plan_for_survivors(p, {2});
+  EXPECT_EQ(plan.members, (std::vector<int>{0, 1, 3}));
+  using Loads = std::vector<std::vector<std::pair<int, int>>>;
+  EXPECT_EQ(plan.to_load, (Loads{{{0, 4}}, {{0, 5}}, {}}));
+  EXPECT_EQ(plan.placement.replicas(0, 4), std::vector<int>{0});
+  EXPECT_EQ(plan.placement.replicas(0, 5), std::vector<int>{1});
+  EXPECT_EQ(plan.placement.replicas(0, 6), std::vector<int>{2});  // world rank 3's, renumbered
+  plan.placement.validate("lost rank 2");
+  // Two lost at once: four orphans over two survivors, two each.
+  const SurvivorsPlan two = plan_for_survivors(p, {1, 3});
+  EXPECT_EQ(two.members, (std::vector<int>{0, 2}));
+  EXPECT_EQ(two.to_load[0].size(), 2u);
+  EXPECT_EQ(two.to_load[1].size(), 2u);
+  for (std::size_t r = 0; r < two.to_load.size(); ++r)
+    for (const auto& [l, e] : two.to_load[r]) EXPECT_EQ(two.placement.replicas(l, e), std::vector<int>{int(r)});
+  two.placement.validate("lost ranks 1 and 3");
+  test::expect_error([&] { plan_for_survivors(p, {0, 1, 2, 3}); }, ErrorKind::Runtime, {"every rank"});
+}
+
 }  // namespace
 }  // namespace moed::placement

@@ -187,6 +187,18 @@ TEST(ConfigCrossKeyLimits, BoundariesAreAccepted) {
   EXPECT_NO_THROW(load("[workload]\ntopic_size = 8\n"));
 }
 
+// [comm].elastic: the front door's clients, over UCX, with the control
+// collectives off MPI; each missing piece named.
+TEST(ConfigCrossKeyLimits, ElasticServingNeedsTheFrontDoorUcxAndTransportControl) {
+  const std::string ok = "[comm]\nelastic = true\nbackend = \"ucx\"\ncontrol = \"transport\"\n"
+                         "[workload]\nkind = \"ingress\"\n[ingress]\ndir = \"/tmp\"\n";
+  EXPECT_TRUE(load(ok).comm.elastic);
+  expect_error([&] { load(ok, {"workload.kind=\"synthetic\""}); }, ErrorKind::Usage,
+               {"[comm].elastic", "[workload].kind"});
+  expect_error([&] { load(ok, {"comm.backend=\"auto\""}); }, ErrorKind::Usage, {"[comm].elastic", "[comm].backend"});
+  expect_error([&] { load(ok, {"comm.control=\"mpi\""}); }, ErrorKind::Usage, {"[comm].elastic", "[comm].control"});
+}
+
 TEST(ConfigCrossKeyLimits, ChecksApplyOnlyWhereTheyMatter) {
   // min_k is a top-p key: ignored in top-k mode.
   EXPECT_NO_THROW(load("[router]\nmode = \"topk\"\nmin_k = 3\n"));
