@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# What a lost rank costs the clients: elastic serving ([comm].elastic, the
+# survivors go on) against the restart path (moed-mpirun --restart relaunches
+# the job), at the demo's shape (configs/demo.toml: 4 ranks, 2 islands of 2)
+# and the decode layer's (configs/bench-decode.toml), served to network
+# clients through the front door.
+#
+# Each kill: SIGKILL of world rank 1 at time t0; at once a client with every
+# rank as a home submits 4 requests, one at a time; t1 is when the last is
+# answered. "kill -> answered" is t1 - t0: detecting the loss, agreeing,
+# rebuilding (or relaunching and reloading), the client's failover, and 4
+# requests served. The same client against an undisturbed job gives the
+# base. A client that connects that late does not see all of the pause of
+# the clients in flight, so the survivors' own figure is printed too:
+# "paused", the longest over the survivors from the start of the step the
+# loss cut short to serving again (their log). Prints each shape's medians
+# of 3 kills and the ratio restart / elastic; asserts nothing.
+#   tests/bench/elastic.sh [BUILD_DIR]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+moed=$build/apps/moed check=$build/tests/front_door_check
+[ -x "$moed" ] && [ -x "$check" ] || { echo "build first: $moed or $check is missing (ci/build.sh)" >&2; exit 2; }
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
+work=$(mktemp -d /tmp/moed-elastic.XXXXXX)
+head -c 32 /dev/urandom >"$work/key" && chmod 600 "$work/key"
+pid=""
+stop_job() {
+  [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  pkill -9 -f -- "^$moed .*$work/" 2>/dev/null || true
+  [ -z "$pid" ] || wait "$pid" 2>/dev/null || true
+  pid=""
+}
+trap 'stop_job; rm -rf "$work"' EXIT
+port=$((18500 + $$ % 5000))
+
+# start MODE CONFIG: the job in the background, once every rank's door is open.
+start() {
+  local mode=$1 config=$2 launcher=(--restart 5)
+  [ "$mode" = elastic ] && launcher+=(--elastic)
+  rm -rf "$work/sock"
+  "$root/launch/moed-mpirun" "${launcher[@]}" --hosts localhost --gpus-per-host 4 --moed "$moed" --bind none -- \
+    --config "$config" --set workload.kind=ingress --set "ingress.dir=\"$work/sock\"" \
+    --set "ingress.listen=\"127.0.0.1:$port\"" --set "ingress.key_file=\"$work/key\"" \
+    --set 'ingress.transports="tcp"' --set 'comm.backend="ucx"' --set 'comm.control="transport"' \
+    --set log.per_step=false >"$work/log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1200); do
+    up=1
+    for r in 0 1 2 3; do [ -s "$work/sock/moed-ingress-$r.ucx" ] || up=0; done
+    [ "$up" = 1 ] && return
+    kill -0 "$pid" 2>/dev/null || { cat "$work/log" >&2; exit 1; }
+    sleep 0.05
+  done
+  echo "the job did not open its doors" >&2
+  exit 1
+}
+world_rank_pid() {
+  local p
+  for p in $(pgrep -f -- "^$moed .*$work/sock"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
+  done
+}
+# requests: seconds for 4 requests, one at a time, by a client with every rank as a home.
+# A relaunched job's doors are listed again only once it is up: until then
+# the client cannot even find its homes, and tries again.
+requests() {
+  local t0=$1
+  for _ in $(seq 3000); do
+    "$check" --dir "$work/sock" --ranks 4 --mode serial --requests 4 --key-file "$work/key" --all-homes \
+      --out /dev/null >/dev/null 2>"$work/client.err" && {
+      python3 -c "import time; print(f'{time.time() - $t0:.3f}')"
+      return
+    }
+    grep -q "lists no network address" "$work/client.err" || break
+    sleep 0.02
+  done
+  cat "$work/client.err" >&2
+  tail -20 "$work/log" >&2
+  exit 1
+}
+median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+
+echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-decode.toml"; do
+  name=${shape%%:*} config=${shape#*:}
+  base=() elastic=() restart=() paused=()
+  for _ in 1 2 3; do  # elastic: a fresh job for each kill
+    start elastic "$config"
+    base+=("$(requests "$(date +%s.%N)")")
+    victim=$(world_rank_pid 1)
+    t0=$(date +%s.%N)
+    kill -9 "$victim"
+    elastic+=("$(requests "$t0")")
+    paused+=("$(sed -n 's/.*serving paused \([0-9]*\) ms on this rank/\1/p' "$work/log" | sort -n | tail -1)")
+    stop_job
+  done
+  start restart "$config"
+  for _ in 1 2 3; do  # the restart path: the job relaunches after each kill
+    victim=$(world_rank_pid 1)
+    t0=$(date +%s.%N)
+    kill -9 "$victim"
+    restart+=("$(requests "$t0")")
+  done
+  stop_job
+  e=$(median "${elastic[@]}") r=$(median "${restart[@]}") b=$(median "${base[@]}") p=$(median "${paused[@]}")
+  printf '%-13s undisturbed %s s | elastic: kill -> answered %s s (%s), survivors paused %s ms (%s) | ' \
+    "$name" "$b" "$e" "${elastic[*]}" "$p" "${paused[*]}"
+  printf 'restart path %s s (%s) | restart / elastic %.1fx\n' "$r" "${restart[*]}" "$(python3 -c "print($r / $e)")"
+done
