@@ -2,6 +2,7 @@
 // started by mpirun or srun; run alone it serves as a single rank.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
@@ -41,6 +42,25 @@ int generate_weights(const moed::runtime::Config& c, const std::string& path) {
                            c.model.dtype, shipped ? fmt::format(", experts in {}", moed::kernels::to_string(experts)) : "",
                            c.model.seed);
   return 0;
+}
+
+// A rank that failed while serving: MPI_Abort ends every rank (peers may be
+// blocked on this one), and under elastic serving it must not: Open MPI's
+// MPI_Abort kills every process even under mpirun --enable-recovery
+// (measured), so a rank cut off with a minority would end the majority that
+// goes on. There the rank leaves alone (MPI_Finalize would wait for peers),
+// and the others see it as lost.
+int end_after_error(moed::comm::MpiSession* mpi, const moed::runtime::Config& config, int code) {
+  if (!mpi) return code;
+  moed::runtime::note_exit_status(mpi->rank(), code);
+  if (mpi->size() > 1 && !config.comm.elastic) mpi->abort(code);
+  if (mpi->size() > 1) {
+    spdlog::default_logger()->flush();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+  return code;
 }
 
 }  // namespace
@@ -125,13 +145,9 @@ int main(int argc, char** argv) {
     return code;
   } catch (const moed::Error& e) {
     spdlog::critical("{}", e.describe());
-    if (mpi) moed::runtime::note_exit_status(mpi->rank(), e.exit_code());
-    if (mpi && mpi->size() > 1) mpi->abort(e.exit_code());  // peers may be blocked on this rank
-    return e.exit_code();
+    return end_after_error(mpi.get(), config, e.exit_code());
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
-    if (mpi) moed::runtime::note_exit_status(mpi->rank(), 1);
-    if (mpi && mpi->size() > 1) mpi->abort(1);
-    return 1;
+    return end_after_error(mpi.get(), config, 1);
   }
 }
