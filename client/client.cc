@@ -122,7 +122,8 @@ struct Client::Impl {
   std::unique_ptr<Link> open(Deadline deadline, Link* previous) {
     if (addresses.size() > 1) {
       if (!key) throw Error("moed client: " + path + ": several homes must all be ucx:// addresses");
-      return std::make_unique<Homes>(addresses, *key, hello(), deadline, options.spread, previous);
+      return std::make_unique<Homes>(addresses, *key, hello(), deadline, options.spread,
+                                     std::chrono::milliseconds(std::max(0, options.home_silence_ms)), previous);
     }
     return open_link(path, key ? &*key : nullptr, hello(), deadline, previous);
   }

@@ -72,6 +72,12 @@ struct Options {
   // With several homes: each submit to the next home in turn, or to the
   // one with the fewest of this client's rows in flight.
   Spread spread = Spread::round_robin;
+  // With several homes: a home that holds this client's rows and has sent
+  // nothing for this long is pinged, and one that answers nothing for as
+  // long again is failed over (its host or link may be gone without any
+  // connection breaking). The daemon answers pings from its network
+  // thread, whatever its steps are doing. 0: only a broken connection.
+  int home_silence_ms = 3'000;
 };
 
 class MOED_CLIENT_CXX_API Client {

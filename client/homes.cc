@@ -17,8 +17,8 @@ constexpr int kConnectPerHomeMs = 3000;
 }  // namespace
 
 Homes::Homes(const std::vector<std::string>& addresses, const wire::Key& key, const wire::Hello& hello,
-             Deadline deadline, Spread spread, Link* previous)
-    : spread_(spread) {
+             Deadline deadline, Spread spread, std::chrono::milliseconds silence, Link* previous)
+    : spread_(spread), silence_(silence) {
   std::unique_ptr<Error> last;
   for (const std::string& address : addresses) {
     Deadline one = Deadline::after(kConnectPerHomeMs);
@@ -78,6 +78,7 @@ std::size_t Homes::pick() {
 
 void Homes::submit(const wire::Submit& m) {
   const std::size_t home = pick();
+  if (rows_in_flight_[home] == 0) links_[home]->restart_silence();  // silence counts from its first rows
   links_[home]->submit(m);
   if (m.slot < link_of_slot_.size()) {
     link_of_slot_[m.slot] = home;
@@ -106,6 +107,11 @@ wire::Frame Homes::next_frame(Deadline deadline) {
       return f;
     }
     if (deadline.passed()) throw Error("moed client: timed out waiting for the homes " + links_.front()->where() + ", ...");
+    // Homes holding rows are watched: one silent past silence_ is pinged,
+    // then lost (its ready() throws Lost at the next turn, and the Client fails over).
+    bool watching = false;
+    for (std::size_t i = 0; i < links_.size(); ++i)
+      if (silence_.count() > 0 && rows_in_flight_[i] > 0) links_[i]->watch_silence(silence_), watching = true;
     std::vector<pollfd> fds;
     bool sleep = true;
     for (auto& l : links_) {
@@ -113,7 +119,12 @@ wire::Frame Homes::next_frame(Deadline deadline) {
       fds.push_back({l->fd(), POLLIN, 0});
     }
     if (!sleep) continue;
-    while (::poll(fds.data(), fds.size(), deadline.set ? wait_ms_until(deadline) : -1) < 0 && errno == EINTR) {
+    int wait_ms = deadline.set ? wait_ms_until(deadline) : -1;
+    if (watching) {  // wake to check the silences at a tenth of their length
+      const int tick = int(std::max<std::int64_t>(10, silence_.count() / 10));
+      wait_ms = wait_ms < 0 ? tick : std::min(wait_ms, tick);
+    }
+    while (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno == EINTR) {
     }
   }
 }

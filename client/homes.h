@@ -10,6 +10,7 @@
 // is the failover.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,8 +23,9 @@ namespace moed::client {
 class Homes final : public Link {
  public:
   // Throws the last home's failure (Lost or Error) when none can be reached.
+  // `silence`: Options::home_silence_ms (0: off).
   Homes(const std::vector<std::string>& addresses, const wire::Key& key, const wire::Hello& hello, Deadline deadline,
-        Spread spread, Link* previous);
+        Spread spread, std::chrono::milliseconds silence, Link* previous);
 
   const wire::Welcome& welcome() const override { return welcome_; }
   std::byte* slot(std::uint32_t s) const override { return links_.front()->slot(s); }
@@ -39,6 +41,7 @@ class Homes final : public Link {
   std::size_t pick() ;
 
   Spread spread_;
+  std::chrono::milliseconds silence_;
   std::vector<std::unique_ptr<NetworkLink>> links_;
   std::vector<std::string> left_out_;
   std::vector<std::uint64_t> rows_in_flight_;  // per link, this client's

@@ -87,6 +87,8 @@ bool NetworkLink::ready() {
   for (netio::Event& e : worker_->take_events()) {
     if (e.kind == netio::Event::Kind::lost && !lost_) lost_ = e.error;
     if (e.kind != netio::Event::Kind::frame) continue;
+    last_heard_ = std::chrono::steady_clock::now(), pinged_.reset();
+    if (e.frame.type == wire::Type::pong) continue;  // the answer to watch_silence's ping
     if (e.frame.type == wire::Type::ping) {  // the daemon checks that we are alive
       worker_->send(ep_, wire::encode_pong());
       continue;
@@ -100,6 +102,21 @@ bool NetworkLink::ready() {
   if (!frames_.empty()) return true;
   if (lost_) throw Lost("moed client: lost the connection to " + where_ + ": " + *lost_, 0);
   return false;
+}
+
+void NetworkLink::restart_silence() { last_heard_ = std::chrono::steady_clock::now(), pinged_.reset(); }
+
+void NetworkLink::watch_silence(std::chrono::milliseconds silence) {
+  if (lost_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (!pinged_) {
+    if (now - last_heard_ < silence) return;
+    worker_->send(ep_, wire::encode_ping());
+    pinged_ = now;
+  } else if (now - *pinged_ >= silence) {
+    lost_ = "it holds rows of this client and answered no ping for " + std::to_string(silence.count()) +
+            " ms (Options::home_silence_ms)";
+  }
 }
 
 wire::Frame NetworkLink::pop() {

@@ -5,6 +5,7 @@
 // brings the outputs straight back into the slot. Internal to the library.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -62,6 +63,14 @@ class NetworkLink final : public Link {
   bool arm() { return worker_->arm(); }
   int fd() const { return worker_->fd(); }
 
+  // The liveness check of a home that holds this client's rows (homes.h):
+  // silence counts from restart_silence() or the last frame the daemon
+  // sent. Once it reaches `silence` the daemon is pinged, and a daemon that
+  // answers nothing for as long again is taken as lost (ready() throws
+  // Lost): its host or link may be gone without any connection breaking.
+  void restart_silence();
+  void watch_silence(std::chrono::milliseconds silence);
+
  private:
   // Progresses until a frame is queued, the link is lost (throws Lost) or the deadline passes (false).
   bool pump(Deadline deadline);
@@ -75,6 +84,8 @@ class NetworkLink final : public Link {
   std::shared_ptr<LocalSlots> slots_;
   std::deque<wire::Frame> frames_;
   std::optional<std::string> lost_;
+  std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> pinged_;
 };
 
 }  // namespace moed::client

@@ -271,6 +271,8 @@ void NetworkDoor::Impl::on_frame(NetworkSession& s, netio::Event& e) {
   s.last_heard = Clock::now(), s.pinged.reset();
   if (!s.logged_in()) return on_login(s, e.frame);
   if (e.frame.type == wire::Type::pong) return;
+  // A client with rows here checks that this rank is alive (client/homes.h).
+  if (e.frame.type == wire::Type::ping) return send_now(s, wire::encode_pong());
   std::string error;
   const auto m = e.frame.type == wire::Type::submit ? wire::decode_submit(e.frame.payload, error) : std::nullopt;
   if (!m) {
