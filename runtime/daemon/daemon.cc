@@ -181,6 +181,11 @@ void Daemon::finish() {
   if (placement_.epoch() != start_epoch_)
     report_->set_placement(fmt::format("migrated live ({}); started from {}", placement_details(placement_),
                                        start_placement_));
+  if (!losses_.empty())  // elastic serving: who went, and what is served now
+    report_->set_placement(fmt::format("{} ranks lost, the last at step {}: now {}; started from {}",
+                                       int(snapshot_->island_of_rank().size()) - transport_->size(),
+                                       losses_.back().value("step", std::uint64_t(0)),
+                                       placement_details(placement_), start_placement_));
   report_->print(std::cout);
   std::cout.flush();
   if (!options_.report_json.empty()) report_->write_json(options_.report_json);

@@ -153,14 +153,31 @@ void append_front_door_metrics(const json& counters, int rank, std::string& out)
   }
 }
 
+// Elastic serving's survivors (set_survivors), once a rank was lost: the
+// epoch, the ranks serving and lost, and the last loss's pause here.
+void append_survivor_metrics(const json& survivors, std::size_t world, std::string& out) {
+  const json losses = survivors.value("losses", json::array());
+  const std::size_t serving = survivors.value("members", json::array()).size();
+  const double last_pause = losses.empty() ? 0.0 : losses.back().value("paused_ms", 0.0);
+  const std::pair<const char*, double> figures[] = {
+      {"survivors_epoch", survivors.value("epoch", 0.0)},
+      {"ranks_serving", double(serving)},
+      {"ranks_lost", double(world - std::min(world, serving))},
+      {"last_loss_pause_ms", last_pause}};
+  for (const auto& [name, value] : figures)
+    out += fmt::format("# HELP moed_{0} elastic serving: {0} (moectl status: survivors)\n# TYPE moed_{0} gauge\n"
+                       "moed_{0} {1}\n",
+                       name, value);
+}
+
 }  // namespace
 
 std::optional<std::string> Snapshot::metrics_text() const {
   std::lock_guard lock(mu_);
   if (metrics_.empty()) return std::nullopt;
-  if (!front_door_counters_) return metrics_;
   std::string out = metrics_;
-  append_front_door_metrics(front_door_counters_(), rank_, out);
+  if (front_door_counters_) append_front_door_metrics(front_door_counters_(), rank_, out);
+  if (!survivors_.is_null()) append_survivor_metrics(survivors_, island_of_rank_.size(), out);
   return out;
 }
 

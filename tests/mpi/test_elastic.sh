@@ -6,7 +6,8 @@
 # outputs are the bits of the undisturbed run (cmp).
 #   1. [placement].redundancy = 2 (every expert on both islands):
 #      - SIGKILL of world rank 1: the other three agree on epoch 1 and go on,
-#        loading nothing; status shows the survivors and the loss as an alert;
+#        loading nothing; status shows the survivors and the loss as an
+#        alert, and the metrics the epoch and the ranks lost;
 #      - SIGSTOP of world rank 2 past [comm].timeout_ms: the other two agree
 #        on epoch 2 (a second loss in a row) and go on; after SIGCONT the
 #        stopped rank learns it was left out and exits without answering;
@@ -94,7 +95,7 @@ fail_seeing() {
 logged_times() { [ "$(logged "$1")" = "$2" ]; }  # logged_times TEXT N: N lines of the log hold TEXT
 
 # --- 1. every expert on both islands: two losses in a row ------------------------
-start -- --set placement.redundancy=2
+start -- --set placement.redundancy=2 --set 'metrics.listen="127.0.0.1:0"'
 clients reference >/dev/null || fail "the undisturbed clients"
 paused_clients kill1
 kill -KILL "$(pid_of 1)"
@@ -103,7 +104,12 @@ wait_until 30 logged_times 'lost world rank(s) 1 at step' 3 || fail_seeing "not 
 [ "$(logged '0 expert(s) of the lost loaded')" = 3 ] || fail "with every expert on both islands, a survivor loaded experts"
 [ "$(survivors_of 0)" = "1 0 2 3" ] || fail "rank 0's status shows survivors '$(survivors_of 0)', expected epoch 1 of 0 2 3"
 status_of 3 | grep -q '"alerts":\["lost world rank(s) 1 at step' || fail "rank 3's status has no alert for the loss"
-echo "ok: world rank 1 killed: epoch 1 on world ranks 0 2 3, nothing loaded, the loss in status and alerts"
+port=$(grep -om1 'metrics endpoint http://127.0.0.1:[0-9]*' "$SCRATCH/job.log" | sed 's/.*://')
+metrics=$(curl -sf "http://127.0.0.1:$port/metrics") || fail "rank 0's metrics endpoint"
+for line in "moed_survivors_epoch 1" "moed_ranks_serving 3" "moed_ranks_lost 1"; do
+  grep -qx "$line" <<<"$metrics" || fail "rank 0's metrics lack '$line'"
+done
+echo "ok: world rank 1 killed: epoch 1 on world ranks 0 2 3, nothing loaded, the loss in status, alerts and metrics"
 
 paused_clients stop2
 stopped=$(pid_of 2)
