@@ -11,7 +11,6 @@
 #include "common/log.h"
 #include "runtime/config/config.h"
 #include "runtime/daemon/daemon.h"
-#include "runtime/daemon/exit_status.h"
 #include "runtime/config/memory_estimate.h"
 #include "runtime/weights/synthetic_model.h"
 

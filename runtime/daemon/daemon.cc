@@ -9,7 +9,6 @@
 #include "comm/mpi/mpi_control_link.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "runtime/daemon/exit_status.h"
 #include "runtime/daemon/start_up.h"
 #include "runtime/daemon/stop_signal.h"
 #include "runtime/workload/token_order.h"

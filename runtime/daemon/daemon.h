@@ -153,6 +153,16 @@ class Daemon {
 // peers may be blocked on this rank).
 int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
 
+// Each rank's exit code, for a launcher that cannot learn it from mpirun:
+// under `mpirun --enable-recovery` (elastic serving) mpirun exits 0 whatever
+// its ranks did, measured with Debian's Open MPI 4.1 (docs/elastic.md). With
+// MOED_EXIT_STATUS_DIR set (launch/moed-mpirun --elastic sets it), a rank
+// that ends writes its code into <dir>/rank-<world rank>. A rank killed, or
+// one the survivors left out, writes nothing.
+// Best effort: a directory that cannot be written is reported on stderr
+// (runtime/daemon/exit_status.cc).
+void note_exit_status(int world_rank, int code);
+
 // `moed --print-topology`: every rank reads its host with hwloc; rank 0
 // prints the islands found (and where from) and every host's GPUs.
 int print_topology(const Config& config, comm::MpiSession& mpi);

@@ -1,4 +1,4 @@
-#include "runtime/daemon/exit_status.h"
+#include "runtime/daemon/daemon.h"
 
 #include <cstdio>
 #include <cstdlib>
