@@ -77,8 +77,16 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
     return serve_front_door_turn(step, reduced);
   } catch (const comm::PeersUnreachable& e) {
     spdlog::warn("step {}: {}", step, e.what());
-    go_on_without(e.ranks(), step, started);
-    return true;
+    std::vector<int> suspects = e.ranks();
+    for (;;) {  // another loss while the survivors rebuild: agree again
+      try {
+        go_on_without(suspects, step, started);
+        return true;
+      } catch (const comm::PeersUnreachable& again) {
+        spdlog::warn("step {}, going on without a lost rank: {}", step, again.what());
+        suspects = again.ranks();
+      }
+    }
   }
 }
 

@@ -142,6 +142,7 @@ class Daemon {
   int local_ranks_ = 1;                             // ranks on this host (the memory check's share)
   std::unique_ptr<comm::SurvivorAgreement> agreement_;  // [comm].elastic
   std::uint64_t epoch_served_ = 0;                  // the survivors' epoch this rank serves in
+  std::vector<int> placement_world_;                // the world rank of each of placement_'s ranks
   bool batches_pending_ = false;                    // batches_ taken but not answered: a loss cut their step short
   std::optional<std::uint64_t> resume_at_;          // the step the survivors go on from
   bool outlived_a_peer_ = false;

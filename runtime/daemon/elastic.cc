@@ -32,13 +32,6 @@ namespace {
 
 constexpr std::size_t kKeptLosses = 16;  // status shows the last ones; nothing grows with losses
 
-// The world ranks of the transport's current ranks, in rank order.
-std::vector<int> world_ranks(const comm::Transport& t) {
-  std::vector<int> world;
-  for (int r = 0; r < t.size(); ++r) world.push_back(t.world_rank(r));
-  return world;
-}
-
 }  // namespace
 
 void Daemon::watch_for_losses() {
@@ -46,6 +39,7 @@ void Daemon::watch_for_losses() {
   MOED_CHECK(messenger, "[comm].elastic over the {} transport, which carries no peer messages", transport_->name());
   comm::View world;
   for (int r = 0; r < transport_->size(); ++r) world.members.push_back(r);
+  placement_world_ = world.members;
   agreement_ = std::make_unique<comm::SurvivorAgreement>(*messenger, world,
                                                          std::chrono::milliseconds(config_.comm.timeout_ms));
   // A rank blocked in a step answers the agreement from there, and leaves
@@ -81,7 +75,6 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   engine_->abandon_step();
   control_plane_->abandon_for_loss();
   for (int rank : suspects) agreement_->suspect(rank);
-  const std::vector<int> before = world_ranks(*transport_);
   const std::chrono::milliseconds limit(4 * config_.comm.timeout_ms);
   comm::View view;
   for (;;) {
@@ -97,12 +90,16 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   }
   epoch_served_ = view.epoch;
 
-  // The placement's ranks are the last epoch's: those whose world rank is gone are lost.
+  // The placement's ranks are those it was last renumbered over (a loss
+  // during an earlier try may have cut that short): those whose world rank
+  // is gone are lost.
   std::vector<int> lost, lost_world;
-  for (std::size_t r = 0; r < before.size(); ++r)
-    if (!std::binary_search(view.members.begin(), view.members.end(), before[r]))
-      lost.push_back(int(r)), lost_world.push_back(before[r]);
+  for (std::size_t r = 0; r < placement_world_.size(); ++r)
+    if (!std::binary_search(view.members.begin(), view.members.end(), placement_world_[r]))
+      lost.push_back(int(r)), lost_world.push_back(placement_world_[r]);
   placement::SurvivorsPlan plan = placement::plan_for_survivors(placement_, lost);
+  MOED_CHECK(plan.members.size() == view.members.size(), "{} ranks of the placement survive, the epoch has {} members",
+             plan.members.size(), view.members.size());
   const int rank = transport_->rank(), ranks = transport_->size();
   const std::vector<std::pair<int, int>>& mine = plan.to_load[std::size_t(rank)];
   // Orphans this rank adopts: within its memory, loaded before any rank serves again.
@@ -122,6 +119,7 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   // buffers were kept until continue_with returned.
   std::unique_ptr<Engine> old = std::move(engine_);
   placement_ = std::move(plan.placement);
+  placement_world_ = view.members;
   topology_.emplace(placement::topology_on_members(*topology_, plan.members));
   rank_ = rank;
   engine_ = std::make_unique<Engine>(config_, *transport_, *topology_, placement_, *store_, workload_.get());

@@ -87,9 +87,9 @@ class ExpertStore {
   // place of the whole copy held here (a split's shard on a former holder).
   void add_slot(int layer, int expert, const std::uint8_t* bytes, int shard = 0, int shards = 1, bool replace = false);
   void drop_slot(int layer, int expert);
-  // Elastic serving: whole copies of `experts` ((layer, expert), none held
-  // here) read from where load() read its own (the checkpoint, or the
-  // synthetic model): a lost rank's experts that no survivor holds.
+  // Elastic serving: whole copies of `experts` ((layer, expert)) read from
+  // where load() read its own (the checkpoint, or the synthetic model): a
+  // lost rank's experts that no survivor holds. Those held already stay.
   void load_experts(const Config& config, const std::vector<std::pair<int, int>>& experts);
 
  private:

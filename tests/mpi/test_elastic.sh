@@ -15,7 +15,10 @@
 #   2. No redundancy: SIGKILL of world rank 0, the coordinator: the others
 #      load its experts from the checkpoint, world rank 1 coordinates (moectl
 #      --rank 1 shutdown ends the job).
-#   3. Too few left (2 of 4 killed at once): no majority, so no agreement;
+#   3. 5 ranks, no redundancy: world ranks 1 and 3 killed 4 ms apart, so
+#      that the second loss often falls within the survivors' rebuild after
+#      the first (they agree again): 3 of 5 go on with both ranks' experts.
+#   4. Too few left (2 of 4 killed at once): no majority, so no agreement;
 #      the job ends and moed-mpirun --restart starts it again, which serves
 #      the clients with the same bits (the restart path as the fallback).
 source "$(dirname "$0")/lib.sh"
@@ -47,14 +50,15 @@ start() {
   while [ "$1" != -- ]; do launcher+=("$1"); shift; done
   shift
   rm -rf "$sock" "$admin"
-  "$mpirun_l" --hosts localhost --gpus-per-host 4 --moed "$MOED" --bind none --elastic "${launcher[@]}" \
+  "$mpirun_l" --hosts localhost --gpus-per-host "$ranks" --moed "$MOED" --bind none --elastic "${launcher[@]}" \
     -- "${elastic[@]}" "$@" >"$SCRATCH/job.log" 2>&1 &
   job=$!
-  wait_until 120 doors_open || { cat "$SCRATCH/job.log" >&2; fail "the 4 front doors did not open"; }
+  wait_until 120 doors_open || { cat "$SCRATCH/job.log" >&2; fail "the $ranks front doors did not open"; }
 }
+ranks=4  # of the job start() starts
 doors_open() {
   kill -0 "$job" 2>/dev/null || { cat "$SCRATCH/job.log" >&2; fail "the job ended at start"; }
-  for r in 0 1 2 3; do [ -s "$sock/moed-ingress-$r.ucx" ] || return 1; done
+  for ((r = 0; r < ranks; r++)); do [ -s "$sock/moed-ingress-$r.ucx" ] || return 1; done
 }
 # pid_of WORLD_RANK: the daemon process of that rank.
 pid_of() {
@@ -66,7 +70,7 @@ pid_of() {
 clients() {  # clients OUT [front_door_check args]: 8 clients, every rank a home
   local out=$1
   shift
-  "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 4 --mode concurrent --key-file "$SCRATCH/key" --all-homes \
+  "$FRONT_DOOR_CHECK" --dir "$sock" --ranks "$ranks" --mode concurrent --key-file "$SCRATCH/key" --all-homes \
     --out "$SCRATCH/$out.bin" "$@"
 }
 # paused_clients NAME: clients in the background, paused with submits in flight.
@@ -144,7 +148,28 @@ wait "$job" || true
 job=""
 echo "ok: world rank 0 killed: its 6 experts loaded from the checkpoint, world rank 1 coordinates"
 
-# --- 3. too few left: the restart path ----------------------------------------------
+# --- 3. two losses close together ---------------------------------------------------
+ranks=5
+start --
+clients reference5 >/dev/null || fail "the undisturbed clients on 5 ranks"
+cp "$SCRATCH/reference.bin" "$SCRATCH/reference4.bin"
+cp "$SCRATCH/reference5.bin" "$SCRATCH/reference.bin"
+paused_clients close
+first=$(pid_of 1) second=$(pid_of 3)
+kill -KILL "$first"
+sleep 0.004
+kill -KILL "$second"
+clients_done close "10 clients across world ranks 1 and 3 killed 4 ms apart"
+wait_until 30 logged_times 'epoch [12] serves on world ranks 0 2 4;' 3 || fail_seeing "the 3 survivors did not go on together"
+"$MOECTL" --dir "$admin" shutdown >/dev/null || fail "moectl shutdown (5 ranks)"
+wait "$job" || true
+job=""
+cp "$SCRATCH/reference4.bin" "$SCRATCH/reference.bin"
+ranks=4
+echo "ok: world ranks 1 and 3 killed 4 ms apart: world ranks 0 2 4 went on with both ranks' experts$(
+  grep -q 'going on without a lost rank' "$SCRATCH/job.log" && echo ', agreeing again during the rebuild')"
+
+# --- 4. too few left: the restart path ----------------------------------------------
 # Fixed ports (the base + the rank), so that the restarted job listens where its clients knew it.
 port=$((17500 + $$ % 5000))
 start --restart 1 -- --set "ingress.listen=\"127.0.0.1:$port\""
