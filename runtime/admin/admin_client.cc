@@ -5,9 +5,12 @@
 #include <sys/un.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <exception>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <thread>
 
 namespace moed::runtime::admin {
@@ -167,7 +170,7 @@ class Run {
 
   int operator()() {
     try {
-      AdminClient client = AdminClient::connect(inv_.socket, timeout_);
+      AdminClient client = connect();
       std::string line;
       const json answer = call(client, inv_.request, line);
       if (inv_.as_json) out_ << line << "\n" << std::flush;
@@ -188,6 +191,35 @@ class Run {
   }
 
  private:
+  // Rank 0's socket, or, when it does not answer and moectl chose it by
+  // default, the lowest rank's in the run dir that does: after a lost rank
+  // 0 under elastic serving the lowest survivor coordinates (docs/elastic.md).
+  AdminClient connect() {
+    try {
+      return AdminClient::connect(inv_.socket, timeout_);
+    } catch (const ConnectError& first) {
+      if (inv_.coordinator_dir.empty()) throw;
+      std::map<int, std::string> others;
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(inv_.coordinator_dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        int rank = 0;
+        if (std::sscanf(name.c_str(), "moed-%d.sock", &rank) == 1 && rank > 0 &&
+            name == "moed-" + std::to_string(rank) + ".sock")
+          others.emplace(rank, entry.path().string());
+      }
+      for (const auto& [rank, path] : others) {
+        try {
+          AdminClient client = AdminClient::connect(path, timeout_);
+          err_ << "moectl: rank 0's socket does not answer; using rank " << rank
+               << "'s, the lowest that does (elastic serving: it coordinates after a loss)\n";
+          return client;
+        } catch (const ConnectError&) {
+        }
+      }
+      throw;
+    }
+  }
   json call(AdminClient& client, json request, std::string& line) {
     request["id"] = next_id_++;
     return client.call(request, timeout_, &line);

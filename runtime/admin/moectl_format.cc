@@ -463,9 +463,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const Moect
   Invocation inv;
   inv.as_json = json_output;
   inv.timeout_s = timeout;
-  inv.socket = !socket.empty()
-                   ? socket
-                   : socket_path(!dir.empty() ? dir : default_run_dir(env.run_dir.c_str(), env.uid), rank);
+  const std::string run_dir = !dir.empty() ? dir : default_run_dir(env.run_dir.c_str(), env.uid);
+  inv.socket = !socket.empty() ? socket : socket_path(run_dir, rank);
+  if (socket.empty() && app.get_option("--rank")->count() == 0) inv.coordinator_dir = run_dir;
   for (const SubcommandState& state : states) {
     if (!state.app->parsed()) continue;
     inv.command = state.spec->name;

@@ -28,6 +28,10 @@ struct MoectlEnv {
 
 struct Invocation {
   std::string socket;      // the socket to connect to
+  // The run dir, when the socket is rank 0's by default (no --socket, no
+  // --rank): if it does not answer, the lowest rank whose socket there does
+  // is used (after a lost rank 0, elastic serving's coordinator).
+  std::string coordinator_dir;
   bool as_json = false;    // --json: print the daemon's answer lines as they are
   double timeout_s = 30;   // per request: connect, send, answer
   std::string command;

@@ -46,6 +46,23 @@ TEST(MoectlCommandLine, SocketDefaultsAndOverrides) {
   EXPECT_TRUE(inv.as_json);
   EXPECT_DOUBLE_EQ(inv.timeout_s, 2.5);
   EXPECT_FALSE(parsed({"status"}).as_json);
+  // Rank 0's socket by default may give way to the lowest that answers in
+  // the run dir (elastic serving's coordinator); a rank or socket asked for
+  // never does.
+  EXPECT_EQ(parsed({"status"}, env("/srv/moed")).coordinator_dir, "/srv/moed");
+  EXPECT_EQ(parsed({"--dir", "/x", "shutdown"}).coordinator_dir, "/x");
+  EXPECT_EQ(parsed({"--rank", "0", "status"}).coordinator_dir, "");
+  EXPECT_EQ(parsed({"--socket", "/a/b.sock", "status"}).coordinator_dir, "");
+}
+
+// Elastic serving's survivors, as status shows them.
+TEST(MoectlFormat, StatusShowsTheSurvivors) {
+  const json answer = json::parse(R"({"ok":true,"rank":2,"epoch":0,"survivors":{"epoch":1,"members":[0,2,3],
+      "rank":1,"losses":[{"lost":[1],"step":234}]}})");
+  EXPECT_EQ(format_answer("status", answer),
+            "rank       2\n"
+            "epoch      0\n"
+            "survivors  epoch 1, world ranks 0 2 3 (this one 1 of 3), 1 loss\n");
 }
 
 TEST(MoectlCommandLine, EveryCommandBuildsItsRequest) {
