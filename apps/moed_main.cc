@@ -2,7 +2,6 @@
 // started by mpirun or srun; run alone it serves as a single rank.
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
@@ -53,12 +52,7 @@ int end_after_error(moed::comm::MpiSession* mpi, const moed::runtime::Config& co
   if (!mpi) return code;
   moed::runtime::note_exit_status(mpi->rank(), code);
   if (mpi->size() > 1 && !config.comm.elastic) mpi->abort(code);
-  if (mpi->size() > 1) {
-    spdlog::default_logger()->flush();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(code);
-  }
+  if (mpi->size() > 1) moed::exit_now(code);
   return code;
 }
 

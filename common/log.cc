@@ -1,5 +1,8 @@
 #include "common/log.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include "common/error.h"
@@ -22,6 +25,13 @@ void init_logging(int rank, const std::string& level) {
   std::string who = rank < 0 ? "" : fmt::format("[rank {}] ", rank);
   spdlog::set_pattern("%H:%M:%S.%e " + who + "%^%l%$ %v");
   set_log_level(level);
+}
+
+void exit_now(int code) {
+  if (auto logger = spdlog::default_logger()) logger->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
 }
 
 }  // namespace moed

@@ -15,4 +15,9 @@ inline constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "
 void init_logging(int rank, const std::string& level);
 void set_log_level(const std::string& level);
 
+// Flushes the logs and stdio, then ends the process at once with `code`,
+// running no destructor: for a rank that must not wait in MPI_Finalize or
+// a collective teardown for peers that are gone (elastic serving).
+[[noreturn]] void exit_now(int code);
+
 }  // namespace moed

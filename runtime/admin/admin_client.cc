@@ -197,7 +197,7 @@ class Run {
   AdminClient connect() {
     try {
       return AdminClient::connect(inv_.socket, timeout_);
-    } catch (const ConnectError& first) {
+    } catch (const ConnectError&) {
       if (inv_.coordinator_dir.empty()) throw;
       std::map<int, std::string> others;
       std::error_code ec;

@@ -1,8 +1,6 @@
 #include "runtime/daemon/daemon.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -72,8 +70,7 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
   if (!agreement_) return serve_front_door_turn(step, reduced);
   const auto started = std::chrono::steady_clock::now();
   try {
-    // A loss another rank noticed: go on without it before this turn.
-    if (loss_under_way()) throw comm::PeersUnreachable({}, "the survivors' agreement began", __FILE__, __LINE__);
+    throw_if_loss_under_way();  // a loss another rank noticed: go on without it before this turn
     return serve_front_door_turn(step, reduced);
   } catch (const comm::PeersUnreachable& e) {
     spdlog::warn("step {}: {}", step, e.what());
@@ -214,10 +211,7 @@ int serve(const Config& config, const ServeOptions& options, comm::MpiSession& m
     // the lost rank (docs/elastic.md): what this rank owes is written.
     spdlog::info("moed: leaving without MPI_Finalize, as a rank of the job was lost");
     note_exit_status(mpi.rank(), 0);
-    spdlog::default_logger()->flush();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(0);
+    exit_now(0);
   }
   return 0;
 }

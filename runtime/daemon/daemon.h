@@ -67,7 +67,7 @@ class Daemon {
   std::uint64_t next_step(std::uint64_t step);
   // This rank went on without a lost peer: it must leave without
   // MPI_Finalize, which would wait for that peer.
-  bool outlived_a_peer() const { return outlived_a_peer_; }
+  bool outlived_a_peer() const { return epoch_served_ > 0; }
 
   const Config& config() const { return config_; }
   comm::ControlChannel& control() { return control_; }
@@ -94,9 +94,9 @@ class Daemon {
   // At start: the survivors' agreement over the transport's peer messages,
   // polled from the transport's waits.
   void watch_for_losses();
-  // Polls the agreement: true once one began, or decided an epoch this rank
-  // has not gone on with.
-  bool loss_under_way();
+  // Polls the agreement, and throws PeersUnreachable (naming no rank) once
+  // one began, or decided an epoch this rank has not gone on with.
+  void throw_if_loss_under_way();
   // A rank the others left out exits here, before it answers anything.
   void leave_if_fenced();
   // After a lost peer cut step `step` short (`suspects`: who this rank
@@ -145,7 +145,6 @@ class Daemon {
   std::vector<int> placement_world_;                // the world rank of each of placement_'s ranks
   bool batches_pending_ = false;                    // batches_ taken but not answered: a loss cut their step short
   std::optional<std::uint64_t> resume_at_;          // the step the survivors go on from
-  bool outlived_a_peer_ = false;
   nlohmann::json losses_ = nlohmann::json::array(); // what status shows of each loss (the last kKeptLosses)
 };
 

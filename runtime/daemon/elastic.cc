@@ -12,11 +12,8 @@
 // process holds stays: its store, its front door, its admin socket. The
 // rows the loss cut short are served first on the new epoch.
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -44,14 +41,13 @@ void Daemon::watch_for_losses() {
                                                          std::chrono::milliseconds(config_.comm.timeout_ms));
   // A rank blocked in a step answers the agreement from there, and leaves
   // the step once one began: its silence would let the others decide without it.
-  transport_->set_wait_hook([this] {
-    if (loss_under_way()) throw comm::PeersUnreachable({}, "the survivors' agreement began", __FILE__, __LINE__);
-  });
+  transport_->set_wait_hook([this] { throw_if_loss_under_way(); });
 }
 
-bool Daemon::loss_under_way() {
+void Daemon::throw_if_loss_under_way() {
   agreement_->poll();
-  return agreement_->agreeing() || agreement_->fenced() || agreement_->view().epoch != epoch_served_;
+  if (agreement_->agreeing() || agreement_->fenced() || agreement_->view().epoch != epoch_served_)
+    throw comm::PeersUnreachable({}, "the survivors' agreement began", __FILE__, __LINE__);
 }
 
 void Daemon::leave_if_fenced() {
@@ -62,15 +58,11 @@ void Daemon::leave_if_fenced() {
   spdlog::error("rank {}: the other ranks went on without this one at epoch {} (it was stopped or cut off past "
                 "[comm].timeout_ms); leaving without answering",
                 transport_->world_rank(transport_->rank()), agreement_->view().epoch);
-  spdlog::default_logger()->flush();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::_Exit(3);
+  exit_now(3);
 }
 
 void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
                            std::chrono::steady_clock::time_point cut_short) {
-  outlived_a_peer_ = true;
   // The exchanges cut short are closed; their buffers stay until continue_with.
   engine_->abandon_step();
   control_plane_->abandon_for_loss();
