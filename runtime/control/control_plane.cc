@@ -1,9 +1,11 @@
 #include "runtime/control/control_plane.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 
 #include "comm/control_channel.h"
 #include "common/clock.h"
@@ -61,17 +63,62 @@ void ControlPlane::save_stats(const routing::RoutingStats& merged, bool last) {
 }
 
 void ControlPlane::abandon_for_loss() {
-  if (transfer_ || coordinator_.busy())
-    MOED_THROW(Runtime, "a rank was lost during a live migration: weights may be in flight, so this rank cannot go "
-                        "on serving (the restart path takes over)");
+  // Detached from the window first: nothing then waits on a put to the lost rank.
+  if (transfer_) transfer_->keep_landed();
   windows_.drop();
 }
 
-void ControlPlane::continue_as(int rank, int ranks) {
-  c_.rank = rank;
-  c_.ranks = ranks;
-  windows_ = MigrationWindows(comm::rma_weight_movers(c_.transport), rank);
-  publish_placement();
+std::string ControlPlane::settle_after_loss(const std::vector<int>& lost_world) {
+  c_.rank = c_.control.rank();
+  c_.ranks = c_.control.size();
+  windows_ = MigrationWindows(comm::rma_weight_movers(c_.transport), c_.rank);
+  const std::uint64_t here = c_.placement.epoch();
+  const auto newest = std::uint64_t(c_.control.all_max(int(here), "the newest placement epoch of the survivors"));
+  last_migration_ =
+      std::uint64_t(c_.control.all_max(int(last_migration_), "the newest migration any survivor prepared"));
+  const std::string why = fmt::format("world rank(s) {} lost during it", fmt::join(lost_world, " "));
+
+  std::optional<MigrationCoordinator::Settled> settled;
+  std::string outcome;
+  switch (after_loss(transfer_ != nullptr, switched_, verified_, here, newest)) {
+    case AfterLoss::nothing:
+      break;
+    case AfterLoss::roll_back:
+      outcome = fmt::format("migration {} rolled back", transfer_->id());
+      break;
+    case AfterLoss::roll_forward: {  // another survivor switched: so does this one, from what it kept
+      placement::Placement next = placement::apply_moves(c_.placement, transfer_->moves());
+      transfer_->install();
+      next.set_epoch(newest);
+      c_.placement = std::move(next);
+      commit_placement();
+      switched_ = true;
+      outcome = fmt::format("migration {} committed here after the loss, as on a survivor that had switched",
+                            transfer_->id());
+      transfer_->release();
+      break;
+    }
+    case AfterLoss::finish:
+      outcome = fmt::format("migration {} committed", transfer_->id());
+      transfer_->release();
+      break;
+  }
+  if (transfer_) settled = MigrationCoordinator::Settled{transfer_->id(), transfer_->moves(), switched_};
+  transfer_.reset();
+  if (c_.rank == 0) {
+    coordinator_.after_loss(settled, last_migration_, why);
+    publish_migration();
+    if (reoptimize_) {
+      reoptimize_->second(admin::answer_error(reoptimize_->first.id, admin::code::kInternal,
+                                              fmt::format("{} while the plan was made: ask again", why)));
+      reoptimize_.reset();
+    }
+    if (optimizing_.valid()) {
+      if (given_up_.valid()) given_up_.wait();  // a second loss within one plan's time: rare, and bounded by it
+      given_up_ = std::move(optimizing_);
+    }
+  }
+  return outcome;
 }
 
 void ControlPlane::submit(admin::Request request, admin::Reply reply) {
@@ -161,6 +208,7 @@ BoundaryActions ControlPlane::decide() {
   }
   if (optimizing_.valid() && optimizing_.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
     finish_reoptimize();
+  if (given_up_.valid() && given_up_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) given_up_ = {};
   BoundaryActions out;
   const MigrationRecord* migration = coordinator_.migration();
   const auto state_before = migration ? std::optional(migration->state) : std::nullopt;
@@ -242,6 +290,8 @@ void ControlPlane::apply(const BoundaryActions& actions) {
         refusal_.reset();
         failure_.reset();
         bad_checksums_.clear();
+        verified_ = switched_ = false;
+        last_migration_ = op.migration;
         transfer_ = std::make_unique<MigrationTransfer>(op.migration, op.moves, c_.rank, c_.ranks, c_.store,
                                                         windows_, faults_);
         refusal_ = transfer_->prepare(std::size_t(c_.config.migration.memory_mb * 1e6));
@@ -261,14 +311,20 @@ void ControlPlane::apply(const BoundaryActions& actions) {
         break;
       case K::verify:
         bad_checksums_ = transfer_->verify(op.expected);
+        verified_ = bad_checksums_.empty();
         report = true;
         break;
       case K::commit: {
+        if (faults_.killed_at_commit == c_.rank) {
+          spdlog::warn("MOED_FAULT: rank {} dies at the commit of migration {}", c_.rank, op.migration);
+          std::raise(SIGKILL);
+        }
         placement::Placement next = placement::apply_moves(c_.placement, transfer_->moves());
         transfer_->install();  // the new slots serve before the placement names them
         next.set_epoch(op.epoch);
         c_.placement = std::move(next);
         commit_placement();
+        switched_ = true;
         break;
       }
       case K::release:

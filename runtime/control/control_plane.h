@@ -84,14 +84,18 @@ class ControlPlane {
   void publish(std::uint64_t step, const Summary* summary, double step_wall_ms);
   // At exit: answers whatever is still waiting.
   void finish();
-  // Elastic serving, after a lost rank, before Transport::continue_with:
-  // lets go of the kept migration window (locally: the lost rank cannot
-  // take part). A Runtime error while a migration runs or is being
-  // planned: weights may be in flight, and the restart path takes over.
+  // Elastic serving, after a lost rank, before Transport::continue_with: a
+  // running migration's window goes (locally: the lost rank cannot take
+  // part in its teardown), keeping what landed here.
   void abandon_for_loss();
-  // After continue_with: this rank is `rank` of the survivors' `ranks`; the
-  // placement (the daemon's, renumbered) is shown again.
-  void continue_as(int rank, int ranks);
+  // After continue_with (collective over the survivors): this rank takes its
+  // number among them, and the migration the loss cut short is finished or
+  // undone alike on every survivor (after_loss in runtime/control/migration.h);
+  // a reoptimize being planned is answered with an error. Returns what
+  // happened to the migration, for the loss's alert ("" when none ran).
+  std::string settle_after_loss(const std::vector<int>& lost_world);
+  // After the daemon has renumbered the placement over the survivors: shows it.
+  void placement_renumbered() { publish_placement(); }
   // The request ids the last boundary asked every rank to trace (moectl trace --follow).
   const std::vector<std::uint64_t>& follow_now() const { return follow_now_; }
   // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.
@@ -132,11 +136,14 @@ class ControlPlane {
   std::uint64_t committed_write_failures_ = 0;
   std::optional<std::pair<admin::Request, admin::Reply>> reoptimize_;  // waiting for its plan
   std::future<ReoptimizePlan> optimizing_;  // the plan, made on a thread of rank 0's own
+  std::future<ReoptimizePlan> given_up_;    // a plan a loss made stale, let finish and dropped
   // This rank's side of the running migration.
   MigrationWindows windows_;
   std::unique_ptr<MigrationTransfer> transfer_;
   std::optional<std::string> refusal_, failure_;
   std::vector<std::size_t> bad_checksums_;
+  bool verified_ = false, switched_ = false;  // this rank's part of transfer_: landed bytes checked; committed
+  std::uint64_t last_migration_ = 0;          // the newest migration this rank prepared
   double send_seconds_ = 0;  // this boundary's time in MigrationTransfer::send
   MigrationFaults faults_;
 };

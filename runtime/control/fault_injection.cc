@@ -14,19 +14,20 @@ namespace moed::runtime {
 std::optional<Fault> parse_fault(const std::string& text) {
   if (text.empty()) return std::nullopt;
   static const std::regex stall(R"(stall:rank=(\d{1,9}),step=(\d{1,18}))");
-  static const std::regex migrate(R"(migrate-(fail|corrupt|kill|hold):rank=(\d{1,9}))");
+  static const std::regex migrate(R"(migrate-(fail|corrupt|kill|hold|commit-kill):rank=(\d{1,9}))");
   std::smatch m;
   if (std::regex_match(text, m, stall)) return Fault{Fault::Kind::Stall, std::stoi(m[1]), std::stoull(m[2])};
   if (std::regex_match(text, m, migrate)) {
     const Fault::Kind kind = m[1] == "fail"      ? Fault::Kind::MigrateFail
                              : m[1] == "corrupt" ? Fault::Kind::MigrateCorrupt
                              : m[1] == "kill"    ? Fault::Kind::MigrateKill
-                                                 : Fault::Kind::MigrateHold;
+                             : m[1] == "hold"    ? Fault::Kind::MigrateHold
+                                                 : Fault::Kind::MigrateCommitKill;
     return Fault{kind, std::stoi(m[2]), 0};
   }
   MOED_THROW(Usage,
              "MOED_FAULT=\"{}\": expected stall:rank=R,step=S or "
-             "migrate-fail|migrate-corrupt|migrate-kill|migrate-hold:rank=R",
+             "migrate-fail|migrate-corrupt|migrate-kill|migrate-hold|migrate-commit-kill:rank=R",
              text);
 }
 

@@ -10,6 +10,10 @@
 //   migrate-hold:rank=R     rank R, as a migration source, sends nothing: the
 //                           migration stays in transfer until it is aborted
 //                           (a shutdown or a signal), whatever the step time
+//   migrate-commit-kill:rank=R
+//                           rank R dies (SIGKILL) at the boundary that
+//                           commits a migration, before it switches (rank 0
+//                           after it has sent the others the commit)
 // Unset in production; an unparsable value is a Usage error, never ignored.
 #pragma once
 
@@ -20,7 +24,7 @@
 namespace moed::runtime {
 
 struct Fault {
-  enum class Kind { Stall, MigrateFail, MigrateCorrupt, MigrateKill, MigrateHold } kind = Kind::Stall;
+  enum class Kind { Stall, MigrateFail, MigrateCorrupt, MigrateKill, MigrateHold, MigrateCommitKill } kind = Kind::Stall;
   int rank = -1;
   std::uint64_t step = 0;  // stall only
 };

@@ -25,6 +25,22 @@ std::uint64_t weights_checksum(const void* data, std::size_t bytes) {
   return h ^ bytes;
 }
 
+AfterLoss after_loss(bool part_in_migration, bool switched_here, bool verified_here, std::uint64_t epoch_here,
+                     std::uint64_t newest) {
+  MOED_CHECK(newest >= epoch_here, "the survivors' newest placement epoch {} is older than this rank's {}", newest,
+             epoch_here);
+  if (!part_in_migration) {
+    if (newest == epoch_here) return AfterLoss::nothing;
+    MOED_THROW(Runtime, "a survivor switched to placement epoch {} while this rank, at epoch {}, had no part in a "
+               "migration: the survivors cannot agree on a placement (the restart path takes over)", newest, epoch_here);
+  }
+  if (switched_here) return AfterLoss::finish;
+  if (newest == epoch_here) return AfterLoss::roll_back;
+  if (verified_here) return AfterLoss::roll_forward;
+  MOED_THROW(Runtime, "a survivor switched to placement epoch {} before this rank verified what landed of the "
+             "migration: the survivors cannot agree on a placement (the restart path takes over)", newest);
+}
+
 std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& moves, const SlotBytes& slot_bytes,
                                         int ranks, std::vector<std::size_t>* bytes_per_rank) {
   std::vector<std::size_t> next(ranks, 0), offsets(moves.size(), 0);
@@ -45,6 +61,7 @@ MigrationFaults MigrationFaults::from_env() {
   if (fault->kind == Fault::Kind::MigrateCorrupt) f.corrupt_destination = fault->rank;
   if (fault->kind == Fault::Kind::MigrateKill) f.killed_source = fault->rank;
   if (fault->kind == Fault::Kind::MigrateHold) f.held_source = fault->rank;
+  if (fault->kind == Fault::Kind::MigrateCommitKill) f.killed_at_commit = fault->rank;
   return f;
 }
 
@@ -111,6 +128,7 @@ std::optional<std::string> MigrationTransfer::prepare(std::size_t memory_budget_
   for (const auto& m : moves_)
     if (m.from >= 0 && m.to >= 0 && m.from != m.to) need[std::size_t(m.from)] += move_bytes(m);
   const std::size_t staging = incoming[rank_];
+  incoming_bytes_ = refusal ? 0 : staging;
   window_ = &windows_.get(need, want + need[rank_] - incoming[rank_], fmt::format("window of migration {}", id_));
   std::size_t at = refusal ? 0 : staging;
   for (std::size_t i = 0; i < moves_.size(); ++i) {
@@ -193,8 +211,14 @@ std::vector<std::size_t> MigrationTransfer::verify(const std::vector<std::uint64
 void MigrationTransfer::install() {
   for (std::size_t i = 0; i < moves_.size(); ++i)
     if (const placement::Move& m = moves_[i]; m.to == rank_)
-      store_.add_slot(m.layer, m.expert, reinterpret_cast<const std::uint8_t*>(window_->local().data() + offsets_[i]),
-                      m.shard, m.shards, m.cut && store_.holds(m.layer, m.expert));
+      store_.add_slot(m.layer, m.expert, reinterpret_cast<const std::uint8_t*>(landed() + offsets_[i]), m.shard,
+                      m.shards, m.cut && store_.holds(m.layer, m.expert));
+}
+
+void MigrationTransfer::keep_landed() {
+  if (!window_) return;  // kept already (a second loss during the survivors' rebuild)
+  landed_.assign(window_->local().begin(), window_->local().begin() + std::ptrdiff_t(incoming_bytes_));
+  window_ = nullptr;
 }
 
 void MigrationTransfer::release() {

@@ -42,14 +42,35 @@ std::vector<std::size_t> window_offsets(const std::vector<placement::Move>& move
                                         int ranks, std::vector<std::size_t>* bytes_per_rank = nullptr);
 
 // Test hooks (runtime/control/fault_injection.h): the ranks that fail as a source,
-// corrupt what lands as a destination, die when they first send, or send nothing.
+// corrupt what lands as a destination, die when they first send, send
+// nothing, or die at the boundary that commits.
 struct MigrationFaults {
   int fail_source = -1;
   int corrupt_destination = -1;
   int killed_source = -1;
   int held_source = -1;
+  int killed_at_commit = -1;
   static MigrationFaults from_env();
 };
+
+// Elastic serving: what a survivor does with its part of the migration that
+// a lost rank cut short, once the survivors have agreed and know the newest
+// placement epoch any of them holds (`newest`). Before the loss every rank
+// held the same epoch, but for the switch of that one migration: the
+// commit's broadcast may have reached some ranks and not others. A newer
+// epoch somewhere means the commit was decided, which rank 0 does only
+// after every rank verified what landed, so each survivor can finish it
+// from what it kept (MigrationTransfer::keep_landed); otherwise no rank
+// switched, and the migration is undone. A Runtime error for a state that
+// no loss can produce (the restart path takes over).
+enum class AfterLoss {
+  nothing,       // no part in a migration
+  roll_back,     // nobody switched: drop what was staged and landed
+  finish,        // this rank switched: free the slots it gave up
+  roll_forward,  // another survivor switched: install what landed here, switch, free
+};
+AfterLoss after_loss(bool part_in_migration, bool switched_here, bool verified_here, std::uint64_t epoch_here,
+                     std::uint64_t newest);
 
 // The windows migrations land in (weight movers: RMA windows over the
 // transport), kept from one migration to the next. A fresh window is fresh
@@ -99,6 +120,11 @@ class MigrationTransfer {
   void install();
   // Source side, after commit: frees the slots given up.
   void release();
+  // Elastic serving, when a rank is lost after this rank verified what
+  // landed: copies it out of the window, which goes before the survivors
+  // renumber; install() reads the copy. Whether some survivor committed is
+  // known only once they have agreed (ControlPlane::settle_after_loss).
+  void keep_landed();
 
  private:
   std::uint64_t id_;
@@ -112,6 +138,9 @@ class MigrationTransfer {
   std::vector<std::size_t> offsets_;
   MigrationWindows& windows_;
   comm::WeightMover* window_ = nullptr;  // from windows_
+  std::size_t incoming_bytes_ = 0;       // the head of this rank's block: the slots landing here
+  std::vector<std::byte> landed_;        // keep_landed()'s copy of that head, once the window is gone
+  const std::byte* landed() const { return window_ ? window_->local().data() : landed_.data(); }
   // This rank's outgoing slots, staged once in its window: (move index, byte offset).
   std::vector<std::pair<std::size_t, std::size_t>> outgoing_;
   // Moves this rank makes to itself (a holder keeping a shard of the expert

@@ -189,6 +189,33 @@ void MigrationCoordinator::advance(std::uint64_t epoch) {
   }
 }
 
+void MigrationCoordinator::after_loss(const std::optional<Settled>& settled, std::uint64_t last_id,
+                                      const std::string& why) {
+  planning_ = false;
+  next_id_ = std::max(next_id_, last_id + 1);
+  actions_.clear();
+  if (settled && (!migration_ || migration_->id != settled->id)) {
+    // The coordinator that started it was lost: the record is rebuilt from this rank's part.
+    MigrationRecord& m = migration_.emplace();
+    m.id = settled->id;
+    m.moves = settled->moves;
+    m.why = "a lost coordinator's";
+    for (const auto& mv : m.moves) m.bytes += mv.to >= 0 && mv.to != mv.from ? slot_bytes_(mv.shards) : 0;
+    m.expected.assign(m.moves.size(), 0);
+  }
+  if (!migration_ || !migration_->active()) return;
+  MigrationRecord& m = *migration_;
+  if (settled && settled->committed) {
+    m.state = MigrationState::committed;
+    m.done = m.bytes;
+    spdlog::warn("migration {} committed on every survivor ({})", m.id, why);
+  } else {
+    m.state = MigrationState::aborted;
+    m.error = fmt::format("{}: rolled back on every survivor, nothing switched", why);
+    spdlog::warn("migration {} aborted: {}", m.id, m.error);
+  }
+}
+
 void MigrationCoordinator::absorb(std::span<const StageReport> reports) {
   if (!migration_) return;
   MigrationRecord& m = *migration_;

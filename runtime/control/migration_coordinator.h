@@ -114,6 +114,19 @@ class MigrationCoordinator {
   // its prepare reports). `epoch` is the placement's current epoch.
   std::vector<ControlAction> end_boundary(std::uint64_t epoch);
 
+  // Elastic serving, on the survivors' coordinator (world rank 0's successor
+  // if it was lost): a planning reoptimize is given up, and the migration
+  // the loss cut short ends as the survivors settled it
+  // (runtime/control/migration.h, after_loss). `settled`: this rank's part
+  // of it (id, moves, whether it committed), if it had one; `last_id`: the
+  // newest migration any survivor prepared, so that ids never repeat.
+  struct Settled {
+    std::uint64_t id = 0;
+    std::vector<placement::Move> moves;
+    bool committed = false;
+  };
+  void after_loss(const std::optional<Settled>& settled, std::uint64_t last_id, const std::string& why);
+
   // The ranks' reports after a boundary whose actions asked for them (rank order).
   void absorb(std::span<const StageReport> reports);
   // A served step's wall time: before a migration, or during it.

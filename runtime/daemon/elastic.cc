@@ -6,8 +6,9 @@
 // the peer, or the deadline passed), or the survivors' agreement, polled at
 // each turn and from every wait of the transport, says another rank began
 // one. Either way the rank leaves the step, agrees on the survivors, and
-// goes on over the same transport with them (Transport::continue_with):
-// the placement without the lost slots, the orphans loaded from the
+// goes on over the same transport with them (Transport::continue_with): a
+// migration under way finished or undone alike on every survivor, the
+// placement without the lost slots, the orphans loaded from the
 // checkpoint by the survivors that adopt them, the engine rebuilt. What the
 // process holds stays: its store, its front door, its admin socket. The
 // rows the loss cut short are served first on the new epoch.
@@ -89,6 +90,8 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   for (std::size_t r = 0; r < placement_world_.size(); ++r)
     if (!std::binary_search(view.members.begin(), view.members.end(), placement_world_[r]))
       lost.push_back(int(r)), lost_world.push_back(placement_world_[r]);
+  // A migration the loss cut short ends alike everywhere before the lost slots go.
+  const std::string migration = control_plane_->settle_after_loss(lost_world);
   placement::SurvivorsPlan plan = placement::plan_for_survivors(placement_, lost);
   MOED_CHECK(plan.members.size() == view.members.size(), "{} ranks of the placement survive, the epoch has {} members",
              plan.members.size(), view.members.size());
@@ -119,7 +122,7 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   if (std::vector<double> biases = old->router_biases(); !biases.empty()) engine_->set_router_biases(std::move(biases));
   engine_->trace_with(&*trace_selector_);
   old.reset();
-  control_plane_->continue_as(rank, ranks);
+  control_plane_->placement_renumbered();
   report_->continue_with_ranks(ranks, topology_->describe());
   if (admin_) admin_->set_coordinator(transport_->world_rank(0));
 
@@ -134,14 +137,16 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cut_short).count();
   const std::string alert =
       fmt::format("lost world rank(s) {} at step {}: epoch {} serves on world ranks {}; {} expert(s) of the lost "
-                  "loaded from the checkpoint here; serving paused {:.0f} ms on this rank",
-                  fmt::join(lost_world, " "), step, view.epoch, fmt::join(view.members, " "), mine.size(), paused_ms);
+                  "loaded from the checkpoint here; {}serving paused {:.0f} ms on this rank",
+                  fmt::join(lost_world, " "), step, view.epoch, fmt::join(view.members, " "), mine.size(),
+                  migration.empty() ? "" : migration + "; ", paused_ms);
   spdlog::warn("{}", alert);
   losses_.push_back({{"lost", lost_world},
                      {"step", step},
                      {"epoch", view.epoch},
                      {"at", now_seconds()},
                      {"orphans_loaded_here", mine.size()},
+                     {"migration", migration.empty() ? nlohmann::json(nullptr) : nlohmann::json(migration)},
                      {"paused_ms", paused_ms},
                      {"alert", alert}});
   if (losses_.size() > kKeptLosses) losses_.erase(losses_.begin());

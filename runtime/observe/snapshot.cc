@@ -110,6 +110,7 @@ void Snapshot::set_placement(json placement) {
 void Snapshot::set_migration(json migration) {
   std::lock_guard lock(mu_);
   migration_ = std::move(migration);
+  if (!status_.is_null()) status_["migration"] = migration_;  // an idle daemon publishes no step that would show it
 }
 
 void Snapshot::set_stats(std::shared_ptr<const routing::RoutingStats> stats) {

@@ -34,7 +34,9 @@ INSTANTIATE_TEST_SUITE_P(Kinds, MigrateFaults,
                          ::testing::Values(MigrateCase{"migrate-fail:rank=1", Fault::Kind::MigrateFail, 1},
                                            MigrateCase{"migrate-corrupt:rank=0", Fault::Kind::MigrateCorrupt, 0},
                                            MigrateCase{"migrate-kill:rank=12", Fault::Kind::MigrateKill, 12},
-                                           MigrateCase{"migrate-hold:rank=2", Fault::Kind::MigrateHold, 2}));
+                                           MigrateCase{"migrate-hold:rank=2", Fault::Kind::MigrateHold, 2},
+                                           MigrateCase{"migrate-commit-kill:rank=0", Fault::Kind::MigrateCommitKill,
+                                                       0}));
 
 class BadFaults : public ::testing::TestWithParam<const char*> {};
 TEST_P(BadFaults, AreUsageErrorsThatQuoteTheValue) {

@@ -135,6 +135,51 @@ TEST_F(Migration, MovesASlotInChunksAndTheWeightsArriveIntact) {
   EXPECT_EQ(ranks[1]->store.slots(), 3);
 }
 
+// Elastic serving: a rank lost after verify, before this one switched. What
+// landed is kept out of the window, which goes (the window's bytes are
+// overwritten here to prove install() no longer reads it).
+TEST_F(Migration, WhatLandedIsKeptWhenTheWindowGoesAndInstallsBitForBit) {
+  const std::vector<placement::Move> moves{{1, 3, 1, 0, 1}};
+  const std::vector<std::uint8_t> original = weights_of(1, 1, 3);
+  prepare(moves, 1);
+  const auto expected = transfer(1 << 20, moves.size());
+  for (auto& r : ranks) ASSERT_TRUE(r->transfer->verify(expected).empty());
+  ranks[0]->transfer->keep_landed();
+  ranks[0]->transfer->keep_landed();  // a second loss during the rebuild: nothing more to keep
+  for (std::vector<std::byte>* block : world.generations.back()) std::fill(block->begin(), block->end(), std::byte{0xA5});
+  ranks[0]->transfer->install();
+  EXPECT_EQ(weights_of(0, 1, 3), original);
+}
+
+// after_loss: what a survivor does with its part of a migration, by what it
+// did before the loss and the newest epoch any survivor holds.
+struct AfterLossCase {
+  const char* name;
+  bool part, switched, verified;
+  std::uint64_t here, newest;
+  AfterLoss expected;
+};
+class AfterLosses : public ::testing::TestWithParam<AfterLossCase> {};
+TEST_P(AfterLosses, FinishOrUndoAlike) {
+  const AfterLossCase& c = GetParam();
+  EXPECT_EQ(after_loss(c.part, c.switched, c.verified, c.here, c.newest), c.expected);
+}
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AfterLosses,
+    ::testing::Values(AfterLossCase{"NoMigration", false, false, false, 3, 3, AfterLoss::nothing},
+                      AfterLossCase{"NobodySwitched", true, false, true, 3, 3, AfterLoss::roll_back},
+                      AfterLossCase{"NotYetVerifiedNobodySwitched", true, false, false, 3, 3, AfterLoss::roll_back},
+                      AfterLossCase{"SwitchedHere", true, true, true, 4, 4, AfterLoss::finish},
+                      AfterLossCase{"AnotherSwitched", true, false, true, 3, 4, AfterLoss::roll_forward}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(AfterLoss, StatesNoLossCanProduceAreErrorsNamingTheEpochs) {
+  test::expect_error([] { after_loss(false, false, false, 3, 4); }, ErrorKind::Runtime, {"epoch 4", "no part"});
+  test::expect_error([] { after_loss(true, false, false, 3, 4); }, ErrorKind::Runtime, {"epoch 4", "verified"});
+  // An all_max below this rank's own epoch is a bug, not a loss.
+  test::expect_error([] { after_loss(true, false, true, 5, 4); }, ErrorKind::Internal, {"epoch 4", "5"});
+}
+
 TEST_F(Migration, ACopyWithoutDropKeepsTheSourceSlot) {
   const std::vector<placement::Move> moves{{0, 0, 0, 1, -1}};
   prepare(moves, 1);

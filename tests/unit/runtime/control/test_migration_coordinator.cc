@@ -275,6 +275,51 @@ INSTANTIATE_TEST_SUITE_P(Stages, ShutdownDuring,
                          ::testing::Values(std::pair{0, false}, std::pair{1, false}, std::pair{2, false},
                                            std::pair{3, true}, std::pair{4, true}));
 
+// Elastic serving: the coordinator ends the migration a loss cut short as
+// the survivors settled it, and gives up a plan being made.
+class AfterALoss : public ::testing::TestWithParam<int> {};  // boundaries after prepare
+TEST_P(AfterALoss, TheMigrationEndsAsTheSurvivorsSettledIt) {
+  for (const bool committed : {false, true}) {
+    MigrationCoordinator c(slot_bytes, true);
+    FakeRanks ranks({});
+    const auto p = four_ranks();
+    boundary(c, ranks, 0, [&] { c.migrate(p, 1, 3, 0, {}); });
+    for (int i = 0; i < GetParam(); ++i) boundary(c, ranks);
+    const MigrationRecord running = *c.migration();
+    c.after_loss(MigrationCoordinator::Settled{running.id, running.moves, committed}, running.id, "world rank(s) 2 lost");
+    EXPECT_EQ(c.migration()->state, committed ? S::committed : S::aborted);
+    if (!committed) {
+      EXPECT_NE(c.migration()->error.find("world rank(s) 2 lost: rolled back"), std::string::npos);
+    }
+    EXPECT_FALSE(c.busy());
+    EXPECT_TRUE(c.end_boundary(0).empty()) << "a settled migration sends no more actions";
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Stages, AfterALoss, ::testing::Values(0, 1, 2, 3));
+
+TEST(MigrationCoordinator, AfterALossOfItsCoordinatorTheRecordIsRebuiltAndIdsGoOn) {
+  MigrationCoordinator c(slot_bytes, true);
+  const std::vector<placement::Move> moves{{1, 3, 1, 0, 1}};
+  c.after_loss(MigrationCoordinator::Settled{7, moves, true}, 7, "world rank(s) 0 lost");
+  ASSERT_NE(c.migration(), nullptr);
+  EXPECT_EQ(c.migration()->id, 7u);
+  EXPECT_EQ(c.migration()->state, S::committed);
+  EXPECT_EQ(c.migration()->bytes, kSlotBytes);
+  FakeRanks ranks({});
+  boundary(c, ranks, 1, [&] { EXPECT_TRUE(c.migrate(four_ranks(), 0, 0, 3, {}).ok()); });
+  EXPECT_EQ(c.migration()->id, 8u) << "a new coordinator never reuses a migration id";
+}
+
+TEST(MigrationCoordinator, ALossWhilePlanningGivesThePlanUp) {
+  MigrationCoordinator c(slot_bytes, true);
+  c.begin_boundary();
+  ASSERT_TRUE(c.reoptimize().ok());
+  ASSERT_TRUE(c.busy());
+  c.after_loss(std::nullopt, 0, "world rank(s) 1 lost");
+  EXPECT_FALSE(c.busy());
+  EXPECT_EQ(c.migration(), nullptr);
+}
+
 // What each request gets in each situation.
 enum class Situation { idle, migrating, planning, stopping, draining, no_stats };
 enum class Ask { migrate, migrate_bad_layer, migrate_negative, migrate_holder, migrate_bad_from, reoptimize, unknown };

@@ -140,6 +140,18 @@ TEST(Snapshot, DecisionsShowAtOnce) {
   EXPECT_EQ(snapshot.last_stats(), stats);  // shared, not copied
 }
 
+// An idle daemon publishes no step: status shows a migration's end at once
+// all the same (a migration ended by a lost rank, or by an idle turn).
+TEST(Snapshot, StatusShowsTheMigrationAsSetWithoutAStep) {
+  Snapshot snapshot(default_config(), 0, {0});
+  ControlState control = serving(7);
+  control.migration = {{"id", 1}, {"state", "transfer"}};
+  snapshot.publish(control, nullptr);
+  snapshot.set_migration({{"id", 1}, {"state", "aborted"}});
+  EXPECT_EQ(snapshot.status()["migration"]["state"], "aborted");
+  EXPECT_EQ(snapshot.status()["step"], 7);
+}
+
 TEST(Snapshot, TheHeatmapIsKeptOnRankZeroWithTheEndpoint) {
   const Config c = config_with_endpoint();
   const std::vector<std::uint64_t> loads(std::size_t(c.model.layers * c.model.experts), 2);
