@@ -89,6 +89,9 @@ class Daemon {
   void after_step(std::uint64_t step, std::uint64_t served, std::chrono::steady_clock::time_point started,
                   StepRecord rec, StepRecord* reduced);
   bool serve_front_door_turn(std::uint64_t step, StepRecord* reduced);
+  // [metrics].listen's HTTP endpoint, on rank 0: at start, and on the
+  // survivors' new rank 0 when world rank 0 was lost.
+  void open_metrics_endpoint();
 
   // Elastic serving ([comm].elastic; runtime/daemon/elastic.cc).
   // At start: the survivors' agreement over the transport's peer messages,

@@ -125,6 +125,16 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   control_plane_->placement_renumbered();
   report_->continue_with_ranks(ranks, topology_->describe());
   if (admin_) admin_->set_coordinator(transport_->world_rank(0));
+  if (rank == 0 && !http_ && !config_.metrics.listen.empty()) {
+    // The lost coordinator's endpoint went with it: this rank serves the
+    // job's figures now (from here on; the load heatmap starts empty).
+    snapshot_->keep_heatmap(config_);
+    try {
+      open_metrics_endpoint();
+    } catch (const Error& e) {  // serving goes on without it; the operator learns why
+      spdlog::error("the survivors' rank 0 cannot take over the metrics endpoint: {}", e.describe());
+    }
+  }
 
   // The steps go on from one number on every survivor (some may have
   // finished the step the loss cut short).

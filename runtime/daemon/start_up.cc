@@ -497,16 +497,7 @@ void Daemon::Startup::open_admin_socket() {
 // Rank 0 alone listens (it holds the job's figures); a port it cannot bind
 // stops every rank alike.
 void Daemon::Startup::open_metrics_endpoint() {
-  if (d_.rank_ != 0) return;
-  // More rows, more pages (runtime/observe/http/http_server.h).
-  std::vector<http::Route> routes{http::metrics_route(*d_.snapshot_)};
-  if (d_.tracer_) routes.push_back(http::trace_route(*d_.tracer_));
-  for (http::Route& route : http::dashboard_routes(*d_.snapshot_, int(c_.model.layers), int(c_.model.experts)))
-    routes.push_back(std::move(route));
-  d_.http_ = std::make_unique<http::Server>(parse_listen_address(c_.metrics.listen, "[metrics].listen"),
-                                            "[metrics].listen", std::move(routes));
-  spdlog::info("metrics endpoint {}", d_.http_->url("/metrics"));
-  spdlog::info("dashboard {}", d_.http_->url("/"));
+  if (d_.rank_ == 0) d_.open_metrics_endpoint();
 }
 
 // Like the admin socket: a front door one rank cannot open stops every rank alike.
@@ -593,6 +584,19 @@ int Daemon::Startup::run(const Round& round) {
   code = d_.control_.all_max(code, round.status);
   if (code != 0 && d_.rank_ == 0) spdlog::error("not serving: start-up failed (see the errors above)");
   return code;
+}
+
+void Daemon::open_metrics_endpoint() {
+  // More rows, more pages (runtime/observe/http/http_server.h).
+  std::vector<http::Route> routes{http::metrics_route(*snapshot_)};
+  if (tracer_) routes.push_back(http::trace_route(*tracer_));
+  for (http::Route& route :
+       http::dashboard_routes(*snapshot_, int(config_.model.layers), int(config_.model.experts)))
+    routes.push_back(std::move(route));
+  http_ = std::make_unique<http::Server>(parse_listen_address(config_.metrics.listen, "[metrics].listen"),
+                                         "[metrics].listen", std::move(routes));
+  spdlog::info("metrics endpoint {}", http_->url("/metrics"));
+  spdlog::info("dashboard {}", http_->url("/"));
 }
 
 Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm::MpiSession& mpi) {

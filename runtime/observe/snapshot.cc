@@ -118,6 +118,13 @@ void Snapshot::set_stats(std::shared_ptr<const routing::RoutingStats> stats) {
   last_stats_ = std::move(stats);
 }
 
+void Snapshot::keep_heatmap(const Config& c) {
+  std::lock_guard lock(mu_);
+  if (heatmap_.capacity() == 0 && !c.metrics.listen.empty())
+    heatmap_ = LoadHeatmap(int(c.model.layers), int(c.model.experts), int(c.metrics.heatmap_columns),
+                           int(c.metrics.heatmap_column_steps));
+}
+
 void Snapshot::record_loads(const std::vector<std::uint64_t>& expert_load) {
   std::lock_guard lock(mu_);
   heatmap_.add_step(expert_load);

@@ -73,6 +73,9 @@ class Snapshot {
   // members (world ranks) and the losses so far (runtime/daemon/elastic.cc).
   // Status shows it as "survivors", with an alert for each loss.
   void set_survivors(nlohmann::json survivors);
+  // Elastic serving: this rank became the survivors' rank 0, which keeps
+  // the load heatmap for the endpoint it opens (empty until steps add to it).
+  void keep_heatmap(const Config& c);
 
   // The reads, from any thread, as last published.
   int rank() const { return rank_; }

@@ -14,7 +14,8 @@
 #      - the shutdown: the survivors drain and leave without MPI_Finalize.
 #   2. No redundancy: SIGKILL of world rank 0, the coordinator: the others
 #      load its experts from the checkpoint, world rank 1 coordinates (moectl
-#      finds its socket, the lowest that answers, and its shutdown ends the job).
+#      finds its socket, the lowest that answers, and its shutdown ends the
+#      job) and serves the metrics endpoint that went with world rank 0.
 #   3. 5 ranks, no redundancy: world ranks 1 and 3 killed 4 ms apart, so
 #      that the second loss often falls within the survivors' rebuild after
 #      the first (they agree again): 3 of 5 go on with both ranks' experts.
@@ -58,7 +59,7 @@ job=""
 echo "ok: the survivors drained and left (mpirun: $rc)"
 
 # --- 2. no redundancy: the coordinator killed, its experts loaded ----------------
-start --
+start -- --set 'metrics.listen="127.0.0.1:0"'
 paused_clients kill0
 kill -KILL "$(pid_of 0)"
 clients_done kill0 "8 clients across world rank 0 (the coordinator) killed"
@@ -68,12 +69,19 @@ loaded=$(sed -n 's/.*lost world rank(s) 0 at step .*; \([0-9]*\) expert(s) of th
 # Rank 0 held experts 0-1 of each of the 3 layers: 6 orphans, each loaded once.
 [ "$loaded" = 6 ] || fail "the survivors loaded $loaded experts of the lost rank, expected 6"
 [ "$(survivors_of 1)" = "1 1 2 3" ] || fail "rank 1's status shows survivors '$(survivors_of 1)'"
+# World rank 1 took over the metrics endpoint that went with world rank 0.
+port=$(grep -o '\[rank 1\].*metrics endpoint http://127.0.0.1:[0-9]*' "$SCRATCH/job.log" | sed 's/.*://')
+[ -n "$port" ] || fail_seeing "world rank 1 did not open the metrics endpoint after the coordinator was lost"
+metrics=$(curl -sf "http://127.0.0.1:$port/metrics") || fail "world rank 1's metrics endpoint"
+for line in "moed_survivors_epoch 1" "moed_ranks_serving 3" "moed_ranks_lost 1"; do
+  grep -qx "$line" <<<"$metrics" || fail "world rank 1's metrics lack '$line'"
+done
 # moectl finds the coordinator by itself: rank 0's socket is gone, and world rank 1's is the lowest that answers.
 "$MOECTL" --dir "$admin" shutdown >/dev/null 2>"$SCRATCH/moectl.err" || { cat "$SCRATCH/moectl.err" >&2; fail "moectl shutdown: world rank 1 coordinates now"; }
 grep -q "using rank 1's, the lowest that does" "$SCRATCH/moectl.err" || fail "moectl did not say it used rank 1's socket"
 wait "$job" || true
 job=""
-echo "ok: world rank 0 killed: its 6 experts loaded from the checkpoint, world rank 1 coordinates (moectl found it)"
+echo "ok: world rank 0 killed: its 6 experts loaded from the checkpoint, world rank 1 coordinates (moectl found it) and serves the metrics"
 
 # --- 3. two losses close together ---------------------------------------------------
 ranks=5

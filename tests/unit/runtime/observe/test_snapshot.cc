@@ -164,5 +164,22 @@ TEST(Snapshot, TheHeatmapIsKeptOnRankZeroWithTheEndpoint) {
   EXPECT_TRUE(no_endpoint.heatmap_layer(0).empty());
 }
 
+// Elastic serving: a rank that becomes the survivors' rank 0 keeps the
+// heatmap from then on (its endpoint opens then); without an endpoint, none.
+TEST(Snapshot, ARankThatBecomesRankZeroKeepsTheHeatmapFromThenOn) {
+  const Config c = config_with_endpoint();
+  const std::vector<std::uint64_t> loads(std::size_t(c.model.layers * c.model.experts), 3);
+  Snapshot rank1(c, 1, {0, 0}), no_endpoint(default_config(), 1, {0, 0});
+  rank1.record_loads(loads);
+  rank1.keep_heatmap(c);
+  no_endpoint.keep_heatmap(default_config());
+  EXPECT_TRUE(rank1.heatmap_layer(0).empty()) << "steps before it became rank 0 are not kept";
+  rank1.record_loads(loads);
+  no_endpoint.record_loads(loads);
+  ASSERT_EQ(rank1.heatmap_layer(0).size(), 1u);
+  EXPECT_EQ(rank1.heatmap_layer(0)[0].load, std::vector<std::uint64_t>(std::size_t(c.model.experts), 3));
+  EXPECT_TRUE(no_endpoint.heatmap_layer(0).empty());
+}
+
 }  // namespace
 }  // namespace moed::runtime
