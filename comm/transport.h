@@ -137,7 +137,8 @@ class Transport {
   // and receive buffers of exchanges cut short must stay allocated and
   // unchanged until this returns (a peer may still be reading a block: it
   // waits, under [comm].timeout_ms, until every send to a member is done,
-  // and throws PeersUnreachable naming the members that never took theirs).
+  // and throws PeersUnreachable naming the members that never took theirs;
+  // so too, changing nothing, for members already found lost).
   // A Usage error for a backend that cannot outlive a peer (MPI).
   virtual void continue_with(const std::vector<int>& world_members, std::uint64_t epoch);
   // The world rank of `rank` (the same rank until continue_with()).

@@ -81,8 +81,17 @@ void Core::continue_with(const std::vector<int>& world_members, std::uint64_t ep
   MOED_CHECK(me != world_members.end(), "UCX transport: world rank {} goes on without itself", world_rank_);
   MOED_CHECK(epoch > epoch_, "UCX transport: epoch {} after epoch {}", epoch, epoch_);
   MOED_CHECK(open_ == 0, "UCX transport: {} exchanges or windows of epoch {} still open", open_, epoch_);
+  // A member the endpoints found lost after the agreement decided: the
+  // caller suspects it and agrees again (the transport stays as it was).
+  std::vector<int> gone;
   for (int member : world_members)
-    if (lost(member)) MOED_THROW(Runtime, "UCX transport: world rank {} goes on with world rank {}, lost", world_rank_, member);
+    if (lost(member)) gone.push_back(member);
+  if (!gone.empty())
+    throw PeersUnreachable(gone,
+                           fmt::format("UCX transport: world rank {} was to go on as epoch {} with world rank(s) [{}], "
+                                       "lost since",
+                                       world_rank_, epoch, fmt::join(gone, " ")),
+                           __FILE__, __LINE__);
   members_ = world_members;
   rank_ = int(me - world_members.begin());
   const std::uint64_t previous = epoch_;
