@@ -30,6 +30,10 @@ const config::Section<CommConfig>& comm_config_section() {
                           "survive a lost rank: the others agree on who is left and go on serving without "
                           "a restart (needs the front door, backend ucx, control transport; turns on "
                           "detect_lost_peers)"),
+          config::integer<C>("spares", &C::spares, 0, 0, 1 << 20,
+                             "the last N ranks of the job serve nothing at first: each waits, holding no "
+                             "expert, until the survivors of a loss admit it and migrate experts to it "
+                             "(needs elastic)"),
           config::integer<C>("wait_spin_polls", &C::wait_spin_polls, 32, 0, 1 << 30,
                              "a wait polls this many times at full speed first (each wait anew)"),
           config::integer<C>("wait_yield_polls", &C::wait_yield_polls, 2048, 0, 1 << 30,

@@ -31,6 +31,7 @@ struct CommConfig {
   bool narrow_answers = true;
   bool detect_lost_peers = false;
   bool elastic = false;
+  std::int64_t spares = 0;
   std::int64_t wait_spin_polls = 32, wait_yield_polls = 2048, wait_sleep_us = 20, wait_sleep_max_us = 1000;
 };
 

@@ -18,7 +18,7 @@ void ControlChannel::set_progress(std::function<void()> progress) {
 }
 
 void ControlChannel::use(std::unique_ptr<ControlLink> link) {
-  MOED_CHECK(link != nullptr && link->rank() == link_->rank() && link->size() == link_->size(),
+  MOED_CHECK(link != nullptr && link->rank() == link_->rank() && link->size() <= link_->size(),
              "control link {} for rank {} of {}: this channel is rank {} of {}", link ? link->name() : "(none)",
              link ? link->rank() : -1, link ? link->size() : -1, link_->rank(), link_->size());
   link_ = std::move(link);

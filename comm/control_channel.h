@@ -57,7 +57,8 @@ class ControlChannel {
   const char* medium() const { return link_->name(); }
   void set_progress(std::function<void()> progress);
   // Collective: the channel's later calls run over `link` (the same ranks in
-  // the same order). Whatever `link` uses must outlive the channel's calls.
+  // the same order, or the first of them: a job's spares, [comm].spares, are
+  // left out). Whatever `link` uses must outlive the channel's calls.
   void use(std::unique_ptr<ControlLink> link);
 
   void broadcast(void* data, std::size_t bytes, const std::string& what) { link_->broadcast(data, bytes, what); }

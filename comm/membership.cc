@@ -40,13 +40,13 @@ std::string to_string(const MembershipMessage& m) {
                      m.kind == Kind::suspect ? fmt::format(" suspected {}", m.suspected) : std::string());
 }
 
-Membership::Membership(int self, View current) : self_(self), view_(std::move(current)) {
+Membership::Membership(int self, View current, bool spare) : self_(self), view_(std::move(current)), spare_(spare) {
   MOED_CHECK(std::is_sorted(view_.members.begin(), view_.members.end()) &&
                  std::adjacent_find(view_.members.begin(), view_.members.end()) == view_.members.end(),
              "membership of epoch {}: members [{}] are not ascending and distinct", view_.epoch,
              fmt::join(view_.members, " "));
-  MOED_CHECK(member(self), "membership of epoch {}: rank {} is not among its members [{}]", view_.epoch, self,
-             fmt::join(view_.members, " "));
+  MOED_CHECK(member(self) != spare, "membership of epoch {}: rank {} is {}among its members [{}]", view_.epoch, self,
+             spare ? "a spare but " : "not ", fmt::join(view_.members, " "));
 }
 
 bool Membership::member(int rank) const {
@@ -69,7 +69,7 @@ MembershipMessage Membership::to(int rank, Kind kind) const {
 }
 
 std::vector<MembershipMessage> Membership::suspect(int rank) {
-  if (fenced_ || rank == self_ || !member(rank) || suspects_.count(rank)) return {};
+  if (fenced_ || spare_ || rank == self_ || !member(rank) || suspects_.count(rank)) return {};
   suspects_.insert(rank);
   agreeing_ = true;
   std::vector<MembershipMessage> out;
@@ -97,9 +97,10 @@ std::vector<MembershipMessage> Membership::propose() {
   if (best_ballot_.round > 0) {
     proposal_ = best_;
   } else {
-    proposal_.clear();
+    std::set<int> proposed(joining_);
     for (int rank : answered_)
-      if (!suspects_.count(rank)) proposal_.push_back(rank);
+      if (!suspects_.count(rank)) proposed.insert(rank);
+    proposal_.assign(proposed.begin(), proposed.end());
   }
   phase_ = Phase::accept;
   accepted_ballot_ = ballot_;
@@ -136,8 +137,12 @@ std::vector<MembershipMessage> Membership::lead() {
 
 std::vector<MembershipMessage> Membership::adopt(View decided) {
   view_ = std::move(decided);
-  fenced_ = !member(self_);
+  if (spare_)
+    spare_ = !member(self_);  // admitted, or still waiting (never fenced: it was not a member)
+  else
+    fenced_ = !member(self_);
   agreeing_ = false;
+  joining_.clear();
   // Suspicions start over with the epoch: a member still unreachable is
   // found so again (a stale one would keep a rank from its leader). Paxos
   // state starts over too.
@@ -164,6 +169,7 @@ std::vector<MembershipMessage> Membership::receive(const MembershipMessage& m) {
     if (m.epoch <= view_.epoch) return {};  // decided already (a decision is final)
     return adopt({m.epoch, m.members});
   }
+  if (spare_) return {};  // a spare takes part in nothing but the decision that admits it
   if (m.epoch <= view_.epoch) {  // the sender missed a decision: tell it
     MembershipMessage reply = to(m.from, Kind::decide);
     reply.epoch = view_.epoch;
@@ -226,8 +232,10 @@ std::vector<MembershipMessage> Membership::receive(const MembershipMessage& m) {
       if (phase_ != Phase::accept || m.ballot != ballot_) return {};
       answered_.insert(m.from);
       if (answered_.size() < quorum()) return {};
+      std::set<int> told(view_.members.begin(), view_.members.end());  // every member: one left out learns it
+      told.insert(proposal_.begin(), proposal_.end());                 // and every spare admitted
       std::vector<MembershipMessage> out;
-      for (int other : view_.members)  // every member: one left out learns it
+      for (int other : told)
         if (other != self_) {
           out.push_back(to(other, Kind::decide));
           out.back().members = proposal_;
@@ -243,8 +251,17 @@ std::vector<MembershipMessage> Membership::receive(const MembershipMessage& m) {
   return {};
 }
 
+std::vector<MembershipMessage> Membership::admit(const std::vector<int>& ranks) {
+  if (fenced_ || spare_ || agreeing_ || leader() != self_) return {};
+  for (int rank : ranks)
+    if (rank >= 0 && !member(rank)) joining_.insert(rank);
+  if (joining_.empty()) return {};
+  agreeing_ = true;
+  return lead();
+}
+
 std::vector<MembershipMessage> Membership::timeout() {
-  if (fenced_ || !agreeing_) return {};
+  if (fenced_ || spare_ || !agreeing_) return {};
   if (leader() != self_) return suspect(leader());  // waited for the leader in vain: lost, or cut off
   if (phase_ == Phase::prepare && answered_.size() >= quorum()) {
     // A majority promised: the silent members are lost (each suspected,

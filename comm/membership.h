@@ -21,6 +21,13 @@
 // catches up. Fewer than a majority of epoch e's members alive: no decision
 // (the restart path). Pure: the caller carries the messages (the transport)
 // and the deadlines; every input is an event, every output a message list.
+//
+// Growing: a spare (a rank launched with the job but outside the view)
+// listens for decisions alone. The leader admits it (admit()): the next
+// epoch's proposal is then the ranks that promised plus the spare, decided
+// by the members as any other, and the decision is sent to the spare too,
+// which becomes a member. An earlier proposal that must stand (Paxos) wins
+// over the admission, which the caller may ask for again.
 #pragma once
 
 #include <cstdint>
@@ -57,8 +64,9 @@ std::string to_string(const MembershipMessage& message);
 
 class Membership {
  public:
-  // `current` holds `self`; its members ascending, no repeats (else Error).
-  Membership(int self, View current);
+  // `current` holds `self` (a spare: does not hold it); its members
+  // ascending, no repeats (else Error).
+  Membership(int self, View current, bool spare = false);
 
   // This rank found `rank` unreachable: it tells the others and, if it is
   // then the lowest member it does not suspect, leads.
@@ -67,10 +75,16 @@ class Membership {
   // The caller's deadline for the agreement passed: lead again with a
   // higher ballot, or suspect the leader waited for.
   std::vector<MembershipMessage> timeout();
+  // The leader, between agreements: proposes the next epoch with `ranks`,
+  // spares, among its members. Anywhere else (a follower, an agreement
+  // already under way) nothing happens and nothing is sent; a rank that is
+  // a member already is left out.
+  std::vector<MembershipMessage> admit(const std::vector<int>& ranks);
 
   const View& view() const { return view_; }
   bool agreeing() const { return agreeing_; }  // an agreement on view().epoch + 1 is under way
   bool fenced() const { return fenced_; }      // a decision left this rank out: it must exit
+  bool spare() const { return spare_; }        // outside the view, waiting to be admitted
   const std::set<int>& suspected() const { return suspects_; }
   int leader() const;  // the lowest member this rank does not suspect
 
@@ -86,7 +100,8 @@ class Membership {
 
   int self_;
   View view_;
-  bool agreeing_ = false, fenced_ = false;
+  bool agreeing_ = false, fenced_ = false, spare_ = false;
+  std::set<int> joining_;  // leader: spares its proposal adds
   std::set<int> suspects_;
   // Acceptor: for epoch view_.epoch + 1.
   Ballot promised_, accepted_ballot_;

@@ -12,9 +12,10 @@
 
 namespace moed::comm {
 
-SurvivorAgreement::SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round)
+SurvivorAgreement::SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round,
+                                     bool spare)
     : messenger_(messenger),
-      membership_(messenger.rank(), std::move(current)),
+      membership_(messenger.rank(), std::move(current), spare),
       round_(round),
       epoch_seen_(membership_.view().epoch) {}
 
@@ -36,8 +37,16 @@ void SurvivorAgreement::track_rounds() {
 
 void SurvivorAgreement::suspect(int rank) { carry(membership_.suspect(rank)); }
 
+bool SurvivorAgreement::admit(const std::vector<int>& ranks) {
+  carry(membership_.admit(ranks));
+  return membership_.agreeing();
+}
+
 bool SurvivorAgreement::poll() {
-  for (int lost : messenger_.take_lost_peers()) suspect(lost);
+  for (int lost : messenger_.take_lost_peers()) {
+    lost_.insert(lost);
+    suspect(lost);
+  }
   while (std::optional<PeerMessage> arrived = messenger_.poll()) {
     try {
       const MembershipMessage message = decode_membership_message(

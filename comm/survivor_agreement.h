@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "comm/membership.h"
@@ -28,7 +29,8 @@ class SurvivorAgreement {
 
   // `round`: how long a rank waits for the answers of one round before it
   // suspects the silent (the daemon passes [comm].timeout_ms).
-  SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round);
+  // `spare`: this rank is outside `current`, waiting to be admitted.
+  SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round, bool spare = false);
 
   // This rank found `rank` unreachable (a deadline of its own passed).
   void suspect(int rank);
@@ -42,7 +44,15 @@ class SurvivorAgreement {
   // members answer, and only a restart brings the job back.
   const View& agree(std::chrono::milliseconds limit);
 
+  // The leader, between agreements: begins one that admits `ranks`, spares
+  // (Membership::admit); false when none could begin here.
+  bool admit(const std::vector<int>& ranks);
+
   const View& view() const { return membership_.view(); }
+  bool spare() const { return membership_.spare(); }
+  // Whether the transport has reported `rank` lost (a spare watches its
+  // job's members this way: it ends when they have all gone).
+  bool lost(int rank) const { return lost_.count(rank) != 0; }
   bool agreeing() const { return membership_.agreeing(); }
   bool fenced() const { return membership_.fenced(); }
   // Messages dropped because they could not be decoded or lied about their sender.
@@ -60,6 +70,7 @@ class SurvivorAgreement {
   bool was_agreeing_ = false;
   std::uint64_t epoch_seen_ = 0;
   std::uint64_t dropped_ = 0;
+  std::set<int> lost_;  // every rank the transport reported lost (a job's ranks: bounded)
 };
 
 }  // namespace moed::comm

@@ -3,6 +3,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
+#include <tuple>
 
 #include "common/error.h"
 #include "placement/redundancy.h"
@@ -69,6 +71,55 @@ SurvivorsPlan plan_for_survivors(const Placement& p, const std::vector<int>& los
   for (const auto& [l, e] : dropped.orphans)
     for (int r : plan.placement.replicas(l, e)) plan.to_load[std::size_t(r)].emplace_back(l, e);
   return plan;
+}
+
+Placement with_newcomers(const Placement& p, int newcomers) {
+  MOED_CHECK(newcomers >= 0, "{} newcomers", newcomers);
+  Placement out(p.ranks() + newcomers, p.layers(), p.experts());
+  out.set_epoch(p.epoch());
+  for (int l = 0; l < p.layers(); ++l)
+    for (int e = 0; e < p.experts(); ++e) {
+      if (p.sharded(l, e))
+        out.set_shards(l, e, p.replicas(l, e), p.shards(l, e));
+      else
+        out.set_replicas(l, e, p.replicas(l, e));
+    }
+  return out;
+}
+
+std::vector<Move> moves_to_newcomers(const Placement& p, const std::vector<int>& newcomers) {
+  Placement now = p;
+  std::vector<int> slots(std::size_t(p.ranks()));
+  int total = 0;
+  for (int r = 0; r < p.ranks(); ++r) total += slots[std::size_t(r)] = p.slots_on(r);
+  const int share = total / std::max(1, p.ranks());
+  std::vector<Move> moves;
+  for (int n : newcomers) {
+    MOED_CHECK(n >= 0 && n < p.ranks() && p.slots_on(n) == 0, "rank {} is not a newcomer of the placement", n);
+    while (slots[std::size_t(n)] < share) {
+      int donor = n == 0 ? 1 : 0;
+      for (int r = 0; r < p.ranks(); ++r)
+        if (r != n && slots[std::size_t(r)] > slots[std::size_t(donor)]) donor = r;
+      if (slots[std::size_t(donor)] <= slots[std::size_t(n)] + 1) break;  // a move would not narrow the gap
+      // (the newcomer's slots in the layer, layer, expert): the smallest.
+      std::optional<std::tuple<std::size_t, int, int>> pick;
+      for (int l = 0; l < p.layers(); ++l) {
+        const std::size_t held = now.experts_on(l, n).size();
+        for (int e : now.experts_on(l, donor))
+          if (!now.sharded(l, e) && now.shard_on(l, e, n) < 0 && (!pick || std::tuple(held, l, e) < *pick))
+            pick = std::tuple(held, l, e);
+      }
+      if (!pick) break;  // the donor holds nothing the newcomer may take
+      const auto [held, l, e] = *pick;
+      moves.push_back({l, e, donor, n, donor, 0, 1, false, 0});
+      std::vector<int> ranks = now.replicas(l, e);
+      std::replace(ranks.begin(), ranks.end(), donor, n);
+      now.set_replicas(l, e, std::move(ranks));
+      --slots[std::size_t(donor)];
+      ++slots[std::size_t(n)];
+    }
+  }
+  return moves;
 }
 
 }  // namespace moed::placement

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "placement/placement.h"
+#include "placement/placement_diff.h"
 #include "placement/topology.h"
 
 namespace moed::placement {
@@ -35,5 +36,18 @@ struct SurvivorsPlan {
   std::vector<std::vector<std::pair<int, int>>> to_load;  // per new rank: (layer, expert) orphans it adopts
 };
 SurvivorsPlan plan_for_survivors(const Placement& p, const std::vector<int>& lost, int max_slots = 0);
+
+// Growing (spares admitted, [comm].spares): `p` with `newcomers` more ranks
+// after its own, holding nothing yet (the epoch kept).
+Placement with_newcomers(const Placement& p, int newcomers);
+
+// The moves that give each newcomer (a rank of `p` holding nothing) its
+// share of the slots, which the migration path then carries: one slot at a
+// time, from the rank holding the most (the lowest on a tie), of a whole
+// expert the newcomer lacks, in the layer where the newcomer holds the
+// fewest (then the lowest layer and expert), until it holds the mean per
+// rank (rounded down) or no move would narrow the gap. Every rank plans
+// alike from the placement alone.
+std::vector<Move> moves_to_newcomers(const Placement& p, const std::vector<int>& newcomers);
 
 }  // namespace moed::placement

@@ -166,14 +166,16 @@ std::string format_status(const json& answer) {
   for (const char* rate : {"tokens_per_s", "recent_tokens_per_s"})
     if (auto it = shown.find(rate); it != shown.end() && it->is_number())
       *it = fmt::format("{:.1f}", it->get<double>());
-  // Elastic serving: "epoch 1, ranks 0 1 3 (this one 2 of 3), 1 loss".
+  // Elastic serving: "epoch 3, world ranks 0 2 3 4 (this one 3 of 4), 1 rank lost, 1 joined".
   if (auto it = shown.find("survivors"); it != shown.end() && it->is_object()) {
     const json members = it->value("members", json::array());
     std::string ranks;
     for (const json& m : members) ranks += (ranks.empty() ? "" : " ") + value_text(m);
-    const std::size_t losses = it->value("losses", json::array()).size();
-    *it = fmt::format("epoch {}, world ranks {} (this one {} of {}), {} loss{}", value_text(it->value("epoch", json())),
-                      ranks, value_text(it->value("rank", json())), members.size(), losses, losses == 1 ? "" : "es");
+    const std::size_t lost = it->value("ranks_lost", it->value("losses", json::array()).size());
+    const std::size_t joined = it->value("ranks_joined", std::size_t(0));
+    *it = fmt::format("epoch {}, world ranks {} (this one {} of {}), {} rank{} lost{}",
+                      value_text(it->value("epoch", json())), ranks, value_text(it->value("rank", json())),
+                      members.size(), lost, lost == 1 ? "" : "s", joined ? fmt::format(", {} joined", joined) : "");
   }
   return format_fields(shown, {"rank", "state", "epoch", "survivors", "step", "tokens_per_s", "recent_tokens_per_s", "alerts",
                                "migration"});

@@ -69,6 +69,10 @@ std::vector<CommandSpec> build_commands() {
                    true,
                    {int_param("request_id", true, "the request to trace from the next step on", INT64_MAX)},
                    "trace this request's tokens whatever [trace].sample says (moectl trace --follow)"});
+  table.push_back({"admit",
+                   true,
+                   {int_param("count", false, "how many spares (default 1)")},
+                   "admit waiting spares ([comm].spares): each joins and a migration gives it its share of the slots"});
   table.push_back({"drain", true, {}, "finish the work in flight, then take no new tokens"});
   table.push_back({"shutdown", true, {}, "drain, then stop every rank"});
   return table;

@@ -492,6 +492,9 @@ void validate_config(const Config& c, ConfigUse use) {
   if (c.comm.elastic && c.comm.control != comm::ControlMedium::transport)
     MOED_THROW(Usage, "config: [comm].elastic needs [comm].control = \"transport\": MPI's collectives would wait "
                "for a lost rank forever");
+  if (c.comm.spares > 0 && !c.comm.elastic)
+    MOED_THROW(Usage, "config: [comm].spares = {} needs [comm].elastic = true: a spare joins the survivors of a "
+               "lost rank", c.comm.spares);
   if (c.workload.kind == WorkloadKind::trace && c.workload.trace.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
   if (c.workload.kind == WorkloadKind::synthetic && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "placement/placement_diff.h"
 #include "placement/placement_file.h"
+#include "placement/survivors.h"
 #include "routing/stats_file.h"
 #include "runtime/control/control_views.h"
 #include "runtime/observe/report.h"
@@ -176,6 +177,21 @@ BoundaryActions ControlPlane::decide() {
     if (cmd == "shutdown") {
       verdict = coordinator_.shutdown();
       body = {{"state", "stopping"}};
+    } else if (cmd == "admit") {
+      const std::int64_t count = p.value("count", std::int64_t(1));
+      const std::vector<int> waiting =
+          spares_waiting_ && count > 0 ? spares_waiting_(int(std::min<std::int64_t>(count, 1 << 20)))
+                                       : std::vector<int>{};
+      if (!spares_waiting_)
+        verdict = {admin::code::kRefused, "admit needs spares: this job has none ([comm].elastic and [comm].spares)"};
+      else if (count < 1)
+        verdict = {admin::code::kBadParams, fmt::format("count = {}: admit at least one spare", count)};
+      else if (coordinator_.busy())
+        verdict = {admin::code::kBusy, "a migration runs or is planned: admit once it has ended"};
+      else if (waiting.empty())
+        verdict = {admin::code::kRefused, "no spare waits: each was admitted or lost ([comm].spares)"};
+      else
+        admitting_ = waiting, body = {{"admitting", waiting}};
     } else if (cmd == "drain") {
       verdict = coordinator_.drain();
       body = {{"state", "draining"}};
@@ -209,6 +225,15 @@ BoundaryActions ControlPlane::decide() {
   if (optimizing_.valid() && optimizing_.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
     finish_reoptimize();
   if (given_up_.valid() && given_up_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) given_up_ = {};
+  if (!newcomers_.empty() && !coordinator_.busy()) {
+    std::vector<placement::Move> moves = placement::moves_to_newcomers(c_.placement, newcomers_);
+    const std::size_t count = moves.size();
+    if (coordinator_.rebalance(std::move(moves), "a rank joined")) {
+      spdlog::info("rank 0: {} slot(s) migrate to the rank(s) that joined", count);
+      publish_migration();
+    }
+    newcomers_.clear();
+  }
   BoundaryActions out;
   const MigrationRecord* migration = coordinator_.migration();
   const auto state_before = migration ? std::optional(migration->state) : std::nullopt;

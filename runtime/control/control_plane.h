@@ -19,11 +19,13 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -96,6 +98,16 @@ class ControlPlane {
   std::string settle_after_loss(const std::vector<int>& lost_world);
   // After the daemon has renumbered the placement over the survivors: shows it.
   void placement_renumbered() { publish_placement(); }
+  // Rank 0, after spares joined as `ranks` (holding nothing): from the next
+  // boundary at which no other migration runs, a migration gives each its
+  // share of the slots (placement::moves_to_newcomers).
+  void give_load_to(std::vector<int> ranks) { newcomers_ = std::move(ranks); }
+  // Rank 0, elastic serving with spares: `waiting(n)` returns up to n world
+  // ranks of spares that wait (neither admitted nor lost), for `admit`.
+  void on_admit(std::function<std::vector<int>(int)> waiting) { spares_waiting_ = std::move(waiting); }
+  // Rank 0, after a boundary: the spares an `admit` request asked for
+  // (the daemon begins their admission), each returned once.
+  std::vector<int> take_admission() { return std::exchange(admitting_, {}); }
   // The request ids the last boundary asked every rank to trace (moectl trace --follow).
   const std::vector<std::uint64_t>& follow_now() const { return follow_now_; }
   // Rank 0: the signal (SIGTERM, SIGINT) that stopped the daemon, or 0.
@@ -144,6 +156,9 @@ class ControlPlane {
   std::vector<std::size_t> bad_checksums_;
   bool verified_ = false, switched_ = false;  // this rank's part of transfer_: landed bytes checked; committed
   std::uint64_t last_migration_ = 0;          // the newest migration this rank prepared
+  std::vector<int> newcomers_;                 // rank 0: ranks that joined and wait for their slots
+  std::function<std::vector<int>(int)> spares_waiting_;  // rank 0: see on_admit
+  std::vector<int> admitting_;                            // rank 0: spares `admit` asked for, for the daemon
   double send_seconds_ = 0;  // this boundary's time in MigrationTransfer::send
   MigrationFaults faults_;
 };

@@ -128,6 +128,12 @@ bool MigrationCoordinator::plan_ready(std::vector<placement::Move> moves, bool d
 
 void MigrationCoordinator::plan_failed() { planning_ = false; }
 
+bool MigrationCoordinator::rebalance(std::vector<placement::Move> moves, const std::string& why) {
+  if (busy() || stopping_ || draining_ || moves.empty()) return false;
+  start(std::move(moves), why);
+  return true;
+}
+
 void MigrationCoordinator::start(std::vector<placement::Move> moves, const std::string& why) {
   MigrationRecord& m = migration_.emplace();
   m.id = next_id_++;

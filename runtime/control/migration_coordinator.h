@@ -109,6 +109,10 @@ class MigrationCoordinator {
   // dry run or moves nothing. Returns whether a migration started.
   bool plan_ready(std::vector<placement::Move> moves, bool dry_run);
   void plan_failed();
+  // A migration the daemon itself asks for (`why`: "a rank joined"): starts
+  // it unless another runs or is planned, the daemon is stopping, or there
+  // is nothing to move. Returns whether it started.
+  bool rebalance(std::vector<placement::Move> moves, const std::string& why);
   // The actions of this boundary: those the requests asked for, then the
   // running migration's next stage (one started at this boundary waits for
   // its prepare reports). `epoch` is the placement's current epoch.

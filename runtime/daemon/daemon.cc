@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <limits>
 
 #include "comm/mpi/mpi_control_link.h"
 #include "common/clock.h"
@@ -74,16 +75,8 @@ bool Daemon::serve_front_door_step(std::uint64_t step, StepRecord* reduced) {
     return serve_front_door_turn(step, reduced);
   } catch (const comm::PeersUnreachable& e) {
     spdlog::warn("step {}: {}", step, e.what());
-    std::vector<int> suspects = e.ranks();
-    for (;;) {  // another loss while the survivors rebuild: agree again
-      try {
-        go_on_without(suspects, step, started);
-        return true;
-      } catch (const comm::PeersUnreachable& again) {
-        spdlog::warn("step {}, going on without a lost rank: {}", step, again.what());
-        suspects = again.ranks();
-      }
-    }
+    go_on_after_losses(e.ranks(), step, started);
+    return true;
   }
 }
 
@@ -91,6 +84,7 @@ bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
+  if (agreement_) admit(control_plane_->take_admission(), "(moectl admit)");
   follow_requests(step);
   // Rows a loss cut short are served again first, alone (elastic serving):
   // a row's bits do not depend on its batch, so they are the bits it would
@@ -186,9 +180,8 @@ void Daemon::finish() {
     report_->set_placement(fmt::format("migrated live ({}); started from {}", placement_details(placement_),
                                        start_placement_));
   if (!losses_.empty())  // elastic serving: who went, and what is served now
-    report_->set_placement(fmt::format("{} ranks lost, the last at step {}: now {}; started from {}",
-                                       int(snapshot_->island_of_rank().size()) - transport_->size(),
-                                       losses_.back().value("step", std::uint64_t(0)),
+    report_->set_placement(fmt::format("{} ranks lost and {} joined, the last at step {}: now {}; started from {}",
+                                       ranks_lost_, ranks_joined_, losses_.back().value("step", std::uint64_t(0)),
                                        placement_details(placement_), start_placement_));
   report_->print(std::cout);
   std::cout.flush();
@@ -203,7 +196,9 @@ int serve(const Config& config, const ServeOptions& options, comm::MpiSession& m
   Daemon::Started started = Daemon::start(config, options, mpi);
   if (!started.daemon) return started.exit_code;
   Daemon& d = *started.daemon;
-  for (std::uint64_t step = 0; d.serve_step(step); step = d.next_step(step)) {
+  std::uint64_t step = 0;
+  if (d.spare()) step = d.wait_to_join() ? d.next_step(0) : std::numeric_limits<std::uint64_t>::max();
+  for (; step != std::numeric_limits<std::uint64_t>::max() && d.serve_step(step); step = d.next_step(step)) {
   }
   d.finish();
   if (d.outlived_a_peer()) {

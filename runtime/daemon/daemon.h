@@ -65,9 +65,18 @@ class Daemon {
   // The step after `step`: the next, or, once the survivors of a loss have
   // agreed, the one they go on from together.
   std::uint64_t next_step(std::uint64_t step);
-  // This rank went on without a lost peer: it must leave without
+  // This rank went on without a lost peer (or the job has spares, which
+  // never reach MPI_Finalize with the others): it must leave without
   // MPI_Finalize, which would wait for that peer.
-  bool outlived_a_peer() const { return epoch_served_ > 0; }
+  bool outlived_a_peer() const {
+    return epoch_served_ > 0 || (world_topology_ && serving_ranks_ < world_topology_->ranks());
+  }
+  // A spare ([comm].spares): this rank serves nothing until it is admitted.
+  bool spare() const { return agreement_ && agreement_->spare(); }
+  // A spare waits, holding no expert, until the survivors of a loss admit
+  // it, then joins them (true: serve from next_step(0)); false when the job
+  // ended first (its members all left, or a stop signal).
+  bool wait_to_join();
 
   const Config& config() const { return config_; }
   comm::ControlChannel& control() { return control_; }
@@ -92,6 +101,8 @@ class Daemon {
   // [metrics].listen's HTTP endpoint, on rank 0: at start, and on the
   // survivors' new rank 0 when world rank 0 was lost.
   void open_metrics_endpoint();
+  // [workload].kind = "ingress": this rank's front door (at start, or when a spare joins).
+  void open_front_door(int world_rank, int world_ranks);
 
   // Elastic serving ([comm].elastic; runtime/daemon/elastic.cc).
   // At start: the survivors' agreement over the transport's peer messages,
@@ -107,6 +118,20 @@ class Daemon {
   // survivors' placement, orphans loaded, the engine rebuilt over them.
   void go_on_without(const std::vector<int>& suspects, std::uint64_t step,
                      std::chrono::steady_clock::time_point cut_short);
+  // go_on_without, again after each loss during the rebuild.
+  void go_on_after_losses(std::vector<int> suspects, std::uint64_t step,
+                          std::chrono::steady_clock::time_point cut_short);
+  // Once this rank has gone on as a member of `view` (Transport::continue_with):
+  // the ranks lost dropped, the spares admitted taken in, the orphans
+  // loaded, the engine rebuilt over the members (collective over them).
+  void go_on_as(const comm::View& view, std::uint64_t step, std::chrono::steady_clock::time_point cut_short);
+  // Rank 0 tells the spares that joined what they take up (the placement,
+  // its world ranks, the router biases); collective over the new members.
+  void share_state_with_joiners(bool joining);
+  // Rank 0: up to `wanted` spares that wait (neither admitted nor lost),
+  // and the beginning of their admission (after a loss, or moectl admit).
+  std::vector<int> waiting_spares(std::size_t wanted) const;
+  void admit(const std::vector<int>& spares, const char* why);
 
   const Config& config_;
   ServeOptions options_;
@@ -117,7 +142,9 @@ class Daemon {
   // another mode (--print-topology) must first be told so by agree_on_command.
   std::optional<comm::MpiBootstrap> bootstrap_;
   std::optional<Fault> fault_;
-  std::optional<placement::Topology> topology_;
+  std::optional<placement::Topology> topology_;        // over the ranks serving now
+  std::optional<placement::Topology> world_topology_;  // over every rank of the job, spares included
+  int serving_ranks_ = 1;                              // the job's ranks less [comm].spares
   placement::Placement placement_;
   std::string start_placement_;  // as the report describes it
   std::uint64_t start_epoch_ = 0;
@@ -148,7 +175,9 @@ class Daemon {
   std::vector<int> placement_world_;                // the world rank of each of placement_'s ranks
   bool batches_pending_ = false;                    // batches_ taken but not answered: a loss cut their step short
   std::optional<std::uint64_t> resume_at_;          // the step the survivors go on from
-  nlohmann::json losses_ = nlohmann::json::array(); // what status shows of each loss (the last kKeptLosses)
+  nlohmann::json losses_ = nlohmann::json::array(); // what status shows of each loss or join (the last kKeptLosses)
+  int ranks_lost_ = 0, ranks_joined_ = 0;           // since start
+  std::vector<double> joined_biases_;               // a spare that joins: rank 0's router biases
 };
 
 // moed's main loop: start, serve every configured step, finish. Returns the

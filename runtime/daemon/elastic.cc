@@ -15,14 +15,17 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "placement/memory_plan.h"
+#include "placement/placement_file.h"
 #include "placement/survivors.h"
 #include "runtime/config/memory_estimate.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/daemon/stop_signal.h"
 
 namespace moed::runtime {
 
@@ -35,14 +38,20 @@ constexpr std::size_t kKeptLosses = 16;  // status shows the last ones; nothing 
 void Daemon::watch_for_losses() {
   comm::PeerMessenger* messenger = transport_->messenger();
   MOED_CHECK(messenger, "[comm].elastic over the {} transport, which carries no peer messages", transport_->name());
-  comm::View world;
-  for (int r = 0; r < transport_->size(); ++r) world.members.push_back(r);
-  placement_world_ = world.members;
-  agreement_ = std::make_unique<comm::SurvivorAgreement>(*messenger, world,
-                                                         std::chrono::milliseconds(config_.comm.timeout_ms));
+  // With spares, the serving ranks went on without them at start (epoch 1).
+  comm::View view{serving_ranks_ < world_topology_->ranks() ? 1u : 0u, {}};
+  for (int r = 0; r < serving_ranks_; ++r) view.members.push_back(r);
+  placement_world_ = view.members;
+  const bool spare = rank_ >= serving_ranks_;
+  epoch_served_ = spare ? 0 : view.epoch;
+  agreement_ = std::make_unique<comm::SurvivorAgreement>(*messenger, view,
+                                                         std::chrono::milliseconds(config_.comm.timeout_ms), spare);
   // A rank blocked in a step answers the agreement from there, and leaves
   // the step once one began: its silence would let the others decide without it.
   transport_->set_wait_hook([this] { throw_if_loss_under_way(); });
+  // moectl admit, on whichever rank coordinates.
+  if (serving_ranks_ < world_topology_->ranks())
+    control_plane_->on_admit([this](int wanted) { return waiting_spares(std::size_t(wanted)); });
 }
 
 void Daemon::throw_if_loss_under_way() {
@@ -62,10 +71,57 @@ void Daemon::leave_if_fenced() {
   exit_now(3);
 }
 
+bool Daemon::wait_to_join() {
+  spdlog::info("rank {}: a spare ([comm].spares): holding no expert, it waits until the survivors of a loss admit it",
+               rank_);
+  for (;;) {
+    agreement_->poll();
+    if (!agreement_->spare()) break;
+    if (const int signal = stop_signal()) {
+      spdlog::info("rank {}: a spare stopped by {} before it joined", rank_, signal_name(signal));
+      return false;
+    }
+    const std::vector<int>& members = agreement_->view().members;
+    if (std::all_of(members.begin(), members.end(), [this](int r) { return agreement_->lost(r); })) {
+      spdlog::info("rank {}: a spare: the job's serving ranks have all left; so does it", rank_);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const comm::View view = agreement_->view();
+  spdlog::info("rank {}: admitted at epoch {} (world ranks {}): joining", rank_, view.epoch,
+               fmt::join(view.members, " "));
+  try {
+    transport_->continue_with(view.members, view.epoch);
+    go_on_as(view, 0, std::chrono::steady_clock::now());
+  } catch (const comm::PeersUnreachable& e) {
+    // It holds nothing yet, and the others go on without it (it stops answering).
+    spdlog::error("rank {}: a rank was lost while this spare joined ({}); leaving, the others go on without it",
+                  rank_, e.what());
+    exit_now(3);
+  }
+  // Its door opens once it serves: a client's rows never wait at a spare.
+  open_front_door(transport_->world_rank(transport_->rank()), world_topology_->ranks());
+  return true;
+}
+
+void Daemon::go_on_after_losses(std::vector<int> suspects, std::uint64_t step,
+                                std::chrono::steady_clock::time_point cut_short) {
+  for (;;) {  // another loss while the survivors rebuild: agree again
+    try {
+      go_on_without(suspects, step, cut_short);
+      return;
+    } catch (const comm::PeersUnreachable& again) {
+      spdlog::warn("step {}, going on without a lost rank: {}", step, again.what());
+      suspects = again.ranks();
+    }
+  }
+}
+
 void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
                            std::chrono::steady_clock::time_point cut_short) {
   // The exchanges cut short are closed; their buffers stay until continue_with.
-  engine_->abandon_step();
+  if (engine_) engine_->abandon_step();
   control_plane_->abandon_for_loss();
   for (int rank : suspects) agreement_->suspect(rank);
   const std::chrono::milliseconds limit(4 * config_.comm.timeout_ms);
@@ -81,7 +137,37 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
       for (int rank : e.ranks()) agreement_->suspect(rank);
     }
   }
+  go_on_as(view, step, cut_short);
+}
+
+void Daemon::share_state_with_joiners(bool joining) {
+  std::string text;
+  if (transport_->rank() == 0) {
+    const std::vector<double> biases = engine_ ? engine_->router_biases() : std::vector<double>{};
+    text = nlohmann::json{{"placement", placement::format_placement(placement_, layer_numbers(config_.model))},
+                          {"world", placement_world_},
+                          {"biases", biases}}
+               .dump();
+  }
+  control_.broadcast_text(text, "what the ranks that join take up");
+  if (!joining) return;
+  const nlohmann::json state = nlohmann::json::parse(text);
+  placement_ = placement::parse_placement(state.at("placement").get<std::string>(), "rank 0's placement",
+                                          layer_numbers(config_.model));
+  placement_world_ = state.at("world").get<std::vector<int>>();
+  joined_biases_ = state.at("biases").get<std::vector<double>>();
+}
+
+void Daemon::go_on_as(const comm::View& view, std::uint64_t step, std::chrono::steady_clock::time_point cut_short) {
   epoch_served_ = view.epoch;
+  const auto in = [](const std::vector<int>& ranks, int r) { return std::find(ranks.begin(), ranks.end(), r) != ranks.end(); };
+  // Spares admitted: members the placement has no rank for. Spares are the
+  // job's last world ranks, so they come after every other member.
+  std::vector<int> joined_world;
+  for (int r : view.members)
+    if (!in(placement_world_, r)) joined_world.push_back(r);
+  const int me = transport_->world_rank(transport_->rank());
+  if (!joined_world.empty()) share_state_with_joiners(in(joined_world, me) && engine_ == nullptr);
 
   // The placement's ranks are those it was last renumbered over (a loss
   // during an earlier try may have cut that short): those whose world rank
@@ -93,10 +179,13 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   // A migration the loss cut short ends alike everywhere before the lost slots go.
   const std::string migration = control_plane_->settle_after_loss(lost_world);
   placement::SurvivorsPlan plan = placement::plan_for_survivors(placement_, lost);
-  MOED_CHECK(plan.members.size() == view.members.size(), "{} ranks of the placement survive, the epoch has {} members",
-             plan.members.size(), view.members.size());
+  MOED_CHECK(plan.members.size() + joined_world.size() == view.members.size(),
+             "{} ranks of the placement survive and {} join, the epoch has {} members", plan.members.size(),
+             joined_world.size(), view.members.size());
+  plan.placement = placement::with_newcomers(plan.placement, int(joined_world.size()));
   const int rank = transport_->rank(), ranks = transport_->size();
-  const std::vector<std::pair<int, int>>& mine = plan.to_load[std::size_t(rank)];
+  const std::vector<std::pair<int, int>> mine =
+      std::size_t(rank) < plan.to_load.size() ? plan.to_load[std::size_t(rank)] : std::vector<std::pair<int, int>>{};
   // Orphans this rank adopts: within its memory, loaded before any rank serves again.
   int code = 0;
   try {
@@ -110,16 +199,17 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   if (control_.all_max(code, "the survivors' loads of orphaned experts") != 0)
     MOED_THROW(Runtime, "a survivor could not take the lost ranks' experts (see its log): the restart path takes over");
 
-  // The engine and the control plane over the survivors; the old engine's
+  // The engine and the control plane over the members; the old engine's
   // buffers were kept until continue_with returned.
   std::unique_ptr<Engine> old = std::move(engine_);
   placement_ = std::move(plan.placement);
   placement_world_ = view.members;
-  topology_.emplace(placement::topology_on_members(*topology_, plan.members));
+  topology_.emplace(placement::topology_on_members(*world_topology_, view.members));
   rank_ = rank;
   engine_ = std::make_unique<Engine>(config_, *transport_, *topology_, placement_, *store_, workload_.get());
   if (stats_) engine_->record_stats_into(&*stats_, std::size_t(config_.stats.follow_tokens));
-  if (std::vector<double> biases = old->router_biases(); !biases.empty()) engine_->set_router_biases(std::move(biases));
+  std::vector<double> biases = old ? old->router_biases() : std::move(joined_biases_);
+  if (!biases.empty()) engine_->set_router_biases(std::move(biases));
   engine_->trace_with(&*trace_selector_);
   old.reset();
   control_plane_->placement_renumbered();
@@ -136,22 +226,31 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
     }
   }
 
-  // The steps go on from one number on every survivor (some may have
-  // finished the step the loss cut short).
+  // The steps go on from one number on every member (some may have
+  // finished the step the loss cut short; a rank that joins knows none).
   double next = double(step + 1);  // exact: steps stay far below 2^53
-  control_.reduce_max(&next, 1, "the step the survivors go on from");
-  control_.broadcast(&next, sizeof next, "the step the survivors go on from");
+  control_.reduce_max(&next, 1, "the step the members go on from");
+  control_.broadcast(&next, sizeof next, "the step the members go on from");
   resume_at_ = std::uint64_t(next);
 
   const double paused_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cut_short).count();
-  const std::string alert =
-      fmt::format("lost world rank(s) {} at step {}: epoch {} serves on world ranks {}; {} expert(s) of the lost "
-                  "loaded from the checkpoint here; {}serving paused {:.0f} ms on this rank",
-                  fmt::join(lost_world, " "), step, view.epoch, fmt::join(view.members, " "), mine.size(),
-                  migration.empty() ? "" : migration + "; ", paused_ms);
+  std::string alert;
+  if (!lost_world.empty())
+    alert = fmt::format("lost world rank(s) {} at step {}: epoch {} serves on world ranks {}; {} expert(s) of the "
+                        "lost loaded from the checkpoint here; {}serving paused {:.0f} ms on this rank",
+                        fmt::join(lost_world, " "), step, view.epoch, fmt::join(view.members, " "), mine.size(),
+                        migration.empty() ? "" : migration + "; ", paused_ms);
+  if (!joined_world.empty())
+    alert += fmt::format("{}world rank(s) {} joined (spares) at step {}: epoch {} serves on world ranks {}; serving "
+                         "paused {:.0f} ms on this rank",
+                         alert.empty() ? "" : "; ", fmt::join(joined_world, " "), std::uint64_t(next) - 1, view.epoch,
+                         fmt::join(view.members, " "), paused_ms);
   spdlog::warn("{}", alert);
+  ranks_lost_ += int(lost_world.size());
+  ranks_joined_ += int(joined_world.size());
   losses_.push_back({{"lost", lost_world},
+                     {"joined", joined_world},
                      {"step", step},
                      {"epoch", view.epoch},
                      {"at", now_seconds()},
@@ -160,7 +259,34 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
                      {"paused_ms", paused_ms},
                      {"alert", alert}});
   if (losses_.size() > kKeptLosses) losses_.erase(losses_.begin());
-  snapshot_->set_survivors({{"epoch", view.epoch}, {"members", view.members}, {"rank", rank}, {"losses", losses_}});
+  snapshot_->set_survivors({{"epoch", view.epoch},
+                            {"members", view.members},
+                            {"rank", rank},
+                            {"ranks_lost", ranks_lost_},
+                            {"ranks_joined", ranks_joined_},
+                            {"losses", losses_}});
+
+  if (rank != 0) return;
+  if (!joined_world.empty()) {  // the newcomers take their share of the slots by the migration path
+    std::vector<int> newcomers;
+    for (int r : joined_world)
+      newcomers.push_back(int(std::find(view.members.begin(), view.members.end(), r) - view.members.begin()));
+    control_plane_->give_load_to(std::move(newcomers));
+  }
+  if (!lost_world.empty()) admit(waiting_spares(lost_world.size()), "in place of the lost");
+}
+
+std::vector<int> Daemon::waiting_spares(std::size_t wanted) const {
+  std::vector<int> spares;
+  const std::vector<int>& members = agreement_->view().members;
+  for (int r = serving_ranks_; r < world_topology_->ranks() && spares.size() < wanted; ++r)
+    if (!std::binary_search(members.begin(), members.end(), r) && !agreement_->lost(r)) spares.push_back(r);
+  return spares;
+}
+
+void Daemon::admit(const std::vector<int>& spares, const char* why) {
+  if (!spares.empty() && agreement_->admit(spares))
+    spdlog::warn("rank 0: admitting spare world rank(s) {} {}", fmt::join(spares, " "), why);
 }
 
 std::uint64_t Daemon::next_step(std::uint64_t step) {

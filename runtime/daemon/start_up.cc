@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "comm/idle_backoff.h"
@@ -31,6 +32,7 @@
 #include "launch/nvlink_islands.h"
 #include "launch/rank_topology_codec.h"
 #include "launch/topology_description.h"
+#include "placement/survivors.h"
 #include "placement/memory_plan.h"
 #include "placement/placement_file.h"
 #include "placement/redundancy.h"
@@ -399,6 +401,7 @@ class Daemon::Startup {
   LocalHost local_;
   launch::BindResult binding_{false, -1, "not bound ([cluster].bind_numa = false)"};
   Numerics numerics_;
+  bool spare_ = false;  // from build_engine_and_control on: this rank is a spare, on its own
 };
 
 void Daemon::Startup::read_host() {
@@ -419,7 +422,14 @@ void Daemon::Startup::probe_this_rank() {
 void Daemon::Startup::agree_topology_and_placement() {
   FoundIslands found = discover_islands(c_, d_.control_, where_, local_.host);
   if (local_.error) std::rethrow_exception(local_.error);
-  d_.topology_.emplace(found.islands.island_of_rank);
+  d_.serving_ranks_ = mpi_.size() - int(c_.comm.spares);
+  if (d_.serving_ranks_ < 1)
+    MOED_THROW(Usage, "[comm].spares = {} leaves none of the job's {} ranks to serve", c_.comm.spares, mpi_.size());
+  // Spares are the job's last ranks: the placement is over the others.
+  d_.world_topology_.emplace(found.islands.island_of_rank);
+  std::vector<int> serving(std::size_t(d_.serving_ranks_));
+  std::iota(serving.begin(), serving.end(), 0);
+  d_.topology_.emplace(placement::topology_on_members(*d_.world_topology_, serving));
   d_.islands_source_ = found.islands.source;
   d_.placement_ = initial_placement(c_, *d_.topology_);
 }
@@ -427,10 +437,14 @@ void Daemon::Startup::agree_topology_and_placement() {
 void Daemon::Startup::load_weights() {
   // Before the weights: sizes the host cannot hold are refused naming their keys.
   d_.local_ranks_ = std::max(1, where_.local_size);
+  // A spare holds no expert until it joins (the migration then brings its share).
+  const bool spare = d_.rank_ >= d_.serving_ranks_;
+  const placement::Placement none(d_.rank_ + 1, int(c_.model.layers), int(c_.model.experts));
+  const placement::Placement& mine = spare ? none : d_.placement_;
   refuse_if_too_large(
-      estimate_rank_memory(c_, placement::slot_groups(d_.placement_, d_.rank_), mpi_.size(), d_.rank_),
+      estimate_rank_memory(c_, placement::slot_groups(mine, d_.rank_), d_.serving_ranks_, d_.rank_),
       d_.local_ranks_, fmt::format("rank {}", d_.rank_));
-  d_.store_.emplace(ExpertStore::load(c_, d_.placement_, d_.rank_));
+  d_.store_.emplace(ExpertStore::load(c_, mine, d_.rank_));
   d_.workload_ = make_workload(c_, d_.store_->layer(0).gate.data());
   d_.stats_ = initial_stats(c_, d_.rank_, mpi_.size());
 }
@@ -456,6 +470,16 @@ void Daemon::Startup::agree_numerics() {
 
 void Daemon::Startup::build_engine_and_control() {
   Daemon& d = d_;
+  // With spares, the serving ranks go on without them from here (epoch 1 of
+  // the transport; elastic.cc admits a spare after a loss). A spare's
+  // start-up is its own from here: it builds no engine and takes part in
+  // no collective until it joins.
+  if (d.serving_ranks_ < mpi_.size()) {
+    spare_ = d.rank_ >= d.serving_ranks_;
+    std::vector<int> serving(std::size_t(d.serving_ranks_));
+    std::iota(serving.begin(), serving.end(), 0);
+    if (!spare_) d.transport_->continue_with(serving, 1);
+  }
   // Waits of the control plane keep the transport progressing (a UCX put to
   // a rank that sits in a control collective needs that rank's progress).
   d.control_.set_progress([t = d.transport_.get()] { t->progress(); });
@@ -465,17 +489,19 @@ void Daemon::Startup::build_engine_and_control() {
     d.control_.use(comm::transport_control_link(*d.transport_));
     if (d.rank_ == 0) spdlog::info("the control collectives run over the {} transport from here on", d.transport_->name());
   }
-  d.engine_ = std::make_unique<Engine>(c_, *d.transport_, *d.topology_, d.placement_, *d.store_, d.workload_.get());
-  if (d.stats_) d.engine_->record_stats_into(&*d.stats_, std::size_t(c_.stats.follow_tokens));
-  resume_router_biases(c_, d.control_, d.stats_ ? &*d.stats_ : nullptr, *d.engine_);
   d.trace_selector_.emplace(c_.trace.sample, std::size_t(c_.trace.follow_max));
-  d.engine_->trace_with(&*d.trace_selector_);
+  if (!spare_) {
+    d.engine_ = std::make_unique<Engine>(c_, *d.transport_, *d.topology_, d.placement_, *d.store_, d.workload_.get());
+    if (d.stats_) d.engine_->record_stats_into(&*d.stats_, std::size_t(c_.stats.follow_tokens));
+    resume_router_biases(c_, d.control_, d.stats_ ? &*d.stats_ : nullptr, *d.engine_);
+    d.engine_->trace_with(&*d.trace_selector_);
+  }
   if (d.rank_ == 0)
     d.tracer_ = std::make_unique<trace::Tracer>(std::size_t(c_.trace.ring), int(c_.model.layers), c_.trace.sample,
                                                  layer_numbers(c_.model));
   d.snapshot_ = std::make_unique<Snapshot>(c_, d.rank_, d.topology_->island_of_ranks());
   d.control_plane_ = std::make_unique<ControlPlane>(ControlContext{
-      c_, d.rank_, mpi_.size(), d.control_, *d.transport_, *d.store_, d.placement_, *d.topology_,
+      c_, d.rank_, d.serving_ranks_, d.control_, *d.transport_, *d.store_, d.placement_, *d.topology_,
       d.stats_ ? &*d.stats_ : nullptr, *d.snapshot_, &stop_signal, &signal_name});
 }
 
@@ -502,40 +528,46 @@ void Daemon::Startup::open_metrics_endpoint() {
 
 // Like the admin socket: a front door one rank cannot open stops every rank alike.
 void Daemon::Startup::open_front_door() {
-  const ModelSpec spec = model_spec(c_.model);
+  if (!spare_) d_.open_front_door(d_.rank_, mpi_.size());  // a spare's opens when it joins
+}
+
+void Daemon::open_front_door(int world_rank, int world_ranks) {
+  const ModelSpec spec = model_spec(config_.model);
   ingress::ModelLayers layers{std::vector<int>(std::size_t(spec.model_layers), -1), spec.describe_dense()};
   for (int l = 0; l < spec.model_layers; ++l) layers.batch_of[std::size_t(l)] = spec.moe_index(l);
-  for (int d = 0; d < d_.store_->dense_layers(); ++d)  // served dense layers: batches after the MoE layers'
-    layers.batch_of[std::size_t(d_.store_->dense_model_layer(d))] = int(c_.model.layers) + d;
+  for (int d = 0; d < store_->dense_layers(); ++d)  // served dense layers: batches after the MoE layers'
+    layers.batch_of[std::size_t(store_->dense_model_layer(d))] = int(config_.model.layers) + d;
   std::optional<ingress::NetworkOptions> network;
-  if (!c_.ingress.listen.empty()) {
+  if (!config_.ingress.listen.empty()) {
     network.emplace();
-    network->listen = ingress::rank_listen_addresses(c_.ingress.listen, d_.rank_);
+    network->listen = ingress::rank_listen_addresses(config_.ingress.listen, world_rank);
     try {
-      network->key = wire::read_key_file(c_.ingress.key_file);
+      network->key = wire::read_key_file(config_.ingress.key_file);
     } catch (const std::runtime_error& e) {
       MOED_THROW(Usage, "[ingress].key_file: {}", e.what());
     }
-    network->transports = c_.ingress.transports;
-    network->handshake_timeout = std::chrono::milliseconds(c_.ingress.handshake_timeout_ms);
-    network->ping_interval = std::chrono::milliseconds(c_.ingress.ping_interval_ms);
-    network->silence_timeout = std::chrono::milliseconds(c_.ingress.silence_timeout_ms);
-    network->max_handshakes = int(c_.ingress.max_handshakes);
-    network->max_handshakes_per_peer = int(c_.ingress.max_handshakes_per_peer);
+    network->transports = config_.ingress.transports;
+    network->handshake_timeout = std::chrono::milliseconds(config_.ingress.handshake_timeout_ms);
+    network->ping_interval = std::chrono::milliseconds(config_.ingress.ping_interval_ms);
+    network->silence_timeout = std::chrono::milliseconds(config_.ingress.silence_timeout_ms);
+    network->max_handshakes = int(config_.ingress.max_handshakes);
+    network->max_handshakes_per_peer = int(config_.ingress.max_handshakes_per_peer);
   }
-  d_.front_door_ = std::make_unique<ingress::FrontDoor>(c_.ingress.dir, d_.rank_, mpi_.size(), int(c_.model.hidden),
-                                                        std::move(layers), ingress_limits(c_), std::move(network));
-  spdlog::info("front door {}", d_.front_door_->path());
-  for (const std::string& a : d_.front_door_->network_addresses()) spdlog::info("front door {}", a);
-  if (d_.snapshot_)
-    d_.snapshot_->set_front_door_counters([door = d_.front_door_.get()] { return front_door_json(*door); });
+  front_door_ = std::make_unique<ingress::FrontDoor>(config_.ingress.dir, world_rank, world_ranks,
+                                                     int(config_.model.hidden), std::move(layers),
+                                                     ingress_limits(config_), std::move(network));
+  spdlog::info("front door {}", front_door_->path());
+  for (const std::string& a : front_door_->network_addresses()) spdlog::info("front door {}", a);
+  if (snapshot_)
+    snapshot_->set_front_door_counters([door = front_door_.get()] { return front_door_json(*door); });
 }
 
 void Daemon::Startup::announce() {
   Daemon& d = d_;
   // No GPU is used yet: the CPU path serves (the CUDA kernels are not wired in).
   const std::string tokens =
-      d.front_door_ ? "tokens from its front door"
+      spare_ ? "a spare: serves nothing until it joins"
+      : d.front_door_ ? "tokens from its front door"
                     : fmt::format("tokens [{}, {}) of each step", d.engine_->first_token(),
                                   d.engine_->first_token() + d.engine_->local_tokens());
   const std::string whole =
@@ -546,12 +578,12 @@ void Daemon::Startup::announce() {
                where_.host, where_.local_rank, where_.local_size, where_.launcher,
                launch::describe_binding(where_, launch::probe_binding(/*gpu_count=*/0)) + "; " +
                    binding_.description,
-               d.topology_->island_of(d.rank_), d.store_->slots(), double(d.store_->expert_bytes()) / 1e6,
+               d.world_topology_->island_of(d.rank_), d.store_->slots(), double(d.store_->expert_bytes()) / 1e6,
                kernels::to_string(d.store_->dtype()), whole, tokens);
 
   d.start_placement_ = describe_placement(c_, d.placement_);
   d.start_epoch_ = d.placement_.epoch();
-  RunInfo info{mpi_.size(), d.topology_->islands(), d.store_->shape(),
+  RunInfo info{d.serving_ranks_, d.topology_->islands(), d.store_->shape(),
                std::uint64_t(c_.workload.kind == WorkloadKind::ingress ? 0 : c_.workload.tokens_per_step),
                std::uint64_t(c_.workload.steps),
                std::uint64_t(c_.workload.warmup_steps), d.transport_->name(),
@@ -581,6 +613,7 @@ int Daemon::Startup::run(const Round& round) {
     spdlog::error("start-up failed: {}", e.what());
     code = 1;
   }
+  if (spare_) return code;  // the serving ranks' rounds go on without it
   code = d_.control_.all_max(code, round.status);
   if (code != 0 && d_.rank_ == 0) spdlog::error("not serving: start-up failed (see the errors above)");
   return code;

@@ -170,7 +170,7 @@ void append_survivor_metrics(const json& survivors, std::size_t world, std::stri
   const std::pair<const char*, double> figures[] = {
       {"survivors_epoch", survivors.value("epoch", 0.0)},
       {"ranks_serving", double(serving)},
-      {"ranks_lost", double(world - std::min(world, serving))},
+      {"ranks_lost", survivors.value("ranks_lost", double(world - std::min(world, serving)))},
       {"last_loss_pause_ms", last_pause}};
   for (const auto& [name, value] : figures)
     out += fmt::format("# HELP moed_{0} elastic serving: {0} (moectl status: survivors)\n# TYPE moed_{0} gauge\n"

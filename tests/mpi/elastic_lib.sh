@@ -32,12 +32,12 @@ start() {
   while [ "$1" != -- ]; do launcher+=("$1"); shift; done
   shift
   rm -rf "$sock" "$admin"
-  "$mpirun_l" --hosts localhost --gpus-per-host "$ranks" --moed "$MOED" --bind none --elastic "${launcher[@]}" \
+  "$mpirun_l" --hosts localhost --gpus-per-host "$((ranks + spares))" --moed "$MOED" --bind none --elastic "${launcher[@]}" \
     -- "${elastic[@]}" "$@" >"$SCRATCH/job.log" 2>&1 &
   job=$!
   wait_until 120 doors_open || { cat "$SCRATCH/job.log" >&2; fail "the $ranks front doors did not open"; }
 }
-ranks=4  # of the job start() starts
+ranks=4 spares=0  # of the job start() starts: serving ranks, and spares launched after them
 doors_open() {
   kill -0 "$job" 2>/dev/null || { cat "$SCRATCH/job.log" >&2; fail "the job ended at start"; }
   for ((r = 0; r < ranks; r++)); do [ -s "$sock/moed-ingress-$r.ucx" ] || return 1; done

@@ -236,6 +236,30 @@ TEST(Membership, EarlyDeadlinesAndCompetingLeadersStillAgree) {
   run_many({.ranks = 6, .lost = 1, .lose_leader = true, .pause = true, .early_deadlines = true}, 1000);
 }
 
+// Delivers every message in flight (in order) to ranks 0..n-1 of `ranks`,
+// dropping those to `down`; returns how many were delivered.
+int deliver(std::vector<Membership>& ranks, std::vector<MembershipMessage> flight, int down = -1) {
+  int delivered = 0;
+  while (!flight.empty()) {
+    const MembershipMessage m = flight.front();
+    flight.erase(flight.begin());
+    if (m.to == down) continue;
+    ++delivered;
+    for (const MembershipMessage& out : ranks[std::size_t(m.to)].receive(m)) flight.push_back(out);
+  }
+  return delivered;
+}
+
+// A message of `kind` from `from` to `to` about `epoch`.
+MembershipMessage message(Kind kind, int from, int to, std::uint64_t epoch) {
+  MembershipMessage m;
+  m.kind = kind;
+  m.from = from;
+  m.to = to;
+  m.epoch = epoch;
+  return m;
+}
+
 TEST(Membership, ALeaderDecidesInOneRoundWhenNothingElseHappens) {
   // Ranks 0-3, rank 3 lost and noticed by rank 1 only: rank 1 tells the
   // others; rank 0 leads, every survivor promises and accepts {0, 1, 2}.
@@ -243,14 +267,7 @@ TEST(Membership, ALeaderDecidesInOneRoundWhenNothingElseHappens) {
   for (int r = 0; r < 4; ++r) ranks.emplace_back(r, View{0, {0, 1, 2, 3}});
   std::vector<MembershipMessage> flight = ranks[1].suspect(3);
   ASSERT_EQ(flight.size(), 2u);  // to 0 and 2, not to the suspected rank
-  int delivered = 0;
-  while (!flight.empty()) {
-    const MembershipMessage m = flight.front();
-    flight.erase(flight.begin());
-    if (m.to == 3) continue;
-    ++delivered;
-    for (const MembershipMessage& out : ranks[std::size_t(m.to)].receive(m)) flight.push_back(out);
-  }
+  const int delivered = deliver(ranks, flight, /*down=*/3);
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(ranks[std::size_t(r)].view(), (View{1, {0, 1, 2}})) << "rank " << r;
     EXPECT_FALSE(ranks[std::size_t(r)].fenced());
@@ -261,11 +278,7 @@ TEST(Membership, ALeaderDecidesInOneRoundWhenNothingElseHappens) {
 TEST(Membership, ARankThatMissedTheDecisionLearnsItAndIsFenced) {
   Membership dropped(2, View{0, {0, 1, 2}});
   Membership survivor(0, View{0, {0, 1, 2}});
-  MembershipMessage decide;
-  decide.kind = Kind::decide;
-  decide.from = 1;
-  decide.to = 0;
-  decide.epoch = 1;
+  MembershipMessage decide = message(Kind::decide, 1, 0, 1);
   decide.members = {0, 1};
   EXPECT_TRUE(survivor.receive(decide).empty());
   // The dropped rank wakes and asks; the survivor answers with its view.
@@ -285,6 +298,57 @@ TEST(Membership, ARankThatMissedTheDecisionLearnsItAndIsFenced) {
 TEST(Membership, AViewThatIsNotAscendingOrLacksTheRankIsRefused) {
   EXPECT_THROW(Membership(1, View{0, {2, 1}}), Error);
   EXPECT_THROW(Membership(3, View{0, {0, 1, 2}}), Error);
+  EXPECT_THROW(Membership(2, View{0, {0, 1, 2}}, /*spare=*/true), Error);  // a spare is outside the view
+}
+
+TEST(Membership, TheLeaderAdmitsASpareWhichEveryMemberAndTheSpareAdopt) {
+  // Ranks 0, 2, 3 serve (epoch 1, rank 1 lost before); rank 4 is a spare.
+  std::vector<Membership> ranks;
+  for (int r = 0; r < 5; ++r)
+    ranks.emplace_back(r, View{1, {0, 2, 3}}, /*spare=*/r == 1 || r == 4);
+  EXPECT_TRUE(ranks[2].admit({4}).empty()) << "only the leader admits";
+  EXPECT_TRUE(ranks[0].admit({2}).empty()) << "a member is not admitted again";
+  std::vector<MembershipMessage> flight = ranks[0].admit({4});
+  ASSERT_EQ(flight.size(), 2u);  // prepare to 2 and 3
+  EXPECT_TRUE(ranks[0].agreeing());
+  EXPECT_TRUE(ranks[0].admit({4}).empty()) << "one agreement at a time";
+  deliver(ranks, flight);
+  for (int r : {0, 2, 3, 4}) {
+    EXPECT_EQ(ranks[std::size_t(r)].view(), (View{2, {0, 2, 3, 4}})) << "rank " << r;
+    EXPECT_FALSE(ranks[std::size_t(r)].spare()) << "rank " << r;
+    EXPECT_FALSE(ranks[std::size_t(r)].fenced()) << "rank " << r;
+    EXPECT_FALSE(ranks[std::size_t(r)].agreeing()) << "rank " << r;
+  }
+  EXPECT_TRUE(ranks[1].spare()) << "a spare not admitted stays one, never fenced";
+  EXPECT_FALSE(ranks[1].fenced());
+  EXPECT_EQ(ranks[1].view(), (View{1, {0, 2, 3}}));
+}
+
+TEST(Membership, AnAdmissionDuringALossDecidesBothOrTheLoss) {
+  // Rank 2 is lost while the leader admits spare 4: the leader waits for
+  // rank 2's promise until its deadline, then proposes the others and the spare.
+  std::vector<Membership> ranks;
+  for (int r = 0; r < 5; ++r) ranks.emplace_back(r, View{0, {0, 1, 2, 3}}, /*spare=*/r == 4);
+  deliver(ranks, ranks[0].admit({4}), /*down=*/2);
+  EXPECT_TRUE(ranks[0].agreeing()) << "rank 2's promise is missing";
+  deliver(ranks, ranks[0].timeout(), /*down=*/2);
+  for (int r : {0, 1, 3, 4}) EXPECT_EQ(ranks[std::size_t(r)].view(), (View{1, {0, 1, 3, 4}})) << "rank " << r;
+}
+
+TEST(Membership, ASpareTakesPartInNothingButItsAdmission) {
+  Membership spare(4, View{1, {0, 1}}, /*spare=*/true);
+  EXPECT_TRUE(spare.suspect(0).empty());
+  EXPECT_TRUE(spare.timeout().empty());
+  MembershipMessage prepare = message(Kind::prepare, 0, 4, 2);
+  prepare.ballot = {1, 0};
+  EXPECT_TRUE(spare.receive(prepare).empty());
+  EXPECT_FALSE(spare.agreeing());
+  MembershipMessage decide = prepare;
+  decide.kind = Kind::decide;
+  decide.members = {0, 1, 4};
+  spare.receive(decide);
+  EXPECT_FALSE(spare.spare());
+  EXPECT_EQ(spare.view(), (View{2, {0, 1, 4}}));
 }
 
 

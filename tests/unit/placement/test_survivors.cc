@@ -119,5 +119,35 @@ TEST(Survivors, APlanSpreadsTheOrphansOverTheSurvivors) {
   test::expect_error([&] { plan_for_survivors(p, {0, 1, 2, 3}); }, ErrorKind::Runtime, {"every rank"});
 }
 
+TEST(Newcomers, JoinEmptyAndTakeTheMeanShareFromTheFullestRanks) {
+  const Placement p = contiguous(3, 2, 6);  // 4 slots per rank: rank r holds experts 2r, 2r + 1 of each layer
+  const Placement grown = with_newcomers(p, 1);
+  ASSERT_EQ(grown.ranks(), 4);
+  EXPECT_EQ(grown.slots_on(3), 0);
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 6; ++e) EXPECT_EQ(grown.replicas(l, e), p.replicas(l, e));
+  const std::vector<Move> moves = moves_to_newcomers(grown, {3});
+  // 12 slots over 4 ranks: 3 for the newcomer, one from each rank in turn,
+  // alternating layers (the one where it holds fewer first).
+  const std::vector<Move> expected{{0, 0, 0, 3, 0, 0, 1, false, 0},
+                                   {1, 2, 1, 3, 1, 0, 1, false, 0},
+                                   {0, 4, 2, 3, 2, 0, 1, false, 0}};
+  EXPECT_EQ(moves, expected);
+  const Placement after = apply_moves(grown, moves);
+  after.validate("the newcomer's moves");
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(after.slots_on(r), 3) << "rank " << r;
+}
+
+TEST(Newcomers, NothingMovesWhenAMoveWouldNotNarrowTheGap) {
+  const Placement p = with_newcomers(contiguous(2, 1, 2), 1);  // one slot each, a newcomer: mean 0
+  EXPECT_TRUE(moves_to_newcomers(p, {2}).empty());
+  // A split expert is not taken apart: its shards stay.
+  Placement split = contiguous(2, 1, 2);
+  split.set_shards(0, 0, {0, 1});
+  split.set_shards(0, 1, {1, 0});
+  EXPECT_TRUE(moves_to_newcomers(with_newcomers(split, 1), {2}).empty());
+  test::expect_error([&] { moves_to_newcomers(p, {0}); }, ErrorKind::Internal, {"not a newcomer"});
+}
+
 }  // namespace
 }  // namespace moed::placement

@@ -259,10 +259,10 @@ TEST(AdminProtocol, CommandTable) {
     }
   }
   EXPECT_EQ(names, (std::vector<std::string>{"status", "metrics", "placement", "stats", "reoptimize",
-                                             "migrate", "migration", "trace", "trace_follow", "drain",
-                                             "shutdown"}));
+                                             "migrate", "migration", "trace", "trace_follow", "admit",
+                                             "drain", "shutdown"}));
   EXPECT_FALSE(is_control("trace")) << "answered from rank 0's traces at once";
-  for (const std::string control : {"reoptimize", "migrate", "trace_follow", "drain", "shutdown"})
+  for (const std::string control : {"reoptimize", "migrate", "trace_follow", "admit", "drain", "shutdown"})
     EXPECT_TRUE(is_control(control)) << control;
   for (const std::string snapshot : {"status", "metrics", "placement", "stats", "migration", "nope"})
     EXPECT_FALSE(is_control(snapshot)) << snapshot;

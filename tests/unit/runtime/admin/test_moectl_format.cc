@@ -62,7 +62,13 @@ TEST(MoectlFormat, StatusShowsTheSurvivors) {
   EXPECT_EQ(format_answer("status", answer),
             "rank       2\n"
             "epoch      0\n"
-            "survivors  epoch 1, world ranks 0 2 3 (this one 1 of 3), 1 loss\n");
+            "survivors  epoch 1, world ranks 0 2 3 (this one 1 of 3), 1 rank lost\n");
+  // A spare admitted after the loss ([comm].spares).
+  const json grown = json::parse(R"({"ok":true,"rank":4,"survivors":{"epoch":3,"members":[0,2,3,4],
+      "rank":3,"ranks_lost":1,"ranks_joined":1,"losses":[{"lost":[1]},{"joined":[4]}]}})");
+  EXPECT_EQ(format_answer("status", grown),
+            "rank       4\n"
+            "survivors  epoch 3, world ranks 0 2 3 4 (this one 3 of 4), 1 rank lost, 1 joined\n");
 }
 
 TEST(MoectlCommandLine, EveryCommandBuildsItsRequest) {
@@ -88,6 +94,8 @@ TEST(MoectlCommandLine, EveryCommandBuildsItsRequest) {
        {{"cmd", "migrate"}, {"layer", 1}, {"expert", 5}, {"to", 3}, {"from", 0}}, true},
       {{"migration"}, {{"cmd", "migration"}}, false},
       {{"migration", "7"}, {{"cmd", "migration"}, {"migration_id", 7}}, false},
+      {{"admit"}, {{"cmd", "admit"}}, false},
+      {{"admit", "--count", "2"}, {{"cmd", "admit"}, {"count", 2}}, false},
       {{"drain"}, {{"cmd", "drain"}}, false},
       {{"shutdown"}, {{"cmd", "shutdown"}}, false},
   };

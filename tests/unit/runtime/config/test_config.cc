@@ -197,6 +197,8 @@ TEST(ConfigCrossKeyLimits, ElasticServingNeedsTheFrontDoorUcxAndTransportControl
                {"[comm].elastic", "[workload].kind"});
   expect_error([&] { load(ok, {"comm.backend=\"auto\""}); }, ErrorKind::Usage, {"[comm].elastic", "[comm].backend"});
   expect_error([&] { load(ok, {"comm.control=\"mpi\""}); }, ErrorKind::Usage, {"[comm].elastic", "[comm].control"});
+  EXPECT_EQ(load(ok, {"comm.spares=2"}).comm.spares, 2);
+  expect_error([&] { load("[comm]\nspares = 1\n"); }, ErrorKind::Usage, {"[comm].spares = 1", "[comm].elastic"});
 }
 
 TEST(ConfigCrossKeyLimits, ChecksApplyOnlyWhereTheyMatter) {
