@@ -13,8 +13,13 @@
 # base. A client that connects that late does not see all of the pause of
 # the clients in flight, so the survivors' own figure is printed too:
 # "paused", the longest over the survivors from the start of the step the
-# loss cut short to serving again (their log). Prints each shape's medians
-# of 3 kills and the ratio restart / elastic; asserts nothing.
+# loss cut short to serving again (their log). With a spare ([comm].spares
+# = 1, a fifth rank launched with the job), the same kill is followed by
+# the spare's admission and the migration of its share of the slots:
+# "grown back" is from the kill to the log's commit of that migration
+# (polled every 10 ms), and "join paused" the members' longest pause for
+# the join itself. Prints each shape's medians of 3 kills and the ratio
+# restart / elastic; asserts nothing.
 #   tests/bench/elastic.sh [BUILD_DIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,13 +41,16 @@ stop_job() {
 trap 'stop_job; rm -rf "$work"' EXIT
 port=$((18500 + $$ % 5000))
 
-# start MODE CONFIG: the job in the background, once every rank's door is open.
+# start MODE CONFIG: the job in the background (MODE: restart, elastic, or
+# spare: elastic with a fifth rank as a spare), once every serving rank's door is open.
 start() {
-  local mode=$1 config=$2 launcher=(--restart 5)
-  [ "$mode" = elastic ] && launcher+=(--elastic)
+  local mode=$1 config=$2 launcher=(--restart 5) ranks=4 spares=()
+  [ "$mode" != restart ] && launcher+=(--elastic)
+  # (the migration's commit is logged at info)
+  [ "$mode" = spare ] && ranks=5 spares=(--set comm.spares=1 --set 'log.level="info"')
   rm -rf "$work/sock"
-  "$root/launch/moed-mpirun" "${launcher[@]}" --hosts localhost --gpus-per-host 4 --moed "$moed" --bind none -- \
-    --config "$config" --set workload.kind=ingress --set "ingress.dir=\"$work/sock\"" \
+  "$root/launch/moed-mpirun" "${launcher[@]}" --hosts localhost --gpus-per-host "$ranks" --moed "$moed" --bind none -- \
+    --config "$config" "${spares[@]}" --set workload.kind=ingress --set "ingress.dir=\"$work/sock\"" \
     --set "ingress.listen=\"127.0.0.1:$port\"" --set "ingress.key_file=\"$work/key\"" \
     --set 'ingress.transports="tcp"' --set 'comm.backend="ucx"' --set 'comm.control="transport"' \
     --set log.per_step=false >"$work/log" 2>&1 &
@@ -82,6 +90,18 @@ requests() {
   exit 1
 }
 median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+# grown_back T0: seconds from T0 until the log shows the join's migration committed.
+grown_back() {
+  for _ in $(seq 6000); do
+    if grep -q "placement epoch 1 committed" "$work/log"; then
+      python3 -c "import time; print(f'{time.time() - $1:.3f}')"
+      return
+    fi
+    sleep 0.01
+  done
+  tail -20 "$work/log" >&2
+  exit 1
+}
 
 echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-decode.toml"; do
@@ -97,6 +117,18 @@ for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-de
     paused+=("$(sed -n 's/.*serving paused \([0-9]*\) ms on this rank/\1/p' "$work/log" | sort -n | tail -1)")
     stop_job
   done
+  grown=() joined=()
+  for _ in 1 2 3; do  # a spare: admitted after the kill, then given its share of the slots
+    start spare "$config"
+    victim=$(world_rank_pid 1)
+    t0=$(date +%s.%N)
+    kill -9 "$victim"
+    requests "$t0" >/dev/null
+    grown+=("$(grown_back "$t0")")
+    joined+=("$(sed -n 's/.*joined (spares) at step .* serving paused \([0-9]*\) ms on this rank/\1/p' "$work/log" |
+      sort -n | tail -1)")
+    stop_job
+  done
   start restart "$config"
   for _ in 1 2 3; do  # the restart path: the job relaunches after each kill
     victim=$(world_rank_pid 1)
@@ -108,5 +140,7 @@ for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-de
   e=$(median "${elastic[@]}") r=$(median "${restart[@]}") b=$(median "${base[@]}") p=$(median "${paused[@]}")
   printf '%-13s undisturbed %s s | elastic: kill -> answered %s s (%s), survivors paused %s ms (%s) | ' \
     "$name" "$b" "$e" "${elastic[*]}" "$p" "${paused[*]}"
-  printf 'restart path %s s (%s) | restart / elastic %.1fx\n' "$r" "${restart[*]}" "$(python3 -c "print($r / $e)")"
+  printf 'restart path %s s (%s) | restart / elastic %.1fx | ' "$r" "${restart[*]}" "$(python3 -c "print($r / $e)")"
+  printf 'spare: grown back %s s (%s), join paused %s ms (%s)\n' "$(median "${grown[@]}")" "${grown[*]}" \
+    "$(median "${joined[@]}")" "${joined[*]}"
 done
