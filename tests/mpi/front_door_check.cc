@@ -13,7 +13,8 @@
 // --key-file K: through the ranks' network doors (the addresses each rank
 // lists in DIR/moed-ingress-<rank>.ucx), proving key K. --all-homes (with
 // --key-file): every client has every rank's door as a home, its own rank's
-// first, and fails over to the others when one is lost.
+// first, and fails over to the others when one is lost; a door that lists
+// no address (its rank left, elastic serving) is left out of the homes.
 //
 // Request r has 1 + (hash % 48) rows at a layer from hash among the model's
 // layers L .. (--first-layer L, 0 by default: a model whose first layers are
@@ -334,8 +335,17 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<Client>> clients;
     const int n_clients = mode == "serial" ? 1 : ranks * per_rank;
     for (int i = 0; i < n_clients; ++i) {
-      std::vector<std::string> homes{door_of(dir, i % ranks, key_file)};
-      for (int r = 1; all_homes && r < ranks; ++r) homes.push_back(door_of(dir, (i + r) % ranks, key_file));
+      std::vector<std::string> homes;
+      std::string closed;  // why the first door left out was
+      for (int r = 0; r < (all_homes ? ranks : 1); ++r) {
+        try {
+          homes.push_back(door_of(dir, (i + r) % ranks, key_file));
+        } catch (const std::runtime_error& e) {
+          if (!all_homes) throw;
+          if (closed.empty()) closed = e.what();
+        }
+      }
+      if (homes.empty()) throw std::runtime_error(closed);
       clients.push_back(homes.size() == 1 ? std::make_unique<Client>(homes[0], options)
                                           : std::make_unique<Client>(homes, options));
     }

@@ -5,11 +5,14 @@
 # 2), host 4 an attention host whose 6 clients have every rank as a home.
 # With the clients paused mid-run, host 3's link goes down: no connection
 # breaks, so the ranks of hosts 1-2 notice at their exchange's deadline
-# ([comm].timeout_ms = 5 s) and agree on epoch 1 without world ranks 4 and 5,
+# ([comm].timeout_ms = 5 s) and agree on epoch 2 without world ranks 4 and 5,
 # and the clients notice their silent homes (a ping unanswered for
 # Options::home_silence_ms) and submit again to the others. Every call
-# succeeds with the undisturbed run's bits (cmp). Once the link is back,
-# the cut-off ranks, which never had a majority, have given up and left.
+# succeeds with the undisturbed run's bits (cmp). World rank 6, a spare on
+# host 4 ([comm].spares = 1), is then admitted in place of the lost (epoch
+# 3) and its share of the slots migrates to it over the emulated network;
+# clients started after it get the same bits. Once the link is back, the
+# cut-off ranks, which never had a majority, have given up and left.
 # Skipped (exit 77) only where network namespaces cannot be created.
 source "$(dirname "$0")/lib.sh"
 : "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
@@ -29,11 +32,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$emu" --hosts 4 --ranks-per-host 2 -- --enable-recovery -np 6 "$MOED" --config "$SMALL" \
+"$emu" --hosts 4 --ranks-per-host 2 -- --enable-recovery -np 7 "$MOED" --config "$SMALL" \
   --set workload.kind=ingress --set "ingress.dir=\"$sock\"" --set "admin.dir=\"$admin\"" \
   --set 'ingress.listen="*:17400"' --set "ingress.key_file=\"$SCRATCH/key\"" --set 'ingress.transports="tcp"' \
   --set 'comm.backend="ucx"' --set 'comm.control="transport"' --set comm.timeout_ms=5000 --set comm.elastic=true \
-  --set placement.redundancy=2 --set 'log.level="info"' >"$SCRATCH/cluster.txt" 2>&1 &
+  --set placement.redundancy=2 --set comm.spares=1 --set 'log.level="info"' >"$SCRATCH/cluster.txt" 2>&1 &
 launcher=$!
 all_up() { for r in 0 1 2 3 4 5; do [ -s "$sock/moed-ingress-$r.ucx" ] || return 1; done; }
 wait_until 120 all_up || { cat "$SCRATCH/cluster.txt" >&2; fail "the 6 ranks' front doors did not open within 120 s"; }
@@ -56,9 +59,20 @@ ip -n "$h3" link set veth0 down
 touch "$SCRATCH/resume"
 wait "$client_pid" || { cat "$SCRATCH/down.txt" >&2; tail -30 "$SCRATCH/cluster.txt" >&2; fail "a client call failed across host 3's link going down"; }
 same_bits "$SCRATCH/reference.bin" "$SCRATCH/down.bin" "6 clients on host 4 across host 3's link set down"
-wait_until 30 logged_times "lost world rank(s) 4 5 at step .*epoch 1 serves on world ranks 0 1 2 3" 4 ||
+# Epoch 1 is the serving ranks' from the start (the spare left out), epoch 2 the survivors'.
+wait_until 30 logged_times "lost world rank(s) 4 5 at step .*epoch 2 serves on world ranks 0 1 2 3;" 4 ||
   fail "the 4 ranks of hosts 1 and 2 did not all go on without host 3's"
-echo "ok: host 3's link down: world ranks 0-3 went on as epoch 1 (nothing loaded: every expert on 2 islands)"
+echo "ok: host 3's link down: world ranks 0-3 went on as epoch 2 (nothing loaded: every expert on 2 islands)"
+
+# The spare on host 4 joins in place of the lost, and takes its share over the network.
+wait_until 30 logged_times "world rank(s) 6 joined (spares) at step .*epoch 3 serves on world ranks 0 1 2 3 6" 5 ||
+  fail "the spare on host 4 did not join the 4 survivors"
+committed() {
+  [ "$("$MOECTL" --dir "$admin" --json migration | python3 -c "import json, sys; \
+print((json.loads(sys.stdin.readline()).get('migration') or {}).get('state'))")" = committed ]
+}
+wait_until 30 committed || fail "the migration to the spare that joined did not commit"
+echo "ok: spare world rank 6 (host 4) joined as epoch 3 and took its share of the slots over the network"
 
 # The cut-off ranks never had a majority: they give up after 4 x
 # timeout_ms, or, reached again once the link is back, learn that they were
@@ -74,6 +88,10 @@ host_3_left() { ! moed_on_host_3; }
 wait_until 60 host_3_left || fail "host 3's ranks, cut off with no majority, are still running"
 echo "ok: host 3's two ranks, cut off with no majority, left"
 
+# New clients, whose homes on host 3 have closed, are served with the spare's slots.
+clients joined >/dev/null || fail "the clients on host 4 after the spare joined"
+same_bits "$SCRATCH/reference.bin" "$SCRATCH/joined.bin" "6 clients on host 4 after the spare on host 4 joined"
+
 "$MOECTL" --dir "$admin" shutdown >/dev/null || fail "moectl shutdown"
-wait_until 60 logged_times "leaving without MPI_Finalize" 4 || fail "the 4 survivors did not leave"
+wait_until 60 logged_times "leaving without MPI_Finalize" 5 || fail "the 4 survivors and the spare that joined did not leave"
 echo "ok: the survivors drained and left"
