@@ -134,13 +134,19 @@ bool MigrationCoordinator::rebalance(std::vector<placement::Move> moves, const s
   return true;
 }
 
+std::size_t MigrationCoordinator::sent_bytes(const std::vector<placement::Move>& moves) const {
+  // What the sources send: a holder that keeps a shard of the expert it splits cuts it in place.
+  std::size_t bytes = 0;
+  for (const auto& mv : moves) bytes += mv.to >= 0 && mv.to != mv.from ? slot_bytes_(mv.shards) : 0;
+  return bytes;
+}
+
 void MigrationCoordinator::start(std::vector<placement::Move> moves, const std::string& why) {
   MigrationRecord& m = migration_.emplace();
   m.id = next_id_++;
   m.moves = std::move(moves);
   m.why = why;
-  // What the sources send: a holder that keeps a shard of the expert it splits cuts it in place.
-  for (const auto& mv : m.moves) m.bytes += mv.to >= 0 && mv.to != mv.from ? slot_bytes_(mv.shards) : 0;
+  m.bytes = sent_bytes(m.moves);
   m.expected.assign(m.moves.size(), 0);
   for (double ms : steady_step_ms_) m.step_ms_before.add(ms);
   spdlog::info("migration {} ({}): {} slot move(s), {:.1f} MB", m.id, why, m.moves.size(), double(m.bytes) / 1e6);
@@ -206,7 +212,7 @@ void MigrationCoordinator::after_loss(const std::optional<Settled>& settled, std
     m.id = settled->id;
     m.moves = settled->moves;
     m.why = "a lost coordinator's";
-    for (const auto& mv : m.moves) m.bytes += mv.to >= 0 && mv.to != mv.from ? slot_bytes_(mv.shards) : 0;
+    m.bytes = sent_bytes(m.moves);
     m.expected.assign(m.moves.size(), 0);
   }
   if (!migration_ || !migration_->active()) return;

@@ -145,6 +145,7 @@ class MigrationCoordinator {
 
  private:
   Verdict refuse_if_unavailable() const;
+  std::size_t sent_bytes(const std::vector<placement::Move>& moves) const;
   void start(std::vector<placement::Move> moves, const std::string& why);
   void abort(const std::string& why);
   void advance(std::uint64_t epoch);

@@ -127,7 +127,8 @@ class Daemon {
   void go_on_as(const comm::View& view, std::uint64_t step, std::chrono::steady_clock::time_point cut_short);
   // Rank 0 tells the spares that joined what they take up (the placement,
   // its world ranks, the router biases); collective over the new members.
-  void share_state_with_joiners(bool joining);
+  // A joiner is the one member without an engine yet.
+  void share_state_with_joiners();
   // Rank 0: up to `wanted` spares that wait (neither admitted nor lost),
   // and the beginning of their admission (after a loss, or moectl admit).
   std::vector<int> waiting_spares(std::size_t wanted) const;
@@ -145,6 +146,7 @@ class Daemon {
   std::optional<placement::Topology> topology_;        // over the ranks serving now
   std::optional<placement::Topology> world_topology_;  // over every rank of the job, spares included
   int serving_ranks_ = 1;                              // the job's ranks less [comm].spares
+  std::vector<int> serving_ranks() const;              // 0 .. serving_ranks_ - 1: who serves at start
   placement::Placement placement_;
   std::string start_placement_;  // as the report describes it
   std::uint64_t start_epoch_ = 0;

@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <numeric>
 #include <thread>
 
 #include "common/clock.h"
@@ -35,12 +36,17 @@ constexpr std::size_t kKeptLosses = 16;  // status shows the last ones; nothing 
 
 }  // namespace
 
+std::vector<int> Daemon::serving_ranks() const {
+  std::vector<int> serving(static_cast<std::size_t>(serving_ranks_));
+  std::iota(serving.begin(), serving.end(), 0);
+  return serving;
+}
+
 void Daemon::watch_for_losses() {
   comm::PeerMessenger* messenger = transport_->messenger();
   MOED_CHECK(messenger, "[comm].elastic over the {} transport, which carries no peer messages", transport_->name());
   // With spares, the serving ranks went on without them at start (epoch 1).
-  comm::View view{serving_ranks_ < world_topology_->ranks() ? 1u : 0u, {}};
-  for (int r = 0; r < serving_ranks_; ++r) view.members.push_back(r);
+  const comm::View view{serving_ranks_ < world_topology_->ranks() ? 1u : 0u, serving_ranks()};
   placement_world_ = view.members;
   const bool spare = rank_ >= serving_ranks_;
   epoch_served_ = spare ? 0 : view.epoch;
@@ -140,7 +146,7 @@ void Daemon::go_on_without(const std::vector<int>& suspects, std::uint64_t step,
   go_on_as(view, step, cut_short);
 }
 
-void Daemon::share_state_with_joiners(bool joining) {
+void Daemon::share_state_with_joiners() {
   std::string text;
   if (transport_->rank() == 0) {
     const std::vector<double> biases = engine_ ? engine_->router_biases() : std::vector<double>{};
@@ -150,7 +156,7 @@ void Daemon::share_state_with_joiners(bool joining) {
                .dump();
   }
   control_.broadcast_text(text, "what the ranks that join take up");
-  if (!joining) return;
+  if (engine_) return;  // a member already: it holds all this
   const nlohmann::json state = nlohmann::json::parse(text);
   placement_ = placement::parse_placement(state.at("placement").get<std::string>(), "rank 0's placement",
                                           layer_numbers(config_.model));
@@ -160,14 +166,12 @@ void Daemon::share_state_with_joiners(bool joining) {
 
 void Daemon::go_on_as(const comm::View& view, std::uint64_t step, std::chrono::steady_clock::time_point cut_short) {
   epoch_served_ = view.epoch;
-  const auto in = [](const std::vector<int>& ranks, int r) { return std::find(ranks.begin(), ranks.end(), r) != ranks.end(); };
   // Spares admitted: members the placement has no rank for. Spares are the
   // job's last world ranks, so they come after every other member.
   std::vector<int> joined_world;
   for (int r : view.members)
-    if (!in(placement_world_, r)) joined_world.push_back(r);
-  const int me = transport_->world_rank(transport_->rank());
-  if (!joined_world.empty()) share_state_with_joiners(in(joined_world, me) && engine_ == nullptr);
+    if (!std::binary_search(placement_world_.begin(), placement_world_.end(), r)) joined_world.push_back(r);
+  if (!joined_world.empty()) share_state_with_joiners();
 
   // The placement's ranks are those it was last renumbered over (a loss
   // during an earlier try may have cut that short): those whose world rank

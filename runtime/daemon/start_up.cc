@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <numeric>
 #include <sstream>
 
 #include "comm/idle_backoff.h"
@@ -427,9 +426,7 @@ void Daemon::Startup::agree_topology_and_placement() {
     MOED_THROW(Usage, "[comm].spares = {} leaves none of the job's {} ranks to serve", c_.comm.spares, mpi_.size());
   // Spares are the job's last ranks: the placement is over the others.
   d_.world_topology_.emplace(found.islands.island_of_rank);
-  std::vector<int> serving(std::size_t(d_.serving_ranks_));
-  std::iota(serving.begin(), serving.end(), 0);
-  d_.topology_.emplace(placement::topology_on_members(*d_.world_topology_, serving));
+  d_.topology_.emplace(placement::topology_on_members(*d_.world_topology_, d_.serving_ranks()));
   d_.islands_source_ = found.islands.source;
   d_.placement_ = initial_placement(c_, *d_.topology_);
 }
@@ -476,9 +473,7 @@ void Daemon::Startup::build_engine_and_control() {
   // no collective until it joins.
   if (d.serving_ranks_ < mpi_.size()) {
     spare_ = d.rank_ >= d.serving_ranks_;
-    std::vector<int> serving(std::size_t(d.serving_ranks_));
-    std::iota(serving.begin(), serving.end(), 0);
-    if (!spare_) d.transport_->continue_with(serving, 1);
+    if (!spare_) d.transport_->continue_with(d.serving_ranks(), 1);
   }
   // Waits of the control plane keep the transport progressing (a UCX put to
   // a rank that sits in a control collective needs that rank's progress).

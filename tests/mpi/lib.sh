@@ -103,3 +103,10 @@ expect_failure() {
   grep -Eq -- "$pattern" "$out" || { cat "$out" >&2; fail "$what: output lacks /$pattern/"; }
   echo "ok: $what -> exit $code: $(grep -Em1 -- "$pattern" "$out" | cut -c1-160)"
 }
+
+# migration_committed ADMIN_DIR: the coordinator's last migration has
+# committed (moectl migration; answered while the daemon is idle too).
+migration_committed() {
+  [ "$("$MOECTL" --dir "$1" --json migration | python3 -c "import json, sys; \
+print((json.loads(sys.stdin.readline()).get('migration') or {}).get('state'))")" = committed ]
+}

@@ -67,11 +67,7 @@ echo "ok: host 3's link down: world ranks 0-3 went on as epoch 2 (nothing loaded
 # The spare on host 4 joins in place of the lost, and takes its share over the network.
 wait_until 30 logged_times "world rank(s) 6 joined (spares) at step .*epoch 3 serves on world ranks 0 1 2 3 6" 5 ||
   fail "the spare on host 4 did not join the 4 survivors"
-committed() {
-  [ "$("$MOECTL" --dir "$admin" --json migration | python3 -c "import json, sys; \
-print((json.loads(sys.stdin.readline()).get('migration') or {}).get('state'))")" = committed ]
-}
-wait_until 30 committed || fail "the migration to the spare that joined did not commit"
+wait_until 30 migration_committed "$admin" || fail "the migration to the spare that joined did not commit"
 echo "ok: spare world rank 6 (host 4) joined as epoch 3 and took its share of the slots over the network"
 
 # The cut-off ranks never had a majority: they give up after 4 x

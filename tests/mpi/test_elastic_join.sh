@@ -22,10 +22,6 @@ slots_on() {  # slots_on RANK: the slots that rank of the current epoch holds, a
     python3 -c "import json, sys; p = json.loads(sys.stdin.readline()); \
 print(sum(r == $1 for layer in p['slots'] for ranks in layer for r in ranks))"
 }
-committed() {  # the coordinator's last migration has committed
-  [ "$("$MOECTL" --dir "$admin" --json migration | python3 -c "import json, sys; \
-print((json.loads(sys.stdin.readline()).get('migration') or {}).get('state'))")" = committed ]
-}
 
 # --- 1. a loss, then the spare joins and takes its share ----------------------------
 start -- --set comm.spares=1
@@ -37,7 +33,7 @@ clients_done join "8 clients across world rank 1 killed and the spare joining"
 wait_until 30 logged_times 'world rank(s) 4 joined (spares) at step' 4 ||
   fail_seeing "not every member logged the spare's join"
 [ "$(survivors_of 4)" = "3 0 2 3 4" ] || fail "the joined rank's status shows '$(survivors_of 4)', expected epoch 3 of 0 2 3 4"
-wait_until 30 committed || fail_seeing "the migration to the joined rank did not commit"
+wait_until 30 migration_committed "$admin" || fail_seeing "the migration to the joined rank did not commit"
 [ "$(slots_on 3)" = 6 ] || fail "the joined rank (rank 3 of epoch 3) holds $(slots_on 3) slots, expected 6 of 24"
 wait_until 30 test -s "$sock/moed-ingress-4.ucx" || fail "the joined rank's front door did not open"
 clients after >/dev/null || fail "clients after the join"
@@ -54,7 +50,7 @@ start -- --set comm.spares=1
 "$MOECTL" --dir "$admin" admit >"$SCRATCH/admit.out" 2>&1 || { cat "$SCRATCH/admit.out" >&2; fail "moectl admit"; }
 grep -q "admitting.*4" "$SCRATCH/admit.out" || { cat "$SCRATCH/admit.out" >&2; fail "moectl admit did not name spare 4"; }
 wait_until 30 logged_times 'world rank(s) 4 joined (spares) at step' 5 || fail_seeing "the spare did not join on moectl admit"
-wait_until 30 committed || fail_seeing "the migration to the admitted rank did not commit"
+wait_until 30 migration_committed "$admin" || fail_seeing "the migration to the admitted rank did not commit"
 [ "$(slots_on 4)" = 4 ] || fail "the admitted rank holds $(slots_on 4) slots, expected 4 of 24"
 clients grown >/dev/null || fail "clients after scaling up"
 same_bits "$SCRATCH/reference.bin" "$SCRATCH/grown.bin" "clients served by 5 ranks after moectl admit"
