@@ -21,6 +21,7 @@ struct Cli {
   std::string weights, family, placement_file, log_level;
   bool print_config = false, print_topology = false;
   std::string generate_weights;
+  std::string join;
   moed::runtime::ServeOptions serve;
 };
 
@@ -90,6 +91,10 @@ int main(int argc, char** argv) {
                  "(config.json and model.safetensors in the family's names), or as one file for a PATH "
                  "ending in .safetensors, and exit")
       ->type_name("PATH");
+  app.add_option("--join", cli.join,
+                 "join a running job, outside MPI, at its [comm].join_listen (the job's config and key file): "
+                 "this process takes a join slot, is admitted, and takes its share of the experts by migration")
+      ->type_name("HOST:PORT");
   app.add_option("--dump-output", cli.serve.dump_output,
                  "write the final hidden states of all tokens, in global order, to PATH")
       ->type_name("PATH");
@@ -126,6 +131,21 @@ int main(int argc, char** argv) {
   } catch (const moed::Error& e) {
     std::cerr << "moed: " << e.describe() << "\n";
     return e.exit_code();
+  }
+
+  if (!cli.join.empty()) {
+    // A process started after the job: no MPI here (its launcher did not start it).
+    try {
+      if (cli.print_topology) throw moed::Error(moed::ErrorKind::Usage, "--join and --print-topology: choose one", __FILE__, __LINE__);
+      moed::init_logging(-1, config.log.level);
+      moed::runtime::serve_joined(config, cli.serve, cli.join);
+    } catch (const moed::Error& e) {
+      spdlog::critical("moed --join {}: {}", cli.join, e.describe());
+      return e.exit_code();
+    } catch (const std::exception& e) {
+      spdlog::critical("moed --join {}: {}", cli.join, e.what());
+      return 1;
+    }
   }
 
   std::unique_ptr<moed::comm::MpiSession> mpi;

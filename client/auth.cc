@@ -85,6 +85,12 @@ Proof daemon_proof(const Key& key, const Nonce& daemon_nonce, const Nonce& clien
                                      {daemon_nonce.data(), daemon_nonce.size()}});
 }
 
+Proof joiner_proof(const Key& key, const Nonce& daemon_nonce, const Nonce& joiner_nonce, std::string_view hello) {
+  return hmac(key, "moed-join-1", {{daemon_nonce.data(), daemon_nonce.size()},
+                                   {joiner_nonce.data(), joiner_nonce.size()},
+                                   {hello.data(), hello.size()}});
+}
+
 bool same_proof(const Proof& a, const Proof& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
 }  // namespace moed::wire

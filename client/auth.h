@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client/protocol.h"
@@ -36,6 +37,10 @@ Nonce make_nonce();
 Proof client_proof(const Key& key, const Nonce& daemon_nonce, const Nonce& client_nonce, const Hello& hello);
 // The daemon's proof: HMAC(key, "moed-daemon-1" | client nonce | daemon nonce).
 Proof daemon_proof(const Key& key, const Nonce& daemon_nonce, const Nonce& client_nonce);
+// A process joining a running job (`moed --join`): HMAC(key, "moed-join-1" |
+// daemon nonce | joiner nonce | what it says of itself), so that what it
+// claims (its command, its host) cannot be changed on the wire either.
+Proof joiner_proof(const Key& key, const Nonce& daemon_nonce, const Nonce& joiner_nonce, std::string_view hello);
 // In time that does not depend on where they differ.
 bool same_proof(const Proof& a, const Proof& b);
 

@@ -34,6 +34,13 @@ const config::Section<CommConfig>& comm_config_section() {
                              "the last N ranks of the job serve nothing at first: each waits, holding no "
                              "expert, until the survivors of a loss admit it and migrate experts to it "
                              "(needs elastic)"),
+          config::integer<C>("join_slots", &C::join_slots, 0, 0, 1 << 16,
+                             "world ranks kept for processes started later with `moed --join`: each that "
+                             "joins is admitted and takes its share of the experts by migration (needs "
+                             "elastic and join_listen; each slot serves one joiner)"),
+          config::text<C>("join_listen", &C::join_listen, "",
+                          "HOST:PORT where world rank 0 (or the survivors' rank 0) hears `moed --join`; "
+                          "a joiner proves it holds [ingress].key_file"),
           config::integer<C>("wait_spin_polls", &C::wait_spin_polls, 32, 0, 1 << 30,
                              "a wait polls this many times at full speed first (each wait anew)"),
           config::integer<C>("wait_yield_polls", &C::wait_yield_polls, 2048, 0, 1 << 30,

@@ -8,19 +8,22 @@
 
 namespace moed::comm {
 
-ControlChannel::ControlChannel(std::unique_ptr<ControlLink> link) : link_(std::move(link)) {
-  MOED_CHECK(link_ != nullptr, "a control channel over no link");
-}
+ControlChannel::ControlChannel(std::unique_ptr<ControlLink> link) : link_(std::move(link)) {}
 
 void ControlChannel::set_progress(std::function<void()> progress) {
   progress_ = std::move(progress);
-  link_->set_progress(progress_);
+  if (link_) link_->set_progress(progress_);
 }
 
 void ControlChannel::use(std::unique_ptr<ControlLink> link) {
-  MOED_CHECK(link != nullptr && link->rank() == link_->rank() && link->size() <= link_->size(),
+  if (!link_ && link) {  // the first link of a channel made without one
+    link_ = std::move(link);
+    link_->set_progress(progress_);
+    return;
+  }
+  MOED_CHECK(link != nullptr && link_ != nullptr && link->rank() == link_->rank() && link->size() <= link_->size(),
              "control link {} for rank {} of {}: this channel is rank {} of {}", link ? link->name() : "(none)",
-             link ? link->rank() : -1, link ? link->size() : -1, link_->rank(), link_->size());
+             link ? link->rank() : -1, link ? link->size() : -1, link_ ? link_->rank() : -1, link_ ? link_->size() : -1);
   link_ = std::move(link);
   link_->set_progress(progress_);
 }

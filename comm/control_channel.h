@@ -48,6 +48,9 @@ class ControlLink {
 
 class ControlChannel {
  public:
+  // Over `link`; or, null, over none until use() gives it one (a process
+  // that joins a running job has no link before its transport): no call
+  // but set_progress and use may come before.
   explicit ControlChannel(std::unique_ptr<ControlLink> link);
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;

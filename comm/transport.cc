@@ -23,6 +23,14 @@ std::vector<std::size_t> ExchangeLayout::prefix_offsets(const std::vector<std::s
   return offsets;
 }
 
+std::vector<std::vector<std::byte>> Transport::world_addresses() const {
+  MOED_THROW(Usage, "the {} transport takes no rank after start-up ([comm].join_slots needs backend ucx)", name());
+}
+
+void Transport::connect_joiner(int, std::span<const std::byte>) {
+  MOED_THROW(Usage, "the {} transport takes no rank after start-up ([comm].join_slots needs backend ucx)", name());
+}
+
 void Transport::continue_with(const std::vector<int>&, std::uint64_t) {
   MOED_THROW(Usage, "[comm].backend {} cannot go on without a lost rank: elastic serving needs ucx", name());
 }

@@ -143,6 +143,12 @@ class Transport {
   virtual void continue_with(const std::vector<int>& world_members, std::uint64_t epoch);
   // The world rank of `rank` (the same rank until continue_with()).
   virtual int world_rank(int rank) const { return rank; }
+  // Join slots ([comm].join_slots): what a process started later needs to
+  // reach each world rank (UCX: its worker address; empty for a rank not
+  // known here), and reaching such a process once it has come. A Usage
+  // error for a backend that takes no late ranks (MPI).
+  virtual std::vector<std::vector<std::byte>> world_addresses() const;
+  virtual void connect_joiner(int world_rank, std::span<const std::byte> address);
   // Runs `hook` on the idle polls of this transport's waits (an exchange's,
   // a flush's); it may throw to abandon the wait, which then unwinds as on
   // any error. Elastic serving polls the survivors' agreement there, so that

@@ -58,6 +58,30 @@ Topology topology_on_members(const Topology& t, const std::vector<int>& members)
   return out;
 }
 
+Topology with_joiner(const Topology& world, const std::vector<std::string>& hosts, const std::vector<char>& present,
+                     int joiner, const std::string& host) {
+  const std::size_t n = std::size_t(world.ranks());
+  MOED_CHECK(hosts.size() == n && present.size() == n && joiner >= 0 && std::size_t(joiner) < n,
+             "with_joiner: {} hosts, {} present flags and joiner {} for {} world ranks", hosts.size(), present.size(),
+             joiner, n);
+  std::vector<int> islands = world.island_of_ranks();
+  for (std::size_t r = 0; r < n; ++r)
+    if (int(r) != joiner && present[r] && hosts[r] == host) {
+      islands[std::size_t(joiner)] = islands[r];
+      break;
+    }
+  std::vector<int> dense(std::size_t(world.islands()), -1);
+  int next = 0;
+  for (int& island : islands) {
+    int& renumbered = dense[std::size_t(island)];
+    if (renumbered < 0) renumbered = next++;
+    island = renumbered;
+  }
+  Topology out(std::move(islands));
+  out.set_link_costs(world.link_cost(LinkClass::SameIsland), world.link_cost(LinkClass::CrossIsland));
+  return out;
+}
+
 SurvivorsPlan plan_for_survivors(const Placement& p, const std::vector<int>& lost, int max_slots) {
   const LossPlan dropped = drop_lost_ranks(p, lost);
   SurvivorsPlan plan;

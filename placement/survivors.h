@@ -5,6 +5,7 @@
 // unit-tested apart from the daemon.
 #pragma once
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,14 @@ Placement placement_on_members(const Placement& p, const std::vector<int>& membe
 // `t` over the members: the islands that still hold one renumbered densely
 // in their order, the link costs kept.
 Topology topology_on_members(const Topology& t, const std::vector<int>& members);
+
+// The world's islands once `joiner` (a join slot, until now an island of
+// its own) has come on `host`: the island of the first other present rank
+// on that host, or still its own; renumbered densely in order of first
+// appearance. `hosts` and `present` are by world rank (an Internal error
+// when their sizes differ from the topology's, or `joiner` is out of range).
+Topology with_joiner(const Topology& world, const std::vector<std::string>& hosts, const std::vector<char>& present,
+                     int joiner, const std::string& host);
 
 // What the survivors of `lost` (ranks of `p`) serve with: the lost slots
 // dropped (drop_lost_ranks), the orphans adopted (adopt_orphans, an

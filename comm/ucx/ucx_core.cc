@@ -13,10 +13,10 @@
 
 namespace moed::comm::ucx {
 
-Core::Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_lost_peers)
+Core::Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_lost_peers, int join_slots)
     : bootstrap_(bootstrap),
       world_rank_(bootstrap.rank()),
-      world_size_(bootstrap.size()),
+      world_size_(bootstrap.size() + join_slots),
       rank_(world_rank_),
       timeout_(timeout),
       lost_(std::size_t(world_size_), 0),
@@ -47,24 +47,41 @@ Core::Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_
   }
   agree(error, "start");
 
-  const std::vector<std::vector<std::byte>> addresses =
-      bootstrap_.all_gather(address->bytes(), "UCX transport: the worker addresses");
+  addresses_ = bootstrap_.all_gather(address->bytes(), "UCX transport: the worker addresses");
   try {
+    if (addresses_.size() > std::size_t(world_size_))
+      MOED_THROW(Runtime, "{} worker addresses for {} world ranks", addresses_.size(), world_size_);
+    addresses_.resize(std::size_t(world_size_));  // the join slots no process holds yet
     peer_handles_.reserve(std::size_t(world_size_));
     for (int peer = 0; peer < world_size_; ++peer) peer_handles_.push_back({this, peer});
     endpoints_.resize(std::size_t(world_size_));
     if (detect_lost_peers) watch_endpoints_.resize(std::size_t(world_size_));
-    for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer == world_rank_) continue;
-      endpoints_[std::size_t(peer)] = ucx::Endpoint(worker_.get(), addresses[std::size_t(peer)]);
-      if (detect_lost_peers)
-        watch_endpoints_[std::size_t(peer)] = ucx::Endpoint(worker_.get(), addresses[std::size_t(peer)],
-                                                            on_endpoint_error, &peer_handles_[std::size_t(peer)]);
-    }
+    for (int peer = 0; peer < world_size_; ++peer)
+      if (peer != world_rank_ && !addresses_[std::size_t(peer)].empty()) connect_endpoints(peer);
   } catch (const Error& e) {
     error = e.what();
   }
   agree(error, "connect");
+}
+
+void Core::connect_endpoints(int peer) {
+  const std::vector<std::byte>& address = addresses_[std::size_t(peer)];
+  endpoints_[std::size_t(peer)] = ucx::Endpoint(worker_.get(), address);
+  if (!watch_endpoints_.empty())
+    watch_endpoints_[std::size_t(peer)] =
+        ucx::Endpoint(worker_.get(), address, on_endpoint_error, &peer_handles_[std::size_t(peer)]);
+}
+
+void Core::connect(int world_rank, std::span<const std::byte> address) {
+  if (world_rank < 0 || world_rank >= world_size_ || world_rank == world_rank_ ||
+      endpoints_[std::size_t(world_rank)] || address.empty())
+    MOED_THROW(Runtime, "UCX transport on world rank {}: cannot connect world rank {} of {}{}", world_rank_,
+               world_rank, world_size_,
+               world_rank >= 0 && world_rank < world_size_ && endpoints_[std::size_t(world_rank)] ? ": reached already"
+               : address.empty()                                                                 ? ": no address"
+                                                                                                  : "");
+  addresses_[std::size_t(world_rank)].assign(address.begin(), address.end());
+  connect_endpoints(world_rank);
 }
 
 std::string Core::name(int rank) const {
@@ -80,6 +97,10 @@ void Core::continue_with(const std::vector<int>& world_members, std::uint64_t ep
   const auto me = std::find(world_members.begin(), world_members.end(), world_rank_);
   MOED_CHECK(me != world_members.end(), "UCX transport: world rank {} goes on without itself", world_rank_);
   MOED_CHECK(epoch > epoch_, "UCX transport: epoch {} after epoch {}", epoch, epoch_);
+  for (int member : world_members)
+    if (member != world_rank_ && !endpoints_[std::size_t(member)])
+      MOED_THROW(Runtime, "UCX transport on world rank {}: epoch {} has world rank {}, which this rank never "
+                 "reached (it joined without this rank learning its address)", world_rank_, epoch, member);
   MOED_CHECK(open_ == 0, "UCX transport: {} exchanges or windows of epoch {} still open", open_, epoch_);
   // A member the endpoints found lost after the agreement decided: the
   // caller suspects it and agrees again (the transport stays as it was).

@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,10 @@ class AbandonedSends {
 // Members are declared in creation order, so they are released endpoints first.
 class Core {
  public:
-  Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_lost_peers);
+  // `join_slots`: world ranks past the bootstrap's, for processes that join
+  // later (connect()); the bootstrap's all_gather may name them already (a
+  // joiner's does: the ranks it finds present), an empty address for none.
+  Core(Bootstrap& bootstrap, std::chrono::milliseconds timeout, bool detect_lost_peers, int join_slots = 0);
   ~Core();
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
@@ -151,6 +155,13 @@ class Core {
   void mark_failed() { failed_ = true; }
   bool failed() const { return failed_ || std::uncaught_exceptions() > 0; }
 
+  // A rank that joined after start-up: its endpoints, from its worker
+  // address (Runtime error for a world rank out of range, this rank, or
+  // one reached already).
+  void connect(int world_rank, std::span<const std::byte> address);
+  // Every world rank's worker address known here (empty: none), this rank's included.
+  const std::vector<std::vector<std::byte>>& addresses() const { return addresses_; }
+
   // World ranks whose endpoint reported an error (only with
   // detect_lost_peers), ascending; each is reported by one call only.
   std::vector<int> take_lost_peers();
@@ -170,6 +181,8 @@ class Core {
   // unless all did, so that no rank goes on to wait for a failed one.
   void agree(const std::string& local_error, const char* step);
   void close_endpoints();
+  // The data endpoint (and the watch) to `peer`, from addresses_.
+  void connect_endpoints(int peer);
 
   // A rank was lost or left out: the bootstrap's collectives would wait for it.
   bool without_some() const { return lost_count_ > 0 || int(members_.size()) < world_size_; }
@@ -192,6 +205,7 @@ class Core {
   std::uint64_t next_sequence_ = 0;
   std::vector<PeerHandle> peer_handles_;  // the error callbacks' arguments: never reallocated once connected
   std::vector<char> lost_, reported_lost_;
+  std::vector<std::vector<std::byte>> addresses_;  // by world rank (empty: none known)
   ucx::Context context_;
   ucx::Worker worker_;
   std::vector<ucx::Endpoint> endpoints_;        // none to self: the self block is a memcpy

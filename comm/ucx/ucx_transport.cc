@@ -558,7 +558,7 @@ class UcxTransport final : public Transport {
  public:
   UcxTransport(const CommConfig& config, Bootstrap& bootstrap)
       : core_(std::make_shared<UcxCore>(bootstrap, std::chrono::milliseconds(config.timeout_ms),
-                                        config.detect_lost_peers || config.elastic)) {}
+                                        config.detect_lost_peers || config.elastic, int(config.join_slots))) {}
   ~UcxTransport() override {
     if (std::uncaught_exceptions() > 0) core_->mark_failed();
   }
@@ -572,6 +572,10 @@ class UcxTransport final : public Transport {
     core_->continue_with(world_members, epoch);
   }
   void set_wait_hook(std::function<void()> hook) override { core_->set_wait_hook(std::move(hook)); }
+  std::vector<std::vector<std::byte>> world_addresses() const override { return core_->addresses(); }
+  void connect_joiner(int world_rank, std::span<const std::byte> address) override {
+    core_->connect(world_rank, address);
+  }
   PeerMessenger* messenger() override {
     // Made on first use: its posted receives match by a mask, which every
     // arriving exchange message would otherwise be checked against too.

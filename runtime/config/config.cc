@@ -495,6 +495,21 @@ void validate_config(const Config& c, ConfigUse use) {
   if (c.comm.spares > 0 && !c.comm.elastic)
     MOED_THROW(Usage, "config: [comm].spares = {} needs [comm].elastic = true: a spare joins the survivors of a "
                "lost rank", c.comm.spares);
+  if (c.comm.join_slots > 0 && !c.comm.elastic)
+    MOED_THROW(Usage, "config: [comm].join_slots = {} needs [comm].elastic = true: a joiner is admitted as the "
+               "survivors of a loss admit a spare", c.comm.join_slots);
+  if (c.comm.join_slots > 0 && c.comm.join_listen.empty())
+    MOED_THROW(Usage, "config: [comm].join_slots = {} needs [comm].join_listen, the HOST:PORT where rank 0 hears "
+               "`moed --join`", c.comm.join_slots);
+  if (!c.comm.join_listen.empty() && c.comm.join_slots == 0)
+    MOED_THROW(Usage, "config: [comm].join_listen is set but [comm].join_slots = 0: no joiner could be admitted");
+  if (c.comm.join_slots > 0 && c.ingress.key_file.empty())
+    MOED_THROW(Usage, "config: [comm].join_slots needs [ingress].key_file: a joiner proves it holds the cluster's "
+               "key before it is given a rank");
+  if (c.comm.join_slots > 0 && c.comm.spares > 0)
+    MOED_THROW(Usage, "config: [comm].join_slots and [comm].spares together: a spare waiting outside the members "
+               "would never learn a joiner's address; choose one");
+  if (!c.comm.join_listen.empty()) parse_listen_address(c.comm.join_listen, "[comm].join_listen");
   if (c.workload.kind == WorkloadKind::trace && c.workload.trace.empty())
     MOED_THROW(Usage, "config: [workload].kind = \"trace\" needs [workload].trace, a trace file");
   if (c.workload.kind == WorkloadKind::synthetic && double(c.workload.hot_ratio) * double(m.top_k) > double(m.experts))

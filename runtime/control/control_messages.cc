@@ -1,5 +1,7 @@
 #include "runtime/control/control_messages.h"
 
+#include "common/hex.h"
+
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -46,7 +48,7 @@ auto parse(const std::string& text, const char* what, Decode decode) {
 }  // namespace
 
 std::string encode_actions(const BoundaryActions& boundary) {
-  if (boundary.actions.empty() && !boundary.stop && boundary.follow.empty()) return "";
+  if (boundary.actions.empty() && !boundary.stop && boundary.follow.empty() && boundary.arrivals.empty()) return "";
   json ops = json::array();
   for (const ControlAction& a : boundary.actions) {
     json op = {{"op", kind_name(a.kind)}};
@@ -58,6 +60,8 @@ std::string encode_actions(const BoundaryActions& boundary) {
   }
   json out{{"ops", ops}, {"stop", boundary.stop}};
   if (!boundary.follow.empty()) out["follow"] = boundary.follow;
+  for (const JoinerArrival& a : boundary.arrivals)
+    out["arrivals"].push_back({{"rank", a.world_rank}, {"host", a.host}, {"address", to_hex(a.address)}});
   return out.dump();
 }
 
@@ -67,6 +71,10 @@ BoundaryActions decode_actions(const std::string& text) {
     BoundaryActions out;
     out.stop = j.at("stop").get<bool>();
     if (j.contains("follow")) out.follow = j["follow"].get<std::vector<std::uint64_t>>();
+    if (j.contains("arrivals"))
+      for (const json& a : j["arrivals"])
+        out.arrivals.push_back({a.at("rank").get<int>(), a.at("host").get<std::string>(),
+                                from_hex(a.at("address").get<std::string>(), "a joiner's address")});
     for (const json& op : j.at("ops")) {
       ControlAction a;
       a.kind = kind_named(op.at("op").get<std::string>());

@@ -4,6 +4,7 @@
 // malformed message is an internal error that names what was wrong.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,10 +13,20 @@
 
 namespace moed::runtime {
 
+// A process that joined (`moed --join`, runtime/join/join_listener.h): every
+// member reaches it at the boundary that carries it.
+struct JoinerArrival {
+  int world_rank = -1;
+  std::string host;
+  std::vector<std::byte> address;  // its UCX worker address
+  bool operator==(const JoinerArrival&) const = default;
+};
+
 struct BoundaryActions {
   std::vector<ControlAction> actions;
   bool stop = false;
   std::vector<std::uint64_t> follow;  // request ids to trace from now on (moectl trace --follow)
+  std::vector<JoinerArrival> arrivals;
   bool operator==(const BoundaryActions&) const = default;
 };
 

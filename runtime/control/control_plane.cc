@@ -244,6 +244,8 @@ BoundaryActions ControlPlane::decide() {
   migration = coordinator_.migration();
   if (migration && (!state_before || migration->state != *state_before)) publish_migration();
   out.stop = coordinator_.stop();
+  // A joiner is reached between migrations: its share then moves by the next one.
+  if (take_joiners_ && !coordinator_.busy() && !out.stop) out.arrivals = take_joiners_();
   out.follow = std::move(follow_asked_);
   follow_asked_.clear();
   return out;
@@ -278,6 +280,8 @@ void ControlPlane::finish_reoptimize() {
 
 void ControlPlane::apply(const BoundaryActions& actions) {
   using K = ControlAction::Kind;
+  for (const JoinerArrival& arrival : actions.arrivals)
+    if (reach_joiner_) reach_joiner_(arrival);
   bool report = false;
   send_seconds_ = 0;
   for (const ControlAction& op : actions.actions) {

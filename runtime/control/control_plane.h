@@ -105,6 +105,13 @@ class ControlPlane {
   // Rank 0, elastic serving with spares: `waiting(n)` returns up to n world
   // ranks of spares that wait (neither admitted nor lost), for `admit`.
   void on_admit(std::function<std::vector<int>(int)> waiting) { spares_waiting_ = std::move(waiting); }
+  // Join slots ([comm].join_slots). Rank 0: `take()` gives the joiners
+  // whose address came, taken at a boundary at which no migration runs;
+  // every rank: `reach(arrival)` runs as the boundary that carries it is applied.
+  void on_joiners(std::function<std::vector<JoinerArrival>()> take, std::function<void(const JoinerArrival&)> reach) {
+    take_joiners_ = std::move(take);
+    reach_joiner_ = std::move(reach);
+  }
   // Rank 0, after a boundary: the spares an `admit` request asked for
   // (the daemon begins their admission), each returned once.
   std::vector<int> take_admission() { return std::exchange(admitting_, {}); }
@@ -158,6 +165,8 @@ class ControlPlane {
   std::uint64_t last_migration_ = 0;          // the newest migration this rank prepared
   std::vector<int> newcomers_;                 // rank 0: ranks that joined and wait for their slots
   std::function<std::vector<int>(int)> spares_waiting_;  // rank 0: see on_admit
+  std::function<std::vector<JoinerArrival>()> take_joiners_;  // see on_joiners
+  std::function<void(const JoinerArrival&)> reach_joiner_;
   std::vector<int> admitting_;                            // rank 0: spares `admit` asked for, for the daemon
   double send_seconds_ = 0;  // this boundary's time in MigrationTransfer::send
   MigrationFaults faults_;

@@ -33,6 +33,10 @@ Daemon::Daemon(const Config& config, const ServeOptions& options, comm::MpiSessi
       rank_(mpi.rank()),
       control_(comm::mpi_control_link(mpi.world(), std::chrono::milliseconds(config.comm.timeout_ms))) {}
 
+Daemon::Daemon(const Config& config, const ServeOptions& options, int world_rank,
+               std::unique_ptr<comm::ControlLink> link)
+    : config_(config), options_(options), rank_(world_rank), control_(std::move(link)) {}
+
 Daemon::~Daemon() = default;
 
 // The dump is in token order; a shuffled step serves its tokens out of it.
@@ -84,7 +88,13 @@ bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
-  if (agreement_) admit(control_plane_->take_admission(), "(moectl admit)");
+  if (agreement_) {
+    admit(control_plane_->take_admission(), "(moectl admit)");
+    if (rank_ == 0 && config_.comm.join_slots > 0) {  // a joiner reached is answered and admitted
+      welcome_joiners();
+      admit(waiting_spares(std::size_t(config_.comm.join_slots)), "as they joined (moed --join)");
+    }
+  }
   follow_requests(step);
   // Rows a loss cut short are served again first, alone (elastic serving):
   // a row's bits do not depend on its batch, so they are the bits it would
@@ -191,17 +201,26 @@ void Daemon::finish() {
                  signal_name(signal), report_->steps_served(), config_.stats.file.empty() ? "" : " and statistics");
 }
 
-int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi) {
-  install_stop_signals();  // from here on, SIGTERM and SIGINT drain (runtime/daemon/stop_signal.h)
-  Daemon::Started started = Daemon::start(config, options, mpi);
-  if (!started.daemon) return started.exit_code;
-  Daemon& d = *started.daemon;
+namespace {
+
+// Serves until the configured steps end or the coordinator stops; then the
+// report. A spare (or a joiner) first waits to be admitted.
+void serve_until_done(Daemon& d) {
   std::uint64_t step = 0;
   if (d.spare()) step = d.wait_to_join() ? d.next_step(0) : std::numeric_limits<std::uint64_t>::max();
   for (; step != std::numeric_limits<std::uint64_t>::max() && d.serve_step(step); step = d.next_step(step)) {
   }
   d.finish();
-  if (d.outlived_a_peer()) {
+}
+
+}  // namespace
+
+int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi) {
+  install_stop_signals();  // from here on, SIGTERM and SIGINT drain (runtime/daemon/stop_signal.h)
+  Daemon::Started started = Daemon::start(config, options, mpi);
+  if (!started.daemon) return started.exit_code;
+  serve_until_done(*started.daemon);
+  if (started.daemon->outlived_a_peer()) {
     // MPI_Finalize and the transport's collective teardown would wait for
     // the lost rank (docs/elastic.md): what this rank owes is written.
     spdlog::info("moed: leaving without MPI_Finalize, as a rank of the job was lost");
@@ -209,6 +228,15 @@ int serve(const Config& config, const ServeOptions& options, comm::MpiSession& m
     exit_now(0);
   }
   return 0;
+}
+
+void serve_joined(const Config& config, const ServeOptions& options, const std::string& listener) {
+  install_stop_signals();
+  std::unique_ptr<Daemon> d = Daemon::join(config, options, listener);
+  serve_until_done(*d);
+  // Its peers are the job's, not its own: it leaves alone, as after a loss.
+  note_exit_status(d->world_rank(), 0);
+  exit_now(0);
 }
 
 }  // namespace moed::runtime

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/control_channel.h"
+#include "runtime/join/join_listener.h"
 #include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/survivor_agreement.h"
@@ -51,6 +52,12 @@ class Daemon {
   // Start-up on every rank, in rounds that every rank checks together
   // (runtime/daemon/start_up.cc).
   static Started start(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+  // `moed --join HOST:PORT`: a process started after the job, outside MPI,
+  // reaches world rank 0's join listener ([comm].join_listen), takes a join
+  // slot and starts as a spare (holding no expert) that rank 0 admits at
+  // once; wait_to_join() then serves from the epoch that admits it.
+  // Throws (Usage: refused, with the listener's reason) when it cannot.
+  static std::unique_ptr<Daemon> join(const Config& config, const ServeOptions& options, const std::string& listener);
   ~Daemon();
 
   // Serves step `step` unless it is past the configured steps or the
@@ -71,6 +78,8 @@ class Daemon {
   bool outlived_a_peer() const {
     return epoch_served_ > 0 || (world_topology_ && serving_ranks_ < world_topology_->ranks());
   }
+  // This rank's world rank (a joiner's is its join slot).
+  int world_rank() const { return transport_ ? transport_->world_rank(transport_->rank()) : rank_; }
   // A spare ([comm].spares): this rank serves nothing until it is admitted.
   bool spare() const { return agreement_ && agreement_->spare(); }
   // A spare waits, holding no expert, until the survivors of a loss admit
@@ -90,6 +99,8 @@ class Daemon {
   class Startup;  // start-up's steps (start_up.cc)
 
   Daemon(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+  // A joiner's: its control collectives run over the transport from the start.
+  Daemon(const Config& config, const ServeOptions& options, int world_rank, std::unique_ptr<comm::ControlLink> link);
   const std::byte* in_token_order(std::uint64_t step, const std::vector<std::byte>& rows);
   bool serve_front_door_step(std::uint64_t step, StepRecord* reduced);
   // Every rank: the request ids the boundary before `step` said to follow
@@ -107,7 +118,7 @@ class Daemon {
   // Elastic serving ([comm].elastic; runtime/daemon/elastic.cc).
   // At start: the survivors' agreement over the transport's peer messages,
   // polled from the transport's waits.
-  void watch_for_losses();
+  void watch_for_losses(const comm::View& view, bool spare);
   // Polls the agreement, and throws PeersUnreachable (naming no rank) once
   // one began, or decided an epoch this rank has not gone on with.
   void throw_if_loss_under_way();
@@ -134,6 +145,16 @@ class Daemon {
   std::vector<int> waiting_spares(std::size_t wanted) const;
   void admit(const std::vector<int>& spares, const char* why);
 
+  // Join slots ([comm].join_slots; runtime/daemon/join.cc). The listener
+  // runs on the members' rank 0: at start, and on the survivors' new rank 0.
+  void open_join_listener();
+  // Every member, at the boundary that carries a joiner: reaches it, learns
+  // its host and island, and agrees that all reached it.
+  void reach_joiner(const JoinerArrival& arrival);
+  // Rank 0, after that boundary: answers each joiner (the job as it stands
+  // now, or why not); the caller then admits those every member reached.
+  void welcome_joiners();
+
   const Config& config_;
   ServeOptions options_;
   int rank_;
@@ -142,10 +163,13 @@ class Daemon {
   // communicator's duplication is collective, and a rank started in
   // another mode (--print-topology) must first be told so by agree_on_command.
   std::optional<comm::MpiBootstrap> bootstrap_;
+  std::unique_ptr<comm::Bootstrap> join_bootstrap_;  // a joiner's (runtime/join/join_bootstrap.h), in place of MPI's
   std::optional<Fault> fault_;
   std::optional<placement::Topology> topology_;        // over the ranks serving now
   std::optional<placement::Topology> world_topology_;  // over every rank of the job, spares included
   int serving_ranks_ = 1;                              // the job's ranks less [comm].spares
+  std::vector<char> present_;                          // by world rank: a process holds it (launched, or joined since)
+  std::vector<std::string> world_hosts_;               // each world rank's host ("" for a slot not yet joined)
   std::vector<int> serving_ranks() const;              // 0 .. serving_ranks_ - 1: who serves at start
   placement::Placement placement_;
   std::string start_placement_;  // as the report describes it
@@ -180,12 +204,18 @@ class Daemon {
   nlohmann::json losses_ = nlohmann::json::array(); // what status shows of each loss or join (the last kKeptLosses)
   int ranks_lost_ = 0, ranks_joined_ = 0;           // since start
   std::vector<double> joined_biases_;               // a spare that joins: rank 0's router biases
+  std::string command_;                              // what every rank runs (command_summary): a joiner's must match
+  std::unique_ptr<join::JoinListener> join_listener_;  // the members' rank 0, with [comm].join_slots
+  std::vector<std::pair<int, bool>> reached_;       // rank 0: joiners of this boundary, and whether all reached them
 };
 
 // moed's main loop: start, serve every configured step, finish. Returns the
 // exit code; errors during steps are thrown (the caller aborts the job, since
 // peers may be blocked on this rank).
 int serve(const Config& config, const ServeOptions& options, comm::MpiSession& mpi);
+// `moed --join HOST:PORT` (Daemon::join), outside MPI: serves until the job
+// ends, then leaves alone. Errors are thrown (exit codes as anywhere).
+[[noreturn]] void serve_joined(const Config& config, const ServeOptions& options, const std::string& listener);
 
 // Each rank's exit code, for a launcher that cannot learn it from mpirun:
 // under `mpirun --enable-recovery` (elastic serving) mpirun exits 0 whatever

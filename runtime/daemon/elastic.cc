@@ -42,13 +42,10 @@ std::vector<int> Daemon::serving_ranks() const {
   return serving;
 }
 
-void Daemon::watch_for_losses() {
+void Daemon::watch_for_losses(const comm::View& view, bool spare) {
   comm::PeerMessenger* messenger = transport_->messenger();
   MOED_CHECK(messenger, "[comm].elastic over the {} transport, which carries no peer messages", transport_->name());
-  // With spares, the serving ranks went on without them at start (epoch 1).
-  const comm::View view{serving_ranks_ < world_topology_->ranks() ? 1u : 0u, serving_ranks()};
   placement_world_ = view.members;
-  const bool spare = rank_ >= serving_ranks_;
   epoch_served_ = spare ? 0 : view.epoch;
   agreement_ = std::make_unique<comm::SurvivorAgreement>(*messenger, view,
                                                          std::chrono::milliseconds(config_.comm.timeout_ms), spare);
@@ -58,6 +55,16 @@ void Daemon::watch_for_losses() {
   // moectl admit, on whichever rank coordinates.
   if (serving_ranks_ < world_topology_->ranks())
     control_plane_->on_admit([this](int wanted) { return waiting_spares(std::size_t(wanted)); });
+  if (config_.comm.join_slots > 0)
+    control_plane_->on_joiners(
+        [this] {
+          std::vector<JoinerArrival> arrivals;
+          if (join_listener_)
+            for (join::JoinArrival& a : join_listener_->take_arrivals())
+              arrivals.push_back({a.world_rank, std::move(a.host), std::move(a.address)});
+          return arrivals;
+        },
+        [this](const JoinerArrival& arrival) { reach_joiner(arrival); });
 }
 
 void Daemon::throw_if_loss_under_way() {
@@ -78,8 +85,8 @@ void Daemon::leave_if_fenced() {
 }
 
 bool Daemon::wait_to_join() {
-  spdlog::info("rank {}: a spare ([comm].spares): holding no expert, it waits until the survivors of a loss admit it",
-               rank_);
+  spdlog::info("rank {}: {}: holding no expert, it waits until the members admit it", rank_,
+               config_.comm.join_slots > 0 ? "a joiner (moed --join)" : "a spare ([comm].spares)");
   for (;;) {
     agreement_->poll();
     if (!agreement_->spare()) break;
@@ -229,6 +236,13 @@ void Daemon::go_on_as(const comm::View& view, std::uint64_t step, std::chrono::s
       spdlog::error("the survivors' rank 0 cannot take over the metrics endpoint: {}", e.describe());
     }
   }
+  if (rank == 0 && !join_listener_ && config_.comm.join_slots > 0) {  // so too the join listener
+    try {
+      open_join_listener();
+    } catch (const Error& e) {
+      spdlog::error("the survivors' rank 0 cannot take over the join listener: {}", e.describe());
+    }
+  }
 
   // The steps go on from one number on every member (some may have
   // finished the step the loss cut short; a rank that joins knows none).
@@ -246,9 +260,10 @@ void Daemon::go_on_as(const comm::View& view, std::uint64_t step, std::chrono::s
                         fmt::join(lost_world, " "), step, view.epoch, fmt::join(view.members, " "), mine.size(),
                         migration.empty() ? "" : migration + "; ", paused_ms);
   if (!joined_world.empty())
-    alert += fmt::format("{}world rank(s) {} joined (spares) at step {}: epoch {} serves on world ranks {}; serving "
+    alert += fmt::format("{}world rank(s) {} joined ({}) at step {}: epoch {} serves on world ranks {}; serving "
                          "paused {:.0f} ms on this rank",
-                         alert.empty() ? "" : "; ", fmt::join(joined_world, " "), std::uint64_t(next) - 1, view.epoch,
+                         alert.empty() ? "" : "; ", fmt::join(joined_world, " "),
+                         config_.comm.join_slots > 0 ? "moed --join" : "spares", std::uint64_t(next) - 1, view.epoch,
                          fmt::join(view.members, " "), paused_ms);
   spdlog::warn("{}", alert);
   ranks_lost_ += int(lost_world.size());
@@ -284,7 +299,8 @@ std::vector<int> Daemon::waiting_spares(std::size_t wanted) const {
   std::vector<int> spares;
   const std::vector<int>& members = agreement_->view().members;
   for (int r = serving_ranks_; r < world_topology_->ranks() && spares.size() < wanted; ++r)
-    if (!std::binary_search(members.begin(), members.end(), r) && !agreement_->lost(r)) spares.push_back(r);
+    if (present_[std::size_t(r)] && !std::binary_search(members.begin(), members.end(), r) && !agreement_->lost(r))
+      spares.push_back(r);
   return spares;
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "comm/idle_backoff.h"
+#include "runtime/join/join_bootstrap.h"
 #include "comm/mpi/mpi_control_link.h"
 #include "comm/transport_control_link.h"
 #include "common/error.h"
@@ -88,10 +89,16 @@ std::vector<int> explicit_islands(const std::string& text, int ranks) {
 // give ranks different flags, and ranks in different modes would otherwise
 // wait on each other's different collectives. Returns an exit code (2 when
 // the ranks disagree), the same on every rank.
-int agree_on_command(comm::ControlChannel& control, const std::string& mode, const Config& c) {
+std::string this_command(const std::string& mode, const Config& c) {
   std::ostringstream effective;
   print_config(effective, c);
-  const std::string mine = command_summary(mode, effective.str());
+  return command_summary(mode, effective.str());
+}
+
+int agree_on_command(comm::ControlChannel& control, const std::string& mode, const Config& c,
+                     std::string* command = nullptr) {
+  const std::string mine = this_command(mode, c);
+  if (command) *command = mine;
   const std::vector<std::string> all = control.all_gather_strings(mine, "the command of every rank");
   std::string differing;
   for (std::size_t r = 1; r < all.size(); ++r)
@@ -362,7 +369,8 @@ class Daemon::Startup {
     Step together = nullptr;
   };
 
-  Startup(Daemon& d, const ServeOptions& options, comm::MpiSession& mpi)
+  // `mpi`: null for a process that joins a running job (join_job).
+  Startup(Daemon& d, const ServeOptions& options, comm::MpiSession* mpi)
       : d_(d), c_(d.config_), options_(options), mpi_(mpi) {}
 
   // Before the rounds: where this rank runs, its host, and its binding.
@@ -377,7 +385,7 @@ class Daemon::Startup {
   // Round 2: the transport (collective); then, together, the engine, the
   // router biases (a broadcast), the tracer, the snapshot and the control plane.
   void open_transport() {
-    d_.bootstrap_.emplace(mpi_.world(), std::chrono::milliseconds(c_.comm.timeout_ms));
+    d_.bootstrap_.emplace(mpi_->world(), std::chrono::milliseconds(c_.comm.timeout_ms));
     d_.transport_ = comm::create_transport(c_.comm, *d_.bootstrap_);
   }
   void build_engine_and_control();
@@ -385,8 +393,15 @@ class Daemon::Startup {
   void open_admin_socket();
   void open_metrics_endpoint();
   void open_front_door();
+  void open_join_listener() {
+    if (d_.rank_ == 0) d_.open_join_listener();
+  }
   // After the rounds: the rank's and the job's description, and the report.
   void announce();
+  // A joiner's in place of the rounds' collective steps: the join listener
+  // gives it a world rank, then the job as it stands (runtime/join/join_bootstrap.h).
+  void join_job(const ListenAddress& listener);
+  const comm::View& joined_view() const { return joined_view_; }
 
   // Runs one round on this rank; returns every rank's worst exit code.
   int run(const Round& round);
@@ -395,12 +410,13 @@ class Daemon::Startup {
   Daemon& d_;
   const Config& c_;
   const ServeOptions& options_;
-  comm::MpiSession& mpi_;
+  comm::MpiSession* mpi_;  // null for a joiner
   launch::LaunchInfo where_;
   LocalHost local_;
   launch::BindResult binding_{false, -1, "not bound ([cluster].bind_numa = false)"};
   Numerics numerics_;
   bool spare_ = false;  // from build_engine_and_control on: this rank is a spare, on its own
+  comm::View joined_view_;  // a joiner: the members when rank 0 welcomed it
 };
 
 void Daemon::Startup::read_host() {
@@ -421,11 +437,20 @@ void Daemon::Startup::probe_this_rank() {
 void Daemon::Startup::agree_topology_and_placement() {
   FoundIslands found = discover_islands(c_, d_.control_, where_, local_.host);
   if (local_.error) std::rethrow_exception(local_.error);
-  d_.serving_ranks_ = mpi_.size() - int(c_.comm.spares);
+  d_.serving_ranks_ = mpi_->size() - int(c_.comm.spares);
   if (d_.serving_ranks_ < 1)
-    MOED_THROW(Usage, "[comm].spares = {} leaves none of the job's {} ranks to serve", c_.comm.spares, mpi_.size());
-  // Spares are the job's last ranks: the placement is over the others.
-  d_.world_topology_.emplace(found.islands.island_of_rank);
+    MOED_THROW(Usage, "[comm].spares = {} leaves none of the job's {} ranks to serve", c_.comm.spares, mpi_->size());
+  // Spares are the job's last ranks: the placement is over the others. Join
+  // slots come after them, each an island of its own until its process
+  // joins (place_joiner).
+  std::vector<int> islands = found.islands.island_of_rank;
+  const int first_free = islands.empty() ? 0 : *std::max_element(islands.begin(), islands.end()) + 1;
+  for (int slot = 0; slot < int(c_.comm.join_slots); ++slot) islands.push_back(first_free + slot);
+  d_.world_topology_.emplace(std::move(islands));
+  d_.present_.assign(std::size_t(d_.world_topology_->ranks()), 0);
+  std::fill_n(d_.present_.begin(), mpi_->size(), 1);
+  for (const launch::RankTopology& r : found.ranks) d_.world_hosts_.push_back(r.host);
+  d_.world_hosts_.resize(std::size_t(d_.world_topology_->ranks()));
   d_.topology_.emplace(placement::topology_on_members(*d_.world_topology_, d_.serving_ranks()));
   d_.islands_source_ = found.islands.source;
   d_.placement_ = initial_placement(c_, *d_.topology_);
@@ -443,7 +468,7 @@ void Daemon::Startup::load_weights() {
       d_.local_ranks_, fmt::format("rank {}", d_.rank_));
   d_.store_.emplace(ExpertStore::load(c_, mine, d_.rank_));
   d_.workload_ = make_workload(c_, d_.store_->layer(0).gate.data());
-  d_.stats_ = initial_stats(c_, d_.rank_, mpi_.size());
+  d_.stats_ = initial_stats(c_, d_.rank_, mpi_ ? mpi_->size() : d_.serving_ranks_);
 }
 
 // The claim holds for the job only if it holds on every rank's CPU.
@@ -471,7 +496,7 @@ void Daemon::Startup::build_engine_and_control() {
   // the transport; elastic.cc admits a spare after a loss). A spare's
   // start-up is its own from here: it builds no engine and takes part in
   // no collective until it joins.
-  if (d.serving_ranks_ < mpi_.size()) {
+  if (d.serving_ranks_ < d.world_topology_->ranks()) {
     spare_ = d.rank_ >= d.serving_ranks_;
     if (!spare_) d.transport_->continue_with(d.serving_ranks(), 1);
   }
@@ -523,7 +548,7 @@ void Daemon::Startup::open_metrics_endpoint() {
 
 // Like the admin socket: a front door one rank cannot open stops every rank alike.
 void Daemon::Startup::open_front_door() {
-  if (!spare_) d_.open_front_door(d_.rank_, mpi_.size());  // a spare's opens when it joins
+  if (!spare_) d_.open_front_door(d_.rank_, mpi_->size());  // a spare's opens when it joins
 }
 
 void Daemon::open_front_door(int world_rank, int world_ranks) {
@@ -630,7 +655,7 @@ void Daemon::open_metrics_endpoint() {
 Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm::MpiSession& mpi) {
   comm::set_wait_policy({c.comm.wait_spin_polls, c.comm.wait_yield_polls, c.comm.wait_sleep_us, c.comm.wait_sleep_max_us});
   std::unique_ptr<Daemon> d(new Daemon(c, options, mpi));
-  if (const int code = agree_on_command(d->control_, "serve", c)) return {nullptr, code};
+  if (const int code = agree_on_command(d->control_, "serve", c, &d->command_)) return {nullptr, code};
   using S = Startup;
   // The transport's creation is collective: its round waits until every rank
   // has come through the local steps (a rank that failed would not reach it).
@@ -642,8 +667,9 @@ Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm
       {"admin socket status", [](const Config& c) { return !c.admin.dir.empty(); }, {&S::open_admin_socket}},
       {"metrics endpoint status", [](const Config& c) { return !c.metrics.listen.empty(); }, {&S::open_metrics_endpoint}},
       {"front door status", [](const Config& c) { return c.workload.kind == WorkloadKind::ingress; }, {&S::open_front_door}},
+      {"join listener status", [](const Config& c) { return c.comm.join_slots > 0; }, {&S::open_join_listener}},
   };
-  S start_up(*d, options, mpi);
+  S start_up(*d, options, &mpi);
   start_up.read_host();
   for (const S::Round& round : rounds) {
     if (round.wanted && !round.wanted(c)) continue;
@@ -651,9 +677,92 @@ Daemon::Started Daemon::start(const Config& c, const ServeOptions& options, comm
     if (round.together) (start_up.*round.together)();
   }
   start_up.announce();
-  if (c.comm.elastic) d->watch_for_losses();
+  if (c.comm.elastic) {
+    // With spares or join slots, the serving ranks went on without them at start (epoch 1).
+    const bool without_some = d->serving_ranks_ < d->world_topology_->ranks();
+    d->watch_for_losses(comm::View{without_some ? 1u : 0u, d->serving_ranks()}, d->rank_ >= d->serving_ranks_);
+  }
   d->snapshot_->note_loaded();
   return {std::move(d), 0};
+}
+
+namespace {
+
+kernels::CompactProducts products_named(const std::string& name) {
+  using P = kernels::CompactProducts;
+  for (P p : {P::f32, P::bf16, P::int8, P::amx})
+    if (name == kernels::to_string(p)) return p;
+  MOED_THROW(Runtime, "the join listener names compact products \"{}\", which this moed does not know", name);
+}
+
+}  // namespace
+
+void Daemon::Startup::join_job(const ListenAddress& listener) {
+  Daemon& d = d_;
+  wire::Key key;
+  try {
+    key = wire::read_key_file(c_.ingress.key_file);
+  } catch (const std::runtime_error& e) {
+    MOED_THROW(Usage, "[ingress].key_file (the key a joiner proves): {}", e.what());
+  }
+  const kernels::CompactProducts here = kernels::compact_products();
+  d.command_ = this_command("serve", c_);
+  spdlog::info("joining the job at {} (host {})", listener.describe(), where_.host);
+  auto bootstrap = std::make_unique<join::JoinBootstrap>(listener, key, d.command_, where_.host, products_ability(here),
+                                                         std::chrono::milliseconds(c_.comm.timeout_ms));
+  d.rank_ = bootstrap->rank();
+  init_logging(d.rank_, c_.log.level);
+  spdlog::info("offered world rank {} of {}: waiting until every member has reached it", d.rank_,
+               bootstrap->offer().world_ranks);
+  d.transport_ = comm::create_transport(c_.comm, *bootstrap);
+  const join::Welcome& w = bootstrap->welcome();
+  // Every rank multiplies compact experts alike (agree_numerics).
+  const kernels::CompactProducts job = products_named(w.products);
+  if (agreed_products(here, products_ability(job)) != job)
+    MOED_THROW(Usage, "the job multiplies compact experts with {} products; this host chooses {} ([experts].products)",
+               kernels::to_string(job), kernels::to_string(here));
+  if (job != here) {
+    kernels::set_compact_products(job);
+    numerics_ = probe_numerics(c_);
+  }
+  if (!numerics_.batch_invariant && c_.experts.gemm == Gemm::fixed_order)
+    MOED_THROW(Runtime, "not joining: this host would break the job's bit-exactness ({})", numerics_.description);
+  d.control_.use(comm::transport_control_link(*d.transport_));
+  d.world_topology_.emplace(w.islands);
+  d.world_hosts_ = w.hosts;
+  d.present_.assign(w.addresses.size(), 0);
+  for (std::size_t r = 0; r < w.addresses.size(); ++r) d.present_[r] = !w.addresses[r].empty() || int(r) == d.rank_;
+  d.serving_ranks_ = w.serving_ranks;
+  d.topology_.emplace(placement::topology_on_members(*d.world_topology_, w.view.members));
+  // Rank 0's placement comes with the admission (share_state_with_joiners).
+  d.placement_ = placement::make_placement(c_.placement.policy, int(w.view.members.size()), int(c_.model.layers),
+                                           int(c_.model.experts), std::uint64_t(c_.placement.seed));
+  d.islands_source_ = "rank 0's, as it welcomed this rank";
+  joined_view_ = w.view;
+  d.join_bootstrap_ = std::move(bootstrap);
+}
+
+std::unique_ptr<Daemon> Daemon::join(const Config& c, const ServeOptions& options, const std::string& listener) {
+  if (c.comm.join_slots == 0)
+    MOED_THROW(Usage, "--join: [comm].join_slots = 0 in this config; a joiner runs with the job's own config, "
+               "which keeps slots for it");
+  const ListenAddress address = parse_listen_address(listener, "--join");
+  comm::set_wait_policy({c.comm.wait_spin_polls, c.comm.wait_yield_polls, c.comm.wait_sleep_us, c.comm.wait_sleep_max_us});
+  std::unique_ptr<Daemon> d(new Daemon(c, options, -1, nullptr));
+  // The rounds' local steps, each throwing at once: no other rank waits on
+  // this one until it is admitted.
+  Startup s(*d, options, nullptr);
+  s.read_host();
+  s.probe_this_rank();
+  s.join_job(address);
+  s.load_weights();
+  s.check_outputs();
+  s.build_engine_and_control();
+  if (!c.admin.dir.empty()) s.open_admin_socket();
+  s.announce();
+  d->watch_for_losses(s.joined_view(), /*spare=*/true);
+  d->snapshot_->note_loaded();
+  return d;
 }
 
 int print_topology(const Config& c, comm::MpiSession& mpi) {

@@ -99,7 +99,9 @@ void Snapshot::publish(const ControlState& control, const Summary* summary) {
 void Snapshot::set_survivors(json survivors) {
   std::lock_guard lock(mu_);
   survivors_ = std::move(survivors);
-  if (!status_.is_null()) status_["survivors"] = survivors_;  // shown before the next step publishes
+  // Shown before the next step publishes (a rank that just joined has published none).
+  if (status_.is_null()) status_ = {{"rank", rank_}, {"state", "serving"}};
+  status_["survivors"] = survivors_;
 }
 
 void Snapshot::set_placement(json placement) {

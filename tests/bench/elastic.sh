@@ -18,8 +18,11 @@
 # the spare's admission and the migration of its share of the slots:
 # "grown back" is from the kill to the log's commit of that migration
 # (polled every 10 ms), and "join paused" the members' longest pause for
-# the join itself. Prints each shape's medians of 3 kills and the ratio
-# restart / elastic; asserts nothing.
+# the join itself. A process started after the job (`moed --join`, one
+# join slot, [comm].join_slots = 1) is timed too, with no kill: "late join"
+# is from its start to the commit of its share's migration, and "paused"
+# the members' longest pause for its admission. Prints each shape's medians
+# of 3 kills (and 3 joins) and the ratio restart / elastic; asserts nothing.
 #   tests/bench/elastic.sh [BUILD_DIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,21 +42,24 @@ stop_job() {
   pid=""
 }
 trap 'stop_job; rm -rf "$work"' EXIT
-port=$((18500 + $$ % 5000))
+port=$((18500 + $$ % 5000)) join_port=$((24000 + $$ % 5000))
 
-# start MODE CONFIG: the job in the background (MODE: restart, elastic, or
-# spare: elastic with a fifth rank as a spare), once every serving rank's door is open.
+# start MODE CONFIG: the job in the background (MODE: restart, elastic,
+# spare: elastic with a fifth rank as a spare, or join: elastic with a join
+# slot), once every serving rank's door is open.
 start() {
-  local mode=$1 config=$2 launcher=(--restart 5) ranks=4 spares=()
+  local mode=$1 config=$2 launcher=(--restart 5) ranks=4 extra=()
   [ "$mode" != restart ] && launcher+=(--elastic)
   # (the migration's commit is logged at info)
-  [ "$mode" = spare ] && ranks=5 spares=(--set comm.spares=1 --set 'log.level="info"')
+  [ "$mode" = spare ] && ranks=5 extra=(--set comm.spares=1 --set 'log.level="info"')
+  [ "$mode" = join ] && extra=("${join_args[@]}")
   rm -rf "$work/sock"
+  job_args=(--config "$config" "${extra[@]}" --set workload.kind=ingress --set "ingress.dir=\"$work/sock\""
+    --set "ingress.listen=\"127.0.0.1:$port\"" --set "ingress.key_file=\"$work/key\""
+    --set 'ingress.transports="tcp"' --set 'comm.backend="ucx"' --set 'comm.control="transport"'
+    --set log.per_step=false)
   "$root/launch/moed-mpirun" "${launcher[@]}" --hosts localhost --gpus-per-host "$ranks" --moed "$moed" --bind none -- \
-    --config "$config" "${spares[@]}" --set workload.kind=ingress --set "ingress.dir=\"$work/sock\"" \
-    --set "ingress.listen=\"127.0.0.1:$port\"" --set "ingress.key_file=\"$work/key\"" \
-    --set 'ingress.transports="tcp"' --set 'comm.backend="ucx"' --set 'comm.control="transport"' \
-    --set log.per_step=false >"$work/log" 2>&1 &
+    "${job_args[@]}" >"$work/log" 2>&1 &
   pid=$!
   for _ in $(seq 1200); do
     up=1
@@ -103,6 +109,9 @@ grown_back() {
   exit 1
 }
 
+join_args=(--set comm.elastic=true --set comm.join_slots=1 --set "comm.join_listen=\"127.0.0.1:$join_port\""
+  --set 'log.level="info"')
+
 echo "cores: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-decode.toml"; do
   name=${shape%%:*} config=${shape#*:}
@@ -129,6 +138,17 @@ for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-de
       sort -n | tail -1)")
     stop_job
   done
+  late=() late_paused=()
+  for _ in 1 2 3; do  # moed --join: a process started after the job, admitted, given its share of the slots
+    start join "$config"
+    t0=$(date +%s.%N)
+    "$moed" "${job_args[@]}" --join "127.0.0.1:$join_port" >"$work/joiner.log" 2>&1 &
+    disown  # stop_job ends it with the job
+    late+=("$(grown_back "$t0")")
+    late_paused+=("$(sed -n 's/.*joined (moed --join) at step .* serving paused \([0-9]*\) ms on this rank/\1/p' \
+      "$work/log" | sort -n | tail -1)")
+    stop_job
+  done
   start restart "$config"
   for _ in 1 2 3; do  # the restart path: the job relaunches after each kill
     victim=$(world_rank_pid 1)
@@ -141,6 +161,8 @@ for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-de
   printf '%-13s undisturbed %s s | elastic: kill -> answered %s s (%s), survivors paused %s ms (%s) | ' \
     "$name" "$b" "$e" "${elastic[*]}" "$p" "${paused[*]}"
   printf 'restart path %s s (%s) | restart / elastic %.1fx | ' "$r" "${restart[*]}" "$(python3 -c "print($r / $e)")"
-  printf 'spare: grown back %s s (%s), join paused %s ms (%s)\n' "$(median "${grown[@]}")" "${grown[*]}" \
+  printf 'spare: grown back %s s (%s), join paused %s ms (%s) | ' "$(median "${grown[@]}")" "${grown[*]}" \
     "$(median "${joined[@]}")" "${joined[*]}"
+  printf 'moed --join: started -> share committed %s s (%s), members paused %s ms (%s)\n' "$(median "${late[@]}")" \
+    "${late[*]}" "$(median "${late_paused[@]}")" "${late_paused[*]}"
 done

@@ -35,6 +35,8 @@ LAYERS = {
     "runtime/trace": (["common", "runtime/admin", "runtime/router"],
                       ["tracer.h", "trace_selector.h", "trace_records.h", "token_identity.h"]),
     "runtime/ingress": (["common", "client"], ["front_door.h"]),
+    # `moed --join`: a joiner's bootstrap outside MPI, and rank 0's listener.
+    "runtime/join": (["common", "comm", "client"], ["join_bootstrap.h", "join_listener.h", "join_wire.h"]),
     "runtime/engine": (["common", "comm", "kernels", "placement", "routing", "runtime/config", "runtime/router",
                         "runtime/weights", "runtime/workload", "runtime/trace"],
                        ["engine.h", "step_record.h"]),
@@ -49,7 +51,7 @@ LAYERS = {
                         ["control_plane.h", "snapshot_answer.h", "admin_server.h", "fault_injection.h"]),
     "runtime/daemon": (["common", "comm", "kernels", "placement", "routing", "launch", "runtime/admin",
                         "runtime/config", "runtime/router", "runtime/weights", "runtime/workload", "runtime/trace",
-                        "runtime/ingress", "runtime/engine", "runtime/observe", "runtime/control"],
+                        "runtime/ingress", "runtime/join", "runtime/engine", "runtime/observe", "runtime/control"],
                        ["daemon.h"]),
 }
 # The mains, on any folder's interface.

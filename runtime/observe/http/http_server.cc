@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/tcp_socket.h"
 
 namespace moed::runtime::http {
 
@@ -188,50 +189,6 @@ std::string peer_of(const sockaddr_storage& a) {
   else if (a.ss_family == AF_INET6)
     ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, text, sizeof text);
   return text;
-}
-
-// A listening socket on `address` (non-blocking); its port when it was 0.
-int listen_on(ListenAddress& address, const std::string& key) {
-  const bool v6 = address.host.find(':') != std::string::npos;
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-  int parsed = 0;
-  if (v6) {
-    auto& a = reinterpret_cast<sockaddr_in6&>(storage);
-    a.sin6_family = AF_INET6;
-    a.sin6_port = htons(std::uint16_t(address.port));
-    parsed = ::inet_pton(AF_INET6, address.host.c_str(), &a.sin6_addr);
-    length = sizeof a;
-  } else {
-    auto& a = reinterpret_cast<sockaddr_in&>(storage);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(std::uint16_t(address.port));
-    parsed = ::inet_pton(AF_INET, address.host.c_str(), &a.sin_addr);
-    length = sizeof a;
-  }
-  if (parsed != 1) MOED_THROW(Usage, "{} = \"{}\": not a numeric address", key, address.describe());
-  const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) MOED_THROW(Runtime, "{} = \"{}\": socket(): {}", key, address.describe(), std::strerror(errno));
-  // SO_REUSEADDR only (a port in TIME_WAIT): never SO_REUSEPORT, which
-  // would let a second daemon share the port instead of failing.
-  int yes = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 || ::listen(fd, 128) != 0) {
-    const int error = errno;
-    ::close(fd);
-    const std::string why = error == EADDRINUSE      ? "the port is in use (another moed, or another program: `ss -ltnp` names it)"
-                            : error == EADDRNOTAVAIL ? "not an address of this host"
-                                                     : std::strerror(error);
-    MOED_THROW(Usage, "{} = \"{}\": cannot listen: {}", key, address.describe(), why);
-  }
-  if (address.port == 0) {
-    sockaddr_storage bound{};
-    socklen_t size = sizeof bound;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
-    address.port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
-                                                      : reinterpret_cast<sockaddr_in&>(bound).sin_port);
-  }
-  return fd;
 }
 
 }  // namespace
@@ -606,7 +563,7 @@ Server::Server(const ListenAddress& address, const std::string& key, std::vector
   m.routes = std::move(routes);
   for (std::size_t i = 0; i < m.routes.size(); ++i) m.route_of.emplace(m.routes[i].path, i);
   m.bound = address;
-  m.listen_fd = listen_on(m.bound, key);
+  m.listen_fd = listen_tcp(m.bound, key).release();
   m.wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (m.wake_fd < 0) {
     const int error = errno;

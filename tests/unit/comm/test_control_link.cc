@@ -168,7 +168,12 @@ TEST(TransportControlLink, AChannelMovesOntoIt) {
       EXPECT_NE(std::string(e.what()).find("control link other for rank 0 of 5"), std::string::npos) << e.what();
     }
     EXPECT_STREQ(control.medium(), "transport") << "the refused link is not taken";
-    EXPECT_THROW(ControlChannel(nullptr), Error);
+    // A joiner's channel starts without a link and takes its first one.
+    ControlChannel later(nullptr);
+    later.set_progress([] {});
+    EXPECT_THROW(later.use(nullptr), Error);
+    later.use(transport_control_link(*t));
+    EXPECT_EQ(later.all_max(later.rank() + 5, "over its first link"), 6);
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -56,6 +57,30 @@ TEST(Survivors, IslandsThatLostEveryRankGoAndTheRestAreRenumbered) {
   EXPECT_EQ(q.link_cost(LinkClass::SameIsland), 2);
   EXPECT_EQ(q.link_cost(LinkClass::CrossIsland), 10);
   EXPECT_EQ(topology_on_members(t, {1, 2, 5}).island_of_ranks(), (std::vector<int>{0, 1, 2}));
+}
+
+// A join slot is an island of its own until its process comes; then it
+// takes the island of the first other present rank on its host (a lost or
+// absent rank's host does not count), and the islands are renumbered densely.
+TEST(Survivors, AJoinerTakesTheIslandOfItsHost) {
+  Topology world({0, 0, 1, 1, 2, 3});  // ranks 4 and 5: join slots
+  world.set_link_costs(2, 10);
+  const std::vector<std::string> hosts{"a", "a", "b", "b", "", ""};
+  std::vector<char> present{1, 1, 1, 1, 0, 0};
+  std::vector<std::string> joined = hosts;
+  joined[4] = "b";
+  present[4] = 1;
+  const Topology on_b = with_joiner(world, joined, present, 4, "b");
+  EXPECT_EQ(on_b.island_of_ranks(), (std::vector<int>{0, 0, 1, 1, 1, 2}));
+  EXPECT_EQ(on_b.link_cost(LinkClass::CrossIsland), 10);
+  joined[4] = "c";
+  EXPECT_EQ(with_joiner(world, joined, present, 4, "c").island_of_ranks(), (std::vector<int>{0, 0, 1, 1, 2, 3}))
+      << "a new host: still an island of its own";
+  present[2] = present[3] = 0;  // host b's ranks gone: a joiner there is alone
+  joined[4] = "b";
+  EXPECT_EQ(with_joiner(world, joined, present, 4, "b").island_of_ranks(), (std::vector<int>{0, 0, 1, 1, 2, 3}));
+  test::expect_error([&] { with_joiner(world, hosts, present, 6, "a"); }, ErrorKind::Internal, {"joiner 6"});
+  test::expect_error([&] { with_joiner(world, {"a"}, present, 4, "a"); }, ErrorKind::Internal, {"1 hosts"});
 }
 
 // Every single loss of a placement with every expert on two islands: the

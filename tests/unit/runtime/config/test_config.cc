@@ -201,6 +201,21 @@ TEST(ConfigCrossKeyLimits, ElasticServingNeedsTheFrontDoorUcxAndTransportControl
   expect_error([&] { load("[comm]\nspares = 1\n"); }, ErrorKind::Usage, {"[comm].spares = 1", "[comm].elastic"});
 }
 
+// [comm].join_slots: elastic serving, a listener, a key to prove, and no
+// spares beside them; each missing piece named.
+TEST(ConfigCrossKeyLimits, JoinSlotsNeedElasticServingAListenerAndAKey) {
+  const std::string ok = "[comm]\nelastic = true\nbackend = \"ucx\"\ncontrol = \"transport\"\njoin_slots = 2\n"
+                         "join_listen = \"127.0.0.1:7400\"\n[workload]\nkind = \"ingress\"\n[ingress]\ndir = \"/tmp\"\n"
+                         "key_file = \"/tmp/key\"\n";
+  EXPECT_EQ(load(ok).comm.join_slots, 2);
+  expect_error([&] { load(ok, {"comm.elastic=false"}); }, ErrorKind::Usage, {"[comm].join_slots = 2", "[comm].elastic"});
+  expect_error([&] { load(ok, {"comm.join_listen=\"\""}); }, ErrorKind::Usage, {"[comm].join_slots", "join_listen"});
+  expect_error([&] { load(ok, {"comm.join_slots=0"}); }, ErrorKind::Usage, {"[comm].join_listen", "join_slots = 0"});
+  expect_error([&] { load(ok, {"ingress.key_file=\"\""}); }, ErrorKind::Usage, {"[comm].join_slots", "[ingress].key_file"});
+  expect_error([&] { load(ok, {"comm.spares=1"}); }, ErrorKind::Usage, {"[comm].join_slots and [comm].spares"});
+  expect_error([&] { load(ok, {"comm.join_listen=\"somewhere:80\""}); }, ErrorKind::Usage, {"[comm].join_listen"});
+}
+
 TEST(ConfigCrossKeyLimits, ChecksApplyOnlyWhereTheyMatter) {
   // min_k is a top-p key: ignored in top-k mode.
   EXPECT_NO_THROW(load("[router]\nmode = \"topk\"\nmin_k = 3\n"));

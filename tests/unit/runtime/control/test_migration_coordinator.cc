@@ -12,6 +12,7 @@
 #include "runtime/admin/protocol.h"
 #include "runtime/control/control_messages.h"
 #include "runtime/control/migration_coordinator.h"
+#include "tests/unit/test_support.h"
 
 namespace moed::runtime {
 namespace {
@@ -560,6 +561,15 @@ TEST(ControlMessages, MalformedTextIsAnInternalErrorNamingIt) {
     }
   }
   EXPECT_THROW(decode_report(R"({"sent":"many"})"), Error);
+}
+
+// A joiner's worker address (binary) travels in the boundary's JSON as hex.
+TEST(ControlMessages, AJoinersAddressTravelsWithTheBoundaryActions) {
+  BoundaryActions a;
+  a.arrivals.push_back({5, "node7", {std::byte{0}, std::byte{0xff}, std::byte{0x3c}}});
+  EXPECT_EQ(decode_actions(encode_actions(a)), a);
+  test::expect_error([] { decode_actions(R"({"ops":[],"stop":false,"arrivals":[{"rank":5,"host":"x","address":"zz"}]})"); },
+                     ErrorKind::Runtime, {"a joiner's address", "not lowercase hex"});
 }
 
 }  // namespace

@@ -181,5 +181,17 @@ TEST(Snapshot, ARankThatBecomesRankZeroKeepsTheHeatmapFromThenOn) {
   EXPECT_TRUE(no_endpoint.heatmap_layer(0).empty());
 }
 
+// A rank that joined (a spare, or `moed --join`) has served no step when
+// it learns its epoch: status shows the survivors at once, not "starting".
+TEST(Snapshot, ARankThatJoinedShowsItsEpochBeforeItsFirstStep) {
+  Snapshot joined(default_config(), 4, {0, 0});
+  EXPECT_TRUE(joined.status().is_null());
+  joined.set_survivors({{"epoch", 2}, {"members", {0, 1, 2, 3, 4}}});
+  const nlohmann::json status = joined.status();
+  EXPECT_EQ(status.value("rank", -1), 4);
+  EXPECT_EQ(status.value("state", ""), "serving");
+  EXPECT_EQ(status["survivors"]["epoch"], 2);
+}
+
 }  // namespace
 }  // namespace moed::runtime
