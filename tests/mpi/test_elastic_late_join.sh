@@ -5,10 +5,10 @@
 # [comm].join_listen. 8 network clients use the ranks as homes.
 #   1. Joiners refused, the job untouched: one with another key, one with
 #      another config; each exits 2 naming why.
-#   2. `moed --join`, outside mpirun: every member reaches it at a step
-#      boundary, rank 0 admits it (epoch 2: world ranks 0 1 2 3 4), and a
-#      migration moves its share (4 of 24 slots) to it; its front door
-#      opens. Clients started after, with its door a home too, get the
+#   2. `moed-mpirun --join` (moed --join with the job's arguments), outside
+#      mpirun: every member reaches it at a step boundary, rank 0 admits it
+#      (epoch 2: world ranks 0 1 2 3 4), and a migration moves its share (4
+#      of 24 slots) to it; its front door opens. Clients started after, with its door a home too, get the
 #      undisturbed run's bits.
 #   3. World rank 1 is killed with submits in flight: the survivors, the
 #      joiner among them, go on (epoch 3) with the same bits.
@@ -17,16 +17,19 @@
 source "$(dirname "$0")/elastic_lib.sh"
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-join=(--set comm.elastic=true --set comm.join_slots=1 --set "comm.join_listen=\"127.0.0.1:$port\"")
+join=(--set comm.join_slots=1 --set "comm.join_listen=\"127.0.0.1:$port\"")
 slots_on() {  # slots_on RANK: the slots that rank of the current epoch holds, as rank 0 shows them
   "$MOECTL" --dir "$admin" --json placement |
     python3 -c "import json, sys; p = json.loads(sys.stdin.readline()); \
 print(sum(r == $1 for layer in p['slots'] for ranks in layer for r in ranks))"
 }
-joiner() {  # joiner NAME [MOED ARGS]: `moed --join` in the foreground; its log in NAME.log, its exit code echoed
+# joiner NAME [MOED ARGS]: `moed-mpirun --join` (moed --join with the job's
+# arguments) in the foreground; its log in NAME.log, its exit code echoed.
+joiner() {
   local name=$1 rc=0
   shift
-  "$MOED" "${elastic[@]}" "${join[@]}" "$@" --join "127.0.0.1:$port" >"$SCRATCH/$name.log" 2>&1 || rc=$?
+  "$mpirun_l" --join "127.0.0.1:$port" --moed "$MOED" -- "${elastic[@]}" "${join[@]}" "$@" >"$SCRATCH/$name.log" 2>&1 ||
+    rc=$?
   echo "$rc"
 }
 
@@ -45,7 +48,7 @@ same_bits "$SCRATCH/reference.bin" "$SCRATCH/untouched.bin" "clients after two j
 echo "ok: a joiner with another key and one with another config were refused (exit 2), the job served on"
 
 # --- 2. a joiner admitted --------------------------------------------------------------
-"$MOED" "${elastic[@]}" "${join[@]}" --join "127.0.0.1:$port" >"$SCRATCH/joined.log" 2>&1 &
+"$mpirun_l" --join "127.0.0.1:$port" --moed "$MOED" -- "${elastic[@]}" "${join[@]}" >"$SCRATCH/joined.log" 2>&1 &
 joined=$!
 wait_until 60 logged_times 'world rank(s) 4 joined (moed --join) at step' 4 || { cat "$SCRATCH/joined.log" >&2; fail_seeing "not every member logged the join"; }
 wait_until 30 grep -q 'world rank(s) 4 joined (moed --join) at step' "$SCRATCH/joined.log" || { cat "$SCRATCH/joined.log" >&2; fail "the joiner did not log its join"; }

@@ -59,6 +59,11 @@ cmd_elastic="${cmd_2x8/--bind-to none/--bind-to none --enable-recovery -x MOED_E
 expect_output "dry run, --elastic" "$cmd_elastic" -- \
   "$MPIRUN_L" --hosts node1,node2 --gpus-per-host 8 --moed "$MOED" --elastic --dry-run -- --config "$SMALL"
 
+# A process joining a running elastic job: one moed here, no mpirun, with
+# the job's arguments and what --elastic gives the job's ranks.
+expect_output "dry run, --join" "$MOED --config $SMALL --set comm.elastic=true --join node1:7500" -- \
+  "$MPIRUN_L" --join node1:7500 --moed "$MOED" --dry-run -- --config "$SMALL"
+
 # The root flag follows the user who runs the launcher.
 if [ "$(id -u)" = 0 ]; then
   expect_in "as root" "$cmd_2x8" "mpirun --allow-run-as-root -np 16"
@@ -114,6 +119,9 @@ refuse "an empty host name" "a trailing comma" -- --hosts node1,node2, --gpus-pe
 refuse "host node1 is listed twice" "a duplicate host" -- --hosts node1,node2,node1 --gpus-per-host 8 "${ok[@]}"
 refuse "'node 1' is not a host name" "a bad host name" -- --hosts "node 1" --gpus-per-host 8 "${ok[@]}"
 refuse "no hosts: give --hosts" "no hosts" -- --gpus-per-host 8 "${ok[@]}"
+refuse "--join starts one moed on this host: --hosts --gpus-per-host" "--join with hosts" -- \
+  --join node1:7500 --hosts node1 --gpus-per-host 8 "${ok[@]}"
+refuse "--join node1: expected HOST:PORT" "--join without a port" -- --join node1 "${ok[@]}"
 refuse "give --hosts or --hostfile, not both" "both host sources" -- \
   --hosts node1 --hostfile "$SCRATCH/hosts" --gpus-per-host 8 "${ok[@]}"
 refuse "--gpus-per-host G is required" "no --gpus-per-host" -- --hosts node1 "${ok[@]}"
