@@ -123,6 +123,10 @@ int moed_client_set_reconnect(moed_client* c, int32_t reconnect_ms) {
   return guarded(c, [&] { return c->client->set_reconnect_ms(reconnect_ms), 0; });
 }
 
+int moed_client_set_home_silence(moed_client* c, int32_t home_silence_ms) {
+  return guarded(c, [&] { return c->client->set_home_silence_ms(home_silence_ms), 0; });
+}
+
 uint64_t moed_client_reconnects(const moed_client* c) { return c->client->reconnects(); }
 
 const char* moed_client_error(const moed_client* c) { return c->error.c_str(); }

@@ -295,6 +295,11 @@ int Client::max_rows() const { return int(impl_->conn->layout().max_rows); }
 std::uint64_t Client::reconnects() const { return impl_->reconnects; }
 void Client::set_reconnect_ms(int ms) { impl_->options.reconnect_ms = std::max(ms, 0); }
 
+void Client::set_home_silence_ms(int ms) {
+  impl_->options.home_silence_ms = std::max(ms, 0);
+  impl_->conn->set_home_silence(std::chrono::milliseconds(impl_->options.home_silence_ms));
+}
+
 int Client::acquire() {
   const std::size_t mapped = impl_->conn->layout().slots;
   for (std::size_t s = 0; s < mapped; ++s)

@@ -136,6 +136,8 @@ class MOED_CLIENT_CXX_API Client {
   std::uint64_t reconnects() const;
   // Options::reconnect_ms from now on (< 0 counts as 0).
   void set_reconnect_ms(int ms);
+  // Options::home_silence_ms from now on (< 0 counts as 0: off).
+  void set_home_silence_ms(int ms);
 
  private:
   struct Impl;

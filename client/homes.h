@@ -32,6 +32,7 @@ class Homes final : public Link {
   void submit(const wire::Submit& m) override;
   wire::Frame next_frame(Deadline deadline) override;
   void take_address_of(Link&) override {}  // the slots lent by `previous` are at the old address already
+  void set_home_silence(std::chrono::milliseconds silence) override { silence_ = silence; }
 
   // The homes reached, and the addresses left out (unreachable when made).
   std::size_t reached() const { return links_.size(); }

@@ -69,6 +69,9 @@ class Link {
   // it can, so that pointers the caller holds stay valid. `old` lets go of
   // its memory either way.
   virtual void take_address_of(Link& old) = 0;
+  // Options::home_silence_ms from now on: only a link with several homes
+  // watches their silence.
+  virtual void set_home_silence(std::chrono::milliseconds) {}
 };
 
 // Opens the link a client address names: "ucx://HOST:PORT" (needs `key`),

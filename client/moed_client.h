@@ -77,6 +77,12 @@ MOED_CLIENT_API int moed_client_release(moed_client* c, int slot);
  * fetch them again. */
 MOED_CLIENT_API int moed_client_set_reconnect(moed_client* c, int32_t reconnect_ms);
 MOED_CLIENT_API uint64_t moed_client_reconnects(const moed_client* c); /* connections mended so far */
+/* Several homes: a home that holds this client's rows and has sent nothing
+ * for home_silence_ms is pinged, and one that answers nothing for as long
+ * again is failed over (its host or link may be gone without any
+ * connection breaking). 3000 from connect; 0 (or < 0): only a broken
+ * connection fails a home over. */
+MOED_CLIENT_API int moed_client_set_home_silence(moed_client* c, int32_t home_silence_ms);
 
 MOED_CLIENT_API const char* moed_client_error(const moed_client* c);
 MOED_CLIENT_API int moed_client_status(const moed_client* c);

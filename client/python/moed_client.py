@@ -163,6 +163,7 @@ def _library():
         lib.moed_client_wait.argtypes = [p, i, i32]
         lib.moed_client_release.argtypes = [p, i]
         lib.moed_client_set_reconnect.argtypes = [p, i32]
+        lib.moed_client_set_home_silence.argtypes = [p, i32]
         lib.moed_client_reconnects.restype = ctypes.c_uint64
         lib.moed_client_reconnects.argtypes = [p]
         lib.moed_client_error.restype = ctypes.c_char_p
@@ -225,10 +226,12 @@ class Client:
     [ingress].max_slots and max_rows (and fewer slots past max_client_mb): the grant is .slots and
     .max_rows. timeout_ms: for connecting and for each wait (< 0: none); reconnect_ms: how long to
     keep trying to connect (again) when no daemon answers (0: fail at once). key_file: the
-    cluster's key (a file of mode 0600), for ucx:// addresses."""
+    cluster's key (a file of mode 0600), for ucx:// addresses. home_silence_ms (several homes): a
+    home that holds this client's rows and is silent this long is pinged, and failed over when it
+    answers nothing for as long again (0: only a broken connection fails a home over)."""
 
     def __init__(self, address, slots=4, max_rows=1024, timeout_ms=60000, reconnect_ms=60000, key_file=None,
-                 spread="round_robin"):
+                 spread="round_robin", home_silence_ms=3000):
         self._handle = None
         self._orphans = []  # slots of handles dropped in flight
         slots = _integer("slots", slots, 1, 1 << 32, "ask for 1 or more slots (submits in flight at once)")
@@ -239,6 +242,8 @@ class Client:
                                 "an integer number of milliseconds >= 0 (0: do not reconnect)")
         if spread not in SPREADS:
             raise MoedError(f"spread = {spread!r}: one of {', '.join(SPREADS)}")
+        home_silence_ms = _integer("home_silence_ms", home_silence_ms, 0, 1 << 31,
+                                   "an integer number of milliseconds >= 0 (0: only a broken connection)")
         addresses = [address] if isinstance(address, (str, bytes, os.PathLike)) else list(address)
         if not addresses:
             raise MoedError("no address to connect to")
@@ -252,6 +257,8 @@ class Client:
                                                   ctypes.byref(status))
         if not self._handle:
             raise MoedError(error.value.decode(errors="replace"), status.value)
+        self._lib.moed_client_set_home_silence(self._handle, home_silence_ms)
+        self.home_silence_ms = home_silence_ms
         info = _Info()
         self._lib.moed_client_get_info(self._handle, ctypes.byref(info))
         self.address = addresses[0] if len(addresses) == 1 else addresses

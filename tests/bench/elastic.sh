@@ -147,6 +147,7 @@ for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-de
     late+=("$(grown_back "$t0")")
     late_paused+=("$(sed -n 's/.*joined (moed --join) at step .* serving paused \([0-9]*\) ms on this rank/\1/p' \
       "$work/log" | sort -n | tail -1)")
+    late_slots=$(sed -n 's/.*rank 0: \([0-9]*\) slot(s) migrate to the rank(s) that joined.*/\1/p' "$work/log" | head -1)
     stop_job
   done
   start restart "$config"
@@ -163,6 +164,6 @@ for shape in "demo:$root/configs/demo.toml" "decode layer:$root/configs/bench-de
   printf 'restart path %s s (%s) | restart / elastic %.1fx | ' "$r" "${restart[*]}" "$(python3 -c "print($r / $e)")"
   printf 'spare: grown back %s s (%s), join paused %s ms (%s) | ' "$(median "${grown[@]}")" "${grown[*]}" \
     "$(median "${joined[@]}")" "${joined[*]}"
-  printf 'moed --join: started -> share committed %s s (%s), members paused %s ms (%s)\n' "$(median "${late[@]}")" \
-    "${late[*]}" "$(median "${late_paused[@]}")" "${late_paused[*]}"
+  printf 'moed --join: started -> share committed %s s (%s; %s slots), members paused %s ms (%s)\n' \
+    "$(median "${late[@]}")" "${late[*]}" "$late_slots" "$(median "${late_paused[@]}")" "${late_paused[*]}"
 done

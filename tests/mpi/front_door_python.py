@@ -241,8 +241,8 @@ if sys.argv[1] == "network":
     if not np.array_equal(net.forward(1, x, ids, pos).view(np.uint32), here.view(np.uint32)):
         fail("the network door's outputs differ from the Unix door's")
     ok(f"300 rows through {homes[0]}: the Unix door's bits")
-    for spread in ("round_robin", "least_loaded"):
-        spread_client = Client(homes, key_file=key, slots=4, max_rows=32, spread=spread)
+    for spread, silence in (("round_robin", 3000), ("least_loaded", 0)):
+        spread_client = Client(homes, key_file=key, slots=4, max_rows=32, spread=spread, home_silence_ms=silence)
         handles = [spread_client.submit(1, x[i:i + 30], ids[i:i + 30], pos[i:i + 30]) for i in range(0, 120, 30)]
         got = np.concatenate([spread_client.wait(h) for h in handles])
         if not np.array_equal(got.view(np.uint32), here[:120].view(np.uint32)):
@@ -250,8 +250,9 @@ if sys.argv[1] == "network":
         if not np.array_equal(spread_client.forward(1, x, ids, pos).view(np.uint32), here.view(np.uint32)):
             fail(f"{len(homes)} homes, {spread}: forward() differs")
         spread_client.close()
-    ok(f"{len(homes)} homes, round-robin and least-loaded: the same bits")
+    ok(f"{len(homes)} homes, round-robin and least-loaded (home silence 3 s, and off): the same bits")
     refused(lambda: Client(homes[0], key_file=other), "does not hold the cluster's key", "forbidden")
     refused(lambda: Client(homes[0]), "needs Options::key_file")
     refused(lambda: Client(homes, key_file=key, spread="random"), "spread = 'random'")
-    ok("a wrong key, no key and an unknown spread are refused")
+    refused(lambda: Client(homes, key_file=key, home_silence_ms=-1), "home_silence_ms = -1")
+    ok("a wrong key, no key, an unknown spread and a negative home silence are refused")

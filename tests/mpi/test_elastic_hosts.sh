@@ -14,51 +14,16 @@
 # clients started after it get the same bits. Once the link is back, the
 # cut-off ranks, which never had a majority, have given up and left.
 # Skipped (exit 77) only where network namespaces cannot be created.
-source "$(dirname "$0")/lib.sh"
-: "${FRONT_DOOR_CHECK:?}" "${MOECTL:?}"
-emu="$MOED_SOURCE_DIR/launch/emulated-cluster"
+source "$(dirname "$0")/elastic_hosts_lib.sh"
 
-need_emulated_cluster "$emu"
-
-head -c 32 /dev/urandom >"$SCRATCH/key" && chmod 600 "$SCRATCH/key"
-sock=$SCRATCH/sock admin=$SCRATCH/admin
-launcher=""
-cleanup() {
-  if [ -n "$launcher" ]; then
-    kill -TERM "$launcher" 2>/dev/null || true
-    wait "$launcher" 2>/dev/null || true
-  fi
-  rm -rf "$SCRATCH"
-}
-trap cleanup EXIT
-
-"$emu" --hosts 4 --ranks-per-host 2 -- --enable-recovery -np 7 "$MOED" --config "$SMALL" \
-  --set workload.kind=ingress --set "ingress.dir=\"$sock\"" --set "admin.dir=\"$admin\"" \
-  --set 'ingress.listen="*:17400"' --set "ingress.key_file=\"$SCRATCH/key\"" --set 'ingress.transports="tcp"' \
-  --set 'comm.backend="ucx"' --set 'comm.control="transport"' --set comm.timeout_ms=5000 --set comm.elastic=true \
-  --set placement.redundancy=2 --set comm.spares=1 --set 'log.level="info"' >"$SCRATCH/cluster.txt" 2>&1 &
-launcher=$!
-all_up() { for r in 0 1 2 3 4 5; do [ -s "$sock/moed-ingress-$r.ucx" ] || return 1; done; }
-wait_until 120 all_up || { cat "$SCRATCH/cluster.txt" >&2; fail "the 6 ranks' front doors did not open within 120 s"; }
-ns_of() { grep -oE "\bmoed4-[0-9]+-h$1\b" "$SCRATCH/cluster.txt" | head -1; }
-h3=$(ns_of 3) a4=$(ns_of 4)
-[ -n "$h3" ] && [ -n "$a4" ] || { cat "$SCRATCH/cluster.txt" >&2; fail "cannot find the hosts"; }
-logged_times() { [ "$(grep -c -- "$1" "$SCRATCH/cluster.txt")" = "$2" ]; }
-clients() {  # clients OUT [front_door_check args]: on host 4, every rank a home
-  local out=$1
-  shift
-  ip netns exec "$a4" env UCX_TLS=tcp,self UCX_NET_DEVICES=veth0 "$FRONT_DOOR_CHECK" --dir "$sock" --ranks 6 \
-    --mode concurrent --clients-per-rank 1 --key-file "$SCRATCH/key" --all-homes --out "$SCRATCH/$out.bin" "$@"
-}
+start_hosts 7 --set placement.redundancy=2 --set comm.spares=1
+h3=$(ns_of 3)
+[ -n "$h3" ] || { cat "$SCRATCH/cluster.txt" >&2; fail "cannot find host 3"; }
 
 clients reference >/dev/null || fail "the undisturbed clients on host 4"
-clients down --pause-after 12 --resume-file "$SCRATCH/resume" >"$SCRATCH/down.txt" 2>&1 &
-client_pid=$!
-wait_until 60 grep -q paused "$SCRATCH/down.txt" || { cat "$SCRATCH/down.txt" >&2; fail "the clients did not pause"; }
+paused_clients down
 ip -n "$h3" link set veth0 down
-touch "$SCRATCH/resume"
-wait "$client_pid" || { cat "$SCRATCH/down.txt" >&2; tail -30 "$SCRATCH/cluster.txt" >&2; fail "a client call failed across host 3's link going down"; }
-same_bits "$SCRATCH/reference.bin" "$SCRATCH/down.bin" "6 clients on host 4 across host 3's link set down"
+clients_done down "6 clients on host 4 across host 3's link set down"
 # Epoch 1 is the serving ranks' from the start (the spare left out), epoch 2 the survivors'.
 wait_until 30 logged_times "lost world rank(s) 4 5 at step .*epoch 2 serves on world ranks 0 1 2 3;" 4 ||
   fail "the 4 ranks of hosts 1 and 2 did not all go on without host 3's"
