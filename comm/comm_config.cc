@@ -34,6 +34,10 @@ const config::Section<CommConfig>& comm_config_section() {
                              "the last N ranks of the job serve nothing at first: each waits, holding no "
                              "expert, until the survivors of a loss admit it and migrate experts to it "
                              "(needs elastic)"),
+          config::integer<C>("lease_ms", &C::lease_ms, 0, 0, 86400000,
+                             "elastic: a rank answers a step's outputs only within this long of the step's "
+                             "start, so that one the others left out (stopped past timeout_ms) never does; "
+                             "past it they wait for the next turn (0: half of timeout_ms)"),
           config::integer<C>("join_slots", &C::join_slots, 0, 0, 1 << 16,
                              "world ranks kept for processes started later with `moed --join`: each that "
                              "joins is admitted and takes its share of the experts by migration (needs "

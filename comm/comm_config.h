@@ -33,6 +33,7 @@ struct CommConfig {
   bool elastic = false;
   std::int64_t spares = 0;
   std::int64_t join_slots = 0;
+  std::int64_t lease_ms = 0;
   std::string join_listen;
   std::int64_t wait_spin_polls = 32, wait_yield_polls = 2048, wait_sleep_us = 20, wait_sleep_max_us = 1000;
 };

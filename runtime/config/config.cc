@@ -495,6 +495,9 @@ void validate_config(const Config& c, ConfigUse use) {
   if (c.comm.spares > 0 && !c.comm.elastic)
     MOED_THROW(Usage, "config: [comm].spares = {} needs [comm].elastic = true: a spare joins the survivors of a "
                "lost rank", c.comm.spares);
+  if (c.comm.lease_ms >= c.comm.timeout_ms)
+    MOED_THROW(Usage, "config: [comm].lease_ms = {} must be shorter than [comm].timeout_ms = {}: past the deadline "
+               "the others may have left a rank out, and it must answer nothing", c.comm.lease_ms, c.comm.timeout_ms);
   if (c.comm.join_slots > 0 && !c.comm.elastic)
     MOED_THROW(Usage, "config: [comm].join_slots = {} needs [comm].elastic = true: a joiner is admitted as the "
                "survivors of a loss admit a spare", c.comm.join_slots);

@@ -96,9 +96,11 @@ bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
     }
   }
   follow_requests(step);
-  // Rows a loss cut short are served again first, alone (elastic serving):
-  // a row's bits do not depend on its batch, so they are the bits it would
-  // have had, and its client is answered once.
+  // Rows a loss cut short, or whose answers the fencing lease held back,
+  // are served again first, alone (elastic serving): a row's bits do not
+  // depend on its batch, so they are the bits it would have had, and its
+  // client is answered once. The engine writes a layer's outputs over its
+  // inputs, so the inputs are kept until the rows are answered.
   if (!batches_pending_) {
     // With no work anywhere, every rank waits a little longer each time (up to
     // [ingress].idle_wait_us), so an idle daemon sleeps instead of spinning.
@@ -106,10 +108,18 @@ bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
     front_door_->wait_for_work(std::chrono::microseconds(idle));
     front_door_->take(batches_);
     batches_pending_ = true;
+    if (agreement_) {
+      batch_inputs_.resize(batches_.size());
+      for (std::size_t l = 0; l < batches_.size(); ++l) batch_inputs_[l].assign(batches_[l].x.begin(), batches_[l].x.end());
+    }
+  } else if (agreement_) {
+    for (std::size_t l = 0; l < batches_.size(); ++l) batches_[l].x.assign(batch_inputs_[l].begin(), batch_inputs_[l].end());
   }
   std::vector<Engine::LayerRows> rows(batches_.size());
   for (std::size_t l = 0; l < batches_.size(); ++l)
     rows[l] = {batches_[l].x.data(), batches_[l].rows(), batches_[l].request_ids.data(), batches_[l].positions.data()};
+  // The step's first collective with every member: the fencing lease runs from here.
+  if (lease_) lease_->begin(std::chrono::steady_clock::now());
   const std::vector<std::uint32_t> counts = engine_->agree_layer_counts(rows, step);
   if (std::all_of(counts.begin(), counts.end(), [](std::uint32_t n) { return n == 0; })) {
     batches_pending_ = false;
@@ -121,8 +131,17 @@ bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
   maybe_inject(fault_, rank_, served_);
   StepRecord rec = engine_->run_layers(step, rows, counts);
   if (agreement_) leave_if_fenced();  // a rank the others left out answers nothing (docs/elastic.md)
-  front_door_->complete(batches_);
-  batches_pending_ = false;
+  if (!lease_ || lease_->holds(std::chrono::steady_clock::now())) {
+    front_door_->complete(batches_);
+    batches_pending_ = false;
+  } else {
+    // Past the lease the others may have left this rank out: its rows are
+    // served again at the next turn, whose collectives prove it a member.
+    spdlog::warn("step {}: this rank's step took {} ms, past the fencing lease ([comm].lease_ms, {} ms): its "
+                 "answers wait for the next turn", step, lease_->held(std::chrono::steady_clock::now()).count(),
+                 lease_->length().count());
+    snapshot_->note_lease_expired();
+  }
   rec = reduce_record(control_, rec, step);
   after_step(step, served_++, started, std::move(rec), reduced);
   return true;

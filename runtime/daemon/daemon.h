@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/control_channel.h"
+#include "comm/fencing_lease.h"
 #include "runtime/join/join_listener.h"
 #include "comm/mpi/mpi_bootstrap.h"
 #include "comm/mpi/mpi_session.h"
@@ -197,9 +198,11 @@ class Daemon {
   int idle_turns_ = 0;                              // front door: turns in a row without work anywhere
   int local_ranks_ = 1;                             // ranks on this host (the memory check's share)
   std::unique_ptr<comm::SurvivorAgreement> agreement_;  // [comm].elastic
+  std::optional<comm::FencingLease> lease_;            // [comm].elastic: may this rank answer a step's outputs
   std::uint64_t epoch_served_ = 0;                  // the survivors' epoch this rank serves in
   std::vector<int> placement_world_;                // the world rank of each of placement_'s ranks
   bool batches_pending_ = false;                    // batches_ taken but not answered: a loss cut their step short
+  std::vector<std::vector<float>> batch_inputs_;    // elastic: batches_' inputs until answered (served again from them)
   std::optional<std::uint64_t> resume_at_;          // the step the survivors go on from
   nlohmann::json losses_ = nlohmann::json::array(); // what status shows of each loss or join (the last kKeptLosses)
   int ranks_lost_ = 0, ranks_joined_ = 0;           // since start

@@ -47,6 +47,8 @@ void Daemon::watch_for_losses(const comm::View& view, bool spare) {
   MOED_CHECK(messenger, "[comm].elastic over the {} transport, which carries no peer messages", transport_->name());
   placement_world_ = view.members;
   epoch_served_ = spare ? 0 : view.epoch;
+  lease_.emplace(comm::FencingLease::length_for(std::chrono::milliseconds(config_.comm.lease_ms),
+                                               std::chrono::milliseconds(config_.comm.timeout_ms)));
   agreement_ = std::make_unique<comm::SurvivorAgreement>(*messenger, view,
                                                          std::chrono::milliseconds(config_.comm.timeout_ms), spare);
   // A rank blocked in a step answers the agreement from there, and leaves

@@ -136,6 +136,8 @@ json Snapshot::status() const {
   std::lock_guard lock(mu_);
   json status = status_;
   if (front_door_ && !status.is_null()) status["idle_turns"] = idle_turns_.load(std::memory_order_relaxed);
+  if (const std::uint64_t expired = lease_expired_.load(std::memory_order_relaxed); expired && !status.is_null())
+    status["lease_expired"] = expired;
   if (front_door_counters_ && !status.is_null()) status["front_door"] = front_door_counters_();
   return status;
 }

@@ -65,6 +65,9 @@ class Snapshot {
   // The front door: a turn of the step loop found no work on any rank (and
   // this rank waited before the next). Status shows the count as idle_turns.
   void note_idle_turn() { idle_turns_.fetch_add(1, std::memory_order_relaxed); }
+  // Elastic serving: a step's answers held back past the fencing lease
+  // (served again at the next turn). Status shows the count as lease_expired.
+  void note_lease_expired() { lease_expired_.fetch_add(1, std::memory_order_relaxed); }
   // The front door's counters, read when status or the metrics are asked
   // for (any thread): status shows them as "front_door", and the metrics
   // as moed_front_door_* (this rank's).
@@ -103,6 +106,7 @@ class Snapshot {
   const LayerNumbers numbers_;
   const bool front_door_;                      // status shows idle_turns
   std::atomic<std::uint64_t> idle_turns_{0};  // read without the mutex
+  std::atomic<std::uint64_t> lease_expired_{0};
   std::function<nlohmann::json()> front_door_counters_;  // set once, before serving
   AlertBook alert_book_;  // rank 0: the [metrics] alerts (the step thread's; its limits never change)
   std::optional<ProcessMemory> memory_after_load_;

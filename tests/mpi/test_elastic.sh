@@ -22,6 +22,11 @@
 #   4. Too few left (2 of 4 killed at once): no majority, so no agreement;
 #      the job ends and moed-mpirun --restart starts it again, which serves
 #      the clients with the same bits (the restart path as the fallback).
+#   5. The fencing lease ([comm].lease_ms = 1 s): world rank 2 pauses 2.5 s
+#      in a step (MOED_FAULT=pause), short of the 5 s deadline. Its step
+#      outlives the lease, so it holds its answers back and serves those
+#      rows again at the next turn: nobody is lost, every call succeeds with
+#      the same bits, and its status counts the step.
 source "$(dirname "$0")/elastic_lib.sh"
 
 # --- 1. every expert on both islands: two losses in a row ------------------------
@@ -113,3 +118,17 @@ clients_done two "8 clients across 2 of 4 ranks killed and the job's restart"
 wait "$job" || fail "the restarted job did not end cleanly"
 job=""
 echo "ok: 2 of 4 lost: no majority, the job restarted and served the clients with the same bits"
+
+# --- 5. the fencing lease: a slow step's answers wait for the next turn ----------------
+MOED_FAULT=pause:rank=2,step=4,ms=2500 start -x MOED_FAULT -- --set comm.lease_ms=1000
+clients lease >/dev/null || { tail -30 "$SCRATCH/job.log" >&2; fail "clients across a step past the lease"; }
+same_bits "$SCRATCH/reference.bin" "$SCRATCH/lease.bin" "8 clients across world rank 2 pausing 2.5 s in a step"
+grep -q "\[rank 2\].*past the fencing lease (\[comm\].lease_ms, 1000 ms): its answers wait for the next turn" \
+  "$SCRATCH/job.log" || fail_seeing "world rank 2 answered a step that outlived the lease"
+[ "$(logged 'lost world rank' || true)" = 0 ] || fail_seeing "a rank was taken as lost for a pause short of the deadline"
+expired=$(status_of 2 | python3 -c "import json, sys; print(json.loads(sys.stdin.readline()).get('lease_expired', 0))")
+[ "$expired" -ge 1 ] || fail "world rank 2's status counts $expired steps past the lease"
+"$MOECTL" --dir "$admin" shutdown >/dev/null || fail "moectl shutdown (the lease)"
+wait "$job" || true
+job=""
+echo "ok: world rank 2 paused 2.5 s in a step: its answers waited for the next turn (the lease), nobody lost, same bits"

@@ -216,6 +216,14 @@ TEST(ConfigCrossKeyLimits, JoinSlotsNeedElasticServingAListenerAndAKey) {
   expect_error([&] { load(ok, {"comm.join_listen=\"somewhere:80\""}); }, ErrorKind::Usage, {"[comm].join_listen"});
 }
 
+// [comm].lease_ms: the fencing lease must end before the deadline at which
+// the others may leave a rank out.
+TEST(ConfigCrossKeyLimits, TheFencingLeaseEndsBeforeTheDeadline) {
+  EXPECT_EQ(load("[comm]\nlease_ms = 4999\ntimeout_ms = 5000\n").comm.lease_ms, 4999);
+  expect_error([&] { load("[comm]\nlease_ms = 5000\ntimeout_ms = 5000\n"); }, ErrorKind::Usage,
+               {"[comm].lease_ms = 5000", "[comm].timeout_ms = 5000"});
+}
+
 TEST(ConfigCrossKeyLimits, ChecksApplyOnlyWhereTheyMatter) {
   // min_k is a top-p key: ignored in top-k mode.
   EXPECT_NO_THROW(load("[router]\nmode = \"topk\"\nmin_k = 3\n"));

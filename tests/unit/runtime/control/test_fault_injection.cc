@@ -17,6 +17,15 @@ TEST(FaultInjection, StallNamesRankAndStep) {
   EXPECT_EQ(f->step, 17u);
 }
 
+TEST(FaultInjection, PauseNamesRankStepAndLength) {
+  const auto f = parse_fault("pause:rank=2,step=5,ms=2500");
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->kind, Fault::Kind::Pause);
+  EXPECT_EQ(f->rank, 2);
+  EXPECT_EQ(f->step, 5u);
+  EXPECT_EQ(f->ms, 2500u);
+}
+
 struct MigrateCase {
   const char* text;
   Fault::Kind kind;
@@ -46,7 +55,8 @@ TEST_P(BadFaults, AreUsageErrorsThatQuoteTheValue) {
 INSTANTIATE_TEST_SUITE_P(Malformed, BadFaults,
                          ::testing::Values("sometimes", "stall:rank=1", "stall:rank=x,step=2", "migrate-fail",
                                            "migrate-explode:rank=1", "migrate-fail:rank=1,step=2",
-                                           "migrate-hold:rank=-1", "stall:rank=99999999999,step=1"));
+                                           "migrate-hold:rank=-1", "stall:rank=99999999999,step=1",
+                                           "pause:rank=1,step=2", "pause:rank=1,ms=5", "pause:rank=1,step=2,ms=x"));
 
 // fault_applies is maybe_inject's whole decision (a stall that applies sleeps
 // until the job is aborted), and the rule the migration hooks follow.
@@ -72,6 +82,9 @@ INSTANTIATE_TEST_SUITE_P(
         ApplyCase{"StallTheStepBefore", "stall:rank=1,step=5", 1, 4, Fault::Kind::Stall, false},
         ApplyCase{"StallTheStepAfter", "stall:rank=1,step=5", 1, 6, Fault::Kind::Stall, false},
         ApplyCase{"StallAskedAsAnotherKind", "stall:rank=1,step=5", 1, 5, Fault::Kind::MigrateKill, false},
+        ApplyCase{"PauseAtItsRankAndStep", "pause:rank=1,step=5,ms=9", 1, 5, Fault::Kind::Pause, true},
+        ApplyCase{"PauseTheStepAfter", "pause:rank=1,step=5,ms=9", 1, 6, Fault::Kind::Pause, false},
+        ApplyCase{"PauseAskedAsAStall", "pause:rank=1,step=5,ms=9", 1, 5, Fault::Kind::Stall, false},
         ApplyCase{"MigrationFaultIsNoStall", "migrate-kill:rank=1", 1, 0, Fault::Kind::Stall, false},
         ApplyCase{"MigrationFaultAtAnyStep", "migrate-kill:rank=1", 1, 123, Fault::Kind::MigrateKill, true},
         ApplyCase{"MigrationFaultOnAnotherRank", "migrate-kill:rank=1", 2, 0, Fault::Kind::MigrateKill, false},
