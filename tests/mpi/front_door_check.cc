@@ -5,10 +5,15 @@
 //
 //   front_door_check --dir DIR --ranks R --mode serial|concurrent|shuffled --out FILE
 //                    [--requests N] [--seed S] [--clients-per-rank C]
-//                    [--pause-after N --resume-file F] [--first-layer L]
+//                    [--pause-after N --resume-file F] [--first-layer L] [--latencies FILE] [--rounds K]
 //   front_door_check --dir DIR --ranks R --mode decode --positions P --out FILE [--drift D]
 //   front_door_check --dir DIR --mode hold      (submits, then waits to be killed)
 //   front_door_check --dir DIR --ranks R --mode workload --config C [--set K=V]... --out FILE
+//
+// --latencies FILE (serial): one line per request as it is answered: its
+// start (seconds since the epoch, wall clock) and how long it took (ms),
+// for a benchmark that looks at the latencies around an event. --rounds K
+// (serial): the requests served K times over, one at a time.
 //
 // --key-file K: through the ranks' network doors (the addresses each rank
 // lists in DIR/moed-ingress-<rank>.ucx), proving key K. --all-homes (with
@@ -46,12 +51,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <mutex>
 #include <random>
@@ -313,6 +320,11 @@ int main(int argc, char** argv) {
                         ->check(CLI::NonNegativeNumber);
   app.add_option("--resume-file", resume_file, "go on from the pause once this file exists")->needs(pause_opt);
   pause_opt->needs(app.get_option("--resume-file"));
+  std::string latencies;
+  app.add_option("--latencies", latencies, "each request's start and latency, a line each (serial)");
+  int rounds = 1;
+  app.add_option("--rounds", rounds, "serve the requests this many times over (serial; the last round's outputs are written)")
+      ->check(CLI::PositiveNumber);
   std::string key_file;
   app.add_option("--key-file", key_file, "connect through the ranks' network doors, proving this key");
   bool all_homes = false;
@@ -378,7 +390,19 @@ int main(int argc, char** argv) {
     if (mode == "serial") {
       Pause pause(pause_after, resume_file, 1);
       const Pause::Member member(pause);
-      for (int r = 0; r < count; ++r) serve(*clients[0], requests, {r}, pause);
+      std::ofstream lines;  // written as it goes: a benchmark may stop the client once it has seen enough
+      if (!latencies.empty()) {
+        lines.open(latencies);
+        if (!lines) throw std::runtime_error("cannot write " + latencies);
+        lines << std::fixed;
+      }
+      for (long r = 0; r < long(count) * rounds; ++r) {
+        const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        const auto began = std::chrono::steady_clock::now();
+        serve(*clients[0], requests, {int(r % count)}, pause);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+        if (lines.is_open()) lines << std::setprecision(6) << wall << ' ' << std::setprecision(3) << ms << std::endl;
+      }
     } else if (mode == "concurrent" || mode == "shuffled") {
       if (mode == "shuffled")
         for (std::size_t i = 0; i < share.size(); ++i) std::shuffle(share[i].begin(), share[i].end(), std::mt19937(unsigned(seed + i)));
