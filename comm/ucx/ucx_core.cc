@@ -73,13 +73,13 @@ void Core::connect_endpoints(int peer) {
 }
 
 void Core::connect(int world_rank, std::span<const std::byte> address) {
-  if (world_rank < 0 || world_rank >= world_size_ || world_rank == world_rank_ ||
-      endpoints_[std::size_t(world_rank)] || address.empty())
-    MOED_THROW(Runtime, "UCX transport on world rank {}: cannot connect world rank {} of {}{}", world_rank_,
-               world_rank, world_size_,
-               world_rank >= 0 && world_rank < world_size_ && endpoints_[std::size_t(world_rank)] ? ": reached already"
-               : address.empty()                                                                 ? ": no address"
-                                                                                                  : "");
+  const char* why = world_rank < 0 || world_rank >= world_size_ || world_rank == world_rank_ ? "not a peer"
+                    : endpoints_[std::size_t(world_rank)]                                     ? "reached already"
+                    : address.empty()                                                        ? "no address"
+                                                                                             : nullptr;
+  if (why)
+    MOED_THROW(Runtime, "UCX transport on world rank {}: cannot connect world rank {} of {}: {}", world_rank_,
+               world_rank, world_size_, why);
   addresses_[std::size_t(world_rank)].assign(address.begin(), address.end());
   connect_endpoints(world_rank);
 }

@@ -113,6 +113,9 @@ class Daemon {
   // [metrics].listen's HTTP endpoint, on rank 0: at start, and on the
   // survivors' new rank 0 when world rank 0 was lost.
   void open_metrics_endpoint();
+  // [ingress].key_file's key, which network clients and joiners prove (a
+  // Usage error naming the key when the file is unusable).
+  wire::Key cluster_key() const;
   // [workload].kind = "ingress": this rank's front door (at start, or when a spare joins).
   void open_front_door(int world_rank, int world_ranks);
 

@@ -17,12 +17,7 @@
 namespace moed::runtime {
 
 void Daemon::open_join_listener() {
-  wire::Key key;
-  try {
-    key = wire::read_key_file(config_.ingress.key_file);
-  } catch (const std::runtime_error& e) {
-    MOED_THROW(Usage, "[ingress].key_file (the key a joiner proves): {}", e.what());
-  }
+  wire::Key key = cluster_key();
   const int world = world_topology_->ranks(), slots = int(config_.comm.join_slots);
   // Slots are handed in order, each once; a new rank 0 goes on after the
   // last that joined (one handed out by a lost rank 0 and never come is lost).

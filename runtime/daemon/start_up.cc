@@ -551,6 +551,14 @@ void Daemon::Startup::open_front_door() {
   if (!spare_) d_.open_front_door(d_.rank_, mpi_->size());  // a spare's opens when it joins
 }
 
+wire::Key Daemon::cluster_key() const {
+  try {
+    return wire::read_key_file(config_.ingress.key_file);
+  } catch (const std::runtime_error& e) {
+    MOED_THROW(Usage, "[ingress].key_file: {}", e.what());
+  }
+}
+
 void Daemon::open_front_door(int world_rank, int world_ranks) {
   const ModelSpec spec = model_spec(config_.model);
   ingress::ModelLayers layers{std::vector<int>(std::size_t(spec.model_layers), -1), spec.describe_dense()};
@@ -561,11 +569,7 @@ void Daemon::open_front_door(int world_rank, int world_ranks) {
   if (!config_.ingress.listen.empty()) {
     network.emplace();
     network->listen = ingress::rank_listen_addresses(config_.ingress.listen, world_rank);
-    try {
-      network->key = wire::read_key_file(config_.ingress.key_file);
-    } catch (const std::runtime_error& e) {
-      MOED_THROW(Usage, "[ingress].key_file: {}", e.what());
-    }
+    network->key = cluster_key();
     network->transports = config_.ingress.transports;
     network->handshake_timeout = std::chrono::milliseconds(config_.ingress.handshake_timeout_ms);
     network->ping_interval = std::chrono::milliseconds(config_.ingress.ping_interval_ms);
@@ -699,12 +703,7 @@ kernels::CompactProducts products_named(const std::string& name) {
 
 void Daemon::Startup::join_job(const ListenAddress& listener) {
   Daemon& d = d_;
-  wire::Key key;
-  try {
-    key = wire::read_key_file(c_.ingress.key_file);
-  } catch (const std::runtime_error& e) {
-    MOED_THROW(Usage, "[ingress].key_file (the key a joiner proves): {}", e.what());
-  }
+  const wire::Key key = d.cluster_key();
   const kernels::CompactProducts here = kernels::compact_products();
   d.command_ = this_command("serve", c_);
   spdlog::info("joining the job at {} (host {})", listener.describe(), where_.host);
@@ -727,7 +726,6 @@ void Daemon::Startup::join_job(const ListenAddress& listener) {
   }
   if (!numerics_.batch_invariant && c_.experts.gemm == Gemm::fixed_order)
     MOED_THROW(Runtime, "not joining: this host would break the job's bit-exactness ({})", numerics_.description);
-  d.control_.use(comm::transport_control_link(*d.transport_));
   d.world_topology_.emplace(w.islands);
   d.world_hosts_ = w.hosts;
   d.present_.assign(w.addresses.size(), 0);
