@@ -34,8 +34,7 @@ void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::siz
       std::fill(out + 16 * b, out + 16 * b + kP, scale);
       continue;
     }
-    const std::uint8_t* e = panel.scales + block * kP;
-    for (std::size_t l = 0; l < kP; ++l) out[16 * b + l] = e8m0_value(e[l]);
+    e8m0_values(panel.scales + block * kP, kP, 1.0f, out + 16 * b);
   }
 }
 
@@ -213,7 +212,7 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
       fused_panels = std::min(w.panels(), n / kP) / group * group;
       static_assert(detail::kDotFusedPanels <= detail::kMaxGroupPanels);
       for (std::size_t p = 0; p < fused_panels; p += group) {
-        const detail::PanelGroup panels = detail::panel_group(w, p, group, k_begin, k, steps != 0);
+        const detail::PanelGroup panels = detail::panel_group(w, p, group, k_begin, k, w.dtype() == WeightDtype::fp8);
         const detail::DotTileArgs args{packed.data(), rows_in_block, (k + 1) / 2, steps / 2, nullptr,
                                        c_block + p * kP, ldc, true};
         kern.fused(args, panels.panels, k_begin, k, panels.scales);

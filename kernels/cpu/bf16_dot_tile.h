@@ -50,7 +50,8 @@ using DotPairTile = void (*)(const DotTileArgs& args, const std::uint16_t* pairs
 // side (C[rows, 16 x that]), each pair decoded in registers as the tile
 // reaches it: no buffer, several streams of weights in flight, 12 or more
 // independent chains. The steps [k0, k0 + kc) of w[0..panels); scales[i]
-// are panel i's (block_pairs > 0).
+// are panel i's for fp8 (block_pairs > 0); mxfp4's e8m0 bytes the tile
+// reads from the panels itself.
 using DotFusedTile = void (*)(const DotTileArgs& args, const QuantPanel* w, std::size_t k0, std::size_t kc,
                               const float* const* scales);
 constexpr std::size_t kDotFusedRows = 12;

@@ -279,9 +279,8 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
   }
 }
 
-// e8m0 / 2 = 2^(e - 128): halving a power of two is exact, 2^-128 included (a subnormal).
-float half_e8m0(std::uint8_t e) { return 0.5f * e8m0_value(e); }
-
+// mxfp4's scales are halved (e8m0_values' factor 0.5), as its codes are
+// doubled: 2^(e - 128), exact, 2^-128 included (a subnormal).
 // A few rows of mxfp4: fours of panels decoded in registers, each over all
 // of k (the packed rows of one tile, k-major over the whole range).
 void fused_fp4(const detail::Int8Kernels& kern, const QuantWeights& w, std::size_t k_begin, std::size_t k,
@@ -297,8 +296,7 @@ void fused_fp4(const detail::Int8Kernels& kern, const QuantWeights& w, std::size
       const detail::QuantPanel panel = w.panel(std::min(p + i, w.panels() - 1));  // past the last: padding
       four[i] = panel.codes + k_begin * kP / 2;
       scales[i].resize(blocks * kP);
-      for (std::size_t b = 0; b < blocks; ++b)
-        for (std::size_t l = 0; l < kP; ++l) scales[i][16 * b + l] = half_e8m0(panel.scales[(k_begin / 32 + b) * kP + l]);
+      e8m0_values(panel.scales + (k_begin / 32) * kP, blocks * kP, 0.5f, scales[i].data());
       four_scales[i] = scales[i].data();
     }
     kern.fp4_fused({four, four_scales, blocks, a, offsets, blocks, rows, totals + p * kP, cols, true});
@@ -365,9 +363,7 @@ void run_fp4(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
             if (p + i >= panels) continue;
             const detail::QuantPanel panel = w.panel(p + i);
             kern.prepare_fp4(panel.codes + (k_begin + k0) * kP / 2, kc, prepared[i]);
-            for (std::size_t b = 0; b < kc / kBlock; ++b)
-              for (std::size_t l = 0; l < kP; ++l)
-                scales[i][16 * b + l] = half_e8m0(panel.scales[((k_begin + k0) / kBlock + b) * kP + l]);
+            e8m0_values(panel.scales + ((k_begin + k0) / kBlock) * kP, kc / kBlock * kP, 0.5f, scales[i]);
             four[i] = prepared[i];
             four_scales[i] = scales[i];
           }

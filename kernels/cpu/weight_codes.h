@@ -7,6 +7,7 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -52,6 +53,15 @@ constexpr int kMxBlock = 32;  // weights of a row sharing one e8m0 scale
 inline float e8m0_value(std::uint8_t e) {
   if (e == 255) return std::numeric_limits<float>::quiet_NaN();
   return e == 0 ? 0x1p-127f : std::bit_cast<float>(std::uint32_t(e) << 23);
+}
+// out[i] = e8m0_value(e[i]) x factor (a power of two: exact), for the GEMMs
+// that expand a range's scales at once: branch-free, 0 and 255 by their bits.
+inline void e8m0_values(const std::uint8_t* e, std::size_t count, float factor, float* out) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint32_t code = e[i];  // 0: 2^-127 (bit 22 alone); 255: inf's bits, NaN with bit 22
+    const std::uint32_t bits = code << 23 | std::uint32_t((code == 0) | (code == 255)) << 22;
+    out[i] = std::bit_cast<float>(bits) * factor;
+  }
 }
 // The OCP scale of a block whose largest magnitude is `amax`: 2^(floor(log2
 // amax) - 2), so the largest weight lands in [4, 8) before saturation at 6;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -64,6 +65,21 @@ TEST(WeightCodes, E8m0AndTheMxScale) {
   EXPECT_EQ(mx_scale_code(4.0f), 127);
   EXPECT_EQ(mx_scale_code(3.99f), 126);
   EXPECT_EQ(mx_scale_code(0.0f), 127);
+}
+
+// The GEMMs' bulk expansion gives e8m0_value's bits times the factor for
+// every code, 0 (a subnormal, halved too) and 255 (NaN) included.
+TEST(WeightCodes, E8m0ValuesIsE8m0ValueForEveryCode) {
+  std::uint8_t codes[256];
+  for (int e = 0; e < 256; ++e) codes[e] = std::uint8_t(e);
+  for (float factor : {1.0f, 0.5f}) {
+    float got[256];
+    e8m0_values(codes, 256, factor, got);
+    for (int e = 0; e < 256; ++e) {
+      const float want = e8m0_value(std::uint8_t(e)) * factor;
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(got[e]), std::bit_cast<std::uint32_t>(want)) << "code " << e << " x " << factor;
+    }
+  }
 }
 
 TEST(WeightCodes, Bf16RoundsToNearestEven) {
