@@ -93,7 +93,7 @@ struct Fused {
     const std::uint8_t* at = src[(p)] + s * Codes::kStepBytes;                                      \
     prefetch((p), at);                                                                              \
     __m512i v0, v1;                                                                                 \
-    codes.two(at, steps, v0, v1);                                                                   \
+    codes.two(src[(p)], s, steps, v0, v1);                                                          \
     __m512 w0e = even_steps(v0), w0o = odd_steps(v0), w1e = even_steps(v1), w1o = odd_steps(v1);    \
     if constexpr (ScaleWeights) {                                                                   \
       w0e = _mm512_scalef_ps(w0e, exponent[(p)]);                                                   \

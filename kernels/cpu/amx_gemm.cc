@@ -86,6 +86,15 @@ std::size_t panel_step_bytes(WeightDtype dtype) {
 detail::AmxKernels kernels_here() {
 #if MOED_X86_TILES
   if (gemm_isa() == GemmIsa::avx512 && cpu_has_amx()) return detail::amx_tile_kernels();
+  if (gemm_isa() == GemmIsa::avx512 && cpu_has_bf16_dot()) {
+    // No AMX (Zen 4): the tiles' portable loops, but the AVX-512 decoders
+    // and decode tiles, which give the tiles' bits with fmas and run here,
+    // so that this CPU's tests hold them to the definition too.
+    detail::AmxKernels kernels = detail::portable_amx_kernels();
+    kernels.decode = detail::avx512_bf16_dot_kernels().decode;
+    kernels.fused = detail::avx512_amx_fused_tile();
+    return kernels;
+  }
 #endif
   return detail::portable_amx_kernels();
 }

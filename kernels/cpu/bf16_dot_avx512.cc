@@ -25,7 +25,7 @@ void decode_with(const QuantPanel& w, std::size_t k0, std::size_t kc, std::uint1
   for (std::size_t s = 0; s < kc; s += 4) {
     _mm_prefetch(reinterpret_cast<const char*>(src + s * Codes::kStepBytes + kPrefetchBytes), _MM_HINT_T0);
     __m512i p0, p1;
-    codes.two(src + s * Codes::kStepBytes, kc - s, p0, p1);
+    codes.two(src, s, kc - s, p0, p1);
     _mm512_store_si512(out + 16 * s, p0);
     if (kc - s > 2) _mm512_store_si512(out + 16 * s + 32, p1);
   }
@@ -232,7 +232,7 @@ struct Fused {
     const std::uint8_t* at = src[(p)] + 2 * t * Codes::kStepBytes;        \
     prefetch((p), at);                                                    \
     __m512i v0, v1;                                                      \
-    codes.two(at, steps, v0, v1);                                        \
+    codes.two(src[(p)], 2 * t, steps, v0, v1);                           \
     MOED_ROW_CELLS(MOED_DOT0, p)                                         \
     if (both) {                                                          \
       MOED_ROW_CELLS(MOED_DOT1, p)                                       \

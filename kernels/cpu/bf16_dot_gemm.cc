@@ -99,7 +99,8 @@ std::uint16_t code_value_bf16(const detail::QuantPanel& w, std::size_t kk, std::
     case detail::QuantPanel::int8:
       return bf16_code(float(std::int8_t(w.codes[kk * kP + lane])));
     case detail::QuantPanel::mxfp4:
-      return bf16_code(fp4_value(std::uint8_t(w.codes[kk * kP / 2 + lane / 2] >> (4 * (lane % 2)) & 15)));
+      return bf16_code(
+          fp4_value(std::uint8_t(w.codes[detail::fp4_code_byte(kk, lane)] >> detail::fp4_code_shift(kk) & 15)));
   }
   return 0;
 }

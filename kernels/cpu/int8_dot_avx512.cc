@@ -89,10 +89,11 @@ void prepare(const std::uint8_t* codes, std::size_t kc, std::uint8_t* out) {
                                         offset));
 }
 
-// mxfp4: a step's 8 bytes hold lanes (2i, 2i + 1) in byte i's nibbles.
-// Nibbles become bytes (2 v + 128) by a 16-entry table (vpshufb), and each
-// quad's 64 bytes are gathered lane-major from the low- and high-nibble
-// vectors (vpermi2b: bit 6 picks the high one).
+// mxfp4: a group of 8 steps is 64 bytes (quant_tile.h: lane l's words
+// 2 l and 2 l + 1, a step's nibble 4 ((s % 8) / 2) bits up in word
+// 2 l + s % 2). Nibbles become bytes (2 v + 128) by a 16-entry table
+// (vpshufb), and each quad's 64 bytes are gathered lane-major from the low-
+// and high-nibble vectors (vpermi2b: bit 6 picks the high one).
 struct Fp4Tables {
   alignas(64) unsigned char table[64], idx[2][64];
   Fp4Tables() {
@@ -101,8 +102,10 @@ struct Fp4Tables {
       const int nibble = j % 16, v = kTwice[nibble & 7];
       table[j] = static_cast<unsigned char>((nibble & 8 ? -v : v) + 128);
       for (int u = 0; u < 2; ++u) {
-        const int l = j / 4, s = j % 4;  // byte 4 l + s of quad u: step 4 u + s, lane l
-        idx[u][j] = static_cast<unsigned char>((l % 2) << 6 | ((4 * u + s) * 8 + l / 2));
+        // Byte 4 l + s of quad u, step 4 u + s of lane l: nibble 2 u + s / 2
+        // of word 2 l + s % 2, so byte u of that word, high if s / 2.
+        const int l = j / 4, s = j % 4;
+        idx[u][j] = static_cast<unsigned char>((s / 2) << 6 | (2 * (2 * l + s % 2) + u));
       }
     }
   }

@@ -13,6 +13,7 @@
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/int8_dot_tile.h"
+#include "kernels/cpu/quant_tile.h"
 #include "kernels/cpu/row_probe.h"
 #include "kernels/cpu/weight_codes.h"
 
@@ -43,7 +44,8 @@ int twice_fp4(unsigned nibble) {
 void portable_prepare_fp4(const std::uint8_t* codes, std::size_t kc, std::uint8_t* out) {
   for (std::size_t s = 0; s < kc; ++s)
     for (std::size_t l = 0; l < kP; ++l)
-      out[(s / 4) * 64 + 4 * l + s % 4] = std::uint8_t(twice_fp4(codes[s * kP / 2 + l / 2] >> (4 * (l % 2)) & 15) + 128);
+      out[(s / 4) * 64 + 4 * l + s % 4] =
+          std::uint8_t(twice_fp4(codes[detail::fp4_code_byte(s, l)] >> detail::fp4_code_shift(s) & 15) + 128);
 }
 
 void portable_fp4_tile(const detail::Fp4TileArgs& g) {

@@ -37,8 +37,8 @@ using Int8Prepare = void (*)(const std::uint8_t* codes, std::size_t kc, std::uin
 
 constexpr std::size_t kInt8TilePanels = 4;
 
-// mxfp4 codes: the steps [0, kc) of a panel (8 bytes a step, lane 2i's
-// nibble low in byte i) as prepare() lays int8 codes out, each code
+// mxfp4 codes: the steps [0, kc) of a panel (in groups of 8 steps,
+// quant_tile.h's layout) as prepare() lays int8 codes out, each code
 // 2 x its e2m1 value (an integer in [-12, 12]) + 128. kc a multiple of 32.
 using Fp4Prepare = void (*)(const std::uint8_t* codes, std::size_t kc, std::uint8_t* out);
 

@@ -63,15 +63,18 @@ inline __m512i assemble_index(int u) {
 
 inline __mmask64 first_bytes(std::size_t count) { return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1; }
 
-// Each format's decoder turns up to 4 steps of one panel (two k pairs) into
-// two vectors of bf16 pairs; missing steps decode to 0. Its tables are
-// members, so a kernel holding one keeps them in registers.
+// Each format's decoder turns up to 4 steps of one panel (two k pairs),
+// from step s (a multiple of 4) of a stream that starts at `base` (a scale
+// block's start), into two vectors of bf16 pairs; missing steps decode to
+// 0. Its tables are members, so a kernel holding one keeps them in
+// registers.
 template <bool Signed>  // int8 (two's complement) or fp8 (sign and magnitude)
 struct ByteCodes {
   static constexpr std::size_t kStepBytes = 16;
   ByteTables t = Signed ? byte_tables(bf16_of_integer) : byte_tables(bf16_of_fp8_magnitude);
   __m512i pair0 = assemble_index(0), pair1 = assemble_index(1), sign = _mm512_set1_epi8(char(0x80));
-  void two(const std::uint8_t* src, std::size_t steps, __m512i& out0, __m512i& out1) const {
+  void two(const std::uint8_t* base, std::size_t s, std::size_t steps, __m512i& out0, __m512i& out1) const {
+    const std::uint8_t* src = base + s * kStepBytes;
     const __m512i c =
         steps >= 4 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(first_bytes(kStepBytes * steps), src);
     const __m512i mag = Signed ? _mm512_abs_epi8(c) : c;  // bit 7 is not read by vpermi2b
@@ -90,7 +93,8 @@ struct Bf16Codes {
     for (int e = 0; e < 32; ++e) idx[e] = static_cast<std::uint16_t>((e % 2) * 16 + e / 2);
     return _mm512_load_si512(idx);
   }();
-  void two(const std::uint8_t* src, std::size_t steps, __m512i& out0, __m512i& out1) const {
+  void two(const std::uint8_t* base, std::size_t s, std::size_t steps, __m512i& out0, __m512i& out1) const {
+    const std::uint8_t* src = base + s * kStepBytes;
     const __m512i c0 = steps >= 4 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(first_bytes(32 * steps), src);
     const __m512i c1 = steps >= 4 ? _mm512_loadu_si512(src + 64)
                                   : _mm512_maskz_loadu_epi8(first_bytes(steps > 2 ? 32 * (steps - 2) : 0), src + 64);
@@ -99,36 +103,35 @@ struct Bf16Codes {
   }
 };
 
-// mxfp4: a step is 8 bytes, lane 2i's nibble low in byte i. Each 16-bit
-// slot gathers its code byte (vpermb), shifts its nibble down (vpsrlvw), and
-// looks up its bf16 code (vpermw reads 5 bits: the table repeats).
+// mxfp4 (quant_tile.h's layout): steps s..s + 3 are nibbles (s % 8) / 2
+// and the next of their group's 32 words, so each pair is one word shift
+// and one lookup (vpermw reads 5 bits: the table repeats). Missing steps
+// decode to 0 (mxfp4's k is whole 32-step blocks: none in practice).
 struct Fp4Codes {
-  static constexpr std::size_t kStepBytes = 8;
-  __m512i gather0 = gather_index(0), gather1 = gather_index(1), shift, values;
-  static __m512i gather_index(int u) {
-    alignas(64) unsigned char g[64];
-    for (int j = 0; j < 64; ++j) {
-      const int e = j / 2, l = e / 2, s = e % 2;
-      g[j] = static_cast<unsigned char>((2 * u + s) * 8 + l / 2);
-    }
-    return _mm512_load_si512(g);
-  }
+  static constexpr std::size_t kStepBytes = 8;  // on average; the codes go by 64-byte groups
+  __m512i values;
   Fp4Codes() {
-    alignas(64) std::uint16_t sh[32], v[32];
+    alignas(64) std::uint16_t v[32];
     for (int e = 0; e < 32; ++e) {
-      sh[e] = static_cast<std::uint16_t>(((e / 2) % 2) * 4);
       const int nibble = e % 16;
       v[e] = static_cast<std::uint16_t>(kFp4Bf16[nibble & 7] | (nibble & 8 ? 0x8000 : 0));
     }
-    shift = _mm512_load_si512(sh);
     values = _mm512_load_si512(v);
   }
-  void two(const std::uint8_t* src, std::size_t steps, __m512i& out0, __m512i& out1) const {
-    const __m512i c =
-        _mm512_castsi256_si512(steps >= 4 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
-                                          : _mm256_maskz_loadu_epi8(__mmask32(first_bytes(8 * steps)), src));
-    out0 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(gather0, c), shift), values);
-    out1 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(gather1, c), shift), values);
+  void two(const std::uint8_t* base, std::size_t s, std::size_t steps, __m512i& out0, __m512i& out1) const {
+    if (steps == 0) {  // past the range: its group may lie past the codes
+      out0 = out1 = _mm512_setzero_si512();
+      return;
+    }
+    const __m512i group = _mm512_loadu_si512(base + s / kFp4GroupSteps * kFp4GroupBytes);
+    const int shift = int(4 * (s % 8 / 2));
+    out0 = _mm512_permutexvar_epi16(_mm512_srl_epi16(group, _mm_cvtsi32_si128(shift)), values);
+    out1 = _mm512_permutexvar_epi16(_mm512_srl_epi16(group, _mm_cvtsi32_si128(shift + 4)), values);
+    if (steps < 4) {
+      constexpr __mmask32 kFirstStep = 0x55555555u;  // words 2 l: a pair's first step
+      if (steps == 1) out0 = _mm512_maskz_mov_epi16(kFirstStep, out0);  // steps 2 and 3: out0 whole
+      out1 = steps == 3 ? _mm512_maskz_mov_epi16(kFirstStep, out1) : _mm512_setzero_si512();
+    }
   }
 };
 

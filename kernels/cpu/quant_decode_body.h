@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/quant_tile.h"  // mxfp4's layout
+
 namespace moed::kernels::detail {
 
 constexpr std::size_t kLanes = 16;
@@ -37,14 +39,16 @@ static inline void decode_int8_body(const std::int8_t* codes, std::size_t kc, co
 
 // fp4 e2m1: 3 bits into bits 22-24 of an fp32, times 2^126 (exact), the
 // sign, then the lane's e8m0 scale 2^(e - 127) (e = 0: the subnormal 2^-127).
-static inline void decode_mxfp4_body(const std::uint8_t* codes, std::size_t kc, const std::uint8_t* exps,
-                                     float* out) {
+// codes: the panel's (quant_tile.h's layout); steps [first, first + kc).
+static inline void decode_mxfp4_body(const std::uint8_t* codes, std::size_t first, std::size_t kc,
+                                     const std::uint8_t* exps, float* out) {
   float scale[kLanes];
   for (std::size_t r = 0; r < kLanes; ++r)
     scale[r] = std::bit_cast<float>(exps[r] == 0 ? std::uint32_t(0x00400000) : std::uint32_t(exps[r]) << 23);
   for (std::size_t kk = 0; kk < kc; ++kk)
     for (std::size_t r = 0; r < kLanes; ++r) {
-      const std::uint32_t c = std::uint32_t(codes[kk * kLanes / 2 + r / 2] >> (4 * (r % 2))) & 15;
+      const std::size_t s = first + kk;
+      const std::uint32_t c = std::uint32_t(codes[fp4_code_byte(s, r)] >> fp4_code_shift(s)) & 15;
       const float magnitude = std::bit_cast<float>((c & 7) << 22) * 0x1p126f;
       const float value = std::bit_cast<float>(std::bit_cast<std::uint32_t>(magnitude) | ((c & 8) << 28));
       out[kk * kLanes + r] = value * scale[r];
@@ -56,7 +60,7 @@ struct PanelDecoders {
   void (*bf16)(const std::uint16_t*, std::size_t, float*);
   void (*fp8)(const std::uint8_t*, std::size_t, float, float*);
   void (*int8)(const std::int8_t*, std::size_t, const float*, float*);
-  void (*mxfp4)(const std::uint8_t*, std::size_t, const std::uint8_t*, float*);
+  void (*mxfp4)(const std::uint8_t*, std::size_t, std::size_t, const std::uint8_t*, float*);
 };
 PanelDecoders avx2_decoders();    // only where the CPU has AVX2
 PanelDecoders avx512_decoders();  // only where the CPU has AVX-512F and BW
@@ -66,8 +70,8 @@ static inline PanelDecoders decoders_built_here() {
   return {[](const std::uint16_t* c, std::size_t kc, float* out) { decode_bf16_body(c, kc, out); },
           [](const std::uint8_t* c, std::size_t kc, float s, float* out) { decode_fp8_body(c, kc, s, out); },
           [](const std::int8_t* c, std::size_t kc, const float* s, float* out) { decode_int8_body(c, kc, s, out); },
-          [](const std::uint8_t* c, std::size_t kc, const std::uint8_t* e, float* out) {
-            decode_mxfp4_body(c, kc, e, out);
+          [](const std::uint8_t* c, std::size_t first, std::size_t kc, const std::uint8_t* e, float* out) {
+            decode_mxfp4_body(c, first, kc, e, out);
           }};
 }
 

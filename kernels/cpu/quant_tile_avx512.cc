@@ -42,8 +42,9 @@ struct Fp8 {
 };
 
 struct Mxfp4 {
-  const std::uint8_t* codes;
-  const std::uint8_t* exps;  // 16 lanes' e8m0 per 32 steps
+  const std::uint8_t* codes;  // the panel's, from step 0
+  const std::uint8_t* exps;   // 16 lanes' e8m0 per 32 steps
+  std::size_t first;          // the step at(0) decodes
   __m512 scale = _mm512_setzero_ps();
   // fp4_value of each code: exact, so the lookup gives the scalar decoder's value.
   const __m512 values = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
@@ -57,11 +58,14 @@ struct Mxfp4 {
     const std::size_t rest = kMxGroup - step % kMxGroup;
     return rest < left ? rest : left;
   }
+  // Step s's codes from its group (quant_tile.h): lane l's dword holds its
+  // words 2 l and 2 l + 1, the step's nibble 16 (s % 2) + 4 ((s % 8) / 2)
+  // bits up; vpermps reads the low 4 bits of each index.
   __m512 at(std::size_t kk) const {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + kk * 8));
-    const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0f));
-    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0f));
-    const __m512i c = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high));  // row 2i low, 2i + 1 high
+    const std::size_t s = first + kk;
+    const __m512i group = _mm512_loadu_si512(codes + s / kFp4GroupSteps * kFp4GroupBytes);
+    const int shift = int(16 * (s % 2) + 4 * (s % 8 / 2));
+    const __m512i c = _mm512_srl_epi32(group, _mm_cvtsi32_si128(shift));
     return _mm512_mul_ps(_mm512_permutexvar_ps(c, values), scale);
   }
 };
@@ -190,8 +194,8 @@ void quant_tile4(const QuantPanel (&w)[4], std::size_t k0, const float* a, std::
       return run_four(rows, d, k0, a, kc, c, ldc, first);
     }
     case QuantPanel::mxfp4: {
-      const Mxfp4 d[4] = {{w[0].codes + k0 * 8, w[0].scales}, {w[1].codes + k0 * 8, w[1].scales},
-                          {w[2].codes + k0 * 8, w[2].scales}, {w[3].codes + k0 * 8, w[3].scales}};
+      const Mxfp4 d[4] = {{w[0].codes, w[0].scales, k0}, {w[1].codes, w[1].scales, k0},
+                          {w[2].codes, w[2].scales, k0}, {w[3].codes, w[3].scales, k0}};
       return run_four(rows, d, k0, a, kc, c, ldc, first);
     }
     case QuantPanel::int8: {
@@ -213,7 +217,7 @@ void quant_tile(const QuantPanel& w, std::size_t k0, const float* a, std::size_t
       return run_rows(rows, Fp8{w.codes + k0 * 16, reinterpret_cast<const float*>(w.scales)}, k0, a, kc, c, ldc,
                       first);
     case QuantPanel::mxfp4:
-      return run_rows(rows, Mxfp4{w.codes + k0 * 8, w.scales}, k0, a, kc, c, ldc, first);
+      return run_rows(rows, Mxfp4{w.codes, w.scales, k0}, k0, a, kc, c, ldc, first);
     case QuantPanel::int8:
       return run_rows(rows, Int8{w.codes + k0 * 16, _mm512_loadu_ps(reinterpret_cast<const float*>(w.scales))}, k0,
                       a, kc, c, ldc, first);

@@ -13,6 +13,7 @@
 #include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/int8_dot_gemm.h"
 #include "kernels/cpu/quant_decode_body.h"
+#include "kernels/cpu/quant_tile.h"
 #include "kernels/cpu/row_probe.h"
 
 namespace moed::kernels {
@@ -115,7 +116,8 @@ QuantWeights::QuantWeights(const EncodedMatrix& m) : dtype_(m.dtype), n_(m.n), k
             step_codes[r] = m.codes[row * k_ + kk];
             break;
           case WeightDtype::mxfp4:
-            step_codes[r / 2] |= std::uint8_t((m.codes[(row * k_ + kk) / 2] >> (4 * (kk % 2)) & 15) << (4 * (r % 2)));
+            codes[detail::fp4_code_byte(kk, r)] |=
+                std::uint8_t((m.codes[(row * k_ + kk) / 2] >> (4 * (kk % 2)) & 15) << detail::fp4_code_shift(kk));
             break;
           case WeightDtype::f32:
             break;
@@ -161,9 +163,11 @@ EncodedMatrix QuantWeights::encoded() const {
         case WeightDtype::int8:
           m.codes[row * k_ + kk] = step_codes[r];
           break;
-        case WeightDtype::mxfp4:
-          m.codes[(row * k_ + kk) / 2] |= std::uint8_t((step_codes[r / 2] >> (4 * (r % 2)) & 15) << (4 * (kk % 2)));
+        case WeightDtype::mxfp4: {
+          const unsigned nibble = codes(p)[detail::fp4_code_byte(kk, r)] >> detail::fp4_code_shift(kk) & 15;
+          m.codes[(row * k_ + kk) / 2] |= std::uint8_t(nibble << (4 * (kk % 2)));
           break;
+        }
         case WeightDtype::f32:
           break;
       }
@@ -195,7 +199,7 @@ void QuantWeights::decode_panel(std::size_t p, std::size_t k0, std::size_t kc, f
         if (dtype_ == WeightDtype::fp8)
           d.fp8(sc, steps, reinterpret_cast<const float*>(scales(p))[g], out + kk * kP);
         else
-          d.mxfp4(sc, steps, scales(p) + g * kP, out + kk * kP);
+          d.mxfp4(codes(p), at, steps, scales(p) + g * kP, out + kk * kP);
         kk += steps;
       }
       return;

@@ -3,7 +3,7 @@
 //
 // The codes are packed in PackedWeights' panels (16 rows of W, k-major), in
 // their own width: 32 bytes a k step for bf16, 16 for fp8 and int8, 8 for
-// mxfp4 (row 2i's nibble low). The GEMM decodes each panel's block of k
+// mxfp4 (64 bytes per 8 steps, as quant_tile.h lays them). The GEMM decodes each panel's block of k
 // steps into fp32 beside the kernel (16 KB, in L1) just before the tiles
 // run over it, with the vector width the CPU has, and the fp32 tiles of
 // fixed_order_gemm.h then run unchanged. At a few rows (decode: up to 24

@@ -259,7 +259,7 @@ TEST(Amx, DiffersFromTheBf16Products) {
   set_compact_products(CompactProducts::f32);
   EXPECT_NE(std::memcmp(tiles.data(), pairs.data(), tiles.size() * sizeof(float)), 0);
   EXPECT_STREQ(to_string(CompactProducts::amx), "amx");
-  if (!cpu_has_amx()) GTEST_SKIP() << "no AMX here: only the portable loops ran";
+  if (!cpu_has_amx()) GTEST_SKIP() << "no AMX here: the portable tiles (and the AVX-512 decode tiles) ran";
 }
 
 }  // namespace
