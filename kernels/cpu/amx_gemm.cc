@@ -76,11 +76,6 @@ void portable_scale_pairs(std::uint16_t* pairs, std::size_t npairs, const float*
 
 void no_tile_state() {}
 
-// Bytes of a panel's codes per k step (16 weights).
-std::size_t panel_step_bytes(WeightDtype dtype) {
-  return dtype == WeightDtype::bf16 ? 2 * kP : dtype == WeightDtype::mxfp4 ? kP / 2 : kP;
-}
-
 // ---- The driver -----------------------------------------------------------
 
 detail::AmxKernels kernels_here() {
@@ -166,7 +161,7 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
     return;
   }
   const bool mxfp4 = w.dtype() == WeightDtype::mxfp4;  // its scales go into the weights
-  const std::size_t group = mxfp4 ? 0 : steps / kBlock, step_bytes = panel_step_bytes(w.dtype());
+  const std::size_t group = mxfp4 ? 0 : steps / kBlock, step_bytes = detail::panel_step_bytes(w.dtype());
   const std::size_t k_pad = (k + kBlock - 1) / kBlock * kBlock, rows_pad = (m + kTileRows - 1) / kTileRows * kTileRows;
   // One row tile (decode): small chunks, so that the decode of the next
   // overlaps the tile products of the last (measured on DeepSeek's W1|W3 at

@@ -59,6 +59,8 @@ InvarianceProbe probe_bf16_dot_invariance(WeightDtype dtype, std::size_t n, std:
 namespace detail {
 // The steps of one scale block: fp8 128, mxfp4 32, 0 for formats without.
 std::size_t block_steps(WeightDtype dtype);
+// Bytes of a panel's codes per k step (16 weights; mxfp4's on average).
+std::size_t panel_step_bytes(WeightDtype dtype);
 // The scale of each block of panel p's steps [k0, k0 + kc), 16 lanes each
 // (out[16 b + lane]); k0 on a block.
 void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out);
