@@ -22,6 +22,11 @@ std::size_t block_steps(WeightDtype dtype) {
   return dtype == WeightDtype::fp8 ? std::size_t(kFp8Tile) : dtype == WeightDtype::mxfp4 ? std::size_t(kMxBlock) : 0;
 }
 
+std::size_t even_tile_rows(std::size_t i, std::size_t rows, std::size_t tile_rows) {
+  const std::size_t tiles = (rows + tile_rows - 1) / tile_rows, base = rows / tiles, extra = rows % tiles;
+  return i < extra * (base + 1) ? base + 1 : base;
+}
+
 std::size_t panel_step_bytes(WeightDtype dtype) {
   constexpr std::size_t kP = QuantWeights::kPanel;
   return dtype == WeightDtype::bf16 ? 2 * kP : dtype == WeightDtype::mxfp4 ? kP / 2 : kP;
@@ -162,15 +167,6 @@ using detail::block_steps;
 
 // A's rows packed as the tiles read them: per k block, tile after tile,
 // pair-major inside a tile, each activation rounded to bf16.
-// The rows of the tile that starts at row i of `rows`: the rows split into
-// as few tiles of at most tile_rows as they fill, as evenly as they go
-// (256 rows: 14 tiles of 12 and 8 of 11, not 21 of 12 and one of 4, whose
-// few chains left the core idle for 5% of a prefill's time). No bit
-// depends on it: a row's chains are its own.
-std::size_t tile_at(std::size_t i, std::size_t rows, std::size_t tile_rows) {
-  const std::size_t tiles = (rows + tile_rows - 1) / tile_rows, base = rows / tiles, extra = rows % tiles;
-  return i < extra * (base + 1) ? base + 1 : base;
-}
 
 // bf16_code inline and without branches, so that the rows' loop vectorises
 // (the call per activation was 3-4% of a prefill's time): the same bits.
@@ -186,7 +182,7 @@ void pack_rows_bf16(const float* a, std::size_t lda, std::size_t rows, std::size
   for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
     const std::size_t kc = std::min(kKBlock, k - k0), pairs = (kc + 1) / 2, whole = kc / 2;
     for (std::size_t i = 0; i < rows;) {
-      const std::size_t tile = tile_at(i, rows, tile_rows);
+      const std::size_t tile = detail::even_tile_rows(i, rows, tile_rows);
       for (std::size_t r = 0; r < tile; ++r) {
         const float* src = a + (i + r) * lda + k0;
         for (std::size_t t = 0; t < whole; ++t) row_pairs[t] = bf16_bits(src[2 * t]) | bf16_bits(src[2 * t + 1]) << 16;
@@ -276,7 +272,7 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
             const std::size_t bytes = kc * step_bytes, tiles = (rows_in_block + tile_rows - 1) / tile_rows;
             const std::size_t share = (bytes / tiles + 64) / 64 * 64;
             for (std::size_t i = 0, j = 0; i < rows_in_block; i += args.rows, ++j) {
-              args.rows = tile_at(i, rows_in_block, tile_rows);
+              args.rows = detail::even_tile_rows(i, rows_in_block, tile_rows);
               args.a = a_block + i * npairs;
               args.c = c_block + i * ldc + p * kP;
               kern.pair(args, buffers[0].pairs, buffers[1].pairs, buffers[1].scales);
@@ -291,7 +287,7 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
           decode(p, buffers[0]);
           const std::size_t cols = std::min(kP, n - p * kP);
           for (std::size_t i = 0; i < rows_in_block; i += args.rows) {
-            args.rows = tile_at(i, rows_in_block, tile_rows);
+            args.rows = detail::even_tile_rows(i, rows_in_block, tile_rows);
             args.a = a_block + i * npairs;
             float* ct = c_block + i * ldc + p * kP;
             if (cols == kP) {

@@ -59,6 +59,13 @@ InvarianceProbe probe_bf16_dot_invariance(WeightDtype dtype, std::size_t n, std:
 namespace detail {
 // The steps of one scale block: fp8 128, mxfp4 32, 0 for formats without.
 std::size_t block_steps(WeightDtype dtype);
+// The rows of the tile that starts at row i of `rows`: the rows split into
+// as few tiles of at most tile_rows as they fill, as evenly as they go
+// (256 rows by 12: 14 tiles of 12 and 8 of 11, not 21 of 12 and one of 4,
+// whose few chains left the core idle for 5% of a prefill's time). The
+// packing of the rows and the tiles over them follow it alike; no bit
+// depends on it, a row's chains being its own.
+std::size_t even_tile_rows(std::size_t i, std::size_t rows, std::size_t tile_rows);
 // Bytes of a panel's codes per k step (16 weights; mxfp4's on average).
 std::size_t panel_step_bytes(WeightDtype dtype);
 // The scale of each block of panel p's steps [k0, k0 + kc), 16 lanes each

@@ -117,6 +117,18 @@ void finish_rows(const detail::Int8FinishArgs& g) {
     }
 }
 
+// The codes [offset, offset + bytes) of the four panels from p, share j of
+// `shares`: fetched while the tiles of the four before them run, one share
+// per tile, so that their preparation finds them in cache.
+void prefetch_share(const QuantWeights& w, std::size_t p, std::size_t offset, std::size_t bytes, std::size_t j,
+                    std::size_t shares) {
+  const std::size_t share = (bytes / shares + 64) / 64 * 64;
+  for (std::size_t q = p; q < std::min(w.panels(), p + detail::kInt8TilePanels); ++q) {
+    const std::uint8_t* codes = w.panel(q).codes + offset;
+    for (std::size_t at = j * share; at < std::min(bytes, (j + 1) * share); at += 64) __builtin_prefetch(codes + at);
+  }
+}
+
 // A row block's activations quantized and packed: per k block, tile after
 // tile, quad-major inside a tile (a[t * tile + r]).
 void pack_rows(const detail::Int8Kernels& kern, const float* a, std::size_t lda, std::size_t rows, std::size_t k,
@@ -138,8 +150,8 @@ void pack_rows(const detail::Int8Kernels& kern, const float* a, std::size_t lda,
   }
   for (std::size_t k0 = 0; k0 < k; k0 += kKBlock) {
     const std::size_t quads = (std::min(kKBlock, k - k0) + 3) / 4;
-    for (std::size_t i = 0; i < rows; i += tile_rows) {
-      const std::size_t tile = std::min(tile_rows, rows - i);
+    for (std::size_t i = 0, tile = 0; i < rows; i += tile) {
+      tile = detail::even_tile_rows(i, rows, tile_rows);
       for (std::size_t t = 0; t < quads; ++t)
         for (std::size_t r = 0; r < tile; ++r) std::memcpy(dst + t * tile + r, q.data() + (i + r) * stride + k0 + 4 * t, 4);
       dst += tile * quads;
@@ -251,6 +263,7 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
   row_sum.resize(std::min(row_block, m));
   for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
     const std::size_t rows_in_block = std::min(row_block, m - i0);
+    const std::size_t tiles_in_block = (rows_in_block + kern.tile_rows - 1) / kern.tile_rows;
     pack_rows(kern, a + i0 * lda, lda, rows_in_block, k, kern.tile_rows, packed.data(), row_scale.data(),
               row_sum.data());
     std::fill(acc.begin(), acc.begin() + std::ptrdiff_t(rows_in_block * cols), 0);
@@ -270,9 +283,10 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
               kern.prepare(four[i], kc, prepared_steps[i]);
               four[i] = prepared_steps[i];
             }
-          for (std::size_t i = 0; i < rows_in_block; i += kern.tile_rows) {
-            const std::size_t rows = std::min(kern.tile_rows, rows_in_block - i);
+          for (std::size_t i = 0, rows = 0, j = 0; i < rows_in_block; i += rows, ++j) {
+            rows = detail::even_tile_rows(i, rows_in_block, kern.tile_rows);
             kern.tile({four, kc, prepared, a_block + i * quads, rows, acc.data() + i * cols + p * kP, cols, false});
+            if (prepared) prefetch_share(w, p + kTilePanels, (k_begin + k0) * kP, kc * kP, j, tiles_in_block);
           }
         }
       }
@@ -342,6 +356,7 @@ void run_fp4(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
   totals.resize(rows_max * cols);
   for (std::size_t i0 = 0; i0 < m; i0 += row_block) {
     const std::size_t rows_in_block = std::min(row_block, m - i0);
+    const std::size_t tiles_in_block = (rows_in_block + kern.tile_rows - 1) / kern.tile_rows;
     pack_rows(kern, a + i0 * lda, lda, rows_in_block, k, kern.tile_rows, packed.data(), row_scale.data(),
               row_sum.data(), offsets.data());
     std::fill(totals.begin(), totals.begin() + std::ptrdiff_t(rows_in_block * cols), 0.0f);
@@ -369,8 +384,9 @@ void run_fp4(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
             four[i] = prepared[i];
             four_scales[i] = scales[i];
           }
-          for (std::size_t i = 0; i < rows_in_block; i += kern.tile_rows) {
-            const std::size_t rows = std::min(kern.tile_rows, rows_in_block - i);
+          for (std::size_t i = 0, rows = 0, j = 0; i < rows_in_block; i += rows, ++j) {
+            rows = detail::even_tile_rows(i, rows_in_block, kern.tile_rows);
+            prefetch_share(w, p + kTilePanels, (k_begin + k0) * kP / 2, kc * kP / 2, j, tiles_in_block);
             kern.fp4_tile({four, four_scales, kc / kBlock, a_block + i * quads, offsets.data() + i * blocks + k0 / kBlock,
                            blocks, rows, totals.data() + i * cols + p * kP, cols, k0 == 0});
           }
