@@ -267,9 +267,38 @@ struct Fused {
 #undef MOED_DOT1
 #undef MOED_DOT0
     };
+    // mxfp4: pairs t..t + 3, a whole group of codes (t a multiple of 4):
+    // one load, and three shifts for four lookups, where pairs() takes two
+    // loads and four shifts (1.3x a call's speed from L3 on Zen 4, 1.1x
+    // from DRAM at DeepSeek's W1|W3).
+    const auto group = [&](std::size_t t) __attribute__((always_inline)) {
+      if constexpr (std::is_same_v<Codes, Fp4Codes>) {
+        const std::uint32_t* x = g.a + t * Rows;
+#define MOED_DOTS(p, r)                                          \
+  if constexpr ((r) < Rows) {                                    \
+    acc##p##r = dot(acc##p##r, x[(r)], v0);                      \
+    acc##p##r = dot(acc##p##r, x[Rows + (r)], v1);               \
+    acc##p##r = dot(acc##p##r, x[2 * Rows + (r)], v2);           \
+    acc##p##r = dot(acc##p##r, x[3 * Rows + (r)], v3);           \
+  }
+#define MOED_PANEL(p)                                            \
+  if constexpr ((p) < Panels) {                                  \
+    prefetch((p), src[(p)] + 2 * t * Codes::kStepBytes);         \
+    __m512i v0, v1, v2, v3;                                      \
+    codes.group(src[(p)], 2 * t, v0, v1, v2, v3);                \
+    MOED_ROW_CELLS(MOED_DOTS, p)                                 \
+  }
+        MOED_PANEL(0) MOED_PANEL(1) MOED_PANEL(2) MOED_PANEL(3)
+#undef MOED_PANEL
+#undef MOED_DOTS
+      }
+    };
     // Pairs [t0, t1), t0 even: two at a time, then the last one alone.
     const auto chain = [&](std::size_t t0, std::size_t t1) __attribute__((always_inline)) {
       std::size_t t = t0;
+      if constexpr (std::is_same_v<Codes, Fp4Codes>)
+        if (t % 4 == 0)
+          for (; t + 4 <= t1 && 2 * t + 8 <= kc; t += 4) group(t);
       for (; t + 2 <= t1 && 2 * t + 4 <= kc; t += 2) pairs(t, true, std::true_type{});
       for (; t < t1; t += 2) pairs(t, t + 1 < t1, std::false_type{});
     };

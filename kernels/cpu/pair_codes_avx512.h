@@ -118,6 +118,16 @@ struct Fp4Codes {
     }
     values = _mm512_load_si512(v);
   }
+  // A whole group from step s (a multiple of 8): its four pairs, the first
+  // without a shift (the lookup reads the low 5 bits; the table repeats).
+  void group(const std::uint8_t* base, std::size_t s, __m512i& out0, __m512i& out1, __m512i& out2,
+             __m512i& out3) const {
+    const __m512i codes = _mm512_loadu_si512(base + s / kFp4GroupSteps * kFp4GroupBytes);
+    out0 = _mm512_permutexvar_epi16(codes, values);
+    out1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), values);
+    out2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 8), values);
+    out3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 12), values);
+  }
   void two(const std::uint8_t* base, std::size_t s, std::size_t steps, __m512i& out0, __m512i& out1) const {
     if (steps == 0) {  // past the range: its group may lie past the codes
       out0 = out1 = _mm512_setzero_si512();
