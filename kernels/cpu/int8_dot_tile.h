@@ -58,6 +58,10 @@ struct Fp4TileArgs {
   float* out;
   std::size_t ldc;
   bool first;
+  // The fused tile's instead of scales: per panel, its e8m0 bytes from the
+  // range's first block (16 per block), which the tile widens and halves
+  // itself, as e8m0_values(..., 0.5) does.
+  const std::uint8_t* const* exps = nullptr;
 };
 using Fp4Tile = void (*)(const Fp4TileArgs& args);
 

@@ -134,23 +134,8 @@ TEST(Bf16Dot, EveryCodeDecodes) {
 // fused tiles), 30 (the buffered ones); the NaN blocks' columns are NaN.
 TEST(Bf16Dot, EveryMxScaleCodeApplies) {
   set_compact_products(CompactProducts::bf16);
-  const std::size_t n = 64, k = 256;
-  EncodedMatrix e = encode(WeightDtype::mxfp4, test::random_floats(n * k, 9).data(), n, k);
-  for (std::size_t b = 0; b < e.scales.size(); ++b) e.scales[b] = std::uint8_t(b * 5);  // 512 blocks: every code
-  const QuantWeights quant(e);
-  for (std::size_t m : {1, 4, 30}) {
-    const std::vector<float> a = test::random_floats(m * k, 10);
-    std::vector<float> want(m * n), got(m * n);
-    for (std::size_t i = 0; i < m; ++i)
-      for (std::size_t j = 0; j < n; ++j) want[i * n + j] = definition(e, a.data() + i * k, j, 0, k);
-    for (GemmIsa isa : isas_here()) {
-      set_gemm_isa(isa);
-      gemm_fixed_order(a.data(), m, quant, got.data());
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << m << " rows " << to_string(isa);
-    }
-  }
+  test::expect_every_mx_scale_code_applies(definition, {1, 4, 30});
   set_compact_products(CompactProducts::f32);
-  set_gemm_isa(best_gemm_isa());
 }
 
 TEST(Bf16Dot, HardwareIsNamed) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/bf16_dot_gemm.h"
+#include "tests/unit/kernels/dot_gemm_checks.h"
 #include "tests/unit/kernels/isas_here.h"
 #include "tests/unit/test_support.h"
 
@@ -133,6 +134,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Int8Dot, ::testing::ValuesIn(cases()), [](const
   const Case& c = info.param;
   return fmt::format("{}_{}x{}x{}", to_string(c.dtype), c.m, c.n, c.k);
 });
+
+// Every e8m0 scale code reaches mxfp4's outputs as the definition applies
+// it: the fused tiles (1 and 3 rows) widen and halve the bytes themselves,
+// the prepared tiles (30 rows) take them from e8m0_values.
+TEST(Int8Dot, EveryMxScaleCodeApplies) {
+  set_compact_products(CompactProducts::int8);
+  test::expect_every_mx_scale_code_applies(definition, {1, 3, 30});
+  set_compact_products(CompactProducts::f32);
+}
 
 // The other compact formats multiply with bf16 products under int8.
 TEST(Int8Dot, OtherFormatsTakeBf16Products) {
