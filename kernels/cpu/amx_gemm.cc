@@ -161,7 +161,7 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
     return;
   }
   const bool mxfp4 = w.dtype() == WeightDtype::mxfp4;  // its scales go into the weights
-  const std::size_t group = mxfp4 ? 0 : steps / kBlock, step_bytes = detail::panel_step_bytes(w.dtype());
+  const std::size_t group = mxfp4 ? 0 : steps / kBlock;
   const std::size_t k_pad = (k + kBlock - 1) / kBlock * kBlock, rows_pad = (m + kTileRows - 1) / kTileRows * kTileRows;
   // One row tile (decode): small chunks, so that the decode of the next
   // overlaps the tile products of the last (measured on DeepSeek's W1|W3 at
@@ -203,15 +203,10 @@ void run(const detail::AmxKernels& kern, const float* a, std::size_t m, const Qu
       }
       // The next chunk's codes, a share with each row group's tiles: they
       // stream in while the tiles run, not in a burst at the next decode.
-      const std::size_t next = k0 + chunk < k ? std::min(chunk, k - k0 - chunk) * step_bytes : 0;
+      const std::size_t next = k0 + chunk < k ? std::min(chunk, k - k0 - chunk) : 0;
       const std::size_t groups = rows_pad / (2 * kTileRows) + (rows_pad % (2 * kTileRows) != 0);
-      const std::size_t share = (next + groups - 1) / groups;
       for (std::size_t i = 0, g = 0; i < rows_pad; i += 2 * kTileRows, ++g) {
-        for (std::size_t q = 0; q < panels; ++q) {
-          const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0 + chunk) * step_bytes;
-          for (std::size_t at = g * share; at < std::min(next, (g + 1) * share); at += 64)
-            __builtin_prefetch(codes + at);
-        }
+        detail::prefetch_share(w, p, panels, k_begin + k0 + chunk, next, g, groups);
         const std::size_t row_tiles = std::min<std::size_t>(2, (rows_pad - i) / kTileRows);
         // The accumulators in a buffer of their own, not in C: C's rows, n
         // floats apart, fall in few cache sets, and fp8's scale fmas

@@ -27,9 +27,22 @@ std::size_t even_tile_rows(std::size_t i, std::size_t rows, std::size_t tile_row
   return i < extra * (base + 1) ? base + 1 : base;
 }
 
+namespace {
+// Bytes of a panel's codes per k step (16 weights; mxfp4's on average).
 std::size_t panel_step_bytes(WeightDtype dtype) {
   constexpr std::size_t kP = QuantWeights::kPanel;
   return dtype == WeightDtype::bf16 ? 2 * kP : dtype == WeightDtype::mxfp4 ? kP / 2 : kP;
+}
+}  // namespace
+
+void prefetch_share(const QuantWeights& w, std::size_t p, std::size_t count, std::size_t k0, std::size_t kc,
+                    std::size_t j, std::size_t shares) {
+  const std::size_t step_bytes = panel_step_bytes(w.dtype()), bytes = kc * step_bytes;
+  const std::size_t share = (bytes / shares + 64) / 64 * 64;
+  for (std::size_t q = p; q < std::min(w.panels(), p + count); ++q) {
+    const std::uint8_t* codes = w.panel(q).codes + k0 * step_bytes;
+    for (std::size_t at = j * share; at < std::min(bytes, (j + 1) * share); at += 64) __builtin_prefetch(codes + at);
+  }
 }
 
 void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out) {
@@ -166,16 +179,8 @@ using detail::block_scales;
 using detail::block_steps;
 
 // A's rows packed as the tiles read them: per k block, tile after tile,
-// pair-major inside a tile, each activation rounded to bf16.
-
-// bf16_code inline and without branches, so that the rows' loop vectorises
-// (the call per activation was 3-4% of a prefill's time): the same bits.
-inline std::uint32_t bf16_bits(float value) {
-  const auto bits = std::bit_cast<std::uint32_t>(value);
-  const std::uint32_t rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
-  return (bits & 0x7fffffff) > 0x7f800000 ? (bits >> 16) | 0x40 : rounded;  // NaN: quieted, never rounded
-}
-
+// pair-major inside a tile, each activation rounded to bf16 (bf16_code,
+// inline: a call per activation was 3-4% of a prefill's time).
 void pack_rows_bf16(const float* a, std::size_t lda, std::size_t rows, std::size_t k, std::size_t tile_rows,
                     std::uint32_t* dst) {
   std::uint32_t row_pairs[kPairsBlock];
@@ -185,8 +190,9 @@ void pack_rows_bf16(const float* a, std::size_t lda, std::size_t rows, std::size
       const std::size_t tile = detail::even_tile_rows(i, rows, tile_rows);
       for (std::size_t r = 0; r < tile; ++r) {
         const float* src = a + (i + r) * lda + k0;
-        for (std::size_t t = 0; t < whole; ++t) row_pairs[t] = bf16_bits(src[2 * t]) | bf16_bits(src[2 * t + 1]) << 16;
-        if (whole < pairs) row_pairs[whole] = bf16_bits(src[2 * whole]);
+        for (std::size_t t = 0; t < whole; ++t)
+          row_pairs[t] = std::uint32_t(bf16_code(src[2 * t])) | std::uint32_t(bf16_code(src[2 * t + 1])) << 16;
+        if (whole < pairs) row_pairs[whole] = bf16_code(src[2 * whole]);
         for (std::size_t t = 0; t < pairs; ++t) dst[t * tile + r] = row_pairs[t];
       }
       dst += tile * pairs;
@@ -204,7 +210,6 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
          std::size_t k_end, float* c, std::size_t lda, std::size_t ldc) {
   MOED_CHECK(k_begin <= k_end && k_end <= w.k(), "k range [{}, {}) of a matrix with k {}", k_begin, k_end, w.k());
   const std::size_t steps = block_steps(w.dtype()), n = w.n(), k = k_end - k_begin;
-  const std::size_t step_bytes = detail::panel_step_bytes(w.dtype());
   MOED_CHECK(steps == 0 || k_begin % steps == 0, "a {} k range starts at {}, inside a {}-step scale block",
              to_string(w.dtype()), k_begin, steps);
   lda = lda ? lda : k;
@@ -265,22 +270,17 @@ void run(const detail::DotKernels& kern, const float* a, std::size_t m, const Qu
           for (; p + 2 <= p_end && (p + 2) * kP <= n; p += 2) {
             decode(p, buffers[0]);
             decode(p + 1, buffers[1]);
-            // The next pair's codes are fetched a share per tile, so that its
-            // decode finds them in cache (from DRAM or L3 it was 8% of a
+            // The next pair's codes are fetched during these tiles, so that
+            // its decode finds them in cache (from DRAM or L3 it was 8% of a
             // prefill's time, the tiles waiting).
-            const bool next = p + 4 <= p_end && (p + 4) * kP <= n;
-            const std::size_t bytes = kc * step_bytes, tiles = (rows_in_block + tile_rows - 1) / tile_rows;
-            const std::size_t share = (bytes / tiles + 64) / 64 * 64;
+            const std::size_t next = p + 4 <= p_end && (p + 4) * kP <= n ? 2 : 0;
+            const std::size_t tiles = (rows_in_block + tile_rows - 1) / tile_rows;
             for (std::size_t i = 0, j = 0; i < rows_in_block; i += args.rows, ++j) {
               args.rows = detail::even_tile_rows(i, rows_in_block, tile_rows);
               args.a = a_block + i * npairs;
               args.c = c_block + i * ldc + p * kP;
               kern.pair(args, buffers[0].pairs, buffers[1].pairs, buffers[1].scales);
-              for (std::size_t q = 2; next && q < 4; ++q) {
-                const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0) * step_bytes;
-                for (std::size_t at = j * share; at < std::min(bytes, (j + 1) * share); at += 64)
-                  __builtin_prefetch(codes + at);
-              }
+              detail::prefetch_share(w, p + 2, next, k_begin + k0, kc, j, tiles);
             }
           }
         for (; p < p_end; ++p) {

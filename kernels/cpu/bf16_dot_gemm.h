@@ -66,8 +66,11 @@ std::size_t block_steps(WeightDtype dtype);
 // packing of the rows and the tiles over them follow it alike; no bit
 // depends on it, a row's chains being its own.
 std::size_t even_tile_rows(std::size_t i, std::size_t rows, std::size_t tile_rows);
-// Bytes of a panel's codes per k step (16 weights; mxfp4's on average).
-std::size_t panel_step_bytes(WeightDtype dtype);
+// The codes of steps [k0, k0 + kc) of the `count` panels from p (those that
+// exist), share j of `shares`: fetched a share per tile while the tiles
+// before them run, so that their decode or preparation finds them in cache.
+void prefetch_share(const QuantWeights& w, std::size_t p, std::size_t count, std::size_t k0, std::size_t kc,
+                    std::size_t j, std::size_t shares);
 // The scale of each block of panel p's steps [k0, k0 + kc), 16 lanes each
 // (out[16 b + lane]); k0 on a block.
 void block_scales(const QuantWeights& w, std::size_t p, std::size_t k0, std::size_t kc, float* out);

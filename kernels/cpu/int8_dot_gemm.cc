@@ -117,18 +117,6 @@ void finish_rows(const detail::Int8FinishArgs& g) {
     }
 }
 
-// The codes [offset, offset + bytes) of the four panels from p, share j of
-// `shares`: fetched while the tiles of the four before them run, one share
-// per tile, so that their preparation finds them in cache.
-void prefetch_share(const QuantWeights& w, std::size_t p, std::size_t offset, std::size_t bytes, std::size_t j,
-                    std::size_t shares) {
-  const std::size_t share = (bytes / shares + 64) / 64 * 64;
-  for (std::size_t q = p; q < std::min(w.panels(), p + detail::kInt8TilePanels); ++q) {
-    const std::uint8_t* codes = w.panel(q).codes + offset;
-    for (std::size_t at = j * share; at < std::min(bytes, (j + 1) * share); at += 64) __builtin_prefetch(codes + at);
-  }
-}
-
 // A row block's activations quantized and packed: per k block, tile after
 // tile, quad-major inside a tile (a[t * tile + r]).
 void pack_rows(const detail::Int8Kernels& kern, const float* a, std::size_t lda, std::size_t rows, std::size_t k,
@@ -209,13 +197,10 @@ void run_amx(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
       }
       // The next chunk's codes, a share with each row group's tiles: they
       // stream in while the tiles run.
-      const std::size_t next = k0 + chunk < k ? std::min(chunk, k - k0 - chunk) * kP : 0;
-      const std::size_t groups = (rows_pad + 2 * kRows - 1) / (2 * kRows), share = (next + groups - 1) / groups;
+      const std::size_t next = k0 + chunk < k ? std::min(chunk, k - k0 - chunk) : 0;
+      const std::size_t groups = (rows_pad + 2 * kRows - 1) / (2 * kRows);
       for (std::size_t i = 0, g = 0; i < rows_pad; i += 2 * kRows, ++g) {
-        for (std::size_t q = 0; q < panels; ++q) {
-          const std::uint8_t* codes = w.panel(p + q).codes + (k_begin + k0 + chunk) * kP;
-          for (std::size_t at = g * share; at < std::min(next, (g + 1) * share); at += 64) __builtin_prefetch(codes + at);
-        }
+        detail::prefetch_share(w, p, panels, k_begin + k0 + chunk, next, g, groups);
         const std::size_t row_tiles = std::min<std::size_t>(2, (rows_pad - i) / kRows);
         tile({rows + detail::amx_int8_packed_at(i, k0, k_pad), kRows * k_pad, row_tiles, {prepared[0], prepared[1]},
               panels, blocks, sums + i * kLdc, k0 == 0});
@@ -286,7 +271,7 @@ void run(const detail::Int8Kernels& kern, const float* a, std::size_t m, const Q
           for (std::size_t i = 0, rows = 0, j = 0; i < rows_in_block; i += rows, ++j) {
             rows = detail::even_tile_rows(i, rows_in_block, kern.tile_rows);
             kern.tile({four, kc, prepared, a_block + i * quads, rows, acc.data() + i * cols + p * kP, cols, false});
-            if (prepared) prefetch_share(w, p + kTilePanels, (k_begin + k0) * kP, kc * kP, j, tiles_in_block);
+            if (prepared) detail::prefetch_share(w, p + kTilePanels, kTilePanels, k_begin + k0, kc, j, tiles_in_block);
           }
         }
       }
@@ -383,7 +368,7 @@ void run_fp4(const detail::Int8Kernels& kern, const float* a, std::size_t m, con
           }
           for (std::size_t i = 0, rows = 0, j = 0; i < rows_in_block; i += rows, ++j) {
             rows = detail::even_tile_rows(i, rows_in_block, kern.tile_rows);
-            prefetch_share(w, p + kTilePanels, (k_begin + k0) * kP / 2, kc * kP / 2, j, tiles_in_block);
+            detail::prefetch_share(w, p + kTilePanels, kTilePanels, k_begin + k0, kc, j, tiles_in_block);
             kern.fp4_tile({four, four_scales, kc / kBlock, a_block + i * quads, offsets.data() + i * blocks + k0 / kBlock,
                            blocks, rows, totals.data() + i * cols + p * kP, cols, k0 == 0});
           }

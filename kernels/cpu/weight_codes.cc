@@ -71,17 +71,6 @@ bool parse_weight_dtype(const std::string& name, WeightDtype* out) {
 
 float bf16_value(std::uint16_t code) { return std::bit_cast<float>(std::uint32_t(code) << 16); }
 
-std::uint16_t bf16_code(float value) {
-  const auto bits = std::bit_cast<std::uint32_t>(value);
-  // Rounding could carry a NaN's payload into the exponent and make it inf:
-  // keep the top half and set the quiet bit instead.
-  if (std::isnan(value)) return std::uint16_t((bits >> 16) | 0x40);
-  // Adding 0x7fff rounds halves down; the extra 1 when the kept lsb is odd
-  // makes ties go to even; a carry into the exponent is right (up to inf).
-  const std::uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return std::uint16_t((bits + rounding) >> 16);
-}
-
 // The magnitude's 7 bits moved to an fp32's exponent and mantissa fields
 // (bit 3 of the exponent field up to bit 26) make the value times 2^-120 for
 // normal and subnormal codes alike; the multiply by 2^120 is exact. The

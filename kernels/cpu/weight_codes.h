@@ -31,7 +31,17 @@ bool parse_weight_dtype(const std::string& name, WeightDtype* out);
 // bf16: the top 16 bits of an fp32; rounding is to nearest, ties to even
 // (NaN stays a quiet NaN, overflow becomes inf).
 float bf16_value(std::uint16_t code);
-std::uint16_t bf16_code(float value);
+// Inline and branch-free, so that loops over many (the bf16 products'
+// activations) vectorise.
+inline std::uint16_t bf16_code(float value) {
+  const auto bits = std::bit_cast<std::uint32_t>(value);
+  // Adding 0x7fff rounds halves down; the extra 1 when the kept lsb is odd
+  // makes ties go to even; a carry into the exponent is right (up to inf).
+  const std::uint32_t rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+  // Rounding could carry a NaN's payload into the exponent and make it inf:
+  // a NaN keeps its top half with the quiet bit set instead.
+  return std::uint16_t((bits & 0x7fffffff) > 0x7f800000 ? (bits >> 16) | 0x40 : rounded);
+}
 
 // fp8 e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; S.1111.111 is
 // NaN, there is no inf. Encoding rounds to nearest, ties to even, and
