@@ -9,7 +9,8 @@ const config::Section<CommConfig>& comm_config_section() {
       {
           config::choice<C>("backend", &C::backend, Backend::automatic, kBackendNames,
                             "Transport backend for dispatch and combine; auto: the first of "
-                            "ucx, mpi that can start on every rank"),
+                            "nccl, ucx, mpi that can start on every rank (nccl: rows in GPU memory, "
+                            "refused with its reason where it cannot run: docs/gpu.md)"),
           config::choice<C>("control", &C::control, ControlMedium::mpi, kControlMediumNames,
                             "the coordinator's collectives after start-up (each step's command, figures, "
                             "outputs, statistics): over MPI, or over the transport's exchanges (then MPI "

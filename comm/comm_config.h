@@ -11,9 +11,9 @@ namespace moed::comm {
 
 // [comm].backend: auto, then the transport backends in transport.cc's table
 // order (a unit test holds the two lists equal; this file must not link them).
-enum class Backend { automatic, ucx, mpi };
-inline constexpr auto kBackendNames =
-    config::name_table<Backend>({{Backend::automatic, "auto"}, {Backend::ucx, "ucx"}, {Backend::mpi, "mpi"}});
+enum class Backend { automatic, nccl, ucx, mpi };
+inline constexpr auto kBackendNames = config::name_table<Backend>(
+    {{Backend::automatic, "auto"}, {Backend::nccl, "nccl"}, {Backend::ucx, "ucx"}, {Backend::mpi, "mpi"}});
 inline std::string_view name_of(Backend v) { return kBackendNames.name(v); }
 
 // [comm].control: what the control collectives run over once the transport

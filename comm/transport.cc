@@ -6,6 +6,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/mpi/mpi_transport.h"
+#include "comm/nccl/nccl_probe.h"
 #include "comm/ucx/ucx_transport.h"
 #include "common/error.h"
 
@@ -70,6 +71,9 @@ void Transport::all_gather(const void* send, std::size_t bytes, void* recv, cons
 // In order of preference: "auto" picks the first that can run on every rank.
 std::span<const TransportBackend> transport_backends() {
   static const TransportBackend table[] = {
+      // No constructor yet: its probe refuses it on every host (nccl_probe.h).
+      {"nccl", "NCCL grouped send/receive of rows in GPU memory (NVLink, InfiniBand with GPUDirect)",
+       nccl_unavailable, nullptr},
       {"ucx", "UCX (ucp) tagged messages and RMA puts (shared memory, tcp, InfiniBand, ...)",
        ucx_unavailable, create_ucx_transport},
       {"mpi", "MPI point-to-point over the job's communicator (any fabric Open MPI drives)",
@@ -108,7 +112,10 @@ std::unique_ptr<Transport> create_transport(const CommConfig& config, Bootstrap&
   for (std::size_t i = 0; i < backends.size(); ++i) {
     const TransportBackend& b = backends[i];
     if (!automatic && !named(b)) continue;
-    if (usable[i]) return b.create(config, bootstrap);
+    if (usable[i]) {
+      MOED_CHECK(b.create != nullptr, "[comm].backend {} passed its probe but has no constructor", b.name);
+      return b.create(config, bootstrap);
+    }
     if (automatic) continue;
     if (why_not[i])
       MOED_THROW(Usage, "[comm].backend = \"{}\" cannot run here: {}", b.name, *why_not[i]);

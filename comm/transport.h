@@ -1,5 +1,6 @@
 // The Transport interface: the narrow set of exchanges the data path needs,
-// implemented by each backend (MPI and UCX; NCCL for the GPU path later). Like NCCL's
+// implemented by each backend (MPI and UCX; NCCL's probe is in the table, its
+// exchanges come with the GPU path: docs/gpu.md). Like NCCL's
 // transports, a backend is a small table entry: a name, a probe that says
 // whether it can run here (and why not), and a constructor.
 //
@@ -172,7 +173,8 @@ struct TransportBackend {
   // when it can.
   std::optional<std::string> (*unavailable)(const Bootstrap& bootstrap);
   // Collective over the bootstrap's ranks, which must outlive the transport
-  // and its windows (their teardown is collective too).
+  // and its windows (their teardown is collective too). nullptr for a
+  // backend whose probe refuses it everywhere in this build (nccl, for now).
   std::unique_ptr<Transport> (*create)(const CommConfig&, Bootstrap&);
 };
 

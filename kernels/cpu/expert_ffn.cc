@@ -27,12 +27,7 @@ void silu_mul(const float* gate, const float* up, std::size_t n, float* out) {
 }
 
 void clamped_swiglu(const float* gate, const float* up, std::size_t n, float alpha, float limit, float* out) {
-  for (std::size_t i = 0; i < n; ++i) {
-    // NaN stays NaN through the clamps (std::min/max would drop it), so a bad weight still shows.
-    const float g = gate[i] > limit ? limit : gate[i];
-    const float u = up[i] > limit ? limit : (up[i] < -limit ? -limit : up[i]);
-    out[i] = g / (1.0f + detail::fast_exp_body(-(alpha * g))) * (u + 1.0f);
-  }
+  for (std::size_t i = 0; i < n; ++i) out[i] = detail::clamped_swiglu_element(gate[i], up[i], alpha, limit);
 }
 
 namespace {

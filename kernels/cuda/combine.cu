@@ -10,12 +10,27 @@ constexpr int kThreads = 256;
 constexpr double kFixedOne = 0x1p32;
 constexpr double kFixedLimit = 0x1p62;  // as the CPU: a term's largest magnitude
 
-// One thread per (pair, column). Every step is exact or correctly rounded once
-// (no additions, so no FMA contraction can change a bit): double(w) * 2^32 and
-// its product with double(y) are exact (24-bit significands), and
-// __double2ll_rn rounds half to even like the CPU's nearbyint. The 64-bit
-// atomicAdd wraps like the CPU's unsigned addition and is associative, so the
-// order in which threads land does not matter.
+// INT64_MIN: an element poisoned by a NaN or inf term (the CPU's kFixedNaN).
+constexpr unsigned long long kFixedNaN = 0x8000000000000000ULL;
+
+// acc += term, wrapping like the CPU's unsigned addition, unless acc is
+// poisoned: a compare-and-swap loop, since a plain atomicAdd would carry a
+// poisoned element back into range. Wrapping addition is associative and
+// poison is sticky, so the result does not depend on the order threads land in.
+__device__ void add_fixed_term(unsigned long long* acc, unsigned long long term) {
+  unsigned long long seen = *acc, assumed;
+  do {
+    if (seen == kFixedNaN) return;
+    assumed = seen;
+    seen = atomicCAS(acc, assumed, assumed + term);
+  } while (seen != assumed);
+}
+
+// One thread per (pair, column), with kernels/cpu/fixed_combine.cc's rule:
+// double(w) * 2^32 and its product with double(y) are exact (24-bit
+// significands), so no FMA contraction can change a bit, and __double2ll_rn
+// rounds half to even like the CPU's llrint. A finite term beyond ±2^62
+// saturates and is counted; a NaN or inf term poisons its element.
 __global__ void combine_fixed_kernel(const float* y, const float* gate_weight, const int* pair_token,
                                      int pairs, int hidden, unsigned long long* acc,
                                      unsigned long long* saturated) {
@@ -25,22 +40,29 @@ __global__ void combine_fixed_kernel(const float* y, const float* gate_weight, c
     const long long p = i / hidden, c = i % hidden;
     const int token = pair_token[p];
     if (token < 0) continue;  // a pair with no destination row here
+    unsigned long long* element = &acc[static_cast<long long>(token) * hidden + c];
     double t = double(gate_weight[p]) * kFixedOne * double(y[i]);
     if (!(fabs(t) < kFixedLimit)) {  // also catches NaN
+      if (!isfinite(t)) {
+        atomicExch(element, kFixedNaN);
+        continue;
+      }
       if (saturated) atomicAdd(saturated, 1ULL);
-      t = isnan(t) ? 0.0 : copysign(kFixedLimit, t);
+      t = copysign(kFixedLimit, t);
     }
-    const long long term = __double2ll_rn(t);
-    atomicAdd(&acc[static_cast<long long>(token) * hidden + c], static_cast<unsigned long long>(term));
+    add_fixed_term(element, static_cast<unsigned long long>(__double2ll_rn(t)));
   }
 }
 
-// out = fp32(x + acc * 2^-32): the product is exact, so a fused multiply-add
-// rounds the same as the CPU's separate multiply and add.
+// out = fp32(x + acc * 2^-32), NaN where acc is poisoned: the product is
+// exact, so a fused multiply-add rounds the same as the CPU's separate
+// multiply and add.
 __global__ void residual_kernel(const float* x, const long long* acc, long long n, float* out) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
-    out[i] = static_cast<float>(double(x[i]) + double(acc[i]) * (1.0 / kFixedOne));
+    out[i] = static_cast<unsigned long long>(acc[i]) == kFixedNaN
+                 ? __int_as_float(0x7fc00000)
+                 : static_cast<float>(double(x[i]) + double(acc[i]) * (1.0 / kFixedOne));
 }
 
 }  // namespace

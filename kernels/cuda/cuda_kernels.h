@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/gpu_probe.h"
+
 namespace moed::cuda {
 
 // ---- errors -----------------------------------------------------------------
@@ -61,11 +63,7 @@ void gemm_xwt(cublasHandle_t handle, const float* a, int m, int k, const float* 
 // Throws CudaError when a cudaError_t or cublasStatus_t expression fails.
 #define MOED_CUDA_CHECK(expr) ::moed::cuda::detail::check((expr), #expr, __FILE__, __LINE__)
 
-// True when a device is present, usable, and can run this library's kernels.
-// Any failure (no driver, driver too old, no device, no kernel image for the
-// device's architecture) returns false with the reason in *why (may be null).
-// Never throws.
-bool gpu_available(std::string* why);
+// gpu_available(): kernels/cuda/gpu_probe.h.
 
 // ---- RAII -------------------------------------------------------------------
 
@@ -198,28 +196,42 @@ void pair_tokens(const int* order, int n, int k, int* token, cudaStream_t stream
 void permute_rows(const float* src, const int* row_index, int n, int hidden, float* dst,
                   cudaStream_t stream);
 
-// The SwiGLU FFN of every expert on its group of rows (kernels/cpu/expert_ffn.h):
+// The gated activation between an FFN's projections (kernels/cpu/expert_ffn.h's
+// ExpertActivation): silu(g) u, or gpt-oss's clamped SwiGLU.
+struct GatedActivation {
+  bool clamped = false;
+  float alpha = 1.702f, limit = 7.0f;
+};
+
+// In place on rows of h13 = [W1 x | W3 x] (2F floats each): the first F
+// columns become act(W1 x, W3 x), element by element with the CPU's element
+// functions (kernels/cpu/activation_body.h) and no fma contraction: the same
+// bits as kernels::silu_mul and kernels::clamped_swiglu.
+void gated_activation(float* h13, long long rows, int ffn, const GatedActivation& activation, cudaStream_t stream);
+
+// The gated FFN of every expert on its group of rows (kernels/cpu/expert_ffn.h):
 // rows [host_offsets[e], host_offsets[e+1]) of x belong to expert e;
-// y = W2 · (silu(W1 x) ⊙ (W3 x)). host_offsets ([experts + 1]), w13 and w2
+// y = W2 · act(W1 x, W3 x) (gated_activation). host_offsets ([experts + 1]), w13 and w2
 // (arrays of device pointers, [2F, H] and [H, F] row-major) are host memory.
 // scratch is [host_offsets[experts], 2F] floats, indexed by row like x and y.
 // One GEMM per expert and phase: a row's bits depend on its expert's row count
 // (cuBLAS picks kernels by shape), as on the CPU. Binds `handle` to `stream`.
 void expert_ffn_grouped(CublasHandle& handle, const float* x, const int* host_offsets, int experts,
                         const float* const* w13, const float* const* w2, int hidden, int ffn,
-                        float* scratch, float* y, cudaStream_t stream);
+                        float* scratch, float* y, cudaStream_t stream, const GatedActivation& activation = {});
 
 // The fixed-point combine (kernels/cpu/fixed_combine.h): for each pair p and
 // column i, acc[pair_token[p], i] += round(gate_weight[p] * y[p, i] * 2^32),
-// terms saturated at ±2^62 (NaN -> 0) and counted in *saturated (unless null;
-// the caller zeroes it). acc is [tokens, hidden]; pairs with a negative
-// pair_token are skipped. Integer
-// atomics (wrapping, as on the CPU): the result has the same bits in any order.
+// finite terms saturated at ±2^62 and counted in *saturated (unless null;
+// the caller zeroes it), a NaN or inf term making the element INT64_MIN
+// (kFixedNaN), which stays so. acc is [tokens, hidden]; pairs with a
+// negative pair_token are skipped. Integer atomics (wrapping, as on the
+// CPU): the result has the same bits in any order.
 void combine_fixed(const float* y, const float* gate_weight, const int* pair_token, int pairs,
                    int hidden, long long* acc, unsigned long long* saturated, cudaStream_t stream);
 
-// out = fp32(double(x) + double(acc) * 2^-32), the residual add, rounded once
-// (bit-identical to the CPU's residual_from_fixed).
+// out = fp32(double(x) + double(acc) * 2^-32), the residual add, rounded once,
+// NaN where acc is kFixedNaN (bit-identical to the CPU's residual_from_fixed).
 void residual_from_fixed(const float* x, const long long* acc, int tokens, int hidden, float* out,
                          cudaStream_t stream);
 

@@ -1,7 +1,8 @@
-// The experts on GPU: the SwiGLU FFN of each expert on its group of rows,
+// The experts on GPU: the gated FFN of each expert on its group of rows,
 // two cuBLAS GEMMs per expert around one gated-activation kernel.
 #include <string>
 
+#include "kernels/cpu/activation_body.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace moed::cuda {
@@ -31,24 +32,33 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// In place on rows of h13 = [W1 x | W3 x] (2F floats each): the first F columns
-// become silu(W1 x) * (W3 x), as the CPU's silu_mul (exp here is expf).
-__global__ void silu_mul_kernel(float* h13, long long rows, int ffn) {
+// One thread per element of the first F columns (gated_activation's doc).
+__global__ void gated_activation_kernel(float* h13, long long rows, int ffn, GatedActivation activation) {
   const long long n = rows * ffn;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     float* row = h13 + (i / ffn) * 2 * ffn;
     const long long col = i % ffn;
-    const float g = row[col];
-    row[col] = g / (1.0f + expf(-g)) * row[ffn + col];
+    row[col] = activation.clamped
+                   ? kernels::detail::clamped_swiglu_element(row[col], row[ffn + col], activation.alpha,
+                                                             activation.limit)
+                   : kernels::detail::silu_mul_element(row[col], row[ffn + col]);
   }
 }
 
 }  // namespace
 
+void gated_activation(float* h13, long long rows, int ffn, const GatedActivation& activation, cudaStream_t stream) {
+  if (rows < 0 || ffn < 1) throw std::invalid_argument("gated_activation: bad sizes");
+  if (rows == 0) return;
+  gated_activation_kernel<<<detail::grid_blocks(rows * ffn, kThreads), kThreads, 0, stream>>>(h13, rows, ffn,
+                                                                                                activation);
+  MOED_CUDA_CHECK(cudaGetLastError());
+}
+
 void expert_ffn_grouped(CublasHandle& handle, const float* x, const int* host_offsets, int experts,
                         const float* const* w13, const float* const* w2, int hidden, int ffn,
-                        float* scratch, float* y, cudaStream_t stream) {
+                        float* scratch, float* y, cudaStream_t stream, const GatedActivation& activation) {
   if (experts < 0 || hidden < 1 || ffn < 1) throw std::invalid_argument("expert_ffn_grouped: bad sizes");
   if (experts == 0) return;
   for (int e = 0; e < experts; ++e) {
@@ -69,11 +79,7 @@ void expert_ffn_grouped(CublasHandle& handle, const float* x, const int* host_of
   }
   // One activation launch over every expert's rows.
   const long long first = host_offsets[0], total = host_offsets[experts] - first;
-  if (total > 0) {
-    silu_mul_kernel<<<detail::grid_blocks(total * ffn, kThreads), kThreads, 0, stream>>>(
-        scratch + first * F2, total, ffn);
-    MOED_CUDA_CHECK(cudaGetLastError());
-  }
+  gated_activation(scratch + first * F2, total, ffn, activation, stream);
   // Down-projections: y_e = act_e · w2ᵀ, act read with a row stride of 2F.
   for (int e = 0; e < experts; ++e) {
     const long long r0 = host_offsets[e];

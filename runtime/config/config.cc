@@ -193,7 +193,7 @@ const config::Section<IngressConfig>& ingress_section() {
 const config::Section<ExpertsConfig>& experts_section() {
   using C = ExpertsConfig;
   static const config::Section<C> s(
-      "experts", "expert computation on CPU",
+      "experts", "expert computation: where, in which format, with which kernels",
       {
           choice<C>("gemm", &C::gemm, Gemm::fixed_order, kGemmNames,
                     "fixed-order: moed's GEMM, whose every output is one fma chain in k order, so a "
@@ -228,6 +228,10 @@ const config::Section<ExpertsConfig>& experts_section() {
                     "rounded to bf16 in AMX tile products of 32 steps (needs AMX-BF16 on every rank), bf16's "
                     "accuracy and several times its rate at 16 rows or more; auto = amx where every rank has it, else bf16 where every rank "
                     "has it, else f32 (part of the numerics: runs compare bit for bit only with equal products)"),
+          choice<C>("device", &C::device, "auto", {"auto", "cpu", "cuda"},
+                    "where experts run (docs/gpu.md): cpu; cuda = the local rank's GPU, refused naming the "
+                    "cause where none is usable or this build cannot run experts on one; auto = cuda where "
+                    "every rank can, else cpu"),
       });
   return s;
 }

@@ -42,6 +42,7 @@
 #include "runtime/control/snapshot_answer.h"
 #include "runtime/daemon/start_up.h"
 #include "runtime/daemon/stop_signal.h"
+#include "runtime/engine/expert_device.h"
 #include "runtime/observe/http/dashboard_routes.h"
 
 namespace moed::runtime {
@@ -415,6 +416,7 @@ class Daemon::Startup {
   LocalHost local_;
   launch::BindResult binding_{false, -1, "not bound ([cluster].bind_numa = false)"};
   Numerics numerics_;
+  DeviceChoice device_;  // where this rank's experts run ([experts].device)
   bool spare_ = false;  // from build_engine_and_control on: this rank is a spare, on its own
   comm::View joined_view_;  // a joiner: the members when rank 0 welcomed it
 };
@@ -431,6 +433,7 @@ void Daemon::Startup::probe_this_rank() {
   choose_gemm_isa(c_);
   kernels::set_compact_products(local_products(c_));
   numerics_ = probe_numerics(c_);
+  device_ = choose_expert_device(c_.experts.device, probe_gpus());
   d_.fault_ = fault_from_env();
 }
 
@@ -485,6 +488,12 @@ void Daemon::Startup::agree_numerics() {
     kernels::set_compact_products(agreed);
     numerics_ = probe_numerics(c_);
   }
+  // Under device = auto the job takes the GPU only if every rank can (an
+  // explicit cuda is already on every rank, or refused).
+  if (d_.control_.all_max(device_.device == ExpertDevice::cpu ? 1 : 0, "where experts run") &&
+      device_.device != ExpertDevice::cpu)
+    device_ = {ExpertDevice::cpu, "[experts].device = auto: cpu, as another rank has no usable GPU (see its log)"};
+  if (d_.rank_ == 0) spdlog::info("experts run on the {} ({})", to_string(device_.device), device_.why);
   if (!numerics_.batch_invariant && c_.experts.gemm == Gemm::fixed_order) spdlog::warn("numerics: {}", numerics_.description);
   if (d_.control_.all_max(numerics_.batch_invariant ? 0 : 1, "numerics probe") && numerics_.batch_invariant)
     numerics_ = {false, "NOT batch-invariant: the start-up probe failed on another rank (see its log)"};
@@ -511,7 +520,8 @@ void Daemon::Startup::build_engine_and_control() {
   }
   d.trace_selector_.emplace(c_.trace.sample, std::size_t(c_.trace.follow_max));
   if (!spare_) {
-    d.engine_ = std::make_unique<Engine>(c_, *d.transport_, *d.topology_, d.placement_, *d.store_, d.workload_.get());
+    d.engine_ = std::make_unique<Engine>(c_, *d.transport_, *d.topology_, d.placement_, *d.store_, d.workload_.get(),
+                                         device_.device);
     if (d.stats_) d.engine_->record_stats_into(&*d.stats_, std::size_t(c_.stats.follow_tokens));
     resume_router_biases(c_, d.control_, d.stats_ ? &*d.stats_ : nullptr, *d.engine_);
     d.engine_->trace_with(&*d.trace_selector_);
@@ -613,7 +623,8 @@ void Daemon::Startup::announce() {
                std::uint64_t(c_.workload.warmup_steps), d.transport_->name(),
                describe_workload(c_, d.workload_.get()), d.start_placement_,
                kernels::blas_description(), d.topology_->describe(), numerics_.batch_invariant,
-               numerics_.description, describe_router_policies(c_), std::string(name_of(c_.comm.control))};
+               numerics_.description, describe_router_policies(c_), std::string(name_of(c_.comm.control)),
+               std::string(to_string(device_.device))};
   d.report_ = std::make_unique<Report>(info, int(c_.metrics.load_window_steps));
   if (d.rank_ == 0) {
     spdlog::info("serving {} with {} ranks ({}, islands from {}), {}", info.shape.describe(), info.ranks,

@@ -15,7 +15,7 @@ namespace moed::runtime {
 
 Engine::Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
                const placement::Placement& placement, const ExpertStore& store,
-               const Workload* workload)
+               const Workload* workload, ExpertDevice device)
     : config_(config),
       transport_(transport),
       topology_(topology),
@@ -25,6 +25,8 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       shape_(store.shape()),
       tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)),
       order_(tokens_per_step_, config.workload.order == WorkloadOrder::shuffled, std::uint64_t(config.workload.seed)),
+      executor_(make_expert_executor(device)),
+      shared_executor_(make_expert_executor(device)),
       route_(config, transport, placement, store),
       positions_per_request_(std::uint64_t(config.workload.positions_per_request)),
       census_(transport.size(), std::size_t(config.engine.microbatches), store.shape().experts),
@@ -39,7 +41,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
   setup_.transport = &transport_;
   setup_.topology = &topology_;
   setup_.store = &store_;
-  setup_.executor = &executor_;
+  setup_.executor = executor_.get();
   setup_.hierarchical = config.comm.hierarchical && topology.islands() > 1;
   setup_.overlap = config.engine.overlap;
   setup_.narrow_answers = config.comm.narrow_answers;
@@ -67,13 +69,13 @@ StepRecord Engine::open_step() {
   rec.tokens_per_layer.assign(std::size_t(shape_.layers), 0);
   start_rank_figures(rec);
   step_start_ = now_seconds();
-  executor_.clear_counts();
+  executor_->clear_counts();
   return rec;
 }
 
 void Engine::close_step(StepRecord& rec) {
   route_.policies().end_step();
-  rec.bytes_copied += executor_.bytes_copied();
+  rec.bytes_copied += executor_->bytes_copied();
   rec.trace = tracer_.take();
   rec.total = now_seconds() - step_start_;
 }
@@ -209,7 +211,7 @@ ExpertCallCounts Engine::run_held(const kernels::ExpertView& ffn, const float* x
   shared_rows_.resize(count);
   for (std::size_t t = 0; t < count; ++t)
     shared_rows_[t] = {xn + t * H, reinterpret_cast<std::byte*>(acc_.data() + t * H), weight(t), false};
-  const ExpertCallCounts counts = shared_executor_.run(ffn, shared_rows_, between_blocks);
+  const ExpertCallCounts counts = shared_executor_->run(ffn, shared_rows_, between_blocks);
   rec.saturated += counts.saturated;
   return counts;
 }

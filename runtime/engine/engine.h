@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -38,9 +39,11 @@ namespace moed::runtime {
 
 class Engine {
  public:
-  // `workload`: the built-in tokens of run_step (none with the front door).
+  // `workload`: the built-in tokens of run_step (none with the front door);
+  // `device`: where the experts run (expert_device.h chooses it).
   Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
-         const placement::Placement& placement, const ExpertStore& store, const Workload* workload);
+         const placement::Placement& placement, const ExpertStore& store, const Workload* workload,
+         ExpertDevice device = ExpertDevice::cpu);
 
   // This rank's positions in every step: [first, first + count) of the step's
   // tokens_per_step, split evenly by rank ([workload].order says which token
@@ -89,7 +92,7 @@ class Engine {
   void trace_with(const trace::TraceSelector* selector) { tracer_.trace_with(selector); }
 
   // Rows per expert call in the last step, all layers (for the benchmark's bound).
-  const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_.calls(); }
+  const std::vector<std::uint32_t>& calls_of_last_step() const { return executor_->calls(); }
 
  private:
   // Serves `count` rows x of `layer`; first_position orders them step-wide.
@@ -149,8 +152,8 @@ class Engine {
   std::size_t count_ = 0;
   TokenOrder order_;
   std::vector<std::uint64_t> ids_;  // this step's tokens at this rank's positions
-  ExpertExecutor executor_;
-  ExpertExecutor shared_executor_;  // apart, so that calls() stays the routed experts' for the bound
+  std::unique_ptr<ExpertExecutor> executor_;
+  std::unique_ptr<ExpertExecutor> shared_executor_;  // apart, so that calls() stays the routed experts' for the bound
   std::vector<ExpertRow> shared_rows_;
   std::vector<char> warned_shared_;  // [layer]: the shared expert's first NaN/inf was logged
   double shared_s_ = 0;  // the current layer's shared expert time

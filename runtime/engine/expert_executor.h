@@ -1,15 +1,18 @@
-// The expert side of a layer: rows of one local expert run through the
-// SwiGLU FFN in one call, and each output is written where its answer goes
-// (see dispatch_plan.h for the combine format): copied as fp32 when its row
-// carried one pair and experts have one canonical F-chunk, else added
-// gate-weighted onto the row's fixed-point sum, chunk by chunk
-// (kernels/cpu/expert_ffn.h).
+// The seam between the step loop and what runs the experts: a layer pass
+// hands an executor one local expert and its rows (each row's input, and
+// where its answer goes in a combine message: see dispatch_plan.h), and the
+// executor writes every answer. CpuExpertExecutor (cpu_expert_executor.h)
+// runs them on this rank's cores; a GPU executor plugs in behind the same
+// calls (docs/gpu.md). make_expert_executor picks one by ExpertDevice
+// (expert_device.h says which device a rank gets).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/expert_ffn.h"
@@ -38,34 +41,41 @@ struct ExpertRow {
   bool single = false;         // one pair, one chunk: out is fp32, unweighted
 };
 
+// Where experts run.
+enum class ExpertDevice { cpu, cuda };
+std::string_view to_string(ExpertDevice device);
+
 class ExpertExecutor {
  public:
-  // Rows per FFN call: a longer call is cut into blocks of this many, with
-  // `between_blocks` run between them, so that messages keep moving while
-  // the experts compute (a rendezvous transfer advances only when its
-  // sender polls). The cut is fixed, so it changes no bits.
-  explicit ExpertExecutor(std::size_t block_rows = 256) : block_rows_(block_rows) {}
+  virtual ~ExpertExecutor() = default;
+  virtual ExpertDevice device() const = 0;
 
-  // Runs `rows` through `expert`; counts the saturated and the non-finite terms.
+  // Runs `rows` through `expert` and writes each row's answer: copied as
+  // fp32 when the row is `single` (one pair, an expert of one F-chunk),
+  // else added gate-weighted onto the row's fixed-point sum, chunk by chunk,
+  // so that the shards of a split expert add up to the same integers.
+  // `between_blocks` runs between the row blocks a long call is cut into, so
+  // that messages keep moving while the experts compute (a rendezvous
+  // transfer advances only when its sender polls); the cut changes no bits.
+  // Counts the saturated and the non-finite terms.
   ExpertCallCounts run(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
-                       const std::function<void()>& between_blocks = {});
-
-  // Rows per GEMM call since the last clear (for the benchmark's bound), and
-  // the bytes copied: rows gathered into the GEMM's input, fp32 answers out.
-  const std::vector<std::uint32_t>& calls() const { return calls_; }
-  std::uint64_t bytes_copied() const { return bytes_copied_; }
-  void clear_counts() {
-    calls_.clear();
-    bytes_copied_ = 0;
+                       const std::function<void()>& between_blocks = {}) {
+    return run_rows(expert, rows, between_blocks);
   }
 
- private:
-  ExpertCallCounts run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows);
+  // Rows per FFN call since the last clear (for the benchmark's bound), and
+  // the bytes copied: rows gathered into the FFN's input, fp32 answers out.
+  virtual const std::vector<std::uint32_t>& calls() const = 0;
+  virtual std::uint64_t bytes_copied() const = 0;
+  virtual void clear_counts() = 0;
 
-  std::size_t block_rows_;
-  std::vector<float> x_, y_, scratch_;  // one call's rows, outputs and FFN scratch
-  std::vector<std::uint32_t> calls_;
-  std::uint64_t bytes_copied_ = 0;
+ private:
+  virtual ExpertCallCounts run_rows(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
+                                    const std::function<void()>& between_blocks) = 0;
 };
+
+// The executor of `device`, cutting calls into blocks of `block_rows` rows.
+// A Usage error for a device this build cannot run experts on.
+std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertDevice device, std::size_t block_rows = 256);
 
 }  // namespace moed::runtime

@@ -225,7 +225,7 @@ void Report::print(std::ostream& os) const {
       "  workload           {}\n"
       "  placement          {}\n"
       "  transport          {}{}; {}\n"
-      "  numerics           {}\n"
+      "  numerics           {}; experts on the {}\n"
       "  tokens/s           {:.0f}  (wall time, step boundary to step boundary)\n"
       "  step latency       p50 {:.2f} ms   p99 {:.2f} ms  (wall time)\n"
       "  wait for rows      p50 {:.2f} ms   p99 {:.2f} ms  (per layer, idle while rows travel)\n"
@@ -240,6 +240,7 @@ void Report::print(std::ostream& os) const {
       info_.tokens_per_step ? fmt::format("{} tokens", info_.tokens_per_step) : std::string("front-door rows"),
       info_.warmup_steps, info_.workload, info_.placement, info_.transport,
       info_.control == "transport" ? " (the control collectives too, after start-up)" : "", info_.blas, info_.numerics,
+      info_.experts_device,
       s.tokens_per_s, s.step_p50_ms, s.step_p99_ms, s.rows_wait_p50_ms, s.rows_wait_p99_ms,
       s.answers_wait_p50_ms, s.answers_wait_p99_ms, s.engine_ms, s.route_ms, s.plan_ms, s.experts_ms,
       s.shared_ms > 0 ? fmt::format(" | shared {:.2f}", s.shared_ms) : std::string(), s.other_ms,
@@ -342,6 +343,7 @@ nlohmann::json Report::to_json() const {
       {"placement", info_.placement},
       {"batch_invariant", info_.batch_invariant},
       {"numerics", info_.numerics},
+      {"experts_device", info_.experts_device},
       {"tokens_per_s", s.tokens_per_s},
       {"step_latency_ms", {{"p50", s.step_p50_ms}, {"p99", s.step_p99_ms}}},
       {"rows_wait_ms", {{"p50", s.rows_wait_p50_ms}, {"p99", s.rows_wait_p99_ms}}},

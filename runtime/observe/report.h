@@ -35,6 +35,7 @@ struct RunInfo {
   std::string numerics;          // what the bits depend on, and why
   std::string router_policies;   // the router policies on (empty: none)
   std::string control = "mpi";   // what the control collectives ran over after start-up ([comm].control)
+  std::string experts_device = "cpu";  // where the experts ran ([experts].device, as chosen)
 };
 
 // The router policies' figures over the measured steps (rates of what they

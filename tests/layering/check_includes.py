@@ -39,7 +39,7 @@ LAYERS = {
     "runtime/join": (["common", "comm", "client"], ["join_bootstrap.h", "join_listener.h", "join_wire.h"]),
     "runtime/engine": (["common", "comm", "kernels", "placement", "routing", "runtime/config", "runtime/router",
                         "runtime/weights", "runtime/workload", "runtime/trace"],
-                       ["engine.h", "step_record.h"]),
+                       ["engine.h", "step_record.h", "expert_device.h"]),
     # The observe side reads what a step measured, never the engine or the control plane.
     "runtime/observe": (["common", "placement", "routing", "runtime/config", "runtime/router", "runtime/weights",
                          "runtime/trace", "runtime/engine:step_record.h"],

@@ -41,6 +41,11 @@ config)
     moed_on 2 "${base[@]}" --set "admin.dir=\"$SCRATCH/not-a-dir\""
   expect_failure 2 'budget|memory_mb' "a negative migration memory budget" -- \
     "$MOED" --set migration.memory_mb=-1 --print-config
+  # Experts on a GPU where none is usable (or this build cannot run them there): refused naming the cause.
+  expect_failure 2 '\[experts\]\.device = "cuda" cannot run here: (this build|no usable GPU)' "experts on a missing GPU" -- \
+    moed_on 2 "${base[@]}" --set 'experts.device="cuda"'
+  expect_failure 2 '\[comm\]\.backend = "nccl" cannot run here: ' "the NCCL transport without GPU rows" -- \
+    moed_on 2 "${base[@]}" --set 'comm.backend="nccl"'
   # Sizes the config allows but no host holds: refused before allocating, naming the keys.
   huge=(--set model.hidden=1048576 --set model.ffn=4194304)
   expect_failure 2 'memory: rank [01] needs about [0-9]+ bytes .*more than the [0-9]+ bytes .* available .*\[model\]\.hidden 1048576 x \[model\]\.ffn 4194304' \

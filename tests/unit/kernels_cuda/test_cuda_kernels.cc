@@ -1,5 +1,7 @@
-// The CUDA kernels against plain CPU loops written here. Every GPU test skips
-// where no usable device is found; the error-path tests run everywhere.
+// The CUDA kernels against kernels/cpu itself where it has the same step (the
+// activations, the combine), else against plain CPU loops written here. Every
+// GPU test skips where no usable device is found; the error-path tests run
+// everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/expert_ffn.h"
+#include "kernels/cpu/fixed_combine.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace {
@@ -344,25 +348,53 @@ TEST(CudaKernels, ExpertFfnGroupedMatchesDouble) {
     }
 }
 
+// ---- activations ----------------------------------------------------------------
+
+// Both gated activations give kernels/cpu's bits, with the inputs where the
+// element functions branch: exp's clamps, the SwiGLU limits, NaN and inf.
+TEST(CudaKernels, GatedActivationIsTheCpusBitForBit) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  const int rows = 7, ffn = 300;
+  std::vector<float> h13 = random_floats(std::size_t(rows) * 2 * ffn, 41, -12.0f, 12.0f);
+  const float specials[] = {0.0f, -0.0f, 88.8f, -88.8f, -100.0f, 100.0f, 7.0f, -7.0f, 7.5f, -7.5f,
+                            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+  for (std::size_t i = 0; i < std::size(specials); ++i) {
+    h13[i] = specials[i];                              // row 0's gates
+    h13[2 * ffn + ffn + i] = specials[i];              // row 1's ups
+  }
+  Stream stream;
+  for (const bool clamped : {false, true}) {
+    SCOPED_TRACE(clamped ? "clamped SwiGLU" : "silu");
+    moed::cuda::GatedActivation act;
+    act.clamped = clamped;
+    std::vector<float> want = h13;
+    for (int r = 0; r < rows; ++r) {
+      float* row = want.data() + std::size_t(r) * 2 * ffn;
+      if (clamped)
+        moed::kernels::clamped_swiglu(row, row + ffn, std::size_t(ffn), act.alpha, act.limit, row);
+      else
+        moed::kernels::silu_mul(row, row + ffn, std::size_t(ffn), row);
+    }
+    auto d = to_device(h13);
+    moed::cuda::gated_activation(d.data(), rows, ffn, act, stream);
+    stream.synchronize();
+    EXPECT_TRUE(same_bits(d.download(), want)) << "the GPU's activation differs from kernels/cpu's";
+  }
+}
+
 // ---- combine ------------------------------------------------------------------
 
-// kernels/cpu/fixed_combine.cc's add_weighted_fixed, one pair at a time.
+// kernels/cpu/fixed_combine.h's add_weighted_fixed itself, one pair at a time.
 std::uint64_t cpu_combine(const std::vector<float>& y, const std::vector<float>& w, const std::vector<int>& token,
                           int hidden, std::vector<long long>& acc) {
+  static_assert(sizeof(long long) == sizeof(std::int64_t));
   std::uint64_t saturated = 0;
-  for (std::size_t p = 0; p < w.size(); ++p) {
-    const double scale = double(w[p]) * 0x1p32;
-    for (int i = 0; i < hidden; ++i) {
-      double t = scale * double(y[p * hidden + i]);
-      if (!(std::fabs(t) < 0x1p62)) {
-        ++saturated;
-        t = std::isnan(t) ? 0.0 : std::copysign(0x1p62, t);
-      }
-      long long& a = acc[std::size_t(token[p]) * hidden + i];
-      a = static_cast<long long>(static_cast<std::uint64_t>(a) +
-                                 static_cast<std::uint64_t>(static_cast<long long>(std::nearbyint(t))));
-    }
-  }
+  for (std::size_t p = 0; p < w.size(); ++p)
+    saturated += moed::kernels::add_weighted_fixed(
+        reinterpret_cast<std::int64_t*>(acc.data() + std::size_t(token[p]) * hidden), y.data() + p * hidden, w[p],
+        std::size_t(hidden));
   return saturated;
 }
 
@@ -376,8 +408,8 @@ TEST(CudaKernels, CombineFixedIsBitExactInAnyOrder) {
   for (int p = 0; p < pairs; ++p) token[p] = p / k;
   y[5] = 1e12f;                                        // saturates high
   y[hidden + 7] = -3e11f;                              // saturates low
-  y[2 * hidden + 9] = std::numeric_limits<float>::quiet_NaN();  // saturates to 0
-  y[3 * hidden + 1] = std::numeric_limits<float>::infinity();
+  y[2 * hidden + 9] = std::numeric_limits<float>::quiet_NaN();  // poisons token 0's element 9
+  y[3 * hidden + 1] = std::numeric_limits<float>::infinity();     // poisons token 1's element 1
   y[4 * hidden + 2] = 1e-30f;                          // rounds to 0
   std::fill_n(w.begin(), 4, 0.5f);  // pairs 0-3 hold the special values above
   w[6] = 0.0f;
@@ -389,7 +421,9 @@ TEST(CudaKernels, CombineFixedIsBitExactInAnyOrder) {
 
   std::vector<long long> ref = acc0;
   const std::uint64_t ref_saturated = cpu_combine(y, w, token, hidden, ref);
-  ASSERT_GE(ref_saturated, 4u);
+  ASSERT_GE(ref_saturated, 2u);
+  ASSERT_EQ(ref[9], moed::kernels::kFixedNaN);
+  ASSERT_EQ(ref[std::size_t(hidden) + 1], moed::kernels::kFixedNaN);
 
   Stream stream;
   auto run = [&](const std::vector<float>& yy, const std::vector<float>& ww, const std::vector<int>& tt,
@@ -424,10 +458,10 @@ TEST(CudaKernels, CombineFixedIsBitExactInAnyOrder) {
   EXPECT_TRUE(same_bits(run(ys, ws, ts, &saturated2), acc)) << "pair order changed the bits";
   EXPECT_EQ(saturated2, saturated);
 
-  // The residual add, bit for bit against the CPU expression.
+  // The residual add, bit for bit against the CPU's (NaN where poisoned).
   std::vector<float> ref_out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i)
-    ref_out[i] = static_cast<float>(double(x[i]) + double(ref[i]) * (1.0 / 0x1p32));
+  moed::kernels::residual_from_fixed(x.data(), reinterpret_cast<const std::int64_t*>(ref.data()), x.size(),
+                                     ref_out.data());
   auto dx = to_device(x);
   auto dacc = to_device(ref);
   DeviceBuffer<float> dout(x.size());

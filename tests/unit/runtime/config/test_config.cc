@@ -415,7 +415,7 @@ INSTANTIATE_TEST_SUITE_P(
                       table_case("workload_order", kWorkloadOrderNames, {"sequential", "shuffled"}),
                       table_case("gemm", kGemmNames, {"fixed-order", "openblas"}),
                       table_case("isa", kIsaNames, {"auto", "avx512", "avx2", "portable"}),
-                      table_case("comm_backend", comm::kBackendNames, {"auto", "ucx", "mpi"}),
+                      table_case("comm_backend", comm::kBackendNames, {"auto", "nccl", "ucx", "mpi"}),
                       table_case("placement_policy", placement::kPlacementPolicyNames,
                                  {"contiguous", "round-robin", "shuffled"}),
                       table_case("optimizer_policy", placement::kOptimizerPolicyNames,

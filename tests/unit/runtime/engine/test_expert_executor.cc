@@ -3,7 +3,7 @@
 // FFN output, copied as fp32 for a row of one pair and added gate-weighted in
 // fixed point otherwise, whatever the block cut; and a store's slots survive
 // the flat fp32 form that live migration moves, packed or not.
-#include "runtime/engine/expert_executor.h"
+#include "runtime/engine/cpu_expert_executor.h"
 
 #include <gtest/gtest.h>
 
@@ -65,7 +65,7 @@ TEST(ExpertExecutor, AnswersAreEachRowsOutputWhateverTheBlockCut) {
                            : reinterpret_cast<std::byte*>(sums.data() + i * kHidden);
       rows.push_back({x.data() + i * kHidden, out, 0.25f + 0.05f * float(i), one});
     }
-    ExpertExecutor executor(block);
+    CpuExpertExecutor executor(block);
     int polls = 0;
     EXPECT_EQ(executor.run(expert, rows, [&] { ++polls; }).saturated, 0u);
     EXPECT_EQ(polls, int((n + block - 1) / block) - 1);  // between blocks, not after the last
@@ -90,7 +90,7 @@ TEST(ExpertExecutor, AnswersAreEachRowsOutputWhateverTheBlockCut) {
 TEST(ExpertExecutor, NoRowsNoCall) {
   const ExpertStore store =
       ExpertStore::load(small_config(Gemm::fixed_order), placement::contiguous(1, 2, kExperts), 0);
-  ExpertExecutor executor;
+  CpuExpertExecutor executor;
   int polls = 0;
   EXPECT_EQ(executor.run(store.expert(0, 0), {}, [&] { ++polls; }).nonfinite, 0u);
   EXPECT_EQ(polls, 0);

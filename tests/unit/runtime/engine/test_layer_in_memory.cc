@@ -28,7 +28,7 @@
 #include "runtime/config/config.h"
 #include "runtime/engine/chunk_schedule.h"
 #include "runtime/engine/dispatch_plan.h"
-#include "runtime/engine/expert_executor.h"
+#include "runtime/engine/cpu_expert_executor.h"
 #include "runtime/engine/wire_format.h"
 #include "runtime/router/router.h"
 #include "runtime/weights/expert_store.h"
@@ -305,7 +305,7 @@ void run_experts(RankSide& s, const LayerRun& run, bool narrow) {
     }
   }
   const ExpertStore& store = all_experts(run.placement->layers(), run.counts.experts(), H);
-  ExpertExecutor executor;
+  CpuExpertExecutor executor;
   std::vector<ExpertRow> rows;
   for (const ExpertTask& t : s.schedule.tasks) {
     rows.clear();

@@ -21,6 +21,7 @@
 #include "placement/placement.h"
 #include "placement/topology.h"
 #include "runtime/config/config.h"
+#include "runtime/engine/expert_executor.h"
 #include "runtime/engine/layer_pass.h"
 #include "runtime/router/router.h"
 #include "runtime/weights/expert_store.h"
@@ -153,8 +154,10 @@ TEST_P(LayerPassJob, EveryOrderGivesTheReferenceBits) {
   fake::Fabric fabric(std::uint64_t(seed) * 7919 + which, {.layer_pass_only = true});
   std::vector<std::unique_ptr<comm::Transport>> transports;
   std::vector<ExpertStore> stores;
-  // Calls cut into blocks of 4 rows, every pass of the rank polled between them.
-  std::vector<ExpertExecutor> executors(static_cast<std::size_t>(R), ExpertExecutor(4));
+  // Calls cut into blocks of 4 rows, every pass of the rank polled between
+  // them; made as the engine makes them, and used through the seam alone.
+  std::vector<std::unique_ptr<ExpertExecutor>> executors;
+  for (int r = 0; r < R; ++r) executors.push_back(make_expert_executor(ExpertDevice::cpu, 4));
   std::vector<std::vector<std::int64_t>> acc(static_cast<std::size_t>(R));
   std::vector<std::vector<LayerPass>> passes(static_cast<std::size_t>(R));
   for (int r = 0; r < R; ++r) {
@@ -171,7 +174,7 @@ TEST_P(LayerPassJob, EveryOrderGivesTheReferenceBits) {
       LayerPass::Setup setup{transports[r].get(),
                              &topology,
                              &stores[r],
-                             &executors[r],
+                             executors[r].get(),
                              hierarchical && topology.islands() > 1,
                              overlap,
                              // Seed 1 narrows the fixed-point answers; seed 2 sends them at full width.

@@ -1,0 +1,104 @@
+#include "comm/nccl/nccl_probe.h"
+
+#include <dlfcn.h>
+
+#include <fmt/format.h>
+
+namespace moed::comm {
+
+namespace {
+
+// A library opened for the probe and closed after it.
+class Loaded {
+ public:
+  explicit Loaded(const char* name) : handle_(dlopen(name, RTLD_NOW | RTLD_LOCAL)) {
+    if (!handle_) {
+      const char* e = dlerror();
+      error_ = e ? e : std::string("cannot load ") + name;
+    }
+  }
+  ~Loaded() {
+    if (handle_) dlclose(handle_);
+  }
+  Loaded(const Loaded&) = delete;
+  Loaded& operator=(const Loaded&) = delete;
+
+  explicit operator bool() const { return handle_ != nullptr; }
+  const std::string& error() const { return error_; }
+  // The function `name` as type F, or nullptr.
+  template <class F>
+  F function(const char* name) const {
+    return handle_ ? reinterpret_cast<F>(dlsym(handle_, name)) : nullptr;
+  }
+
+ private:
+  void* handle_;
+  std::string error_;
+};
+
+// The driver API's entry points the probe calls (cuda.h's signatures; CUresult 0 is success).
+using CuInit = int (*)(unsigned);
+using CuDeviceGetCount = int (*)(int*);
+using NcclGetVersion = int (*)(int*);
+
+void probe_gpus(NcclFacts& facts) {
+  const Loaded driver("libcuda.so.1");
+  if (!driver) {
+    facts.no_gpu = "no NVIDIA driver (" + driver.error() + ")";
+    return;
+  }
+  const auto init = driver.function<CuInit>("cuInit");
+  const auto count = driver.function<CuDeviceGetCount>("cuDeviceGetCount");
+  if (!init || !count) {
+    facts.no_gpu = "libcuda.so.1 lacks cuInit or cuDeviceGetCount";
+  } else if (const int e = init(0); e != 0) {
+    facts.no_gpu = fmt::format("cuInit failed (CUresult {})", e);
+  } else if (const int c = count(&facts.gpus); c != 0) {
+    facts.no_gpu = fmt::format("cuDeviceGetCount failed (CUresult {})", c);
+  } else if (facts.gpus == 0) {
+    facts.no_gpu = "the driver shows no device";
+  }
+}
+
+void probe_library(NcclFacts& facts) {
+  const Loaded nccl("libnccl.so.2");
+  if (!nccl) {
+    facts.no_library = nccl.error();
+    return;
+  }
+  const auto version = nccl.function<NcclGetVersion>("ncclGetVersion");
+  if (!version || version(&facts.nccl_version) != 0) facts.no_library = "libnccl.so.2 has no working ncclGetVersion";
+}
+
+}  // namespace
+
+NcclFacts probe_nccl() {
+  NcclFacts facts;
+  try {
+    probe_gpus(facts);
+    probe_library(facts);
+  } catch (...) {  // only formatting a reason can throw here
+    facts.no_gpu = "probe failed";  // short enough not to allocate
+  }
+  // Rows travel in host memory until the experts run on the GPU (docs/gpu.md).
+  facts.transport_built = false;
+  return facts;
+}
+
+std::string nccl_version_string(int code) {
+  return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+}
+
+std::optional<std::string> nccl_unavailable_with(const NcclFacts& facts) {
+  if (!facts.no_gpu.empty()) return "it carries rows in GPU memory, and there is no GPU here: " + facts.no_gpu;
+  if (!facts.no_library.empty()) return "NCCL cannot be loaded: " + facts.no_library;
+  if (!facts.transport_built)
+    return fmt::format("NCCL {} and {} GPU{} are here, but this build moves token rows in host memory only "
+                       "(experts run on the CPU); use ucx or mpi",
+                       nccl_version_string(facts.nccl_version), facts.gpus, facts.gpus == 1 ? "" : "s");
+  return std::nullopt;
+}
+
+std::optional<std::string> nccl_unavailable(const Bootstrap&) { return nccl_unavailable_with(probe_nccl()); }
+
+}  // namespace moed::comm

@@ -1,0 +1,41 @@
+// The device probe of gpu_probe.h.
+#include "kernels/cuda/gpu_probe.h"
+
+#include <cuda_runtime_api.h>
+
+namespace moed::cuda {
+
+namespace {
+
+// Never launched: asking for its attributes loads the module, which fails when
+// the binary holds no code the device can run (e.g. built for sm_90 only).
+__global__ void probe_kernel() {}
+
+std::string describe(const char* call, cudaError_t status) {
+  return std::string(call) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
+}
+
+}  // namespace
+
+bool gpu_available(std::string* why) {
+  try {
+    auto fail = [&](const std::string& reason) {
+      cudaGetLastError();  // clear the error so later checks do not see it
+      if (why) *why = reason;
+      return false;
+    };
+    int count = 0;
+    if (cudaError_t s = cudaGetDeviceCount(&count); s != cudaSuccess)
+      return fail(describe("cudaGetDeviceCount", s));
+    if (count == 0) return fail("cudaGetDeviceCount: no CUDA device");
+    cudaFuncAttributes attr{};
+    if (cudaError_t s = cudaFuncGetAttributes(&attr, probe_kernel); s != cudaSuccess)
+      return fail(describe("loading the moed kernels on the device", s));
+    if (why) why->clear();
+    return true;
+  } catch (...) {  // only std::string allocation can throw here
+    return false;
+  }
+}
+
+}  // namespace moed::cuda

@@ -1,0 +1,52 @@
+#include "runtime/engine/expert_device.h"
+
+#include <optional>
+
+#include "common/error.h"
+#if defined(MOED_HAVE_CUDA)
+#include "kernels/cuda/gpu_probe.h"
+#endif
+
+namespace moed::runtime {
+
+GpuFacts probe_gpus() {
+  GpuFacts facts;
+#if defined(MOED_HAVE_CUDA)
+  facts.kernels_built = true;
+  facts.gpu_usable = cuda::gpu_available(&facts.why_no_gpu);
+#else
+  facts.why_no_gpu = "this build has no CUDA kernels";
+#endif
+  // No CUDA ExpertExecutor exists yet: experts run on the CPU (docs/gpu.md).
+  facts.executor_built = false;
+  return facts;
+}
+
+namespace {
+
+// What keeps experts off the GPU in a process with `facts`, or nullopt.
+std::optional<std::string> missing_for_cuda(const GpuFacts& facts) {
+  if (!facts.kernels_built)
+    return "this build has no CUDA kernels (nvcc was not found when it was configured, or MOED_CUDA=OFF)";
+  if (!facts.gpu_usable) return "no usable GPU: " + facts.why_no_gpu;
+  if (!facts.executor_built) return "this build runs experts on the CPU only (it has no CUDA expert executor)";
+  return std::nullopt;
+}
+
+}  // namespace
+
+DeviceChoice choose_expert_device(std::string_view requested, const GpuFacts& facts) {
+  const std::optional<std::string> missing = missing_for_cuda(facts);
+  if (requested == "cpu") return {ExpertDevice::cpu, "[experts].device = cpu"};
+  if (requested == "cuda") {
+    if (missing) MOED_THROW(Usage, "[experts].device = \"cuda\" cannot run here: {}", *missing);
+    return {ExpertDevice::cuda, "[experts].device = cuda"};
+  }
+  if (requested == "auto") {
+    if (missing) return {ExpertDevice::cpu, "[experts].device = auto: cpu, as " + *missing};
+    return {ExpertDevice::cuda, "[experts].device = auto: cuda, as this process has a usable GPU"};
+  }
+  MOED_THROW(Usage, "[experts].device = \"{}\" is not one of auto, cpu, cuda", requested);
+}
+
+}  // namespace moed::runtime
