@@ -1,0 +1,202 @@
+// The CUDA kernels against bounds measured in the same run, on one GPU
+// (tests/gpu/check.sh runs it; nothing here runs without a GPU):
+//   - HBM: a device-to-device copy, bytes read + written per second;
+//   - routing (router_topk), permute (permute_rows) and combine
+//     (combine_fixed): their bytes per second over that copy's;
+//   - the grouped expert FFN (expert_ffn_grouped, fp32 cuBLAS per expert)
+//     over one dense cuBLAS GEMM pair of the same FLOPs and compute type.
+// Each time is the best of --reps after a warm-up, read with CUDA events.
+//
+// Usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace {
+
+using moed::cuda::CublasHandle;
+using moed::cuda::DeviceBuffer;
+using moed::cuda::Stream;
+
+struct Shape {
+  const char* name;
+  int hidden, ffn, experts, top_k, tokens;
+};
+
+// Mixtral-8x7B's and DeepSeek-V3's expert layers at a prefill step's tokens.
+const Shape kShapes[] = {
+    {"mixtral", 4096, 14336, 8, 2, 4096},
+    {"deepseek", 7168, 2048, 256, 8, 4096},
+    {"small", 512, 1024, 16, 4, 1024},  // a quick run
+};
+
+// The best time in seconds of `reps` runs of `body` on `stream`, after one warm-up.
+double best_seconds(int reps, cudaStream_t stream, const std::function<void()>& body) {
+  cudaEvent_t start, stop;
+  MOED_CUDA_CHECK(cudaEventCreate(&start));
+  MOED_CUDA_CHECK(cudaEventCreate(&stop));
+  body();
+  MOED_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float best_ms = 1e30f;
+  for (int r = 0; r < reps; ++r) {
+    MOED_CUDA_CHECK(cudaEventRecord(start, stream));
+    body();
+    MOED_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MOED_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    MOED_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(best_ms) * 1e-3;
+}
+
+std::vector<float> random_floats(std::size_t n, unsigned seed, float scale) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+void print_ratio(const char* what, double bytes, double seconds, double bound_bytes_per_s) {
+  const double rate = bytes / seconds;
+  std::printf("%-34s %9.1f GB/s  %.3f of the copy's\n", what, rate * 1e-9, rate / bound_bytes_per_s);
+}
+
+int run(const Shape& s, int reps) {
+  cudaDeviceProp prop{};
+  MOED_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs; shape %s: H=%d F=%d, %d experts, top-%d, %d tokens; best of %d\n", prop.name,
+              prop.multiProcessorCount, s.name, s.hidden, s.ffn, s.experts, s.top_k, s.tokens, reps);
+  Stream stream;
+  const long long H = s.hidden, F = s.ffn, T = s.tokens, pairs = T * s.top_k;
+  const std::size_t n_pairs = std::size_t(pairs), n_experts = std::size_t(s.experts);
+
+  // The bound: a copy of 1 GiB (far past the L2), bytes read and written.
+  const std::size_t copy_bytes = std::size_t(1) << 30;
+  DeviceBuffer<unsigned char> from(copy_bytes), to(copy_bytes);
+  from.zero(stream);
+  const double copy_s = best_seconds(reps, stream, [&] {
+    MOED_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const double bound = 2.0 * double(copy_bytes) / copy_s;
+  std::printf("%-34s %9.1f GB/s  (the bound: bytes read + written)\n", "HBM copy, 1 GiB", bound * 1e-9);
+
+  // Routing: logits in, ids and weights out.
+  auto logits = random_floats(std::size_t(T * s.experts), 1, 4.0f);
+  DeviceBuffer<float> d_logits(logits.size()), d_weights(n_pairs);
+  d_logits.upload(logits);
+  DeviceBuffer<int> d_ids(n_pairs);
+  const double route_s = best_seconds(reps, stream, [&] {
+    moed::cuda::router_topk(d_logits.data(), int(T), s.experts, s.top_k, 1.0f, d_ids.data(), d_weights.data(),
+                            stream);
+  });
+  print_ratio("routing (router_topk)", double(T * s.experts * 4 + pairs * 8), route_s, bound);
+
+  // Grouping, then the permute of every pair's row.
+  DeviceBuffer<int> d_counts(n_experts), d_offsets(n_experts + 1), d_order(n_pairs), d_token(n_pairs);
+  moed::cuda::count_and_offsets(d_ids.data(), int(pairs), s.experts, d_counts.data(), d_offsets.data(),
+                                d_order.data(), stream);
+  moed::cuda::pair_tokens(d_order.data(), int(pairs), s.top_k, d_token.data(), stream);
+  auto x = random_floats(std::size_t(T * H), 2, 1.0f);
+  DeviceBuffer<float> d_x(x.size()), d_rows(n_pairs * std::size_t(H));
+  d_x.upload(x);
+  const double permute_s = best_seconds(reps, stream, [&] {
+    moed::cuda::permute_rows(d_x.data(), d_token.data(), int(pairs), int(H), d_rows.data(), stream);
+  });
+  print_ratio("permute (permute_rows)", double(pairs * H * 8 + pairs * 4), permute_s, bound);
+
+  // Combine: every pair's output onto its token's fixed-point sum.
+  DeviceBuffer<long long> d_acc(x.size());
+  DeviceBuffer<unsigned long long> d_saturated(1);
+  const double combine_s = best_seconds(reps, stream, [&] {
+    d_acc.zero(stream);
+    moed::cuda::combine_fixed(d_rows.data(), d_weights.data(), d_token.data(), int(pairs), int(H), d_acc.data(),
+                              d_saturated.data(), stream);
+  });
+  // y read once, each sum zeroed, then read and written once (the atomics' traffic stays in L2 at best).
+  print_ratio("combine (combine_fixed, with zeroing)", double(pairs * H * 4 + T * H * 8 * 3), combine_s, bound);
+
+  // The grouped FFN over equal groups, against one dense GEMM pair of the same FLOPs.
+  const int E = std::min(s.experts, 8);  // the experts timed (weights of all 256 would not change the rate)
+  const long long rows_each = pairs / s.experts;
+  if (rows_each < 1) return 0;
+  std::vector<int> offsets(std::size_t(E) + 1);
+  for (int e = 0; e <= E; ++e) offsets[std::size_t(e)] = int(rows_each * e);
+  auto w13 = random_floats(std::size_t(2 * F * H), 3, 0.02f), w2 = random_floats(std::size_t(H * F), 4, 0.02f);
+  DeviceBuffer<float> d_w13(w13.size()), d_w2(w2.size());
+  d_w13.upload(w13);
+  d_w2.upload(w2);
+  // Every expert reads the same weights: the rate is the GEMMs', not the weights' placement.
+  std::vector<const float*> p13(std::size_t(E), d_w13.data()), p2(std::size_t(E), d_w2.data());
+  const long long rows = rows_each * E;
+  const std::size_t n_rows = std::size_t(rows);
+  DeviceBuffer<float> d_scratch(n_rows * std::size_t(2 * F)), d_y(n_rows * std::size_t(H));
+  CublasHandle handle(stream);
+  const double grouped_s = best_seconds(reps, stream, [&] {
+    moed::cuda::expert_ffn_grouped(handle, d_rows.data(), offsets.data(), E, p13.data(), p2.data(), int(H), int(F),
+                                   d_scratch.data(), d_y.data(), stream);
+  });
+  const double dense_s = best_seconds(reps, stream, [&] {
+    moed::cuda::detail::gemm_xwt(handle.get(), d_rows.data(), int(rows), int(H), d_w13.data(), int(2 * F),
+                                 d_scratch.data(), int(H), CUBLAS_COMPUTE_32F);
+    moed::cuda::detail::gemm_xwt(handle.get(), d_scratch.data(), int(rows), int(F), d_w2.data(), int(H), d_y.data(),
+                                 int(2 * F), CUBLAS_COMPUTE_32F);
+  });
+  const double flops = 2.0 * double(rows) * double(H) * double(3 * F);
+  std::printf("%-34s %9.1f TFLOP/s  %.3f of dense cuBLAS (%.1f TFLOP/s, same FLOPs, fp32), %lld rows x %d experts\n",
+              "grouped FFN fp32 (expert_ffn_grouped)", flops / grouped_s * 1e-12, dense_s / grouped_s,
+              flops / dense_s * 1e-12, rows_each, E);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 10;
+  std::string shape = "mixtral";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (arg == "--shape" && i + 1 < argc) {
+      shape = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]\n");
+      return 2;
+    }
+  }
+  if (reps < 1) {
+    std::fprintf(stderr, "bench_gpu_kernels: --reps must be at least 1\n");
+    return 2;
+  }
+  const Shape* chosen = nullptr;
+  for (const Shape& s : kShapes)
+    if (shape == s.name) chosen = &s;
+  if (!chosen) {
+    std::fprintf(stderr, "bench_gpu_kernels: unknown --shape %s (mixtral, deepseek, small)\n", shape.c_str());
+    return 2;
+  }
+  std::string why;
+  if (!moed::cuda::gpu_available(&why)) {
+    std::fprintf(stderr, "bench_gpu_kernels: no usable GPU: %s\n", why.c_str());
+    return 1;
+  }
+  try {
+    return run(*chosen, reps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_kernels: %s\n", e.what());
+    return 1;
+  }
+}
