@@ -220,6 +220,51 @@ void expert_ffn_grouped(CublasHandle& handle, const float* x, const int* host_of
                         const float* const* w13, const float* const* w2, int hidden, int ffn,
                         float* scratch, float* y, cudaStream_t stream, const GatedActivation& activation = {});
 
+// ---- weights in their resident format, and the fixed-order GEMM ------------------
+
+// kernels::WeightDtype's formats, in its order (kernels/cpu/weight_codes.h).
+enum class DeviceDtype { f32, bf16, fp8, mxfp4, int8 };
+
+// A weight matrix [n, k] in device memory, laid out as kernels/cpu/encoded_matrix.h
+// lays it (and as a migrated slot travels): the codes row-major, then the
+// scales (fp8: an fp32 per 128 x 128 tile; int8: an fp32 per row; mxfp4: an
+// e8m0 byte per 32 weights of a row; f32 and bf16: none). codes 4-byte aligned.
+struct DeviceMatrix {
+  DeviceDtype dtype = DeviceDtype::f32;
+  long long n = 0, k = 0;
+  const unsigned char* codes = nullptr;
+  const unsigned char* scales = nullptr;
+};
+
+// C[m, n] (row stride ldc) = A · W[:, k_begin:k_end]ᵀ, A's column 0 being W's
+// column k_begin (row stride lda). Each element is the chain
+// acc = fma(a, value, acc) over the range in k order from +0, with each
+// weight's value as EncodedMatrix::value computes it (one exact conversion,
+// at most one fp32 multiply): the bits of kernels/cpu's gemm_fixed_order_range
+// with fp32 products, whatever m, the row's position or the launch.
+void gemm_fixed_order(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,
+                      float* c, int ldc, cudaStream_t stream);
+
+// One expert (or shard) in device memory, as kernels::ExpertView holds it on
+// the CPU: W1|W3 [2F, H] and W2 [H, F] in their format, the optional biases
+// (gpt-oss: b13 [2F] after the up-projection, b2 [H] after chunk 0's
+// down-projection), F cut into `chunks` canonical chunks.
+struct DeviceExpert {
+  DeviceMatrix w13, w2;
+  const float* b13 = nullptr;
+  const float* b2 = nullptr;
+  int hidden = 0, ffn = 0, chunks = 1;
+  GatedActivation activation;
+};
+
+// kernels/cpu/expert_ffn.h's expert_ffn_up and expert_ffn_down_chunk on the
+// GPU, with the same bits as the CPU's fp32 products: h13 [m, 2F] =
+// act(x · W13ᵀ + b13) in its first F columns; y [m, H] = chunk c of the
+// down-projection (plus b2 for chunk 0).
+void expert_ffn_up_fixed(const DeviceExpert& e, const float* x, int m, float* h13, cudaStream_t stream);
+void expert_ffn_down_chunk_fixed(const DeviceExpert& e, const float* h13, int m, int chunk, float* y,
+                                 cudaStream_t stream);
+
 // The fixed-point combine (kernels/cpu/fixed_combine.h): for each pair p and
 // column i, acc[pair_token[p], i] += round(gate_weight[p] * y[p, i] * 2^32),
 // finite terms saturated at ±2^62 and counted in *saturated (unless null;

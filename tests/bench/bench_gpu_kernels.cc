@@ -4,7 +4,11 @@
 //   - routing (router_topk), permute (permute_rows) and combine
 //     (combine_fixed): their bytes per second over that copy's;
 //   - the grouped expert FFN (expert_ffn_grouped, fp32 cuBLAS per expert)
-//     over one dense cuBLAS GEMM pair of the same FLOPs and compute type.
+//     over one dense cuBLAS GEMM pair of the same FLOPs and compute type;
+//   - the fixed-order GEMM (gemm_fixed_order: kernels/cpu's bits) over W13
+//     in every resident format: at 1 row, the weights' bytes per second over
+//     the copy's (weights of several experts, past the L2); at 256 rows,
+//     its FLOP/s over dense fp32 cuBLAS's on the same shape.
 // Each time is the best of --reps after a warm-up, read with CUDA events.
 //
 // Usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]
@@ -19,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/encoded_matrix.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace {
@@ -72,6 +77,55 @@ std::vector<float> random_floats(std::size_t n, unsigned seed, float scale) {
 void print_ratio(const char* what, double bytes, double seconds, double bound_bytes_per_s) {
   const double rate = bytes / seconds;
   std::printf("%-34s %9.1f GB/s  %.3f of the copy's\n", what, rate * 1e-9, rate / bound_bytes_per_s);
+}
+
+// The fixed-order GEMM over one expert's W13 [2F, H] in each format.
+void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& handle, Stream& stream) {
+  using moed::kernels::WeightDtype;
+  const std::size_t n = std::size_t(2) * std::size_t(s.ffn), k = std::size_t(s.hidden), prefill_rows = 256;
+  const auto w = random_floats(n * k, 5, 0.05f);
+  auto a = random_floats(prefill_rows * k, 6, 1.0f);
+  DeviceBuffer<float> d_a(a.size()), d_c(prefill_rows * n);
+  d_a.upload(a);
+  // Dense fp32 cuBLAS at the prefill rows: the compute bound's stand-in.
+  DeviceBuffer<float> d_w(w.size());
+  d_w.upload(w);
+  const double dense_s = best_seconds(reps, stream, [&] {
+    moed::cuda::detail::gemm_xwt(handle.get(), d_a.data(), int(prefill_rows), int(k), d_w.data(), int(n), d_c.data(),
+                                 int(k), CUBLAS_COMPUTE_32F);
+  });
+  const double flops = 2.0 * double(prefill_rows) * double(n) * double(k);
+  for (const WeightDtype dtype :
+       {WeightDtype::f32, WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
+    const moed::kernels::EncodedMatrix m = moed::kernels::encode(dtype, w.data(), n, k);
+    // Enough copies that one pass over them is at least 512 MB, far past the L2.
+    const std::size_t copies = std::min<std::size_t>(64, std::max<std::size_t>(1, (std::size_t(512) << 20) / m.bytes()));
+    std::vector<DeviceBuffer<unsigned char>> codes, scales;
+    std::vector<moed::cuda::DeviceMatrix> views;
+    for (std::size_t i = 0; i < copies; ++i) {
+      codes.emplace_back(m.codes.size());
+      codes.back().upload(m.codes);
+      scales.emplace_back(std::max<std::size_t>(1, m.scales.size()));
+      if (!m.scales.empty()) scales.back().upload(m.scales);
+      views.push_back({moed::cuda::DeviceDtype(int(dtype)), (long long)n, (long long)k, codes.back().data(),
+                       m.scales.empty() ? nullptr : scales.back().data()});
+    }
+    const double decode_s = best_seconds(reps, stream, [&] {
+      for (const auto& v : views)
+        moed::cuda::gemm_fixed_order(d_a.data(), 1, int(k), v, 0, (long long)k, d_c.data(), int(n), stream);
+    });
+    const double prefill_s = best_seconds(reps, stream, [&] {
+      moed::cuda::gemm_fixed_order(d_a.data(), int(prefill_rows), int(k), views[0], 0, (long long)k, d_c.data(),
+                                   int(n), stream);
+    });
+    char what[80];
+    std::snprintf(what, sizeof what, "fixed-order %s, 1 row (%zu x %.0f MB)", moed::kernels::to_string(dtype), copies,
+                  double(m.bytes()) * 1e-6);
+    print_ratio(what, double(copies) * double(m.bytes()), decode_s, bound);
+    std::printf("%-34s %9.1f TFLOP/s  %.3f of dense fp32 cuBLAS (%.1f TFLOP/s), %zu rows\n",
+                (std::string("fixed-order ") + moed::kernels::to_string(dtype) + ", prefill").c_str(),
+                flops / prefill_s * 1e-12, dense_s / prefill_s, flops / dense_s * 1e-12, prefill_rows);
+  }
 }
 
 int run(const Shape& s, int reps) {
@@ -130,8 +184,7 @@ int run(const Shape& s, int reps) {
 
   // The grouped FFN over equal groups, against one dense GEMM pair of the same FLOPs.
   const int E = std::min(s.experts, 8);  // the experts timed (weights of all 256 would not change the rate)
-  const long long rows_each = pairs / s.experts;
-  if (rows_each < 1) return 0;
+  const long long rows_each = std::max(1LL, pairs / s.experts);
   std::vector<int> offsets(std::size_t(E) + 1);
   for (int e = 0; e <= E; ++e) offsets[std::size_t(e)] = int(rows_each * e);
   auto w13 = random_floats(std::size_t(2 * F * H), 3, 0.02f), w2 = random_floats(std::size_t(H * F), 4, 0.02f);
@@ -158,6 +211,7 @@ int run(const Shape& s, int reps) {
   std::printf("%-34s %9.1f TFLOP/s  %.3f of dense cuBLAS (%.1f TFLOP/s, same FLOPs, fp32), %lld rows x %d experts\n",
               "grouped FFN fp32 (expert_ffn_grouped)", flops / grouped_s * 1e-12, dense_s / grouped_s,
               flops / dense_s * 1e-12, rows_each, E);
+  fixed_order_formats(s, reps, bound, handle, stream);
   return 0;
 }
 

@@ -15,7 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/bf16_dot_gemm.h"
+#include "kernels/cpu/encoded_matrix.h"
 #include "kernels/cpu/expert_ffn.h"
+#include "kernels/cpu/fixed_order_gemm.h"
+#include "kernels/cpu/quant_weights.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -381,6 +385,129 @@ TEST(CudaKernels, GatedActivationIsTheCpusBitForBit) {
     moed::cuda::gated_activation(d.data(), rows, ffn, act, stream);
     stream.synchronize();
     EXPECT_TRUE(same_bits(d.download(), want)) << "the GPU's activation differs from kernels/cpu's";
+  }
+}
+
+// ---- the fixed-order GEMM over resident formats -----------------------------------
+
+using moed::kernels::WeightDtype;
+
+// An encoded matrix uploaded as the GPU reads it.
+struct DeviceEncoded {
+  DeviceBuffer<unsigned char> codes, scales;
+  moed::cuda::DeviceMatrix view;
+};
+
+DeviceEncoded upload(const moed::kernels::EncodedMatrix& m) {
+  DeviceEncoded d{to_device(m.codes), to_device(m.scales.empty() ? std::vector<std::uint8_t>{0} : m.scales), {}};
+  d.view = {moed::cuda::DeviceDtype(int(m.dtype)), (long long)m.n, (long long)m.k, d.codes.data(),
+            m.scales.empty() ? nullptr : d.scales.data()};
+  return d;
+}
+
+// kernels/cpu's GEMM with fp32 products over the matrix's values, for a k range.
+std::vector<float> cpu_gemm(const moed::kernels::EncodedMatrix& m, const std::vector<float>& a, std::size_t rows,
+                            std::size_t k_begin, std::size_t k_end) {
+  moed::kernels::set_compact_products(moed::kernels::CompactProducts::f32);
+  std::vector<float> c(rows * m.n);
+  const std::size_t lda = k_end - k_begin;
+  if (m.dtype == WeightDtype::f32) {
+    const std::vector<float> values = m.values();
+    moed::kernels::gemm_fixed_order_range(a.data(), rows, moed::kernels::PackedWeights(values.data(), m.n, m.k),
+                                          k_begin, k_end, c.data(), lda);
+  } else {
+    moed::kernels::gemm_fixed_order_range(a.data(), rows, moed::kernels::QuantWeights(m), k_begin, k_end, c.data(),
+                                          lda);
+  }
+  return c;
+}
+
+// Every format, partial tiles of rows, columns and k, a k range, 1 to 37
+// rows: the GPU's chains give kernels/cpu's bits (so a row's bits do not
+// depend on its batch on the GPU either).
+TEST(CudaKernels, GemmFixedOrderIsTheCpusBitForBitInEveryFormat) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  const std::size_t n = 150, k = 320;
+  const auto w = random_floats(n * k, 51, -1.0f, 1.0f);
+  Stream stream;
+  for (const WeightDtype dtype :
+       {WeightDtype::f32, WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
+    SCOPED_TRACE(moed::kernels::to_string(dtype));
+    const moed::kernels::EncodedMatrix m = moed::kernels::encode(dtype, w.data(), n, k);
+    const DeviceEncoded d = upload(m);
+    for (const auto& [k_begin, k_end] : {std::pair<std::size_t, std::size_t>{0, k}, {64, 256}}) {
+      for (const std::size_t rows : {std::size_t(1), std::size_t(17), std::size_t(37)}) {
+        SCOPED_TRACE("k [" + std::to_string(k_begin) + ", " + std::to_string(k_end) + "), " +
+                     std::to_string(rows) + " rows");
+        const auto a = random_floats(rows * (k_end - k_begin), unsigned(52 + rows), -2.0f, 2.0f);
+        auto da = to_device(a);
+        DeviceBuffer<float> dc(rows * n);
+        moed::cuda::gemm_fixed_order(da.data(), int(rows), int(k_end - k_begin), d.view, (long long)k_begin,
+                                     (long long)k_end, dc.data(), int(n), stream);
+        stream.synchronize();
+        EXPECT_TRUE(same_bits(dc.download(), cpu_gemm(m, a, rows, k_begin, k_end)))
+            << "the GPU's chains differ from kernels/cpu's";
+      }
+    }
+  }
+}
+
+// The expert FFN chunk by chunk, with gpt-oss's biases and clamped SwiGLU
+// and without: kernels/cpu's expert_ffn_up and expert_ffn_down_chunk, bit for bit.
+TEST(CudaKernels, ExpertFfnFixedIsTheCpusBitForBit) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  moed::kernels::set_compact_products(moed::kernels::CompactProducts::f32);
+  const std::size_t H = 96, F = 128, chunks = 2, rows = 9;
+  Stream stream;
+  for (const WeightDtype dtype : {WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4}) {
+    for (const bool gpt_oss : {false, true}) {
+      SCOPED_TRACE(std::string(moed::kernels::to_string(dtype)) + (gpt_oss ? ", biases and clamped SwiGLU" : ""));
+      const auto w13 = random_floats(2 * F * H, 61, -0.2f, 0.2f), w2 = random_floats(H * F, 62, -0.2f, 0.2f);
+      const auto b13 = random_floats(2 * F, 63, -0.5f, 0.5f), b2 = random_floats(H, 64, -0.5f, 0.5f);
+      const auto e13 = moed::kernels::encode(dtype, w13.data(), 2 * F, H);
+      const auto e2 = moed::kernels::encode(dtype, w2.data(), H, F);
+      const moed::kernels::QuantWeights q13(e13), q2(e2);
+      moed::kernels::ExpertView cpu;
+      cpu.w13_quant = &q13;
+      cpu.w2_quant = &q2;
+      cpu.hidden = H;
+      cpu.ffn = F;
+      cpu.chunks = chunks;
+      cpu.activation.clamped = gpt_oss;
+      if (gpt_oss) {
+        cpu.b13 = b13.data();
+        cpu.b2 = b2.data();
+      }
+      const DeviceEncoded d13 = upload(e13), d2 = upload(e2);
+      auto db13 = to_device(b13), db2 = to_device(b2);
+      moed::cuda::DeviceExpert gpu;
+      gpu.w13 = d13.view;
+      gpu.w2 = d2.view;
+      gpu.hidden = int(H);
+      gpu.ffn = int(F);
+      gpu.chunks = int(chunks);
+      gpu.activation.clamped = gpt_oss;
+      if (gpt_oss) {
+        gpu.b13 = db13.data();
+        gpu.b2 = db2.data();
+      }
+      const auto x = random_floats(rows * H, 65, -3.0f, 3.0f);
+      std::vector<float> h13(rows * 2 * F), y(rows * H);
+      moed::kernels::expert_ffn_up(cpu, x.data(), rows, h13.data());
+      auto dx = to_device(x);
+      DeviceBuffer<float> dh13(rows * 2 * F), dy(rows * H);
+      moed::cuda::expert_ffn_up_fixed(gpu, dx.data(), int(rows), dh13.data(), stream);
+      stream.synchronize();
+      EXPECT_TRUE(same_bits(dh13.download(), h13)) << "up-projection and activation";
+      for (std::size_t c = 0; c < chunks; ++c) {
+        moed::kernels::expert_ffn_down_chunk(cpu, h13.data(), rows, c, y.data());
+        moed::cuda::expert_ffn_down_chunk_fixed(gpu, dh13.data(), int(rows), int(c), dy.data(), stream);
+        stream.synchronize();
+        EXPECT_TRUE(same_bits(dy.download(), y)) << "down-projection of chunk " << c;
+      }
+    }
   }
 }
 
