@@ -80,7 +80,7 @@ NcclFacts probe_nccl() {
   } catch (...) {  // only formatting a reason can throw here
     facts.no_gpu = "probe failed";  // short enough not to allocate
   }
-  // Rows travel in host memory until the experts run on the GPU (docs/gpu.md).
+  // Rows travel in host memory, even to experts on a GPU (docs/gpu.md).
   facts.transport_built = false;
   return facts;
 }
@@ -94,7 +94,7 @@ std::optional<std::string> nccl_unavailable_with(const NcclFacts& facts) {
   if (!facts.no_library.empty()) return "NCCL cannot be loaded: " + facts.no_library;
   if (!facts.transport_built)
     return fmt::format("NCCL {} and {} GPU{} are here, but this build moves token rows in host memory only "
-                       "(experts run on the CPU); use ucx or mpi",
+                       "(the NCCL exchanges are not built); use ucx or mpi",
                        nccl_version_string(facts.nccl_version), facts.gpus, facts.gpus == 1 ? "" : "s");
   return std::nullopt;
 }

@@ -1,6 +1,6 @@
 // The activations' element functions, one IEEE operation per step, shared
 // by the CPU loops (silu_body.h, expert_ffn.cc) and the CUDA kernels
-// (kernels/cuda/expert_gemm.cu), so that both compute the same bits from the
+// (kernels/cuda/activation.cu), so that both compute the same bits from the
 // same inputs. Neither may contract a multiply and an add into an fma: the
 // CPU files build with -ffp-contract=off, the CUDA file with --fmad=false.
 // `static` for the reason silu_body.h gives (each instruction set's file

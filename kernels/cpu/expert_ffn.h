@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/quant_weights.h"
@@ -54,6 +55,11 @@ struct ExpertView {
   // Compact weights (either both or neither), used in place of the packed fp32 ones.
   const QuantWeights* w13_quant = nullptr;  // [2F, H]
   const QuantWeights* w2_quant = nullptr;   // [H, F]
+  // Which held weights these are: the expert store numbers every slot it
+  // makes, never twice (0: not numbered), so that a copy of them elsewhere
+  // (a GPU's) is known for theirs even when a slot made again sits at the
+  // same address.
+  std::uint64_t serial = 0;
 };
 
 // Scratch floats expert_ffn needs for m rows.

@@ -55,7 +55,7 @@ inline unsigned grid_blocks(long long n, int threads) {
   return unsigned(b < 1 ? 1 : (b > (1 << 20) ? (1 << 20) : b));
 }
 // Row-major C[m, n] = A[m, k] · W[n, k]ᵀ (kernels/cpu/gemm.h's gemm_xwt; A's
-// rows lda apart) on the handle's stream, fp32 in and out. Defined in expert_gemm.cu.
+// rows lda apart) on the handle's stream, fp32 in and out. Defined in cublas.cu.
 void gemm_xwt(cublasHandle_t handle, const float* a, int m, int k, const float* w, int n, float* c,
               int lda, cublasComputeType_t compute);
 }  // namespace detail

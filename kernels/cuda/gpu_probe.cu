@@ -17,7 +17,7 @@ std::string describe(const char* call, cudaError_t status) {
 
 }  // namespace
 
-bool gpu_available(std::string* why) {
+bool gpu_available(std::string* why, int* devices) {
   try {
     auto fail = [&](const std::string& reason) {
       cudaGetLastError();  // clear the error so later checks do not see it
@@ -25,6 +25,7 @@ bool gpu_available(std::string* why) {
       return false;
     };
     int count = 0;
+    if (devices) *devices = 0;
     if (cudaError_t s = cudaGetDeviceCount(&count); s != cudaSuccess)
       return fail(describe("cudaGetDeviceCount", s));
     if (count == 0) return fail("cudaGetDeviceCount: no CUDA device");
@@ -32,6 +33,7 @@ bool gpu_available(std::string* why) {
     if (cudaError_t s = cudaFuncGetAttributes(&attr, probe_kernel); s != cudaSuccess)
       return fail(describe("loading the moed kernels on the device", s));
     if (why) why->clear();
+    if (devices) *devices = count;
     return true;
   } catch (...) {  // only std::string allocation can throw here
     return false;

@@ -1,4 +1,4 @@
-// The routing step on GPU: RMSNorm, gate logits, softmax + top-k.
+// The routing step on GPU: RMSNorm and softmax + top-k (the gate GEMM: cublas.cu).
 #include <cmath>
 #include <climits>
 #include <string>
@@ -118,13 +118,6 @@ void rms_norm(const float* x, const float* weight, int rows, int hidden, float e
   if (rows == 0 || hidden == 0) return;
   rms_norm_kernel<<<rows, kNormThreads, 0, stream>>>(x, weight, hidden, eps, out);
   MOED_CUDA_CHECK(cudaGetLastError());
-}
-
-void gate_logits(CublasHandle& handle, const float* x, const float* gate_w, int tokens, int hidden,
-                 int experts, float* logits) {
-  if (tokens < 0 || hidden < 0 || experts < 0) throw std::invalid_argument("gate_logits: negative size");
-  detail::gemm_xwt(handle.get(), x, tokens, hidden, gate_w, experts, logits, hidden,
-                   CUBLAS_COMPUTE_32F_PEDANTIC);
 }
 
 void router_topk(const float* logits, int tokens, int experts, int k, float temperature,

@@ -228,10 +228,11 @@ const config::Section<ExpertsConfig>& experts_section() {
                     "rounded to bf16 in AMX tile products of 32 steps (needs AMX-BF16 on every rank), bf16's "
                     "accuracy and several times its rate at 16 rows or more; auto = amx where every rank has it, else bf16 where every rank "
                     "has it, else f32 (part of the numerics: runs compare bit for bit only with equal products)"),
-          choice<C>("device", &C::device, "auto", {"auto", "cpu", "cuda"},
-                    "where experts run (docs/gpu.md): cpu; cuda = the local rank's GPU, refused naming the "
-                    "cause where none is usable or this build cannot run experts on one; auto = cuda where "
-                    "every rank can, else cpu"),
+          choice<C>("device", &C::device, "cpu", {"cpu", "cuda", "auto"},
+                    "where experts run (docs/gpu.md): cpu; cuda = the local rank's GPU (the CPU's bits with "
+                    "products = f32; needs gemm = fixed-order), refused naming the cause where none is usable; "
+                    "auto = cuda where every rank can, else cpu (not the default until the GPU path has run "
+                    "on a GPU)"),
       });
   return s;
 }

@@ -108,7 +108,7 @@ struct ExpertsConfig {
   std::int64_t ffn_chunks = 1;
   std::string dtype = "auto";  // "auto" or a kernels::WeightDtype's name
   std::string products = "auto";  // "auto", "f32" or "bf16" (kernels::CompactProducts)
-  std::string device = "auto";    // "auto", "cpu" or "cuda" (runtime/engine/expert_device.h)
+  std::string device = "cpu";     // "cpu", "cuda" or "auto" (runtime/engine/expert_device.h)
 };
 
 struct EngineConfig {

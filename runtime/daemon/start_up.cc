@@ -30,6 +30,7 @@
 #include "launch/launch_env.h"
 #include "launch/numa_binding.h"
 #include "launch/nvlink_islands.h"
+#include "launch/rank_gpu.h"
 #include "launch/rank_topology_codec.h"
 #include "launch/topology_description.h"
 #include "placement/survivors.h"
@@ -379,6 +380,7 @@ class Daemon::Startup {
   // Round 1: what this rank is, the job's islands (an all-gather) and the
   // placement, the weights, the output paths; then the numerics' agreement.
   void probe_this_rank();
+  void use_gpu(const GpuFacts& gpus);
   void agree_topology_and_placement();
   void load_weights();
   void check_outputs() { check_output_paths(options_, d_.rank_, c_, d_.dump_); }
@@ -429,11 +431,29 @@ void Daemon::Startup::read_host() {
   if (c_.cluster.bind_numa && local_.hwloc) binding_ = launch::bind_to_gpu_numa(*local_.hwloc, where_.local_rank);
 }
 
+// Experts on this rank's GPU (launch/rank_gpu.h's rule) compute the CPU's
+// fixed-order chains with fp32 products: other products or OpenBLAS have no
+// GPU form.
+void Daemon::Startup::use_gpu(const GpuFacts& gpus) {
+  if (c_.experts.gemm != Gemm::fixed_order)
+    MOED_THROW(Usage, "[experts].device = cuda runs the fixed-order GEMM's chains; [experts].gemm = \"{}\" has no "
+               "GPU form", name_of(c_.experts.gemm));
+  if (c_.experts.products != "auto" && c_.experts.products != "f32")
+    MOED_THROW(Usage, "[experts].device = cuda multiplies compact experts with fp32 products; [experts].products = "
+               "\"{}\" has no GPU form (use auto or f32)", c_.experts.products);
+  kernels::set_compact_products(kernels::CompactProducts::f32);
+  numerics_ = probe_numerics(c_);
+  device_.gpu = launch::gpu_of_rank(where_.local_rank, gpus.gpus, std::nullopt).device;
+  device_.why += fmt::format(", GPU {} of {}", device_.gpu, gpus.gpus);
+}
+
 void Daemon::Startup::probe_this_rank() {
   choose_gemm_isa(c_);
   kernels::set_compact_products(local_products(c_));
   numerics_ = probe_numerics(c_);
-  device_ = choose_expert_device(c_.experts.device, probe_gpus());
+  const GpuFacts gpus = probe_gpus();
+  device_ = choose_expert_device(c_.experts.device, gpus);
+  if (device_.device == ExpertDevice::cuda) use_gpu(gpus);
   d_.fault_ = fault_from_env();
 }
 
@@ -492,7 +512,7 @@ void Daemon::Startup::agree_numerics() {
   // explicit cuda is already on every rank, or refused).
   if (d_.control_.all_max(device_.device == ExpertDevice::cpu ? 1 : 0, "where experts run") &&
       device_.device != ExpertDevice::cpu)
-    device_ = {ExpertDevice::cpu, "[experts].device = auto: cpu, as another rank has no usable GPU (see its log)"};
+    device_ = {ExpertDevice::cpu, 0, "[experts].device = auto: cpu, as another rank has no usable GPU (see its log)"};
   if (d_.rank_ == 0) spdlog::info("experts run on the {} ({})", to_string(device_.device), device_.why);
   if (!numerics_.batch_invariant && c_.experts.gemm == Gemm::fixed_order) spdlog::warn("numerics: {}", numerics_.description);
   if (d_.control_.all_max(numerics_.batch_invariant ? 0 : 1, "numerics probe") && numerics_.batch_invariant)
@@ -521,7 +541,7 @@ void Daemon::Startup::build_engine_and_control() {
   d.trace_selector_.emplace(c_.trace.sample, std::size_t(c_.trace.follow_max));
   if (!spare_) {
     d.engine_ = std::make_unique<Engine>(c_, *d.transport_, *d.topology_, d.placement_, *d.store_, d.workload_.get(),
-                                         device_.device);
+                                         device_.device, device_.gpu);
     if (d.stats_) d.engine_->record_stats_into(&*d.stats_, std::size_t(c_.stats.follow_tokens));
     resume_router_biases(c_, d.control_, d.stats_ ? &*d.stats_ : nullptr, *d.engine_);
     d.engine_->trace_with(&*d.trace_selector_);

@@ -1,67 +1,24 @@
 #include "runtime/engine/cpu_expert_executor.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-
-#include "common/error.h"
-#include "kernels/cpu/finite_scan.h"
-#include "kernels/cpu/fixed_combine.h"
-
 namespace moed::runtime {
 
-ExpertCallCounts CpuExpertExecutor::run_rows(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
-                                             const std::function<void()>& between_blocks) {
-  ExpertCallCounts counts;
-  for (std::size_t first = 0; first < rows.size(); first += block_rows_) {
-    if (first > 0 && between_blocks) between_blocks();
-    counts += run_block(expert, rows.subspan(first, std::min(block_rows_, rows.size() - first)));
-  }
-  return counts;
-}
-
 namespace {
-void grow(std::vector<float>& buffer, std::size_t floats) {
+// Grown, never shrunk: resizing up again within the capacity would zero the
+// buffer at every call whose rows outnumber the last one's.
+float* at_least(std::vector<float>& buffer, std::size_t floats) {
   if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
 }
 }  // namespace
 
-ExpertCallCounts CpuExpertExecutor::run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows) {
-  const std::size_t H = expert.hidden, m = rows.size(), row_bytes = H * sizeof(float);
-  if (m == 0) return {};
-  calls_.push_back(std::uint32_t(m));
-  // Grown, never shrunk: resizing up again within the capacity would zero
-  // the buffers at every call whose rows outnumber the last one's.
-  grow(x_, m * H);
-  grow(y_, m * H);
-  grow(scratch_, kernels::expert_ffn_scratch(expert, m));
-  for (std::size_t i = 0; i < m; ++i) std::memcpy(x_.data() + i * H, rows[i].in, row_bytes);
-  bytes_copied_ += m * row_bytes;
-  // Chunk by chunk (kernels/cpu/expert_ffn.h): each chunk's output is
-  // weighted onto its rows' fixed-point sums, so that the shards of a split
-  // expert, which hold whole chunks, add up to the same integers.
-  kernels::expert_ffn_up(expert, x_.data(), m, scratch_.data());
-  ExpertCallCounts counts;
-  for (std::size_t c = 0; c < expert.chunks; ++c) {
-    kernels::expert_ffn_down_chunk(expert, scratch_.data(), m, c, y_.data());
-    for (std::size_t i = 0; i < m; ++i) {
-      const float* y = y_.data() + i * H;
-      // Counted here, where the expert is known, for rows weighted here and
-      // rows whose fp32 output is weighted at the token's home alike (per
-      // chunk: a shard counts the terms of its own chunks).
-      counts.nonfinite += std::isfinite(rows[i].weight) ? kernels::count_nonfinite(y, H) : H;
-      if (rows[i].single) {
-        // An fp32 answer is one whole output: only an expert of one chunk gives it.
-        MOED_CHECK(expert.chunks == 1, "an fp32 answer from an expert of {} chunks", expert.chunks);
-        std::memcpy(rows[i].out, y, row_bytes);
-        bytes_copied_ += row_bytes;
-      } else {
-        counts.saturated +=
-            kernels::add_weighted_fixed(reinterpret_cast<std::int64_t*>(rows[i].out), y, rows[i].weight, H);
-      }
-    }
-  }
-  return counts;
+void CpuExpertExecutor::up(const kernels::ExpertView& expert, const float* x, std::size_t m) {
+  kernels::expert_ffn_up(expert, x, m, at_least(h13_, kernels::expert_ffn_scratch(expert, m)));
+}
+
+const float* CpuExpertExecutor::down_chunk(const kernels::ExpertView& expert, std::size_t m, std::size_t chunk) {
+  float* y = at_least(y_, m * expert.hidden);
+  kernels::expert_ffn_down_chunk(expert, h13_.data(), m, chunk, y);
+  return y;
 }
 
 }  // namespace moed::runtime

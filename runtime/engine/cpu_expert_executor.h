@@ -1,42 +1,25 @@
-// The experts on this rank's cores: rows of one local expert gathered and run
-// through its FFN in one call of the fixed-order kernels (kernels/cpu/expert_ffn.h),
-// chunk by chunk, each output weighted onto its row's fixed-point sum
-// (kernels/cpu/fixed_combine.h) or copied out as fp32.
+// The experts on this rank's cores: each block of rows through the
+// fixed-order kernels (kernels/cpu/expert_ffn.h), chunk by chunk, around the
+// row-block logic every executor shares (row_block_executor.h).
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <span>
 #include <vector>
 
-#include "runtime/engine/expert_executor.h"
+#include "runtime/engine/row_block_executor.h"
 
 namespace moed::runtime {
 
-class CpuExpertExecutor final : public ExpertExecutor {
+class CpuExpertExecutor final : public RowBlockExecutor {
  public:
-  // Rows per FFN call: a longer call is cut into blocks of this many. The
-  // cut is fixed, so it changes no bits.
-  explicit CpuExpertExecutor(std::size_t block_rows = 256) : block_rows_(block_rows) {}
-
+  explicit CpuExpertExecutor(std::size_t block_rows = 256) : RowBlockExecutor(block_rows) {}
   ExpertDevice device() const override { return ExpertDevice::cpu; }
-  const std::vector<std::uint32_t>& calls() const override { return calls_; }
-  std::uint64_t bytes_copied() const override { return bytes_copied_; }
-  void clear_counts() override {
-    calls_.clear();
-    bytes_copied_ = 0;
-  }
 
  private:
-  ExpertCallCounts run_rows(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
-                            const std::function<void()>& between_blocks) override;
-  ExpertCallCounts run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows);
+  void up(const kernels::ExpertView& expert, const float* x, std::size_t m) override;
+  const float* down_chunk(const kernels::ExpertView& expert, std::size_t m, std::size_t chunk) override;
 
-  std::size_t block_rows_;
-  std::vector<float> x_, y_, scratch_;  // one call's rows, outputs and FFN scratch
-  std::vector<std::uint32_t> calls_;
-  std::uint64_t bytes_copied_ = 0;
+  std::vector<float> h13_, y_;  // the up-projection's output [m, 2F] and one chunk's [m, H]
 };
 
 }  // namespace moed::runtime

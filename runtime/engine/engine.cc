@@ -15,7 +15,7 @@ namespace moed::runtime {
 
 Engine::Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
                const placement::Placement& placement, const ExpertStore& store,
-               const Workload* workload, ExpertDevice device)
+               const Workload* workload, ExpertDevice device, int gpu)
     : config_(config),
       transport_(transport),
       topology_(topology),
@@ -25,8 +25,8 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       shape_(store.shape()),
       tokens_per_step_(std::uint64_t(config.workload.tokens_per_step)),
       order_(tokens_per_step_, config.workload.order == WorkloadOrder::shuffled, std::uint64_t(config.workload.seed)),
-      executor_(make_expert_executor(device)),
-      shared_executor_(make_expert_executor(device)),
+      executor_(make_expert_executor(device, 256, gpu)),
+      shared_executor_(make_expert_executor(device, 256, gpu)),
       route_(config, transport, placement, store),
       positions_per_request_(std::uint64_t(config.workload.positions_per_request)),
       census_(transport.size(), std::size_t(config.engine.microbatches), store.shape().experts),
@@ -70,6 +70,8 @@ StepRecord Engine::open_step() {
   start_rank_figures(rec);
   step_start_ = now_seconds();
   executor_->clear_counts();
+  executor_->begin_step();
+  shared_executor_->begin_step();
   return rec;
 }
 

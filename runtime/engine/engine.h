@@ -40,10 +40,11 @@ namespace moed::runtime {
 class Engine {
  public:
   // `workload`: the built-in tokens of run_step (none with the front door);
-  // `device`: where the experts run (expert_device.h chooses it).
+  // `device`: where the experts run (expert_device.h chooses it), on CUDA
+  // device `gpu` under cuda.
   Engine(const Config& config, comm::Transport& transport, const placement::Topology& topology,
          const placement::Placement& placement, const ExpertStore& store, const Workload* workload,
-         ExpertDevice device = ExpertDevice::cpu);
+         ExpertDevice device = ExpertDevice::cpu, int gpu = 0);
 
   // This rank's positions in every step: [first, first + count) of the step's
   // tokens_per_step, split evenly by rank ([workload].order says which token

@@ -13,12 +13,11 @@ GpuFacts probe_gpus() {
   GpuFacts facts;
 #if defined(MOED_HAVE_CUDA)
   facts.kernels_built = true;
-  facts.gpu_usable = cuda::gpu_available(&facts.why_no_gpu);
+  facts.executor_built = true;  // cuda_expert_executor.h
+  facts.gpu_usable = cuda::gpu_available(&facts.why_no_gpu, &facts.gpus);
 #else
   facts.why_no_gpu = "this build has no CUDA kernels";
 #endif
-  // No CUDA ExpertExecutor exists yet: experts run on the CPU (docs/gpu.md).
-  facts.executor_built = false;
   return facts;
 }
 
@@ -37,14 +36,14 @@ std::optional<std::string> missing_for_cuda(const GpuFacts& facts) {
 
 DeviceChoice choose_expert_device(std::string_view requested, const GpuFacts& facts) {
   const std::optional<std::string> missing = missing_for_cuda(facts);
-  if (requested == "cpu") return {ExpertDevice::cpu, "[experts].device = cpu"};
+  if (requested == "cpu") return {ExpertDevice::cpu, 0, "[experts].device = cpu"};
   if (requested == "cuda") {
     if (missing) MOED_THROW(Usage, "[experts].device = \"cuda\" cannot run here: {}", *missing);
-    return {ExpertDevice::cuda, "[experts].device = cuda"};
+    return {ExpertDevice::cuda, 0, "[experts].device = cuda"};
   }
   if (requested == "auto") {
-    if (missing) return {ExpertDevice::cpu, "[experts].device = auto: cpu, as " + *missing};
-    return {ExpertDevice::cuda, "[experts].device = auto: cuda, as this process has a usable GPU"};
+    if (missing) return {ExpertDevice::cpu, 0, "[experts].device = auto: cpu, as " + *missing};
+    return {ExpertDevice::cuda, 0, "[experts].device = auto: cuda, as this process has a usable GPU"};
   }
   MOED_THROW(Usage, "[experts].device = \"{}\" is not one of auto, cpu, cuda", requested);
 }

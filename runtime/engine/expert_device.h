@@ -17,6 +17,7 @@ struct GpuFacts {
   bool kernels_built = false;   // this build has kernels/cuda (nvcc was found at build time)
   bool executor_built = false;  // this build can run experts on a GPU (a CUDA ExpertExecutor)
   bool gpu_usable = false;      // a device is visible and runs kernels/cuda's code
+  int gpus = 0;                 // devices this process sees (when gpu_usable)
   std::string why_no_gpu;       // when !gpu_usable: the driver's or the probe's reason
 };
 
@@ -26,6 +27,7 @@ GpuFacts probe_gpus();
 
 struct DeviceChoice {
   ExpertDevice device = ExpertDevice::cpu;
+  int gpu = 0;      // under cuda: the CUDA device index (the caller sets it: launch/rank_gpu.h)
   std::string why;  // for the start-up log: "[experts].device = auto: cpu, as ..."
 };
 

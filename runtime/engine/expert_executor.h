@@ -2,9 +2,10 @@
 // hands an executor one local expert and its rows (each row's input, and
 // where its answer goes in a combine message: see dispatch_plan.h), and the
 // executor writes every answer. CpuExpertExecutor (cpu_expert_executor.h)
-// runs them on this rank's cores; a GPU executor plugs in behind the same
-// calls (docs/gpu.md). make_expert_executor picks one by ExpertDevice
-// (expert_device.h says which device a rank gets).
+// runs them on this rank's cores, CudaExpertExecutor (cuda_expert_executor.h)
+// on its GPU, both around the same host logic (row_block_executor.h).
+// make_expert_executor picks one by ExpertDevice (expert_device.h says which
+// device a rank gets).
 #pragma once
 
 #include <cstddef>
@@ -63,6 +64,11 @@ class ExpertExecutor {
     return run_rows(expert, rows, between_blocks);
   }
 
+  // A step begins: an executor that keeps copies of weights (a GPU's) lets
+  // go of those no step has used for a while, so that nothing grows with
+  // the slots a rank has held over its life.
+  virtual void begin_step() {}
+
   // Rows per FFN call since the last clear (for the benchmark's bound), and
   // the bytes copied: rows gathered into the FFN's input, fp32 answers out.
   virtual const std::vector<std::uint32_t>& calls() const = 0;
@@ -74,8 +80,9 @@ class ExpertExecutor {
                                     const std::function<void()>& between_blocks) = 0;
 };
 
-// The executor of `device`, cutting calls into blocks of `block_rows` rows.
-// A Usage error for a device this build cannot run experts on.
-std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertDevice device, std::size_t block_rows = 256);
+// The executor of `device` (on CUDA device `gpu`), cutting calls into blocks
+// of `block_rows` rows. A Usage error for a device this build cannot run
+// experts on.
+std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertDevice device, std::size_t block_rows = 256, int gpu = 0);
 
 }  // namespace moed::runtime

@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -436,11 +437,22 @@ ExpertStore::Slot ExpertStore::make_slot(ExpertTensors t, std::size_t ffn, int s
   return slot;
 }
 
+namespace {
+// Every slot any store makes in this process gets its own number (never 0),
+// so that a cache of weights (a GPU executor's) never takes a slot made again
+// at the same address for the one before it.
+std::uint64_t next_slot_serial() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
 ExpertStore::Slot ExpertStore::bare_slot(std::vector<float> b13, std::vector<float> b2, std::size_t ffn, int shard,
                                          int shards) const {
   MOED_CHECK(shards >= 1 && shard >= 0 && shard < shards && ffn_chunks_ % shards == 0,
              "shard {} of {} with {} canonical chunks", shard, shards, ffn_chunks_);
   Slot slot;
+  slot.serial = next_slot_serial();
   slot.shard = shard;
   slot.shards = shards;
   slot.ffn = ffn;
@@ -480,6 +492,7 @@ std::pair<int, int> ExpertStore::shard_of(int layer, int expert) const {
 
 kernels::ExpertView ExpertStore::view_of(const Slot& slot, std::size_t chunks) const {
   kernels::ExpertView v;
+  v.serial = slot.serial;
   v.hidden = std::size_t(shape_.hidden);
   v.ffn = slot.ffn / std::size_t(slot.shards);
   v.chunks = chunks;

@@ -103,6 +103,7 @@ class ExpertStore {
     std::vector<float> b2;   // [H]
     int shard = 0, shards = 1;
     std::size_t ffn = 0;     // F of the whole expert (the shared expert's own)
+    std::uint64_t serial = 0;  // kernels::ExpertView::serial
   };
   bool biased() const { return shape_.spec.expert.biases; }
   Slot make_slot(ExpertTensors t, std::size_t ffn, int shard, int shards) const;

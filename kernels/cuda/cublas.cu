@@ -1,13 +1,19 @@
-// The experts on GPU: the gated FFN of each expert on its group of rows,
-// two cuBLAS GEMMs per expert around one gated-activation kernel.
+// Everything of kernels/cuda that calls cuBLAS (moed_kernels_cuda): the
+// handle, the fp32 gate GEMM, and the gated FFN of each expert on its group
+// of rows, two cuBLAS GEMMs per expert around the gated activation.
 #include <string>
 
-#include "kernels/cpu/activation_body.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace moed::cuda {
 
 namespace detail {
+
+void throw_cublas(cublasStatus_t status, const char* expr, const char* file, int line) {
+  throw CudaError(file, line,
+                  std::string(expr) + " failed: " + cublasGetStatusName(status) + " (" +
+                      cublasGetStatusString(status) + ")");
+}
 
 // Row-major C[m,n] = A[m,k] · W[n,k]ᵀ with column-major cuBLAS.
 //
@@ -27,34 +33,6 @@ void gemm_xwt(cublasHandle_t handle, const float* a, int m, int k, const float* 
 }
 
 }  // namespace detail
-
-namespace {
-
-constexpr int kThreads = 256;
-
-// One thread per element of the first F columns (gated_activation's doc).
-__global__ void gated_activation_kernel(float* h13, long long rows, int ffn, GatedActivation activation) {
-  const long long n = rows * ffn;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    float* row = h13 + (i / ffn) * 2 * ffn;
-    const long long col = i % ffn;
-    row[col] = activation.clamped
-                   ? kernels::detail::clamped_swiglu_element(row[col], row[ffn + col], activation.alpha,
-                                                             activation.limit)
-                   : kernels::detail::silu_mul_element(row[col], row[ffn + col]);
-  }
-}
-
-}  // namespace
-
-void gated_activation(float* h13, long long rows, int ffn, const GatedActivation& activation, cudaStream_t stream) {
-  if (rows < 0 || ffn < 1) throw std::invalid_argument("gated_activation: bad sizes");
-  if (rows == 0) return;
-  gated_activation_kernel<<<detail::grid_blocks(rows * ffn, kThreads), kThreads, 0, stream>>>(h13, rows, ffn,
-                                                                                                activation);
-  MOED_CUDA_CHECK(cudaGetLastError());
-}
 
 void expert_ffn_grouped(CublasHandle& handle, const float* x, const int* host_offsets, int experts,
                         const float* const* w13, const float* const* w2, int hidden, int ffn,
@@ -87,6 +65,46 @@ void expert_ffn_grouped(CublasHandle& handle, const float* x, const int* host_of
     if (rows) detail::gemm_xwt(handle.get(), scratch + r0 * F2, rows, ffn, w2[e], hidden, y + r0 * H,
                                int(F2), CUBLAS_COMPUTE_32F);
   }
+}
+
+CublasHandle::CublasHandle(cudaStream_t stream) {
+  MOED_CUDA_CHECK(cublasCreate(&h_));
+  try {
+    MOED_CUDA_CHECK(cublasSetStream(h_, stream));
+    // Explicit, although it is the default: fp32 GEMMs in fp32 (TF32 needs
+    // CUBLAS_TF32_TENSOR_OP_MATH, bf16x9 emulation CUBLAS_FP32_EMULATED_BF16X9_MATH).
+    MOED_CUDA_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
+  } catch (...) {
+    cublasDestroy(h_);
+    throw;
+  }
+}
+
+CublasHandle::~CublasHandle() {
+  if (h_) cublasDestroy(h_);
+}
+
+CublasHandle& CublasHandle::operator=(CublasHandle&& o) noexcept {
+  if (this != &o) {
+    if (h_) cublasDestroy(h_);
+    h_ = std::exchange(o.h_, nullptr);
+  }
+  return *this;
+}
+
+void CublasHandle::set_stream(cudaStream_t stream) { MOED_CUDA_CHECK(cublasSetStream(h_, stream)); }
+
+cudaStream_t CublasHandle::stream() const {
+  cudaStream_t s = nullptr;
+  MOED_CUDA_CHECK(cublasGetStream(h_, &s));
+  return s;
+}
+
+void gate_logits(CublasHandle& handle, const float* x, const float* gate_w, int tokens, int hidden,
+                 int experts, float* logits) {
+  if (tokens < 0 || hidden < 0 || experts < 0) throw std::invalid_argument("gate_logits: negative size");
+  detail::gemm_xwt(handle.get(), x, tokens, hidden, gate_w, experts, logits, hidden,
+                   CUBLAS_COMPUTE_32F_PEDANTIC);
 }
 
 }  // namespace moed::cuda
