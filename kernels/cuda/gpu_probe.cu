@@ -40,4 +40,22 @@ bool gpu_available(std::string* why, int* devices) {
   }
 }
 
+bool gpu_memory(int device, std::uint64_t* free_bytes, std::uint64_t* total_bytes, std::string* why) {
+  try {
+    std::size_t free = 0, total = 0;
+    cudaError_t s = cudaSetDevice(device);
+    if (s == cudaSuccess) s = cudaMemGetInfo(&free, &total);
+    if (s != cudaSuccess) {
+      cudaGetLastError();
+      if (why) *why = describe("cudaMemGetInfo", s);
+      return false;
+    }
+    *free_bytes = free;
+    *total_bytes = total;
+    return true;
+  } catch (...) {  // only std::string allocation can throw here
+    return false;
+  }
+}
+
 }  // namespace moed::cuda

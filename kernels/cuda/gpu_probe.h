@@ -4,6 +4,7 @@
 // binary depends on no CUDA library.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace moed::cuda {
@@ -14,5 +15,9 @@ namespace moed::cuda {
 // in *why (may be null). *devices (unless null) receives how many devices
 // this process sees (0 when false). Never throws.
 bool gpu_available(std::string* why, int* devices = nullptr);
+
+// The free and total memory of CUDA device `device` (cudaMemGetInfo, which
+// makes the device's context), or false with the reason in *why. Never throws.
+bool gpu_memory(int device, std::uint64_t* free_bytes, std::uint64_t* total_bytes, std::string* why);
 
 }  // namespace moed::cuda

@@ -77,6 +77,24 @@ MemoryEstimate estimate_rank_memory(const Config& c, std::vector<placement::Slot
   return placement::rank_memory(rank_memory_inputs(c, std::move(slots), ranks, rank));
 }
 
+MemoryEstimate estimate_device_memory(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank) {
+  const MemoryEstimate host = estimate_rank_memory(c, std::move(slots), ranks, rank);
+  MemoryEstimate e;
+  // The held weights, as the host holds them, less the copy a slot is packed from.
+  for (const MemoryPart& p : host.parts)
+    if (p.group == "expert slots" && p.what.rfind("packing at load", 0) != 0) e.parts.push_back(p);
+  const auto [L, E, H, F, k] = sizes_of(c);
+  constexpr std::uint64_t kExecutors = 2, kBlockRows = 256;  // the routed and the held FFNs' (runtime/engine)
+  e.parts.push_back({fmt::format("GPU executors' block buffers: {} x {} rows x (2 x [model].hidden {} + 2 x "
+                                 "[model].ffn {}) x 4 bytes",
+                                 kExecutors, kBlockRows, H, F),
+                     "[model].hidden, [model].ffn",
+                     saturating_mul({kExecutors, kBlockRows, saturating_add(saturating_mul(2, H), saturating_mul(2, F)),
+                                     std::uint64_t(4)}),
+                     "dispatch and combine"});
+  return e;
+}
+
 MemoryEstimate estimate_generate_memory(const Config& c) {
   const auto [L, E, H, F, k] = sizes_of(c);
   const std::uint64_t element = placement::weight_format(c.model.dtype, "[model].dtype").block_bytes;

@@ -419,6 +419,7 @@ class Daemon::Startup {
   launch::BindResult binding_{false, -1, "not bound ([cluster].bind_numa = false)"};
   Numerics numerics_;
   DeviceChoice device_;  // where this rank's experts run ([experts].device)
+  int gpus_ = 0;         // the GPUs this process sees (under cuda)
   bool spare_ = false;  // from build_engine_and_control on: this rank is a spare, on its own
   comm::View joined_view_;  // a joiner: the members when rank 0 welcomed it
 };
@@ -443,6 +444,7 @@ void Daemon::Startup::use_gpu(const GpuFacts& gpus) {
                "\"{}\" has no GPU form (use auto or f32)", c_.experts.products);
   kernels::set_compact_products(kernels::CompactProducts::f32);
   numerics_ = probe_numerics(c_);
+  gpus_ = gpus.gpus;
   device_.gpu = launch::gpu_of_rank(where_.local_rank, gpus.gpus, std::nullopt).device;
   device_.why += fmt::format(", GPU {} of {}", device_.gpu, gpus.gpus);
 }
@@ -489,6 +491,20 @@ void Daemon::Startup::load_weights() {
   refuse_if_too_large(
       estimate_rank_memory(c_, placement::slot_groups(mine, d_.rank_), d_.serving_ranks_, d_.rank_),
       d_.local_ranks_, fmt::format("rank {}", d_.rank_));
+  // And what its GPU will hold, against what the GPU has free (shared by
+  // the ranks of this host that take the same GPU).
+  // Under auto, a GPU too small sends this rank, and so the job, to the CPU.
+  if (device_.device == ExpertDevice::cuda) {
+    const int sharing = (d_.local_ranks_ + gpus_ - 1) / std::max(1, gpus_);
+    try {
+      check_memory_fits(
+          estimate_device_memory(c_, placement::slot_groups(mine, d_.rank_), d_.serving_ranks_, d_.rank_), sharing,
+          gpu_free_memory(device_.gpu), fmt::format("rank {}'s GPU {}", d_.rank_, device_.gpu));
+    } catch (const Error& e) {
+      if (c_.experts.device != "auto" || e.kind() != ErrorKind::Usage) throw;
+      device_ = {ExpertDevice::cpu, 0, fmt::format("[experts].device = auto: cpu, as {}", e.what())};
+    }
+  }
   d_.store_.emplace(ExpertStore::load(c_, mine, d_.rank_));
   d_.workload_ = make_workload(c_, d_.store_->layer(0).gate.data());
   d_.stats_ = initial_stats(c_, d_.rank_, mpi_ ? mpi_->size() : d_.serving_ranks_);

@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 #if defined(MOED_HAVE_CUDA)
 #include "kernels/cuda/gpu_probe.h"
@@ -19,6 +21,17 @@ GpuFacts probe_gpus() {
   facts.why_no_gpu = "this build has no CUDA kernels";
 #endif
   return facts;
+}
+
+AvailableMemory gpu_free_memory(int gpu) {
+#if defined(MOED_HAVE_CUDA)
+  std::uint64_t free = 0, total = 0;
+  std::string why;
+  if (!cuda::gpu_memory(gpu, &free, &total, &why)) MOED_THROW(Runtime, "GPU {}: {}", gpu, why);
+  return {free, fmt::format("free on GPU {} of {}, cudaMemGetInfo", gpu, human_bytes(total))};
+#else
+  MOED_THROW(Internal, "GPU {}: this build has no CUDA kernels", gpu);
+#endif
 }
 
 namespace {

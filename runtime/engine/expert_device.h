@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/available_memory.h"
 #include "runtime/engine/expert_executor.h"
 
 namespace moed::runtime {
@@ -24,6 +25,10 @@ struct GpuFacts {
 // This process's facts: kernels/cuda's device probe (gpu_available), where
 // the build has it. Never throws; without a driver it says so.
 GpuFacts probe_gpus();
+
+// The free memory of CUDA device `gpu`, for the start-up memory check; a
+// Runtime error naming the cause when it cannot be read.
+AvailableMemory gpu_free_memory(int gpu);
 
 struct DeviceChoice {
   ExpertDevice device = ExpertDevice::cpu;

@@ -52,6 +52,29 @@ TEST(MemoryEstimate, PartsOfARank) {
   EXPECT_EQ(part(estimate_rank_memory(c, 0, 2), "expert weights"), 0u);
 }
 
+// A rank's GPU under [experts].device = cuda: the held weights in their
+// format (no packing copy), the executors' block buffers, nothing else; a
+// GPU too small is refused naming the parts and where the figure came from.
+TEST(MemoryEstimate, WhatARanksGpuHolds) {
+  Config c = shape(3, 8, 64, 96);
+  const std::vector<placement::SlotGroup> slots{{12, 1}};
+  const MemoryEstimate e = estimate_device_memory(c, slots, 2, 0);
+  EXPECT_EQ(part(e, "expert weights"), 12u * 3 * 64 * 96 * 4);
+  EXPECT_EQ(part(e, "GPU executors' block buffers"), 2u * 256 * (2 * 64 + 2 * 96) * 4);
+  EXPECT_EQ(e.parts.size(), 2u);
+  EXPECT_EQ(e.total(), 12u * 3 * 64 * 96 * 4 + 2u * 256 * (2 * 64 + 2 * 96) * 4);
+
+  c.experts.dtype = "bf16";  // held, and copied to the GPU, in bf16: half the bytes
+  EXPECT_EQ(part(estimate_device_memory(c, slots, 2, 0), "expert weights"), 12u * 3 * 64 * 96 * 2);
+  // Shards count at their width.
+  const MemoryEstimate shards = estimate_device_memory(c, {{4, 1}, {2, 2}}, 2, 0);
+  EXPECT_EQ(part(shards, "expert shards"), 2u * 3 * 64 * 48 * 2);
+
+  expect_error([&] { check_memory_fits(e, 1, {e.total() - 1, "free on GPU 0"}, "rank 0's GPU 0"); },
+               ErrorKind::Usage, {"rank 0's GPU 0", "free on GPU 0", "expert weights", "[model].hidden"});
+  EXPECT_NO_THROW(check_memory_fits(e, 2, {2 * e.total(), "free on GPU 0"}, "rank 0's GPU 0"));
+}
+
 TEST(MemoryEstimate, FrontDoorBudgetIsPerRank) {
   Config c = shape(3, 8, 64, 96);
   c.workload.kind = WorkloadKind::ingress;
