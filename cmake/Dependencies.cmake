@@ -1,28 +1,24 @@
 # The design card's dependencies, each found the way its Debian package ships it.
-# First what common/ and kernels/ (and their tests) need: all that
-# MOED_KERNELS_ONLY builds with.
+find_package(PkgConfig REQUIRED)
+find_package(MPI REQUIRED COMPONENTS CXX)
+pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
 find_package(tomlplusplus 3 REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
+find_package(CLI11 REQUIRED)
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 find_package(Threads REQUIRED)
-if(NOT MOED_KERNELS_ONLY)
-  find_package(PkgConfig REQUIRED)
-  find_package(MPI REQUIRED COMPONENTS CXX)
-  pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
-  pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
-  find_package(CLI11 REQUIRED)
-  # OpenSSL: HMAC-SHA-256 for the network front door's challenge-response.
-  find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# OpenSSL: HMAC-SHA-256 for the network front door's challenge-response.
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
-  # METIS ships neither a CMake nor a pkg-config file.
-  find_path(METIS_INCLUDE_DIR metis.h REQUIRED)
-  find_library(METIS_LIBRARY metis REQUIRED)
-  add_library(moed::metis INTERFACE IMPORTED)
-  target_include_directories(moed::metis INTERFACE ${METIS_INCLUDE_DIR})
-  target_link_libraries(moed::metis INTERFACE ${METIS_LIBRARY})
-endif()
+# METIS ships neither a CMake nor a pkg-config file.
+find_path(METIS_INCLUDE_DIR metis.h REQUIRED)
+find_library(METIS_LIBRARY metis REQUIRED)
+add_library(moed::metis INTERFACE IMPORTED)
+target_include_directories(moed::metis INTERFACE ${METIS_INCLUDE_DIR})
+target_link_libraries(moed::metis INTERFACE ${METIS_LIBRARY})
 
 # OpenBLAS's cblas.h lives under an alternatives-managed include dir on Debian.
 find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas REQUIRED)

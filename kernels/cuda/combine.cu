@@ -18,7 +18,7 @@ constexpr unsigned long long kFixedNaN = 0x8000000000000000ULL;
 // poisoned element back into range. Wrapping addition is associative and
 // poison is sticky, so the result does not depend on the order threads land in.
 __device__ void add_fixed_term(unsigned long long* acc, unsigned long long term) {
-  unsigned long long seen = *acc, assumed;
+  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(acc), assumed;
   do {
     if (seen == kFixedNaN) return;
     assumed = seen;

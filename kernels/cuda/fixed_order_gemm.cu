@@ -68,7 +68,7 @@ __device__ float weight_value(const DeviceMatrix& w, long long i, long long j) {
 __global__ void __launch_bounds__(kThreads)
     gemm_fixed_order_kernel(const float* a, int m, int lda, DeviceMatrix w, long long k_begin, long long k_end,
                             float* c, int ldc) {
-  __shared__ float tile_a[kTileK][kTileRows];
+  __shared__ float tile_a[kTileK][kTileRows + 1];  // padded: a warp's stores, one row's 32 k, hit 32 banks
   __shared__ float tile_w[kTileK][kTileCols + 1];
   const long long row0 = static_cast<long long>(blockIdx.y) * kTileRows;
   const long long col0 = static_cast<long long>(blockIdx.x) * kTileCols;

@@ -92,6 +92,8 @@ struct CudaExpertExecutor::Impl {
   std::vector<float> y_host;
 
   explicit Impl(int device) : gpu((MOED_CUDA_CHECK(cudaSetDevice(device)), device)) {}
+  // Frees on the rank's GPU, whichever device the calling thread had current.
+  ~Impl() { cudaSetDevice(gpu); }
 
   const DeviceExpertWeights& weights_of(const kernels::ExpertView& e) {
     MOED_CHECK(e.serial != 0, "an expert view without a slot number cannot be held on the GPU");
@@ -108,6 +110,7 @@ CudaExpertExecutor::CudaExpertExecutor(int gpu, std::size_t block_rows)
 CudaExpertExecutor::~CudaExpertExecutor() = default;
 
 void CudaExpertExecutor::begin_step() {
+  MOED_CUDA_CHECK(cudaSetDevice(impl_->gpu));
   ++impl_->step;
   std::erase_if(impl_->experts, [&](const auto& entry) { return impl_->step - entry.second.last_step > kIdleSteps; });
 }

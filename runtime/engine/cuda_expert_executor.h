@@ -8,7 +8,8 @@
 // with fp32 products ([experts].products = f32), whatever its batch.
 //
 // Copies are keyed by ExpertView::serial, so a slot made again (a migration)
-// is copied again; one no step has used for kIdleSteps steps is let go.
+// is copied again; one no step has used for more than kIdleSteps steps is
+// let go (so for that long after a migration, its old copy is still held).
 #pragma once
 
 #include <cstddef>

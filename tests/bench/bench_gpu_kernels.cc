@@ -179,8 +179,10 @@ int run(const Shape& s, int reps) {
     moed::cuda::combine_fixed(d_rows.data(), d_weights.data(), d_token.data(), int(pairs), int(H), d_acc.data(),
                               d_saturated.data(), stream);
   });
-  // y read once, each sum zeroed, then read and written once (the atomics' traffic stays in L2 at best).
-  print_ratio("combine (combine_fixed, with zeroing)", double(pairs * H * 4 + T * H * 8 * 3), combine_s, bound);
+  // The bytes it must move at least: y read once, each sum zeroed, then read
+  // and written once. Its k atomics per sum move more where the sums do not
+  // stay in the L2, so this ratio is the kernel's useful rate, not its traffic.
+  print_ratio("combine (combine_fixed, least bytes)", double(pairs * H * 4 + T * H * 8 * 3), combine_s, bound);
 
   // The grouped FFN over equal groups, against one dense GEMM pair of the same FLOPs.
   const int E = std::min(s.experts, 8);  // the experts timed (weights of all 256 would not change the rate)

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The GPU machine's one call: on a bare machine with one GPU (nvcc, CMake and
-# the CUDA toolkit, no registry), unpack the carried Debian packages
-# (fetch-debs.sh) into a prefix, build the kernels alone (MOED_KERNELS_ONLY),
-# run the CUDA unit tests (a test skipped for want of a GPU fails the check)
-# and the GPU benchmark at Mixtral-8x7B's and DeepSeek-V3's expert shapes.
+# The GPU machine's one call. On a bare machine with one GPU (nvcc, CMake and
+# the CUDA toolkit, no registry): unpack the carried Debian packages
+# (fetch-debs.sh) into a prefix, build moed against them, and run:
+#   1. the CUDA unit tests (kernels/cuda against kernels/cpu) and the CUDA
+#      executor's tests (against the CPU executor): a test skipped for want
+#      of a GPU fails the check;
+#   2. a 1-rank serve of a small model in each format with [experts].device =
+#      cuda, one and two micro-batches, whose outputs must be bit-identical to
+#      the CPU's with products = f32;
+#   3. bench_gpu_kernels at Mixtral-8x7B's and DeepSeek-V3's expert shapes.
 # Output goes to the terminal and to $OUT/gpu-check.txt (when $OUT is set).
 #
 # Here (once):  tests/gpu/fetch-debs.sh
@@ -12,8 +17,9 @@
 #               build-gpu), MOED_GPU_PREFIX (default /tmp/moed-gpu-prefix),
 #               MOED_GPU_BENCH_REPS (default 10), MOED_GPU_SHAPES (default
 #               "mixtral deepseek"), MOED_GPU_CMAKE_ARGS (more configure
-#               arguments), MOED_GPU_USE_HOST_PACKAGES=1 to build against
-#               this host's own packages instead.
+#               arguments), MOED_GPU_REHEARSAL=1 on a host without a GPU:
+#               everything but what needs one (the build, and the serve on
+#               the CPU from the carried packages alone).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 debs=${MOED_GPU_DEBS:-$root/.gpu-debs}
@@ -21,6 +27,7 @@ build=${MOED_GPU_BUILD:-$root/build-gpu}
 prefix=${MOED_GPU_PREFIX:-/tmp/moed-gpu-prefix}
 reps=${MOED_GPU_BENCH_REPS:-10}
 shapes=${MOED_GPU_SHAPES:-mixtral deepseek}
+rehearsal=${MOED_GPU_REHEARSAL:-0}
 log=${OUT:+$OUT/gpu-check.txt}
 log=${log:-/dev/null}
 say() { echo "gpu-check: $*" | tee -a "$log"; }
@@ -29,20 +36,19 @@ fail() { say "FAILED: $*"; exit 1; }
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 [ -x "$nvcc" ] || fail "no nvcc on PATH or in /usr/local/cuda/bin"
 say "$(date -u +%FT%TZ) on $(hostname); $("$nvcc" --version | tail -1)"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$log"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$log" || true
+fi
 
 # The packages, unpacked (no root, nothing installed): dpkg-deb where it is,
 # else Python (a .deb is an ar archive holding data.tar.*).
-arch_lib=usr/lib/x86_64-linux-gnu
-cmake_args=(-DMOED_KERNELS_ONLY=ON -DMOED_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc")
-if [ "${MOED_GPU_USE_HOST_PACKAGES:-0}" != 1 ]; then
-  compgen -G "$debs/*.deb" >/dev/null || fail "no .deb files in $debs: run tests/gpu/fetch-debs.sh here first, and carry it"
-  rm -rf "$prefix" && mkdir -p "$prefix"
-  for deb in "$debs"/*.deb; do
-    if command -v dpkg-deb >/dev/null; then
-      dpkg-deb -x "$deb" "$prefix"
-    else
-      python3 - "$deb" "$prefix" <<'PY'
+compgen -G "$debs/*.deb" >/dev/null || fail "no .deb files in $debs: run tests/gpu/fetch-debs.sh here first, and carry it"
+rm -rf "$prefix" && mkdir -p "$prefix"
+for deb in "$debs"/*.deb; do
+  if command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$deb" "$prefix"
+  else
+    python3 - "$deb" "$prefix" <<'PY'
 import io, sys, tarfile
 data = open(sys.argv[1], "rb").read()
 assert data[:8] == b"!<arch>\n", "not a .deb"
@@ -54,16 +60,25 @@ while at < len(data):
         tarfile.open(fileobj=io.BytesIO(body)).extractall(sys.argv[2])
     at += 60 + size + (size & 1)
 PY
-    fi
-  done
-  blas_dir=$prefix/$arch_lib/openblas-pthread
-  # Debian makes libopenblas.so's and cblas.h's usual names with update-alternatives, which
-  # dpkg-deb -x does not run: name the files themselves.
-  cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DBLAS_LIBRARIES="$blas_dir/libopenblas.so"
-               -DCBLAS_INCLUDE_DIR="$prefix/usr/include/x86_64-linux-gnu/openblas-pthread")
-  export LD_LIBRARY_PATH="$prefix/$arch_lib:$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  say "unpacked $(ls "$debs"/*.deb | wc -l) packages into $prefix"
-fi
+  fi
+done
+say "unpacked $(find "$debs" -name '*.deb' | wc -l) packages into $prefix"
+
+# Where the packages expect /usr, the prefix: Open MPI's wrapper and runtime
+# (OPAL_PREFIX), pkg-config's files (their paths under the sysroot), the
+# libraries, and UCX's modules. Debian makes some usual names (libopenblas.so,
+# cblas.h, mpicxx) with update-alternatives, which dpkg-deb -x does not run:
+# the files themselves are named.
+lib=$prefix/usr/lib/x86_64-linux-gnu
+export OPAL_PREFIX=$prefix/usr
+export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$prefix/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
+export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export UCX_MODULE_DIR=$lib/ucx PATH=$prefix/usr/bin:$PATH
+cmake_args=(-DMOED_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc"
+            -DCMAKE_PREFIX_PATH="$prefix/usr" -DBLAS_LIBRARIES="$lib/openblas-pthread/libopenblas.so"
+            -DCBLAS_INCLUDE_DIR="$prefix/usr/include/x86_64-linux-gnu/openblas-pthread"
+            -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.openmpi"
+            -DOPENSSL_ROOT_DIR="$prefix/usr")
 command -v ninja >/dev/null && cmake_args+=(-G Ninja)
 # Extra configure arguments, e.g. a CPU host's rehearsal without its own packages:
 # MOED_GPU_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr"
@@ -74,20 +89,55 @@ mkdir -p "$build"
 start=$SECONDS
 cmake -S "$root" -B "$build" "${cmake_args[@]}" >"$build/configure.log" 2>&1 ||
   { tail -40 "$build/configure.log"; fail "configure (log: $build/configure.log)"; }
-cmake --build "$build" -j "$(nproc)" --target moed_kernels_cuda_tests bench_gpu_kernels >"$build/build.log" 2>&1 ||
-  { grep -E "error|Error" "$build/build.log" | head -40; fail "build (log: $build/build.log)"; }
+cmake --build "$build" -j "$(nproc)" --target moed moed_kernels_cuda_tests moed_runtime_engine_tests bench_gpu_kernels \
+  >"$build/build.log" 2>&1 || { grep -E "error|Error" "$build/build.log" | head -40; fail "build (log: $build/build.log)"; }
 say "configured and built in $((SECONDS - start)) s"
 
-# The CUDA unit tests: every one must run (a skip means no usable GPU).
-tests_out=$(mktemp)
-"$build/tests/moed_kernels_cuda_tests" --gtest_brief=0 2>&1 | tee "$tests_out" | tee -a "$log" | tail -30 || true
-grep -q "^\[  PASSED  \]" "$tests_out" || fail "CUDA unit tests"
-! grep -q "^\[  FAILED  \]" "$tests_out" || fail "CUDA unit tests"
-! grep -q "^\[  SKIPPED \]" "$tests_out" || fail "a CUDA unit test skipped: is the GPU usable?"
-say "CUDA unit tests passed"
+# 1. The GPU tests: every one must run (a skip means no usable GPU).
+run_tests() {  # run_tests WHAT BINARY [FILTER]
+  local what=$1 binary=$2 filter=${3:-*} out
+  out=$(mktemp)
+  "$binary" --gtest_filter="$filter" 2>&1 | tee "$out" >>"$log" || true
+  tail -5 "$out"
+  grep -Eq "^\[  PASSED  \] [1-9][0-9]* test" "$out" || fail "$what: none passed"
+  ! grep -q "^\[  FAILED  \]" "$out" || { grep "^\[  FAILED  \]" "$out"; fail "$what"; }
+  ! grep -q "^\[  SKIPPED \]" "$out" || fail "$what: a test skipped: is the GPU usable?"
+  say "$what passed"
+}
+if [ "$rehearsal" != 1 ]; then
+  run_tests "CUDA kernel tests" "$build/tests/moed_kernels_cuda_tests"
+  run_tests "CUDA executor tests" "$build/tests/moed_runtime_engine_tests" "*CudaExpertExecutor*"
+fi
 
-for shape in $shapes; do
-  "$build/tests/bench_gpu_kernels" --shape "$shape" --reps "$reps" 2>&1 | tee -a "$log" ||
-    fail "benchmark at the $shape shape"
+# 2. One rank serving a small model in each format: on the GPU, in one and two
+# micro-batches, bit for bit what the CPU gives with fp32 products.
+serve() {  # serve OUTPUT SETTINGS...
+  local output=$1
+  shift
+  "$build/apps/moed" --config "$root/tests/mpi/small.toml" --set model.ffn=128 --set experts.products=\"f32\" \
+    --dump-output "$output" "$@" >"$output.log" 2>&1 || { tail -20 "$output.log"; fail "serve $*"; }
+}
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+for dtype in f32 bf16 fp8 mxfp4 int8; do
+  serve "$scratch/cpu-$dtype" --set experts.dtype=\"$dtype\"
+  [ "$rehearsal" = 1 ] && { say "served $dtype on the CPU from the carried packages"; continue; }
+  for microbatches in 1 2; do
+    serve "$scratch/gpu-$dtype-$microbatches" --set experts.dtype=\"$dtype\" --set experts.device=\"cuda\" \
+      --set engine.microbatches=$microbatches
+    grep -q "experts on the cuda" "$scratch/gpu-$dtype-$microbatches.log" ||
+      fail "$dtype: the serve's report does not say the experts ran on the GPU"
+    cmp -s "$scratch/cpu-$dtype" "$scratch/gpu-$dtype-$microbatches" ||
+      fail "$dtype, $microbatches micro-batches: the GPU's outputs differ from the CPU's"
+  done
+  say "$dtype: the GPU's outputs are the CPU's, bit for bit, in 1 and 2 micro-batches"
 done
-say "done in $((SECONDS - start)) s"
+
+# 3. The benchmark.
+if [ "$rehearsal" != 1 ]; then
+  for shape in $shapes; do
+    "$build/tests/bench_gpu_kernels" --shape "$shape" --reps "$reps" 2>&1 | tee -a "$log" ||
+      fail "benchmark at the $shape shape"
+  done
+fi
+say "done in $((SECONDS - start)) s$([ "$rehearsal" = 1 ] && echo ' (a rehearsal: nothing ran on a GPU)')"

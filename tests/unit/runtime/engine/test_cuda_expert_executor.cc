@@ -1,6 +1,6 @@
 // The experts on a GPU (runtime/engine/cuda_expert_executor.h) against the
-// CPU executor, answer for answer, bit for bit, with fp32 products: every
-// format, Mixtral's and gpt-oss's experts (biases, clamped SwiGLU), rows
+// CPU executor, answer for answer, bit for bit, with fp32 products: f32,
+// bf16, fp8, mxfp4 and int8, Mixtral's and gpt-oss's experts (biases, clamped SwiGLU), rows
 // answered in fp32 and rows weighted onto fixed-point sums, 2 canonical
 // chunks; a slot made again (migration) copied again; idle copies let go.
 // Built where the CUDA kernels are; every test skips without a usable GPU.
@@ -101,7 +101,8 @@ TEST_P(CudaExpertExecutorMatchesCpu, AnswerForAnswerBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaExpertExecutorMatchesCpu,
                          ::testing::Values(Case{"mixtral", "f32", 1}, Case{"mixtral", "bf16", 1},
-                                           Case{"mixtral", "mxfp4", 2}, Case{"mixtral", "int8", 1},
+                                           Case{"mixtral", "fp8", 2}, Case{"mixtral", "mxfp4", 2},
+                                           Case{"mixtral", "int8", 1},
                                            Case{"gpt-oss", "mxfp4", 1}, Case{"gpt-oss", "bf16", 2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string name = std::string(info.param.family) + "_" + info.param.dtype + "_" +
