@@ -443,7 +443,6 @@ void Daemon::Startup::use_gpu(const GpuFacts& gpus) {
     MOED_THROW(Usage, "[experts].device = cuda multiplies compact experts with fp32 products; [experts].products = "
                "\"{}\" has no GPU form (use auto or f32)", c_.experts.products);
   kernels::set_compact_products(kernels::CompactProducts::f32);
-  numerics_ = probe_numerics(c_);
   gpus_ = gpus.gpus;
   device_.gpu = launch::gpu_of_rank(where_.local_rank, gpus.gpus, std::nullopt).device;
   device_.why += fmt::format(", GPU {} of {}", device_.gpu, gpus.gpus);
@@ -451,11 +450,13 @@ void Daemon::Startup::use_gpu(const GpuFacts& gpus) {
 
 void Daemon::Startup::probe_this_rank() {
   choose_gemm_isa(c_);
-  kernels::set_compact_products(local_products(c_));
-  numerics_ = probe_numerics(c_);
   const GpuFacts gpus = probe_gpus();
   device_ = choose_expert_device(c_.experts.device, gpus);
-  if (device_.device == ExpertDevice::cuda) use_gpu(gpus);
+  if (device_.device == ExpertDevice::cuda)
+    use_gpu(gpus);  // fp32 products
+  else
+    kernels::set_compact_products(local_products(c_));
+  numerics_ = probe_numerics(c_);
   d_.fault_ = fault_from_env();
 }
 

@@ -2,15 +2,6 @@
 
 namespace moed::runtime {
 
-namespace {
-// Grown, never shrunk: resizing up again within the capacity would zero the
-// buffer at every call whose rows outnumber the last one's.
-float* at_least(std::vector<float>& buffer, std::size_t floats) {
-  if (buffer.size() < floats) buffer.resize(floats);
-  return buffer.data();
-}
-}  // namespace
-
 void CpuExpertExecutor::up(const kernels::ExpertView& expert, const float* x, std::size_t m) {
   kernels::expert_ffn_up(expert, x, m, at_least(h13_, kernels::expert_ffn_scratch(expert, m)));
 }

@@ -51,8 +51,8 @@ cuda::DeviceBuffer<float> floats_on_device(const float* host, std::size_t n) {
   return d;
 }
 
-// Grown, never shrunk.
-float* at_least(cuda::DeviceBuffer<float>& buffer, std::size_t floats) {
+// Grown, never shrunk, as RowBlockExecutor::at_least.
+float* device_at_least(cuda::DeviceBuffer<float>& buffer, std::size_t floats) {
   if (buffer.size() < floats) buffer = cuda::DeviceBuffer<float>(floats);
   return buffer.data();
 }
@@ -122,20 +122,20 @@ void CudaExpertExecutor::up(const kernels::ExpertView& expert, const float* x, s
   MOED_CUDA_CHECK(cudaSetDevice(d.gpu));
   d.current = &d.weights_of(expert);
   const std::size_t H = expert.hidden, F = expert.ffn;
-  float* dx = at_least(d.x, m * H);
+  float* dx = device_at_least(d.x, m * H);
   MOED_CUDA_CHECK(cudaMemcpyAsync(dx, x, m * H * sizeof(float), cudaMemcpyHostToDevice, d.stream));
-  cuda::expert_ffn_up_fixed(d.current->view, dx, int(m), at_least(d.h13, m * 2 * F), d.stream);
+  cuda::expert_ffn_up_fixed(d.current->view, dx, int(m), device_at_least(d.h13, m * 2 * F), d.stream);
 }
 
 const float* CudaExpertExecutor::down_chunk(const kernels::ExpertView& expert, std::size_t m, std::size_t chunk) {
   Impl& d = *impl_;
   const std::size_t H = expert.hidden;
-  float* dy = at_least(d.y, m * H);
+  float* dy = device_at_least(d.y, m * H);
   cuda::expert_ffn_down_chunk_fixed(d.current->view, d.h13.data(), int(m), int(chunk), dy, d.stream);
-  if (d.y_host.size() < m * H) d.y_host.resize(m * H);
-  MOED_CUDA_CHECK(cudaMemcpyAsync(d.y_host.data(), dy, m * H * sizeof(float), cudaMemcpyDeviceToHost, d.stream));
+  float* y = at_least(d.y_host, m * H);
+  MOED_CUDA_CHECK(cudaMemcpyAsync(y, dy, m * H * sizeof(float), cudaMemcpyDeviceToHost, d.stream));
   d.stream.synchronize();
-  return d.y_host.data();
+  return y;
 }
 
 }  // namespace moed::runtime

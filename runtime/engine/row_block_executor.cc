@@ -20,25 +20,17 @@ ExpertCallCounts RowBlockExecutor::run_rows(const kernels::ExpertView& expert, s
   return counts;
 }
 
-namespace {
-void grow(std::vector<float>& buffer, std::size_t floats) {
-  if (buffer.size() < floats) buffer.resize(floats);
-}
-}  // namespace
-
 ExpertCallCounts RowBlockExecutor::run_block(const kernels::ExpertView& expert, std::span<const ExpertRow> rows) {
   const std::size_t H = expert.hidden, m = rows.size(), row_bytes = H * sizeof(float);
   if (m == 0) return {};
   calls_.push_back(std::uint32_t(m));
-  // Grown, never shrunk: resizing up again within the capacity would zero
-  // the buffer at every call whose rows outnumber the last one's.
-  grow(x_, m * H);
-  for (std::size_t i = 0; i < m; ++i) std::memcpy(x_.data() + i * H, rows[i].in, row_bytes);
+  float* x = at_least(x_, m * H);
+  for (std::size_t i = 0; i < m; ++i) std::memcpy(x + i * H, rows[i].in, row_bytes);
   bytes_copied_ += m * row_bytes;
   // Chunk by chunk (kernels/cpu/expert_ffn.h): each chunk's output is
   // weighted onto its rows' fixed-point sums, so that the shards of a split
   // expert, which hold whole chunks, add up to the same integers.
-  up(expert, x_.data(), m);
+  up(expert, x, m);
   ExpertCallCounts counts;
   for (std::size_t c = 0; c < expert.chunks; ++c) {
     const float* chunk = down_chunk(expert, m, c);

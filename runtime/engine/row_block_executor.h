@@ -36,6 +36,13 @@ class RowBlockExecutor : public ExpertExecutor {
   // Chunk `chunk`'s down-projection of the rows up() last took: [m, H]
   // floats in host memory, valid until the next call.
   virtual const float* down_chunk(const kernels::ExpertView& expert, std::size_t m, std::size_t chunk) = 0;
+  // `buffer` holding at least `floats`: grown, never shrunk (resizing up
+  // again within the capacity would zero it at every call whose rows
+  // outnumber the last one's).
+  static float* at_least(std::vector<float>& buffer, std::size_t floats) {
+    if (buffer.size() < floats) buffer.resize(floats);
+    return buffer.data();
+  }
 
  private:
   ExpertCallCounts run_rows(const kernels::ExpertView& expert, std::span<const ExpertRow> rows,
