@@ -10,11 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define MOED_ELEMENTWISE static inline __host__ __device__
-#else
-#define MOED_ELEMENTWISE static inline
-#endif
+#include "kernels/cpu/elementwise.h"
 
 namespace moed::kernels::detail {
 

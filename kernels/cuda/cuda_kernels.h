@@ -1,7 +1,8 @@
 // The GPU kernels of moed: the same steps as kernels/cpu/, on one CUDA device.
 //
-// Self-contained (CUDA runtime and cuBLAS only, C++17), so that it builds with
-// nvcc apart from the rest of the project. Every operation is asynchronous on
+// On the CUDA runtime and cuBLAS, and the header-only element functions it
+// shares with kernels/cpu (C++17), so that it builds with nvcc apart from the
+// rest of the project. Every operation is asynchronous on
 // the stream it is given; pointers are device pointers unless stated.
 //
 // Determinism: every kernel here has a fixed reduction order that does not
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/router_body.h"
 #include "kernels/cuda/gpu_probe.h"
 
 namespace moed::cuda {
@@ -169,18 +171,23 @@ void rms_norm(const float* x, const float* weight, int rows, int hidden, float e
 void gate_logits(CublasHandle& handle, const float* x, const float* gate_w, int tokens, int hidden,
                  int experts, float* logits);
 
-// Per token: p = softmax(logits / temperature) over `experts` (<= 512), the k
-// (<= 16, <= experts) most probable experts, sorted by descending probability
-// (ties: smaller expert id first), and their weights p / sum(top-k p) (sum 1).
-// The ranking compares z = logit / temperature (fp32, IEEE division), which is
-// the order of p, so the chosen ids do not depend on the exp implementation;
-// NaN ranks as -inf. Weights: exp(z - z_max) in double, summed in rank order.
-// One warp per token.
-void router_topk(const float* logits, int tokens, int experts, int k, float temperature,
-                 int* expert_ids, float* weights, cudaStream_t stream);
+// Each token's experts and weights from logits[tokens, experts], as
+// runtime::route chooses them for `rule` (RouterParams::rule()): softmax or
+// sigmoid scores in double, the selection bias (selection_bias, [experts],
+// device, or null), group-limited selection, top-k or top-p, ties to the
+// lower id and NaN last, the weights renormalised and scaled. The same
+// element functions and sums in the same order (kernels/cpu/router_body.h),
+// so the same ids and weight bits as the CPU's router. Writes expert_ids and
+// weights [tokens, route_width(rule, experts)] in rank order, padded with -1
+// and 0 past each token's count (counts[tokens]: top-p's k varies). No limit
+// on k; the experts are limited by shared memory (16 bytes each: about
+// 14,000 on Hopper). One warp per token. The router policies' adjustments
+// are not here: they stay on the host.
+void route_tokens(const float* logits, int tokens, int experts, const kernels::RouteRule& rule,
+                  const float* selection_bias, int* expert_ids, float* weights, int* counts, cudaStream_t stream);
 
 // Stable grouping of (token, expert) pairs by expert. expert_ids[pairs] (e.g.
-// router_topk's [tokens, k] read flat); ids outside [0, experts) (e.g. -1 for
+// route_tokens's [tokens, k] read flat); ids outside [0, experts) (e.g. -1 for
 // "not here") are left out. Writes counts[experts], offsets[experts + 1]
 // (exclusive prefix sum, offsets[experts] = pairs kept) and order[offsets[experts]]:
 // the kept pair indices sorted by expert, ascending pair index within an expert.
@@ -189,7 +196,7 @@ void count_and_offsets(const int* expert_ids, int pairs, int experts, int* count
                        int* order, cudaStream_t stream);
 
 // token[i] = order[i] / k: the token of each grouped pair when pairs are
-// numbered token * k + slot (router_topk's layout).
+// numbered token * k + slot (route_tokens's layout).
 void pair_tokens(const int* order, int n, int k, int* token, cudaStream_t stream);
 
 // dst[i, :] = src[row_index[i], :] for i < n, rows of `hidden` floats.

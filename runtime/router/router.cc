@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "kernels/cpu/router_body.h"
 
 namespace moed::runtime {
 
@@ -20,6 +21,22 @@ RouterParams RouterParams::from(const Config& c) {
   return p;
 }
 
+kernels::RouteRule RouterParams::rule() const {
+  kernels::RouteRule r;
+  r.sigmoid = spec.scoring == Scoring::sigmoid;
+  r.top_p_mode = top_p_mode;
+  r.top_k = top_k;
+  r.min_k = min_k;
+  r.max_k = max_k;
+  r.temperature = temperature;
+  r.top_p = top_p;
+  r.groups = spec.groups;
+  r.groups_kept = spec.groups_kept;
+  r.renormalize = spec.renormalize || spec.softmax_after_topk;
+  r.scaling = spec.scaling;
+  return r;
+}
+
 void route(const float* logits, std::size_t tokens, std::size_t experts, const RouterParams& params,
            Routing& out) {
   Ranked ranked;
@@ -29,34 +46,34 @@ void route(const float* logits, std::size_t tokens, std::size_t experts, const R
 
 namespace {
 
-// Softmax in double with the max subtracted; the same sequence for every token.
+using kernels::detail::ranks_before;
+
+// Softmax in double with the max subtracted (the first logit if it is NaN,
+// as max_element leaves it), summed in id order; the same sequence for every
+// token, and on the GPU (kernels/cuda/router.cu).
 void softmax(const double* logits, std::size_t experts, double temperature, double* prob) {
   const double mx = *std::max_element(logits, logits + experts);
   double sum = 0;
-  for (std::size_t e = 0; e < experts; ++e) sum += prob[e] = std::exp((logits[e] - mx) / temperature);
+  for (std::size_t e = 0; e < experts; ++e) sum += prob[e] = kernels::detail::softmax_term(logits[e], mx, temperature);
   for (std::size_t e = 0; e < experts; ++e) prob[e] /= sum;
 }
 
 // Marks the experts of the groups_kept best groups selectable (DeepSeek's
 // group-limited routing): a group scores the sum of its two best selection
-// scores when the router has a selection bias, else its best.
+// scores when the router has a selection bias, else its best; groups rank
+// as experts do (ties to the lower id, NaN last).
 void keep_best_groups(const std::vector<double>& selection, const RouterSpec& spec, bool top2,
                       std::vector<double>& group_score, std::vector<std::uint32_t>& group_order,
                       std::vector<char>& selectable) {
   const std::size_t G = std::size_t(spec.groups), per = selection.size() / G;
   for (std::size_t g = 0; g < G; ++g) {
     double best = -HUGE_VAL, second = -HUGE_VAL;
-    for (std::size_t e = g * per; e < (g + 1) * per; ++e) {
-      if (selection[e] > best) second = best, best = selection[e];
-      else if (selection[e] > second) second = selection[e];
-    }
-    group_score[g] = top2 ? best + second : best;
+    for (std::size_t e = g * per; e < (g + 1) * per; ++e) kernels::detail::keep_best_two(selection[e], best, second);
+    group_score[g] = kernels::detail::group_score(best, second, top2);
   }
   std::iota(group_order.begin(), group_order.end(), 0u);
   std::partial_sort(group_order.begin(), group_order.begin() + spec.groups_kept, group_order.end(),
-                    [&](std::uint32_t a, std::uint32_t b) {
-                      return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
-                    });
+                    [&](std::uint32_t a, std::uint32_t b) { return ranks_before(group_score[a], a, group_score[b], b); });
   std::fill(selectable.begin(), selectable.end(), 0);
   for (int i = 0; i < spec.groups_kept; ++i)
     std::fill_n(selectable.begin() + std::ptrdiff_t(group_order[std::size_t(i)] * per), per, 1);
@@ -81,7 +98,7 @@ void rank_experts(const float* logits, const double* adjust, std::size_t tokens,
     for (std::size_t e = 0; e < experts; ++e) l[e] = double(logits[t * experts + e]);
     const double* adj = adjust ? adjust + t * experts : nullptr;
     if (sigmoid) {
-      for (std::size_t e = 0; e < experts; ++e) prob[e] = 1.0 / (1.0 + std::exp(-l[e] / params.temperature));
+      for (std::size_t e = 0; e < experts; ++e) prob[e] = kernels::detail::sigmoid_score(l[e], params.temperature);
       for (std::size_t e = 0; e < experts; ++e)
         selection[e] = prob[e] + (bias ? double(bias[e]) : 0.0) + (adj ? adj[e] : 0.0);
     } else {
@@ -111,12 +128,7 @@ void rank_experts(const float* logits, const double* adjust, std::size_t tokens,
     // weak, so such a row is ranked as defined (an all-NaN row takes the
     // lowest ids), not as the sort happens to leave it. keep_best_groups
     // skips NaN alike. Rows without NaN rank exactly as before.
-    auto by_score = [&](std::uint32_t a, std::uint32_t b) {
-      const double sa = selection[a], sb = selection[b];
-      if (sa > sb) return true;
-      if (sa == sb) return a < b;
-      return std::isnan(sb) && (!std::isnan(sa) || a < b);
-    };
+    auto by_score = [&](std::uint32_t a, std::uint32_t b) { return ranks_before(selection[a], a, selection[b], b); };
     std::size_t k;
     const std::size_t max_k =
         params.top_p_mode ? std::min<std::size_t>(params.max_k, n_selectable) : std::size_t(params.top_k);
@@ -144,11 +156,11 @@ void add_weights(std::span<const std::uint32_t> experts, std::span<const double>
   for (double p : scores) chosen += p;
   // softmax_after_topk: the softmax over the chosen logits is the full
   // softmax renormalised over them.
-  // The chosen sum to 0 only when every chosen sigmoid underflowed (logits
-  // below about -745): they weigh 0, as Hugging Face's DeepSeek-V3 (the sum
-  // + 1e-20) gives, not 0/0. A NaN sum stays NaN.
-  const double divisor = (spec.renormalize || spec.softmax_after_topk) && chosen != 0 ? chosen : 1.0;
-  for (std::size_t i = 0; i < experts.size(); ++i) out.add(experts[i], float(scores[i] / divisor * spec.scaling));
+  kernels::RouteRule rule;
+  rule.renormalize = spec.renormalize || spec.softmax_after_topk;
+  rule.scaling = spec.scaling;
+  for (std::size_t i = 0; i < experts.size(); ++i)
+    out.add(experts[i], kernels::detail::route_weight(scores[i], chosen, rule));
 }
 
 void choose(const Ranked& ranked, const RouterSpec& spec, Routing& out) {

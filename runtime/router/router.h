@@ -14,6 +14,10 @@
 
 #include "runtime/config/config.h"
 
+namespace moed::kernels {
+struct RouteRule;  // kernels/cpu/router_body.h
+}
+
 namespace moed::runtime {
 
 // Experts and gate weights per token, in compressed rows (one row per token).
@@ -61,6 +65,8 @@ struct RouterParams {
   const float* selection_bias = nullptr;
 
   static RouterParams from(const Config& c);
+  // The same, in the plain numbers the GPU's router takes (kernels/cpu/router_body.h).
+  kernels::RouteRule rule() const;
   RouterParams at_layer(const std::vector<float>& bias) const {
     RouterParams p = *this;
     p.selection_bias = bias.empty() ? nullptr : bias.data();

@@ -1,7 +1,8 @@
 // The CUDA kernels against bounds measured in the same run, on one GPU
 // (tests/gpu/check.sh runs it; nothing here runs without a GPU):
 //   - HBM: a device-to-device copy, bytes read + written per second;
-//   - routing (router_topk), permute (permute_rows) and combine
+//   - routing (route_tokens: Mixtral's softmax top-2; DeepSeek-V3's sigmoid
+//     with its selection bias, 4 of 8 groups, top-8), permute (permute_rows) and combine
 //     (combine_fixed): their bytes per second over that copy's;
 //   - the grouped expert FFN (expert_ffn_grouped, fp32 cuBLAS per expert)
 //     over one dense cuBLAS GEMM pair of the same FLOPs and compute type;
@@ -35,12 +36,15 @@ using moed::cuda::Stream;
 struct Shape {
   const char* name;
   int hidden, ffn, experts, top_k, tokens;
+  bool sigmoid = false;  // the router: DeepSeek-V3's sigmoid with a selection bias, else softmax
+  int groups = 1, groups_kept = 1;
+  double scaling = 1.0;
 };
 
 // Mixtral-8x7B's and DeepSeek-V3's expert layers at a prefill step's tokens.
 const Shape kShapes[] = {
     {"mixtral", 4096, 14336, 8, 2, 4096},
-    {"deepseek", 7168, 2048, 256, 8, 4096},
+    {"deepseek", 7168, 2048, 256, 8, 4096, true, 8, 4, 2.5},
     {"small", 512, 1024, 16, 4, 1024},  // a quick run
 };
 
@@ -147,16 +151,25 @@ int run(const Shape& s, int reps) {
   const double bound = 2.0 * double(copy_bytes) / copy_s;
   std::printf("%-34s %9.1f GB/s  (the bound: bytes read + written)\n", "HBM copy, 1 GiB", bound * 1e-9);
 
-  // Routing: logits in, ids and weights out.
+  // Routing: logits (and the selection bias) in, ids, weights and counts out.
   auto logits = random_floats(std::size_t(T * s.experts), 1, 4.0f);
-  DeviceBuffer<float> d_logits(logits.size()), d_weights(n_pairs);
+  auto bias = random_floats(n_experts, 4, 0.05f);
+  DeviceBuffer<float> d_logits(logits.size()), d_weights(n_pairs), d_bias(n_experts);
   d_logits.upload(logits);
-  DeviceBuffer<int> d_ids(n_pairs);
+  d_bias.upload(bias);
+  DeviceBuffer<int> d_ids(n_pairs), d_route_counts{std::size_t(T)};
+  moed::kernels::RouteRule rule;
+  rule.sigmoid = s.sigmoid;
+  rule.top_k = rule.max_k = s.top_k;
+  rule.groups = s.groups;
+  rule.groups_kept = s.groups_kept;
+  rule.scaling = s.scaling;
   const double route_s = best_seconds(reps, stream, [&] {
-    moed::cuda::router_topk(d_logits.data(), int(T), s.experts, s.top_k, 1.0f, d_ids.data(), d_weights.data(),
-                            stream);
+    moed::cuda::route_tokens(d_logits.data(), int(T), s.experts, rule, s.sigmoid ? d_bias.data() : nullptr,
+                             d_ids.data(), d_weights.data(), d_route_counts.data(), stream);
   });
-  print_ratio("routing (router_topk)", double(T * s.experts * 4 + pairs * 8), route_s, bound);
+  print_ratio(s.sigmoid ? "routing (route_tokens, sigmoid, groups)" : "routing (route_tokens, softmax)",
+              double(T * s.experts * 4 + pairs * 8 + T * 4), route_s, bound);
 
   // Grouping, then the permute of every pair's row.
   DeviceBuffer<int> d_counts(n_experts), d_offsets(n_experts + 1), d_order(n_pairs), d_token(n_pairs);

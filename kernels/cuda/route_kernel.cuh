@@ -1,0 +1,168 @@
+// The GPU router's body: one warp routes one token (kernels/cuda/router.cu
+// launches it). A header of its own so that a host test can also compile it
+// under an emulated warp of 32 threads (tests/unit/runtime/router/
+// test_gpu_router_emulated.cc) and hold it to runtime::route where no GPU is.
+// Of CUDA it uses only a lane exchange and a warp barrier, through
+// warp_shfl_xor and warp_sync, which that test defines before including it.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "kernels/cpu/router_body.h"
+
+#if defined(__CUDACC__)
+#define MOED_WARP_FUNCTION __device__ inline
+#else
+#define MOED_WARP_FUNCTION inline
+#endif
+
+namespace moed::cuda::route_detail {
+
+#if defined(__CUDACC__)
+constexpr unsigned kFullMask = 0xffffffffu;
+__device__ inline void warp_sync() { __syncwarp(); }
+template <class T>
+__device__ inline T warp_shfl_xor(T value, int lane_mask) {
+  return __shfl_xor_sync(kFullMask, value, lane_mask);
+}
+#endif
+
+constexpr unsigned kNone = 0xffffffffu;  // no candidate: ranks after every real one
+
+using kernels::detail::ranks_before;
+
+// The best of the candidates across the warp, by ranks_before (a strict total
+// order on distinct ids, so every lane ends with the same winner whatever the
+// order of the comparisons). Each lane offers its own best (id kNone: none).
+MOED_WARP_FUNCTION unsigned warp_best(double score, unsigned id) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const double other_score = warp_shfl_xor(score, offset);
+    const unsigned other_id = warp_shfl_xor(id, offset);
+    if (other_id != kNone && (id == kNone || ranks_before(other_score, other_id, score, id))) {
+      score = other_score;
+      id = other_id;
+    }
+  }
+  return id;
+}
+
+// Candidate states in shared memory.
+constexpr unsigned char kClosed = 0, kOpen = 1, kTaken = 2;
+
+// Lane `lane` of the warp that routes `token`, with `shared` its block's
+// shared memory (route_shared_bytes). Every step is runtime/router/router.cc's
+// in the same order, from the same element functions
+// (kernels/cpu/router_body.h): the scores and their sums in id order, the
+// groups by their two best, then the experts one at a time.
+MOED_WARP_FUNCTION void route_token(int lane, long long token, double* shared, const float* logits, int experts,
+                                   const kernels::RouteRule& rule, const float* bias, int width, int* expert_ids,
+                                   float* weights, int* counts) {
+  const int E = experts, G = rule.groups;
+  double* prob = shared;
+  double* selection = prob + E;
+  double* group_scores = selection + E;
+  double* chosen_prob = group_scores + G;
+  int* chosen_id = reinterpret_cast<int*>(chosen_prob + width);
+  unsigned char* state = reinterpret_cast<unsigned char*>(chosen_id + width);
+  const float* row = logits + token * E;
+  const double T = rule.temperature;
+
+  if (rule.sigmoid) {
+    for (int e = lane; e < E; e += 32) {
+      const double p = kernels::detail::sigmoid_score(double(row[e]), T);
+      prob[e] = p;
+      selection[e] = p + (bias ? double(bias[e]) : 0.0);
+    }
+  } else {
+    // max_element's answer: the first logit if it is NaN, else the greatest number.
+    double greatest = -HUGE_VAL;
+    for (int e = lane; e < E; e += 32)
+      if (greatest < double(row[e])) greatest = double(row[e]);
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const double other = warp_shfl_xor(greatest, offset);
+      if (greatest < other) greatest = other;
+    }
+    const double first = double(row[0]);
+    const double row_max = first != first ? first : greatest;
+    for (int e = lane; e < E; e += 32) prob[e] = kernels::detail::softmax_term(double(row[e]), row_max, T);
+    warp_sync();
+    double sum = 0;  // every lane, in id order: the same bits everywhere
+    for (int e = 0; e < E; ++e) sum += prob[e];
+    warp_sync();
+    for (int e = lane; e < E; e += 32) {
+      const double p = prob[e] / sum;
+      prob[e] = p;
+      selection[e] = bias ? p + double(bias[e]) : p;
+    }
+  }
+  warp_sync();
+
+  // Group-limited selection: only the experts of the groups_kept best groups stay open.
+  int selectable = E;
+  if (G > 1) {
+    const int per = E / G;
+    for (int g = lane; g < G; g += 32) {
+      double best = -HUGE_VAL, second = -HUGE_VAL;
+      for (int e = g * per; e < (g + 1) * per; ++e) kernels::detail::keep_best_two(selection[e], best, second);
+      group_scores[g] = kernels::detail::group_score(best, second, bias != nullptr);
+    }
+    for (int e = lane; e < E; e += 32) state[e] = kClosed;
+    warp_sync();
+    for (int round = 0; round < rule.groups_kept; ++round) {
+      double best_score = 0;
+      unsigned best_group = kNone;
+      for (int g = lane; g < G; g += 32)
+        if (state[g * per] == kClosed &&
+            (best_group == kNone || ranks_before(group_scores[g], unsigned(g), best_score, best_group))) {
+          best_score = group_scores[g];
+          best_group = unsigned(g);
+        }
+      const unsigned kept = warp_best(best_score, best_group);
+      for (int e = int(kept) * per + lane; e < int(kept + 1) * per; e += 32) state[e] = kOpen;
+      warp_sync();
+    }
+    selectable = per * rule.groups_kept;
+  } else {
+    for (int e = lane; e < E; e += 32) state[e] = kOpen;
+    warp_sync();
+  }
+
+  // The experts one at a time, best first: top-k's k, or until top-p's mass.
+  const int max_k = rule.top_p_mode ? (rule.max_k < selectable ? rule.max_k : selectable) : rule.top_k;
+  double mass = 0;
+  int k = 0;
+  while (k < max_k && (!rule.top_p_mode || k < rule.min_k || mass < rule.top_p)) {
+    double best_score = 0;
+    unsigned best = kNone;
+    for (int e = lane; e < E; e += 32)
+      if (state[e] == kOpen && (best == kNone || ranks_before(selection[e], unsigned(e), best_score, best))) {
+        best_score = selection[e];
+        best = unsigned(e);
+      }
+    const unsigned chosen = warp_best(best_score, best);
+    if (lane == 0) {
+      state[chosen] = kTaken;
+      chosen_id[k] = int(chosen);
+      chosen_prob[k] = prob[chosen];
+    }
+    mass += selection[chosen];
+    ++k;
+    warp_sync();
+  }
+
+  double chosen_sum = 0;  // in rank order, as add_weights sums
+  for (int i = 0; i < k; ++i) chosen_sum += chosen_prob[i];
+  for (int i = lane; i < width; i += 32) {
+    expert_ids[token * width + i] = i < k ? chosen_id[i] : -1;
+    weights[token * width + i] = i < k ? kernels::detail::route_weight(chosen_prob[i], chosen_sum, rule) : 0.0f;
+  }
+  if (lane == 0) counts[token] = k;
+}
+
+inline std::size_t route_shared_bytes(int experts, int groups, int width) {
+  return sizeof(double) * (2 * std::size_t(experts) + std::size_t(groups) + std::size_t(width)) +
+         sizeof(int) * std::size_t(width) + std::size_t(experts);
+}
+
+}  // namespace moed::cuda::route_detail
