@@ -161,9 +161,13 @@ class CublasHandle {
 // ---- kernels ----------------------------------------------------------------
 
 // out = x / sqrt(mean(x²) + eps) * weight, per row of `hidden` floats (x and out
-// may alias). The sum of squares is in double with a fixed reduction tree.
+// may alias), with kernels::rms_norm's bits: the squares summed in double in
+// column order, the CPU's expressions after. One warp per row.
 void rms_norm(const float* x, const float* weight, int rows, int hidden, float eps, float* out,
               cudaStream_t stream);
+
+// rows[t, e] += bias[e] for t < count, e < width (gpt-oss's router bias on the logits).
+void add_row_bias(float* rows, int count, int width, const float* bias, cudaStream_t stream);
 
 // logits[tokens, experts] = x[tokens, hidden] · gate_wᵀ, gate_w [experts, hidden]
 // row-major. fp32 arithmetic throughout (CUBLAS_COMPUTE_32F_PEDANTIC: never

@@ -1,9 +1,10 @@
-// The GPU router's body: one warp routes one token (kernels/cuda/router.cu
-// launches it). A header of its own so that a host test can also compile it
-// under an emulated warp of 32 threads (tests/unit/runtime/router/
-// test_gpu_router_emulated.cc) and hold it to runtime::route where no GPU is.
-// Of CUDA it uses only a lane exchange and a warp barrier, through
-// warp_shfl_xor and warp_sync, which that test defines before including it.
+// The GPU route stage's warp bodies: one warp normalises one row, and one
+// routes one token (kernels/cuda/router.cu launches them). A header of their
+// own so that a host test can also compile them under an emulated warp of 32
+// threads (tests/unit/runtime/router/test_gpu_router_emulated.cc) and hold
+// them to kernels::rms_norm and runtime::route where no GPU is. Of CUDA they
+// use only lane exchanges and a warp barrier, through warp_shfl_xor,
+// warp_shfl and warp_sync, which that test defines before including this.
 #pragma once
 
 #include <cmath>
@@ -26,7 +27,36 @@ template <class T>
 __device__ inline T warp_shfl_xor(T value, int lane_mask) {
   return __shfl_xor_sync(kFullMask, value, lane_mask);
 }
+template <class T>
+__device__ inline T warp_shfl(T value, int from_lane) {
+  return __shfl_sync(kFullMask, value, from_lane);
+}
 #endif
+
+// RMSNorm of one row with kernels::rms_norm's bits: the squares (exact in
+// double) summed in column order, 32 columns at a time broadcast to every
+// lane, which adds them in order (so every lane holds the CPU's sum); then
+// the CPU's expressions, its eps = 0 branch included. out may alias x: a
+// lane writes only the columns it read, after the whole sum.
+MOED_WARP_FUNCTION void rms_norm_row(int lane, const float* x, const float* weight, int hidden, float eps,
+                                     float* out) {
+  double sum_of_squares = 0;
+  for (int base = 0; base < hidden; base += 32) {
+    const double v = base + lane < hidden ? double(x[base + lane]) : 0.0;
+    const double square = v * v;
+    const int n = hidden - base < 32 ? hidden - base : 32;
+    for (int j = 0; j < n; ++j) sum_of_squares += warp_shfl(square, j);
+  }
+  const double mean_square = sum_of_squares / double(hidden);
+  const double inv_double = 1.0 / sqrt(mean_square + double(eps));
+  const float inv = float(inv_double);
+  if (inv > 3.40282347e+38f) {  // inf: only with eps 0 (rms_norm.cc says why)
+    for (int i = lane; i < hidden; i += 32)
+      out[i] = mean_square == 0 ? x[i] * 0.0f * weight[i] : float(double(x[i]) * inv_double * double(weight[i]));
+    return;
+  }
+  for (int i = lane; i < hidden; i += 32) out[i] = x[i] * inv * weight[i];
+}
 
 constexpr unsigned kNone = 0xffffffffu;  // no candidate: ranks after every real one
 

@@ -13,28 +13,16 @@ namespace {
 
 // ---- rms_norm ----------------------------------------------------------------
 
-// Fixed, not a launch parameter: the reduction tree (and so the bits) depends on it.
-constexpr int kNormThreads = 256;
-
-// One block per row. Thread t sums the squares of columns t, t+256, ... in
-// order, then a shared-memory halving tree adds the 256 partial sums; all in
-// double, as the CPU (which sums in plain order) does.
+// One warp per row, one row per block.
 __global__ void rms_norm_kernel(const float* x, const float* weight, int hidden, float eps, float* out) {
-  __shared__ double partial[kNormThreads];
-  const float* xr = x + static_cast<long long>(blockIdx.x) * hidden;
-  float* o = out + static_cast<long long>(blockIdx.x) * hidden;
-  double ss = 0;
-  for (int i = threadIdx.x; i < hidden; i += kNormThreads) ss += double(xr[i]) * double(xr[i]);
-  partial[threadIdx.x] = ss;
-  __syncthreads();
-  for (int s = kNormThreads / 2; s > 0; s >>= 1) {
-    if (int(threadIdx.x) < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-    __syncthreads();
-  }
-  // Same expression as the CPU: double sqrt and division are correctly rounded.
-  const float inv = float(1.0 / sqrt(partial[0] / double(hidden) + double(eps)));
-  // Each thread reads its columns before writing them, so out may alias x.
-  for (int i = threadIdx.x; i < hidden; i += kNormThreads) o[i] = xr[i] * inv * weight[i];
+  const long long row = blockIdx.x;
+  route_detail::rms_norm_row(int(threadIdx.x), x + row * hidden, weight, hidden, eps, out + row * hidden);
+}
+
+// logits[t, e] += bias[e]: gpt-oss's router bias, one fp32 add as on the CPU.
+__global__ void add_row_bias_kernel(float* rows, long long count, int width, const float* bias) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count * width) rows[i] += bias[i % width];
 }
 
 // ---- route_tokens -----------------------------------------------------------
@@ -53,7 +41,15 @@ void rms_norm(const float* x, const float* weight, int rows, int hidden, float e
               cudaStream_t stream) {
   if (rows < 0 || hidden < 0) throw std::invalid_argument("rms_norm: negative size");
   if (rows == 0 || hidden == 0) return;
-  rms_norm_kernel<<<rows, kNormThreads, 0, stream>>>(x, weight, hidden, eps, out);
+  rms_norm_kernel<<<rows, 32, 0, stream>>>(x, weight, hidden, eps, out);
+  MOED_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_row_bias(float* rows, int count, int width, const float* bias, cudaStream_t stream) {
+  if (count < 0 || width < 0) throw std::invalid_argument("add_row_bias: negative size");
+  const long long n = static_cast<long long>(count) * width;
+  if (n == 0) return;
+  add_row_bias_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(rows, count, width, bias);
   MOED_CUDA_CHECK(cudaGetLastError());
 }
 

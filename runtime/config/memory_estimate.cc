@@ -92,6 +92,14 @@ MemoryEstimate estimate_device_memory(const Config& c, std::vector<placement::Sl
                      saturating_mul({kExecutors, kBlockRows, saturating_add(saturating_mul(2, H), saturating_mul(2, F)),
                                      std::uint64_t(4)}),
                      "dispatch and combine"});
+  // The route stage's weights, every layer's, copied at start (runtime/engine/cuda_router.h).
+  e.parts.push_back({fmt::format("router on the GPU: [model].layers {} x ([model].experts {} x [model].hidden {} + "
+                                 "[model].hidden + 2 x [model].experts) x 4 bytes (gate, norm, biases)",
+                                 L, E, H),
+                     "[model].layers, [model].experts, [model].hidden",
+                     saturating_mul({L, saturating_add(saturating_add(saturating_mul(E, H), H), saturating_mul(2, E)),
+                                     kF32}),
+                     "router and norm"});
   return e;
 }
 

@@ -43,8 +43,9 @@ MemoryEstimate estimate_rank_memory(const Config& c, std::uint64_t slots, int ra
 MemoryEstimate estimate_rank_memory(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank);
 // What a rank's GPU holds under [experts].device = cuda: the expert slots,
 // shared experts and dense layers in their format (the executors copy each
-// one the first time a step uses it, so all of them in the end), and the two
-// executors' block buffers (rows, up-projection, one chunk's output). It
+// one the first time a step uses it, so all of them in the end), the two
+// executors' block buffers (rows, up-projection, one chunk's output), and
+// every layer's router weights (gate, norm, biases). It
 // leaves out the CUDA context and cuBLAS's workspace, so that it errs low.
 MemoryEstimate estimate_device_memory(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank);
 // `moed --generate-weights`: the whole model, held until written.

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "kernels/cpu/encoded_matrix.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "runtime/engine/cuda_buffers.h"
 
 namespace moed::runtime {
 
@@ -44,18 +45,6 @@ struct DeviceCopy {
             m.scales.empty() ? nullptr : scales.data()};
   }
 };
-
-cuda::DeviceBuffer<float> floats_on_device(const float* host, std::size_t n) {
-  cuda::DeviceBuffer<float> d(host ? n : 0);
-  if (host) d.upload(host, n);
-  return d;
-}
-
-// Grown, never shrunk, as RowBlockExecutor::at_least.
-float* device_at_least(cuda::DeviceBuffer<float>& buffer, std::size_t floats) {
-  if (buffer.size() < floats) buffer = cuda::DeviceBuffer<float>(floats);
-  return buffer.data();
-}
 
 }  // namespace
 

@@ -27,7 +27,7 @@ Engine::Engine(const Config& config, comm::Transport& transport, const placement
       order_(tokens_per_step_, config.workload.order == WorkloadOrder::shuffled, std::uint64_t(config.workload.seed)),
       executor_(make_expert_executor(device, 256, gpu)),
       shared_executor_(make_expert_executor(device, 256, gpu)),
-      route_(config, transport, placement, store),
+      route_(config, transport, placement, store, make_device_router(device, config, store, gpu)),
       positions_per_request_(std::uint64_t(config.workload.positions_per_request)),
       census_(transport.size(), std::size_t(config.engine.microbatches), store.shape().experts),
       tracer_(std::size_t(config.engine.microbatches)) {

@@ -1,19 +1,35 @@
 #include "runtime/engine/route_stage.h"
 
+#include "common/error.h"
 #include "common/rng.h"
 #include "kernels/cpu/rms_norm.h"
 #include "runtime/router/policies/jitter.h"
+#if MOED_HAVE_CUDA_EXECUTOR
+#include "runtime/engine/cuda_router.h"
+#endif
 
 namespace moed::runtime {
 
+std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
+                                                 int gpu) {
+  if (device == ExpertDevice::cpu) return nullptr;
+#if MOED_HAVE_CUDA_EXECUTOR
+  return std::make_unique<CudaRouter>(config, store, gpu);
+#else
+  static_cast<void>(config), static_cast<void>(store), static_cast<void>(gpu);
+  MOED_THROW(Usage, "no {} router in this build: routing runs on the CPU ([experts].device = cpu)", to_string(device));
+#endif
+}
+
 RouteStage::RouteStage(const Config& config, comm::Transport& transport, const placement::Placement& placement,
-                       const ExpertStore& store)
+                       const ExpertStore& store, std::unique_ptr<DeviceRouter> device_router)
     : config_(config),
       transport_(transport),
       placement_(placement),
       store_(store),
       router_(RouterParams::from(config)),
-      policies_(config, store.shape().layers, store.shape().experts) {
+      policies_(config, store.shape().layers, store.shape().experts),
+      device_router_(std::move(device_router)) {
   // The router's logits come from the fixed-order GEMM whatever [experts].gemm
   // says: a token's routing never depends on its batch.
   const ModelShape& shape = store.shape();
@@ -37,6 +53,11 @@ RouterParams RouteStage::router_of(int layer) const {
 void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepRecord& rec) {
   const int H = store_.shape().hidden;
   xn_.resize(rows.count * H);
+  // No policy acting: the plain router's choice, which the device computes with the same bits.
+  if (device_router_ && !replayed && !policies_.adjusts() && !policies_.shares_tokens()) {
+    device_router_->route(rows.layer, rows.x, rows.count, xn_.data(), routing);
+    return;
+  }
   kernels::rms_norm(rows.x, store_.layer(rows.layer).norm.data(), rows.count, H, float(config_.model.norm_eps),
                     xn_.data());
   if (!replayed) {

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "placement/placement.h"
 #include "runtime/config/config.h"
+#include "runtime/engine/expert_executor.h"
 #include "runtime/engine/step_record.h"
 #include "runtime/router/policies/router_policies.h"
 #include "runtime/router/router.h"
@@ -24,10 +26,25 @@
 
 namespace moed::runtime {
 
+// The route stage's plain path (no router policy acting) on another device:
+// RMSNorm, gate and router there, with the CPU's bits; the normalised rows
+// and the routing back on the host (cuda_router.h).
+class DeviceRouter {
+ public:
+  virtual ~DeviceRouter() = default;
+  // x [count, hidden] of `layer` -> xn [count, hidden], and one routing row per token appended.
+  virtual void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing) = 0;
+};
+
+// The device router for experts on `device` (null on the CPU), on CUDA device `gpu`.
+std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
+                                                 int gpu);
+
 class RouteStage {
  public:
+  // `device_router` (may be null) takes the plain path when no policy acts.
   RouteStage(const Config& config, comm::Transport& transport, const placement::Placement& placement,
-             const ExpertStore& store);
+             const ExpertStore& store, std::unique_ptr<DeviceRouter> device_router = nullptr);
 
   // One layer's rows on this rank: x [count, hidden]; tags: their requests;
   // rows_of_rank: every rank's row count (the policies' exchange); where:
@@ -74,6 +91,7 @@ class RouteStage {
   RouterParams router_;
   std::vector<kernels::PackedWeights> gate_;  // per layer: the gate [experts, hidden], packed
   RouterPolicies policies_;
+  std::unique_ptr<DeviceRouter> device_router_;
 
   // Buffers reused from layer to layer.
   std::vector<float> xn_, logits_;

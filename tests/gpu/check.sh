@@ -2,12 +2,13 @@
 # The GPU machine's one call. On a bare machine with one GPU (nvcc, CMake and
 # the CUDA toolkit, no registry): unpack the carried Debian packages
 # (fetch-debs.sh) into a prefix, build moed against them, and run:
-#   1. the CUDA unit tests (kernels/cuda against kernels/cpu) and the CUDA
-#      executor's tests (against the CPU executor): a test skipped for want
-#      of a GPU fails the check;
+#   1. the CUDA unit tests (kernels/cuda against kernels/cpu and
+#      runtime::route) and the CUDA executor's and router's tests (against
+#      the CPU's): a test skipped for want of a GPU fails the check;
 #   2. a 1-rank serve of a small model in each format with [experts].device =
-#      cuda, one and two micro-batches, whose outputs must be bit-identical to
-#      the CPU's with products = f32;
+#      cuda, one and two micro-batches, and in the DeepSeek-V3, gpt-oss and
+#      Qwen3-MoE families, whose outputs must be bit-identical to the CPU's
+#      with products = f32;
 #   3. bench_gpu_kernels at Mixtral-8x7B's and DeepSeek-V3's expert shapes.
 # Output goes to the terminal and to $OUT/gpu-check.txt (when $OUT is set).
 #
@@ -106,7 +107,7 @@ run_tests() {  # run_tests WHAT BINARY [FILTER]
 }
 if [ "$rehearsal" != 1 ]; then
   run_tests "CUDA kernel tests" "$build/tests/moed_kernels_cuda_tests"
-  run_tests "CUDA executor tests" "$build/tests/moed_runtime_engine_tests" "*CudaExpertExecutor*"
+  run_tests "CUDA executor and router tests" "$build/tests/moed_runtime_engine_tests" "*CudaExpertExecutor*:*CudaRouter*"
 fi
 
 # 2. One rank serving a small model in each format: on the GPU, in one and two
@@ -131,6 +132,15 @@ for dtype in f32 bf16 fp8 mxfp4 int8; do
       fail "$dtype, $microbatches micro-batches: the GPU's outputs differ from the CPU's"
   done
   say "$dtype: the GPU's outputs are the CPU's, bit for bit, in 1 and 2 micro-batches"
+done
+# Every router on the GPU (the route stage runs there too): sigmoid with a
+# selection bias and groups, a router bias, softmax.
+for family in deepseek_v3 gpt_oss qwen3_moe; do
+  serve "$scratch/cpu-$family" --set model.family=\"$family\"
+  [ "$rehearsal" = 1 ] && { say "served $family on the CPU from the carried packages"; continue; }
+  serve "$scratch/gpu-$family" --set model.family=\"$family\" --set experts.device=\"cuda\"
+  cmp -s "$scratch/cpu-$family" "$scratch/gpu-$family" || fail "$family: the GPU's outputs differ from the CPU's"
+  say "$family: the GPU's outputs are the CPU's, bit for bit"
 done
 
 # 3. The benchmark.

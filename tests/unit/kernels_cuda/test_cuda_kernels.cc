@@ -21,6 +21,7 @@
 #include "kernels/cpu/expert_ffn.h"
 #include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/quant_weights.h"
+#include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -93,20 +94,14 @@ TEST(CudaKernels, RmsNormMatchesCpu) {
     auto x = random_floats(std::size_t(rows) * hidden, 1 + hidden, -3.0f, 3.0f);
     auto w = random_floats(hidden, 2 + hidden, 0.5f, 1.5f);
     std::vector<float> ref(x.size());
-    for (int r = 0; r < rows; ++r) {  // kernels/cpu/rms_norm.cc
-      double ss = 0;
-      for (int i = 0; i < hidden; ++i) ss += double(x[r * hidden + i]) * double(x[r * hidden + i]);
-      const float inv = float(1.0 / std::sqrt(ss / hidden + double(eps)));
-      for (int i = 0; i < hidden; ++i) ref[r * hidden + i] = x[r * hidden + i] * inv * w[i];
-    }
+    moed::kernels::rms_norm(x.data(), w.data(), std::size_t(rows), std::size_t(hidden), eps, ref.data());
     auto dx = to_device(x), dw = to_device(w);
     DeviceBuffer<float> dout(x.size());
     moed::cuda::rms_norm(dx.data(), dw.data(), rows, hidden, eps, dout.data(), stream);
     moed::cuda::rms_norm(dx.data(), dw.data(), rows, hidden, eps, dx.data(), stream);  // in place
     stream.synchronize();
     const auto out = dout.download();
-    for (std::size_t i = 0; i < out.size(); ++i)
-      ASSERT_LE(std::fabs(out[i] - ref[i]), 1e-6f * std::fabs(ref[i])) << "hidden " << hidden << " at " << i;
+    EXPECT_TRUE(same_bits(out, ref)) << "not kernels::rms_norm's bits, hidden " << hidden;
     EXPECT_TRUE(same_bits(dx.download(), out)) << "in place differs, hidden " << hidden;
   }
 }

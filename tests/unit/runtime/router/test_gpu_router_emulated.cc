@@ -1,10 +1,12 @@
-// The GPU router's kernel body (kernels/cuda/route_kernel.cuh), compiled for
-// the host and run by 32 threads in lockstep, an emulated warp: its lane
-// exchanges and barriers meet at a std::barrier. Held to runtime::route bit
-// for bit on the cases the GPU test uses, so that the kernel's logic is
-// checked where no GPU is. What this cannot check: CUDA's compilation of it
-// (tests/unit/kernels_cuda/test_cuda_router.cc does, on a GPU).
+// The GPU route stage's warp bodies (kernels/cuda/route_kernel.cuh: the
+// RMSNorm and the router), compiled for the host and run by 32 threads in
+// lockstep, an emulated warp: its lane exchanges and barriers meet at a
+// std::barrier. Held to kernels::rms_norm and runtime::route bit for bit (the
+// router on the cases the GPU test uses), so that the kernels' logic is
+// checked where no GPU is. What this cannot check: CUDA's compilation of
+// them (tests/unit/kernels_cuda does, on a GPU).
 #include <barrier>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -12,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/rms_norm.h"
 #include "tests/unit/runtime/router/gpu_router_cases.h"
 
 namespace moed::cuda::route_detail {
@@ -26,19 +29,41 @@ thread_local int emulated_lane = 0;
 
 void warp_sync() { emulated_warp->barrier.arrive_and_wait(); }
 
-// __shfl_xor_sync: every lane posts its value, then reads its partner's.
+// __shfl_sync: every lane posts its value, then reads lane `from_lane`'s.
 template <class T>
-T warp_shfl_xor(T value, int lane_mask) {
+T warp_shfl(T value, int from_lane) {
   static_assert(sizeof(T) <= sizeof(std::uint64_t));
   std::uint64_t raw = 0;
   std::memcpy(&raw, &value, sizeof value);
   emulated_warp->slots[emulated_lane] = raw;
   warp_sync();
-  raw = emulated_warp->slots[emulated_lane ^ lane_mask];
+  raw = emulated_warp->slots[from_lane];
   warp_sync();
   T out;
   std::memcpy(&out, &raw, sizeof out);
   return out;
+}
+
+// __shfl_xor_sync: the partner's value.
+template <class T>
+T warp_shfl_xor(T value, int lane_mask) {
+  return warp_shfl(value, emulated_lane ^ lane_mask);
+}
+
+// Runs body(lane) on 32 threads, a warp in lockstep at its exchanges.
+template <class Body>
+void run_warp(Body&& body) {
+  EmulatedWarp warp;
+  emulated_warp = &warp;
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < 32; ++lane) {
+    lanes.emplace_back([&body, lane] {
+      emulated_lane = lane;
+      body(lane);
+    });
+  }
+  for (auto& lane : lanes) lane.join();
+  emulated_warp = nullptr;
 }
 
 }  // namespace moed::cuda::route_detail
@@ -63,26 +88,61 @@ TEST_P(GpuRouterEmulated, KernelBodyChoosesAsRuntimeRouteBitForBit) {
   // Poison the shared memory: the kernel must write all it reads.
   std::fill(shared.begin(), shared.end(), std::numeric_limits<double>::quiet_NaN());
 
-  detail::EmulatedWarp warp;
-  detail::emulated_warp = &warp;
-  std::vector<std::thread> lanes;
-  for (int lane = 0; lane < 32; ++lane) {
-    lanes.emplace_back([&, lane] {
-      detail::emulated_lane = lane;
-      for (long long t = 0; t < tokens; ++t) {
-        detail::route_token(lane, t, shared.data(), layer.logits.data(), c.experts, rule,
-                            layer.bias.empty() ? nullptr : layer.bias.data(), width, ids.data(), weights.data(),
-                            counts.data());
-        detail::warp_sync();  // the next token's block reuses the shared memory
-      }
-    });
-  }
-  for (auto& lane : lanes) lane.join();
-  detail::emulated_warp = nullptr;
+  detail::run_warp([&](int lane) {
+    for (long long t = 0; t < tokens; ++t) {
+      detail::route_token(lane, t, shared.data(), layer.logits.data(), c.experts, rule,
+                          layer.bias.empty() ? nullptr : layer.bias.data(), width, ids.data(), weights.data(),
+                          counts.data());
+      detail::warp_sync();  // the next token's block reuses the shared memory
+    }
+  });
   expect_same_routing(layer.expected, tokens, width, ids, weights, counts);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuRouterEmulated, gpu_router_cases(), name_of);
+
+// The RMSNorm's warp body against kernels::rms_norm, on rows of every kind
+// and widths around the 32-column steps, at eps 1e-5 and 0 (the CPU's
+// infinite-inverse branch), out of place and in place.
+TEST(GpuRmsNormEmulated, RowBodyHasTheCpuBits) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int hidden : {1, 33, 70}) {
+    std::mt19937 rng{unsigned(hidden)};
+    std::uniform_real_distribution<float> value(-3.0f, 3.0f), scale(0.5f, 1.5f);
+    const int rows = 7;
+    std::vector<float> x(std::size_t(rows) * hidden), weight(static_cast<std::size_t>(hidden));
+    for (float& v : x) v = value(rng);
+    for (float& w : weight) w = scale(rng);
+    auto row = [&](int r) { return x.begin() + std::ptrdiff_t(r) * hidden; };
+    std::fill_n(row(1), hidden, 0.0f);
+    std::fill_n(row(2), hidden, 1e30f);
+    std::fill_n(row(3), hidden, 1e-40f);  // rms below 1 / FLT_MAX: eps 0 takes the double branch
+    std::fill_n(row(4), hidden, 3e38f);
+    x[std::size_t(5) * hidden] = nan;
+    x[std::size_t(6) * hidden + std::size_t(hidden) / 2] = inf;
+    for (float eps : {1e-5f, 0.0f}) {
+      SCOPED_TRACE("hidden " + std::to_string(hidden) + ", eps " + std::to_string(eps));
+      std::vector<float> want(x.size()), got(x.size()), in_place = x;
+      kernels::rms_norm(x.data(), weight.data(), std::size_t(rows), std::size_t(hidden), eps, want.data());
+      cuda::route_detail::run_warp([&](int lane) {
+        for (int r = 0; r < rows; ++r) {
+          const std::size_t at = std::size_t(r) * std::size_t(hidden);
+          cuda::route_detail::rms_norm_row(lane, x.data() + at, weight.data(), hidden, eps, got.data() + at);
+          cuda::route_detail::rms_norm_row(lane, in_place.data() + at, weight.data(), hidden, eps,
+                                           in_place.data() + at);
+        }
+      });
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        if (std::isnan(want[i])) {
+          EXPECT_TRUE(std::isnan(got[i]) && std::isnan(in_place[i])) << "at " << i;
+        } else {
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << "at " << i;
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(in_place[i]), std::bit_cast<std::uint32_t>(want[i])) << "at " << i;
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace moed::test
