@@ -7,100 +7,23 @@
 #include <string>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/fixed_order_tile.cuh"
 
 namespace moed::cuda {
 
 namespace {
 
-constexpr int kTileRows = 16, kTileCols = 64, kTileK = 32, kThreads = 256;
-constexpr int kRowsPerThread = kTileRows * kTileCols / kThreads;  // 4
-constexpr int kFp8Tile = 128, kMxBlock = 32;
-constexpr unsigned kQuietNaN = 0x7fc00000u;
+using gemm_detail::kThreads;
+using gemm_detail::kTileCols;
+using gemm_detail::kTileRows;
+using gemm_detail::kMxBlock;
 
-__device__ float bits_to_float(unsigned bits) { return __uint_as_float(bits); }
-
-// kernels/cpu/weight_codes.cc's conversions, bit for bit (the magnitude's
-// bits moved into an fp32's fields, then one exact power-of-two multiply).
-__device__ float fp8_value(unsigned code) {
-  if ((code & 0x7f) == 0x7f) return bits_to_float(kQuietNaN);
-  const float magnitude = __fmul_rn(bits_to_float((code & 0x7f) << 20), 0x1p120f);
-  return code & 0x80 ? -magnitude : magnitude;
-}
-
-__device__ float fp4_value(unsigned nibble) {
-  const float magnitude = __fmul_rn(bits_to_float((nibble & 7) << 22), 0x1p126f);
-  return nibble & 8 ? -magnitude : magnitude;
-}
-
-__device__ float e8m0_value(unsigned e) {
-  if (e == 255) return bits_to_float(kQuietNaN);
-  return e == 0 ? 0x1p-127f : bits_to_float(e << 23);
-}
-
-// EncodedMatrix::value(i, j).
-__device__ float weight_value(const DeviceMatrix& w, long long i, long long j) {
-  const unsigned char* codes = w.codes;
-  const float* fscales = reinterpret_cast<const float*>(w.scales);
-  switch (w.dtype) {
-    case DeviceDtype::f32:
-      return reinterpret_cast<const float*>(codes)[i * w.k + j];
-    case DeviceDtype::bf16:
-      return bits_to_float(unsigned(reinterpret_cast<const unsigned short*>(codes)[i * w.k + j]) << 16);
-    case DeviceDtype::fp8: {
-      const long long tiles_per_row = (w.k + kFp8Tile - 1) / kFp8Tile;
-      return __fmul_rn(fp8_value(codes[i * w.k + j]), fscales[(i / kFp8Tile) * tiles_per_row + j / kFp8Tile]);
-    }
-    case DeviceDtype::int8:
-      return __fmul_rn(float(static_cast<signed char>(codes[i * w.k + j])), fscales[i]);
-    case DeviceDtype::mxfp4: {
-      const unsigned byte = codes[i * (w.k / 2) + j / 2];
-      return __fmul_rn(fp4_value(byte >> (4 * (j % 2)) & 15), e8m0_value(w.scales[i * (w.k / kMxBlock) + j / kMxBlock]));
-    }
-  }
-  return 0.0f;
-}
-
-// A block computes a tile of 16 rows x 64 columns of C. Per step of 32 k it
-// stages the rows' activations and the columns' decoded weight values in
-// shared memory; then each thread continues, in k order, the chains of its
-// column for 4 rows. The chains live in registers across steps and run over
-// exactly [k_begin, k_end): no padding term ever enters one.
+// One block per tile of C (fixed_order_tile.cuh).
 __global__ void __launch_bounds__(kThreads)
     gemm_fixed_order_kernel(const float* a, int m, int lda, DeviceMatrix w, long long k_begin, long long k_end,
                             float* c, int ldc) {
-  __shared__ float tile_a[kTileK][kTileRows + 1];  // padded: a warp's stores, one row's 32 k, hit 32 banks
-  __shared__ float tile_w[kTileK][kTileCols + 1];
-  const long long row0 = static_cast<long long>(blockIdx.y) * kTileRows;
-  const long long col0 = static_cast<long long>(blockIdx.x) * kTileCols;
-  const int col = threadIdx.x % kTileCols, row_base = threadIdx.x / kTileCols;
-  float acc[kRowsPerThread];
-  for (int q = 0; q < kRowsPerThread; ++q) acc[q] = 0.0f;
-  for (long long k0 = k_begin; k0 < k_end; k0 += kTileK) {
-    const int steps = int(k_end - k0 < kTileK ? k_end - k0 : kTileK);
-    for (int i = threadIdx.x; i < kTileRows * kTileK; i += kThreads) {
-      const int r = i / kTileK, kk = i % kTileK;
-      const long long row = row0 + r;
-      tile_a[kk][r] = row < m && kk < steps ? a[row * lda + (k0 - k_begin) + kk] : 0.0f;
-    }
-    for (int i = threadIdx.x; i < kTileCols * kTileK; i += kThreads) {
-      const int cc = i / kTileK, kk = i % kTileK;
-      const long long j = col0 + cc;
-      tile_w[kk][cc] = j < w.n && kk < steps ? weight_value(w, j, k0 + kk) : 0.0f;
-    }
-    __syncthreads();
-    for (int kk = 0; kk < steps; ++kk) {
-      const float value = tile_w[kk][col];
-      for (int q = 0; q < kRowsPerThread; ++q)
-        acc[q] = __fmaf_rn(tile_a[kk][row_base + q * (kThreads / kTileCols)], value, acc[q]);
-    }
-    __syncthreads();
-  }
-  const long long j = col0 + col;
-  if (j >= w.n) return;
-  for (int q = 0; q < kRowsPerThread; ++q) {
-    const long long row = row0 + row_base + q * (kThreads / kTileCols);
-    if (row < m) c[row * ldc + j] = acc[q];
-  }
+  __shared__ gemm_detail::TileShared shared;
+  gemm_detail::gemm_tile(int(threadIdx.x), blockIdx.x, blockIdx.y, shared, a, m, lda, w, k_begin, k_end, c, ldc);
 }
 
 // rows[r, j] += bias[j] for j < width (row stride `stride`): one IEEE add, as the CPU's add_bias.

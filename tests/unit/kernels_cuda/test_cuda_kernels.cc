@@ -24,6 +24,7 @@
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/fixed_combine.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "tests/unit/kernels_cuda/cpu_gemm.h"
 
 namespace {
 
@@ -334,23 +335,6 @@ DeviceEncoded upload(const moed::kernels::EncodedMatrix& m) {
   return d;
 }
 
-// kernels/cpu's GEMM with fp32 products over the matrix's values, for a k range.
-std::vector<float> cpu_gemm(const moed::kernels::EncodedMatrix& m, const std::vector<float>& a, std::size_t rows,
-                            std::size_t k_begin, std::size_t k_end) {
-  moed::kernels::set_compact_products(moed::kernels::CompactProducts::f32);
-  std::vector<float> c(rows * m.n);
-  const std::size_t lda = k_end - k_begin;
-  if (m.dtype == WeightDtype::f32) {
-    const std::vector<float> values = m.values();
-    moed::kernels::gemm_fixed_order_range(a.data(), rows, moed::kernels::PackedWeights(values.data(), m.n, m.k),
-                                          k_begin, k_end, c.data(), lda);
-  } else {
-    moed::kernels::gemm_fixed_order_range(a.data(), rows, moed::kernels::QuantWeights(m), k_begin, k_end, c.data(),
-                                          lda);
-  }
-  return c;
-}
-
 // Every format, partial tiles of rows, columns and k, a k range, 1 to 37
 // rows: the GPU's chains give kernels/cpu's bits (so a row's bits do not
 // depend on its batch on the GPU either).
@@ -358,7 +342,10 @@ TEST(CudaKernels, GemmFixedOrderIsTheCpusBitForBitInEveryFormat) {
   std::string why;
   if (!gpu_available(&why)) GTEST_SKIP() << why;
   const std::size_t n = 150, k = 320;
-  const auto w = random_floats(n * k, 51, -1.0f, 1.0f);
+  auto w = random_floats(n * k, 51, -1.0f, 1.0f);
+  // Magnitudes that change by row and by 32-column block: every scale differs from its neighbours.
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < k; ++j) w[i * k + j] = std::ldexp(w[i * k + j], int((j / 32 + i) % 5) - 2);
   Stream stream;
   for (const WeightDtype dtype :
        {WeightDtype::f32, WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
@@ -375,7 +362,7 @@ TEST(CudaKernels, GemmFixedOrderIsTheCpusBitForBitInEveryFormat) {
         moed::cuda::gemm_fixed_order(da.data(), int(rows), int(k_end - k_begin), d.view, (long long)k_begin,
                                      (long long)k_end, dc.data(), int(n), stream);
         stream.synchronize();
-        EXPECT_TRUE(same_bits(dc.download(), cpu_gemm(m, a, rows, k_begin, k_end)))
+        EXPECT_TRUE(same_bits(dc.download(), moed::test::cpu_gemm(m, a, rows, k_begin, k_end)))
             << "the GPU's chains differ from kernels/cpu's";
       }
     }
