@@ -9,13 +9,19 @@
 //   - the fixed-order GEMM (gemm_fixed_order: kernels/cpu's bits) over W13
 //     in every resident format: at 1 row, the weights' bytes per second over
 //     the copy's (weights of several experts, past the L2); at 256 rows,
-//     its FLOP/s over dense fp32 cuBLAS's on the same shape.
+//     its FLOP/s over dense fp32 cuBLAS's on the same shape (bf16: also
+//     over dense bf16 cuBLAS's, on tensor cores; fp8's dense bound needs
+//     cuBLASLt and is not measured);
+//   - a whole layer on the device (route_tokens, grouping, permute, each
+//     expert's fixed-order FFN in the checkpoint's format, combine,
+//     residual): tokens per second at the shape's tokens and at 64.
 // Each time is the best of --reps after a warm-up, read with CUDA events.
 //
 // Usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -129,7 +135,98 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
     std::printf("%-34s %9.1f TFLOP/s  %.3f of dense fp32 cuBLAS (%.1f TFLOP/s), %zu rows\n",
                 (std::string("fixed-order ") + moed::kernels::to_string(dtype) + ", prefill").c_str(),
                 flops / prefill_s * 1e-12, dense_s / prefill_s, flops / dense_s * 1e-12, prefill_rows);
+    if (dtype == WeightDtype::bf16) {
+      // Dense bf16 cuBLAS (tensor cores, fp32 accumulation) on the same
+      // codes and the rows rounded to bf16: the bound the issue names for
+      // bf16. The fixed-order GEMM has no tensor-core products yet.
+      const moed::kernels::EncodedMatrix rows_bf16 = moed::kernels::encode(dtype, a.data(), prefill_rows, k);
+      DeviceBuffer<unsigned char> d_a16(rows_bf16.codes.size()), d_w16(m.codes.size());
+      d_a16.upload(rows_bf16.codes.data(), rows_bf16.codes.size());
+      d_w16.upload(m.codes.data(), m.codes.size());
+      const float one = 1.0f, zero = 0.0f;
+      const double dense16_s = best_seconds(reps, stream, [&] {
+        MOED_CUDA_CHECK(cublasGemmEx(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(prefill_rows), int(k), &one,
+                                     d_w16.data(), CUDA_R_16BF, int(k), d_a16.data(), CUDA_R_16BF, int(k), &zero,
+                                     d_c.data(), CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      });
+      std::printf("%-34s %9.1f TFLOP/s  %.3f of dense bf16 cuBLAS (%.1f TFLOP/s, tensor cores), %zu rows\n",
+                  "fixed-order bf16, prefill", flops / prefill_s * 1e-12, dense16_s / prefill_s,
+                  flops / dense16_s * 1e-12, prefill_rows);
+    }
   }
+}
+
+// A whole MoE layer on the device, as the GPU path composes it: route_tokens
+// over the gate's logits, the stable grouping, the rows and gate weights
+// permuted into expert order, each expert's fixed-order FFN (its weights in
+// `dtype`, every expert a buffer of its own), the fixed-point combine and
+// the residual. The expert offsets come back to the host once (the experts
+// are launched from there). Tokens per second of the whole layer.
+void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rule, moed::kernels::WeightDtype dtype,
+                             long long T, int reps, Stream& stream) {
+  const long long H = s.hidden, F = s.ffn, pairs = T * s.top_k;
+  const int E = s.experts;
+  // One expert encoded on the host, copied to a buffer per expert on the device.
+  const auto w13 = random_floats(std::size_t(2 * F * H), 7, 0.05f), w2 = random_floats(std::size_t(H * F), 8, 0.05f);
+  const moed::kernels::EncodedMatrix e13 = moed::kernels::encode(dtype, w13.data(), std::size_t(2 * F), std::size_t(H));
+  const moed::kernels::EncodedMatrix e2 = moed::kernels::encode(dtype, w2.data(), std::size_t(H), std::size_t(F));
+  std::vector<DeviceBuffer<unsigned char>> buffers;
+  auto on_device = [&](const std::vector<std::uint8_t>& host) {
+    buffers.emplace_back(std::max<std::size_t>(1, host.size()));
+    if (!host.empty()) buffers.back().upload(host.data(), host.size());
+    return host.empty() ? nullptr : buffers.back().data();
+  };
+  buffers.reserve(std::size_t(4 * E));
+  std::vector<moed::cuda::DeviceExpert> experts(static_cast<std::size_t>(E));
+  for (auto& e : experts) {
+    e.w13 = {moed::cuda::DeviceDtype(int(dtype)), 2 * F, H, on_device(e13.codes), on_device(e13.scales)};
+    e.w2 = {moed::cuda::DeviceDtype(int(dtype)), H, F, on_device(e2.codes), on_device(e2.scales)};
+    e.hidden = int(H);
+    e.ffn = int(F);
+  }
+  const auto logits = random_floats(std::size_t(T * E), 9, 4.0f), x = random_floats(std::size_t(T * H), 10, 1.0f);
+  const auto bias = random_floats(std::size_t(E), 11, 0.05f);
+  DeviceBuffer<float> d_logits(logits.size()), d_x(x.size()), d_bias(bias.size()), d_out(x.size());
+  d_logits.upload(logits);
+  d_x.upload(x);
+  d_bias.upload(bias);
+  const std::size_t n_pairs = std::size_t(pairs);
+  DeviceBuffer<int> d_ids(n_pairs), d_counts{std::size_t(T)}, d_expert_rows(static_cast<std::size_t>(E)),
+      d_offsets(std::size_t(E) + 1), d_order(n_pairs), d_token(n_pairs);
+  DeviceBuffer<float> d_weights(n_pairs), d_grouped_weights(n_pairs), d_rows(n_pairs * std::size_t(H)),
+      d_h13(n_pairs * std::size_t(2 * F)), d_y(n_pairs * std::size_t(H));
+  DeviceBuffer<long long> d_acc(x.size());
+  std::vector<int> offsets(std::size_t(E) + 1);
+  const double layer_s = best_seconds(reps, stream, [&] {
+    moed::cuda::route_tokens(d_logits.data(), int(T), E, rule, rule.sigmoid ? d_bias.data() : nullptr, d_ids.data(),
+                             d_weights.data(), d_counts.data(), stream);
+    moed::cuda::count_and_offsets(d_ids.data(), int(pairs), E, d_expert_rows.data(), d_offsets.data(),
+                                  d_order.data(), stream);
+    moed::cuda::pair_tokens(d_order.data(), int(pairs), s.top_k, d_token.data(), stream);
+    moed::cuda::permute_rows(d_x.data(), d_token.data(), int(pairs), int(H), d_rows.data(), stream);
+    moed::cuda::permute_rows(d_weights.data(), d_order.data(), int(pairs), 1, d_grouped_weights.data(), stream);
+    MOED_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), d_offsets.data(), offsets.size() * sizeof(int),
+                                    cudaMemcpyDeviceToHost, stream));
+    MOED_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int e = 0; e < E; ++e) {
+      const int first = offsets[std::size_t(e)], m = offsets[std::size_t(e) + 1] - first;
+      if (m == 0) continue;
+      const auto& expert = experts[std::size_t(e)];
+      moed::cuda::expert_ffn_up_fixed(expert, d_rows.data() + std::size_t(first) * std::size_t(H), m,
+                                      d_h13.data() + std::size_t(first) * std::size_t(2 * F), stream);
+      moed::cuda::expert_ffn_down_chunk_fixed(expert, d_h13.data() + std::size_t(first) * std::size_t(2 * F), m, 0,
+                                              d_y.data() + std::size_t(first) * std::size_t(H), stream);
+    }
+    d_acc.zero(stream);
+    moed::cuda::combine_fixed(d_y.data(), d_grouped_weights.data(), d_token.data(), int(pairs), int(H), d_acc.data(),
+                              nullptr, stream);
+    moed::cuda::residual_from_fixed(d_x.data(), d_acc.data(), int(T), int(H), d_out.data(), stream);
+  });
+  const double flops = 2.0 * double(pairs) * double(H) * double(3 * F);
+  char what[80];
+  std::snprintf(what, sizeof what, "layer, %s experts, %lld tokens", moed::kernels::to_string(dtype), T);
+  std::printf("%-34s %9.0f tokens/s  %.2f ms, experts at %.1f TFLOP/s (fixed-order, CUDA cores)\n", what,
+              double(T) / layer_s, layer_s * 1e3, flops / layer_s * 1e-12);
 }
 
 int run(const Shape& s, int reps) {
@@ -227,6 +324,10 @@ int run(const Shape& s, int reps) {
               "grouped FFN fp32 (expert_ffn_grouped)", flops / grouped_s * 1e-12, dense_s / grouped_s,
               flops / dense_s * 1e-12, rows_each, E);
   fixed_order_formats(s, reps, bound, handle, stream);
+  // The whole layer at prefill and at decode sizes, in the formats the
+  // checkpoints ship (Mixtral: bf16; DeepSeek-V3: fp8).
+  const auto dtype = s.sigmoid ? moed::kernels::WeightDtype::fp8 : moed::kernels::WeightDtype::bf16;
+  for (const long long tokens : {T, 64LL}) layer_tokens_per_second(s, rule, dtype, tokens, reps, stream);
   return 0;
 }
 
