@@ -149,6 +149,7 @@ MOED_WARP_FUNCTION void route_token(int lane, long long token, double* shared, c
           best_group = unsigned(g);
         }
       const unsigned kept = warp_best(best_score, best_group);
+      warp_sync();  // every lane's reads of state[] before its writes (a shuffle orders no memory)
       for (int e = int(kept) * per + lane; e < int(kept + 1) * per; e += 32) state[e] = kOpen;
       warp_sync();
     }
@@ -171,6 +172,7 @@ MOED_WARP_FUNCTION void route_token(int lane, long long token, double* shared, c
         best = unsigned(e);
       }
     const unsigned chosen = warp_best(best_score, best);
+    warp_sync();  // as above
     if (lane == 0) {
       state[chosen] = kTaken;
       chosen_id[k] = int(chosen);

@@ -78,7 +78,8 @@ MemoryEstimate estimate_rank_memory(const Config& c, std::vector<placement::Slot
 }
 
 MemoryEstimate estimate_device_memory(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank) {
-  const MemoryEstimate host = estimate_rank_memory(c, std::move(slots), ranks, rank);
+  const RankMemoryInputs in = rank_memory_inputs(c, std::move(slots), ranks, rank);
+  const MemoryEstimate host = placement::rank_memory(in);
   MemoryEstimate e;
   // The held weights, as the host holds them, less the copy a slot is packed from.
   for (const MemoryPart& p : host.parts)
@@ -100,6 +101,15 @@ MemoryEstimate estimate_device_memory(const Config& c, std::vector<placement::Sl
                      saturating_mul({L, saturating_add(saturating_add(saturating_mul(E, H), H), saturating_mul(2, E)),
                                      kF32}),
                      "router and norm"});
+  // Its step buffers: a layer's rows in and normalised, logits, ids and weights, counts.
+  e.parts.push_back({fmt::format("router's step buffers on the GPU: {} tokens ({}) x (2 x [model].hidden {} + "
+                                 "[model].experts {} + 2 x k {} + 1) x 4 bytes",
+                                 in.tokens, in.tokens_key, H, E, k),
+                     in.tokens_key + ", [model].hidden, [model].experts",
+                     saturating_mul({in.tokens,
+                                     saturating_add(saturating_add(saturating_mul(2, H), E), saturating_add(saturating_mul(2, k), 1)),
+                                     kF32}),
+                     "dispatch and combine"});
   return e;
 }
 

@@ -45,7 +45,9 @@ MemoryEstimate estimate_rank_memory(const Config& c, std::vector<placement::Slot
 // shared experts and dense layers in their format (the executors copy each
 // one the first time a step uses it, so all of them in the end), the two
 // executors' block buffers (rows, up-projection, one chunk's output), and
-// every layer's router weights (gate, norm, biases). It
+// the route stage's: every layer's router weights (gate, norm, biases;
+// counted even where a router policy keeps routing on the CPU) and its step
+// buffers. It
 // leaves out the CUDA context and cuBLAS's workspace, so that it errs low.
 MemoryEstimate estimate_device_memory(const Config& c, std::vector<placement::SlotGroup> slots, int ranks, int rank);
 // `moed --generate-weights`: the whole model, held until written.

@@ -13,6 +13,9 @@ namespace moed::runtime {
 std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
                                                  int gpu) {
   if (device == ExpertDevice::cpu) return nullptr;
+  // A router policy acting (fixed by the config) keeps the stage on the CPU: no router on the device at all.
+  const RouterPolicies policies(config, store.shape().layers, store.shape().experts);
+  if (policies.adjusts() || policies.shares_tokens()) return nullptr;
 #if MOED_HAVE_CUDA_EXECUTOR
   return std::make_unique<CudaRouter>(config, store, gpu);
 #else

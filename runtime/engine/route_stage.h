@@ -36,7 +36,8 @@ class DeviceRouter {
   virtual void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing) = 0;
 };
 
-// The device router for experts on `device` (null on the CPU), on CUDA device `gpu`.
+// The device router for experts on `device`, on CUDA device `gpu`: null on
+// the CPU, and where a router policy acts (the stage then runs on the CPU).
 std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
                                                  int gpu);
 

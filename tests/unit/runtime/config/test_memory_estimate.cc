@@ -62,8 +62,11 @@ TEST(MemoryEstimate, WhatARanksGpuHolds) {
   EXPECT_EQ(part(e, "expert weights"), 12u * 3 * 64 * 96 * 4);
   EXPECT_EQ(part(e, "GPU executors' block buffers"), 2u * 256 * (2 * 64 + 2 * 96) * 4);
   EXPECT_EQ(part(e, "router on the GPU"), 3u * (8 * 64 + 64 + 2 * 8) * 4);
-  EXPECT_EQ(e.parts.size(), 3u);
-  EXPECT_EQ(e.total(), 12u * 3 * 64 * 96 * 4 + 2u * 256 * (2 * 64 + 2 * 96) * 4 + 3u * (8 * 64 + 64 + 2 * 8) * 4);
+  const std::uint64_t tokens = (std::uint64_t(c.workload.tokens_per_step) + 1) / 2, k = std::uint64_t(c.model.top_k);
+  EXPECT_EQ(part(e, "router's step buffers on the GPU"), tokens * (2 * 64 + 8 + 2 * k + 1) * 4);
+  EXPECT_EQ(e.parts.size(), 4u);
+  EXPECT_EQ(e.total(), 12u * 3 * 64 * 96 * 4 + 2u * 256 * (2 * 64 + 2 * 96) * 4 + 3u * (8 * 64 + 64 + 2 * 8) * 4 +
+                           tokens * (2 * 64 + 8 + 2 * k + 1) * 4);
 
   c.experts.dtype = "bf16";  // held, and copied to the GPU, in bf16: half the bytes
   EXPECT_EQ(part(estimate_device_memory(c, slots, 2, 0), "expert weights"), 12u * 3 * 64 * 96 * 2);

@@ -82,14 +82,17 @@ TEST_P(GpuRouterEmulated, KernelBodyChoosesAsRuntimeRouteBitForBit) {
   const GpuRouterLayer layer = layer_of(c, tokens);
   const kernels::RouteRule rule = layer.params.rule();
   const int width = kernels::route_width(rule, c.experts);
-  std::vector<double> shared(detail::route_shared_bytes(c.experts, rule.groups, width) / sizeof(double) + 1);
+  const std::size_t shared_bytes = detail::route_shared_bytes(c.experts, rule.groups, width);
+  std::vector<double> shared(shared_bytes / sizeof(double) + 1);
   std::vector<int> ids(std::size_t(tokens) * width, -7), counts(std::size_t(tokens), -7);
   std::vector<float> weights(std::size_t(tokens) * width, -7.0f);
-  // Poison the shared memory: the kernel must write all it reads.
-  std::fill(shared.begin(), shared.end(), std::numeric_limits<double>::quiet_NaN());
 
   detail::run_warp([&](int lane) {
     for (long long t = 0; t < tokens; ++t) {
+      // Poison the shared memory before each token, as a new block finds it:
+      // the kernel must write all it reads (0xa5 is no state and no small id).
+      if (lane == 0) std::memset(shared.data(), 0xa5, shared_bytes);
+      detail::warp_sync();
       detail::route_token(lane, t, shared.data(), layer.logits.data(), c.experts, rule,
                           layer.bias.empty() ? nullptr : layer.bias.data(), width, ids.data(), weights.data(),
                           counts.data());
