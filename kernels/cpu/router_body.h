@@ -124,9 +124,9 @@ MOED_ELEMENTWISE double group_score(double best, double second, bool top_two) {
 // (summed in rank order). A sum of 0 (every chosen sigmoid underflowed)
 // divides by 1, as Hugging Face's DeepSeek-V3 (its sum + 1e-20) gives; a NaN
 // sum stays NaN.
-MOED_ELEMENTWISE float route_weight(double score, double chosen_sum, const RouteRule& rule) {
-  const double divisor = rule.renormalize && chosen_sum != 0 ? chosen_sum : 1.0;
-  return float(score / divisor * rule.scaling);
+MOED_ELEMENTWISE float route_weight(double score, double chosen_sum, bool renormalize, double scaling) {
+  const double divisor = renormalize && chosen_sum != 0 ? chosen_sum : 1.0;
+  return float(score / divisor * scaling);
 }
 
 }  // namespace moed::kernels::detail

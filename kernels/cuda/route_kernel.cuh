@@ -186,8 +186,10 @@ MOED_WARP_FUNCTION void route_token(int lane, long long token, double* shared, c
   double chosen_sum = 0;  // in rank order, as add_weights sums
   for (int i = 0; i < k; ++i) chosen_sum += chosen_prob[i];
   for (int i = lane; i < width; i += 32) {
-    expert_ids[token * width + i] = i < k ? chosen_id[i] : -1;
-    weights[token * width + i] = i < k ? kernels::detail::route_weight(chosen_prob[i], chosen_sum, rule) : 0.0f;
+    const bool chosen = i < k;
+    expert_ids[token * width + i] = chosen ? chosen_id[i] : -1;
+    weights[token * width + i] =
+        chosen ? kernels::detail::route_weight(chosen_prob[i], chosen_sum, rule.renormalize, rule.scaling) : 0.0f;
   }
   if (lane == 0) counts[token] = k;
 }

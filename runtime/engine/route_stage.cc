@@ -15,7 +15,7 @@ std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Conf
   if (device == ExpertDevice::cpu) return nullptr;
   // A router policy acting (fixed by the config) keeps the stage on the CPU: no router on the device at all.
   const RouterPolicies policies(config, store.shape().layers, store.shape().experts);
-  if (policies.adjusts() || policies.shares_tokens()) return nullptr;
+  if (policies.acts()) return nullptr;
 #if MOED_HAVE_CUDA_EXECUTOR
   return std::make_unique<CudaRouter>(config, store, gpu);
 #else
@@ -57,7 +57,7 @@ void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepReco
   const int H = store_.shape().hidden;
   xn_.resize(rows.count * H);
   // No policy acting: the plain router's choice, which the device computes with the same bits.
-  if (device_router_ && !replayed && !policies_.adjusts() && !policies_.shares_tokens()) {
+  if (device_router_ && !replayed && !policies_.acts()) {
     device_router_->route(rows.layer, rows.x, rows.count, xn_.data(), routing);
     return;
   }

@@ -156,11 +156,9 @@ void add_weights(std::span<const std::uint32_t> experts, std::span<const double>
   for (double p : scores) chosen += p;
   // softmax_after_topk: the softmax over the chosen logits is the full
   // softmax renormalised over them.
-  kernels::RouteRule rule;
-  rule.renormalize = spec.renormalize || spec.softmax_after_topk;
-  rule.scaling = spec.scaling;
+  const bool renormalize = spec.renormalize || spec.softmax_after_topk;
   for (std::size_t i = 0; i < experts.size(); ++i)
-    out.add(experts[i], kernels::detail::route_weight(scores[i], chosen, rule));
+    out.add(experts[i], kernels::detail::route_weight(scores[i], chosen, renormalize, spec.scaling));
 }
 
 void choose(const Ranked& ranked, const RouterSpec& spec, Routing& out) {

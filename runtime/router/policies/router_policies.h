@@ -69,6 +69,8 @@ class RouterPolicies {
   // A policy needs every token of the step on every rank (the gather).
   bool shares_tokens() const { return load_.policy != LoadPolicy::none || history_.has_value(); }
   bool measures_jitter() const { return measure_jitter_; }
+  // A policy changes what the plain router chooses, or needs the step's tokens: fixed by the config.
+  bool acts() const { return adjusts() || shares_tokens(); }
   bool balances() const { return bias_.has_value(); }
   // Bias balancing or a load policy: the pairs they change are counted.
   bool rebalances() const { return balances() || load_.policy != LoadPolicy::none; }

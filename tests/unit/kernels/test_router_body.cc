@@ -106,13 +106,10 @@ TEST(RouteWidth, TopKOrTopPCappedAtTheKeptGroups) {
 }
 
 TEST(RouteWeight, RenormalisesScalesAndSurvivesAZeroSum) {
-  RouteRule rule;
-  rule.scaling = 2.5;
-  EXPECT_EQ(detail::route_weight(0.25, 0.5, rule), 1.25f);
-  EXPECT_EQ(detail::route_weight(0.0, 0.0, rule), 0.0f);  // every chosen sigmoid underflowed: 0, not NaN
-  rule.renormalize = false;
-  EXPECT_EQ(detail::route_weight(0.25, 0.5, rule), 0.625f);
-  EXPECT_TRUE(std::isnan(detail::route_weight(0.25, std::nan(""), RouteRule{})));
+  EXPECT_EQ(detail::route_weight(0.25, 0.5, true, 2.5), 1.25f);
+  EXPECT_EQ(detail::route_weight(0.0, 0.0, true, 2.5), 0.0f);  // every chosen sigmoid underflowed: 0, not NaN
+  EXPECT_EQ(detail::route_weight(0.25, 0.5, false, 2.5), 0.625f);
+  EXPECT_TRUE(std::isnan(detail::route_weight(0.25, std::nan(""), true, 1.0)));
 }
 
 }  // namespace
