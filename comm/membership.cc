@@ -93,14 +93,19 @@ std::vector<MembershipMessage> Membership::propose_when_complete() {
 
 std::vector<MembershipMessage> Membership::propose() {
   // An earlier proposal may have been decided: it must stand. Else the
-  // ranks that answered, less any suspected since.
+  // ranks that answered, less any suspected since: a majority of the epoch's
+  // members, or none. Suspicions relayed by ranks whose deadlines passed too
+  // early could otherwise shrink it to a minority that the live ranks left
+  // out would accept, fencing themselves; the leader asks again instead.
   if (best_ballot_.round > 0) {
     proposal_ = best_;
   } else {
-    std::set<int> proposed(joining_);
+    std::set<int> kept;
     for (int rank : answered_)
-      if (!suspects_.count(rank)) proposed.insert(rank);
-    proposal_.assign(proposed.begin(), proposed.end());
+      if (!suspects_.count(rank)) kept.insert(rank);
+    if (kept.size() < quorum()) return {};
+    kept.insert(joining_.begin(), joining_.end());
+    proposal_.assign(kept.begin(), kept.end());
   }
   phase_ = Phase::accept;
   accepted_ballot_ = ballot_;
@@ -270,6 +275,7 @@ std::vector<MembershipMessage> Membership::timeout() {
     for (int rank : view_.members)
       if (!answered_.count(rank) && !suspects_.count(rank)) append(out, suspect(rank));
     if (phase_ == Phase::prepare) append(out, propose());  // suspect() may have proposed already
+    if (phase_ == Phase::prepare) append(out, lead());     // too few of them unsuspected: ask every member again
     return out;
   }
   return lead();  // again, with a higher ballot

@@ -12,7 +12,8 @@
 //   - with promises from every member it does not suspect (past its
 //     deadline: from a majority of epoch e's members, the silent ones then
 //     suspected) it proposes that earlier set (the highest ballot's: it may
-//     have been decided already), or else the ranks that promised;
+//     have been decided already), or else the ranks that promised and are
+//     not suspected, if they are a majority (else it asks again);
 //   - a majority accepting decides; the leader tells every member, so that
 //     a member left out learns that it was dropped (fenced()) and exits.
 // A rank that waits past its deadline (timeout()) suspects the leader it

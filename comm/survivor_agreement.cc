@@ -13,10 +13,11 @@
 namespace moed::comm {
 
 SurvivorAgreement::SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round,
-                                     bool spare)
+                                     bool spare, Now now)
     : messenger_(messenger),
       membership_(messenger.rank(), std::move(current), spare),
       round_(round),
+      now_(std::move(now)),
       epoch_seen_(membership_.view().epoch) {}
 
 void SurvivorAgreement::carry(const std::vector<MembershipMessage>& messages) {
@@ -27,11 +28,19 @@ void SurvivorAgreement::carry(const std::vector<MembershipMessage>& messages) {
   track_rounds();
 }
 
+bool SurvivorAgreement::leading() const {
+  return membership_.agreeing() && membership_.leader() == messenger_.rank();
+}
+
+std::chrono::milliseconds SurvivorAgreement::patience() const { return leading() ? round_ : 2 * round_; }
+
 void SurvivorAgreement::track_rounds() {
   const bool agreeing = membership_.agreeing();
-  if ((agreeing && !was_agreeing_) || membership_.view().epoch != epoch_seen_)
-    round_deadline_ = Clock::now() + round_;
+  const int awaited = agreeing ? membership_.leader() : -1;
+  if ((agreeing && !was_agreeing_) || awaited != awaited_leader_ || membership_.view().epoch != epoch_seen_)
+    round_deadline_ = now_() + patience();
   was_agreeing_ = agreeing;
+  awaited_leader_ = awaited;
   epoch_seen_ = membership_.view().epoch;
 }
 
@@ -61,8 +70,8 @@ bool SurvivorAgreement::poll() {
                    e.what());
     }
   }
-  if (membership_.agreeing() && Clock::now() > round_deadline_) {
-    round_deadline_ = Clock::now() + round_;
+  if (membership_.agreeing() && now_() > round_deadline_) {
+    round_deadline_ = now_() + patience();  // restarted by carry() where the timeout changes this rank's role
     carry(membership_.timeout());
   }
   return membership_.agreeing();

@@ -10,10 +10,21 @@
 // returns the next epoch's view: the same on every rank that decides it. A
 // rank left out of it (it was stopped or cut off past the deadlines) finds
 // fenced() set and must exit without touching anything shared.
+//
+// Deadlines differ by role. The leader waits one round for the members it
+// does not suspect, and then settles the silent ones itself. A follower
+// waits two rounds for its leader before suspecting it: a leader that had
+// to settle a silent member needs its whole round and then the accepts.
+// Equal deadlines made the followers suspect a live leader at the very
+// moment it proposed, and competing leaders could then outbid each other
+// past the agreement's limit (a host cut off whose ranks were not all
+// suspected at first). A lost leader that no endpoint reports therefore
+// costs two rounds before a follower leads.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -26,11 +37,15 @@ class PeerMessenger;
 class SurvivorAgreement {
  public:
   using Clock = std::chrono::steady_clock;
+  using Now = std::function<Clock::time_point()>;
 
-  // `round`: how long a rank waits for the answers of one round before it
-  // suspects the silent (the daemon passes [comm].timeout_ms).
+  // `round`: how long the leader waits for the answers of one round before
+  // it suspects the silent (the daemon passes [comm].timeout_ms); a
+  // follower waits twice that for its leader.
   // `spare`: this rank is outside `current`, waiting to be admitted.
-  SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round, bool spare = false);
+  // `now`: the deadlines' clock (a test's own; agree()'s limit is real time).
+  SurvivorAgreement(PeerMessenger& messenger, View current, std::chrono::milliseconds round, bool spare = false,
+                    Now now = Clock::now);
 
   // This rank found `rank` unreachable (a deadline of its own passed).
   void suspect(int rank);
@@ -60,14 +75,19 @@ class SurvivorAgreement {
 
  private:
   void carry(const std::vector<MembershipMessage>& messages);
-  // Restarts the round's clock when an agreement begins or an epoch is decided.
+  // Restarts the round's clock when an agreement begins, an epoch is
+  // decided, or the leader this rank waits for changes (itself included).
   void track_rounds();
+  bool leading() const;
+  std::chrono::milliseconds patience() const;  // how long this rank waits, in its role
 
   PeerMessenger& messenger_;
   Membership membership_;
   std::chrono::milliseconds round_;
+  Now now_;
   Clock::time_point round_deadline_{};
   bool was_agreeing_ = false;
+  int awaited_leader_ = -1;  // while agreeing: the leader this rank waits for (itself: it leads)
   std::uint64_t epoch_seen_ = 0;
   std::uint64_t dropped_ = 0;
   std::set<int> lost_;  // every rank the transport reported lost (a job's ranks: bounded)

@@ -237,13 +237,13 @@ TEST(Membership, EarlyDeadlinesAndCompetingLeadersStillAgree) {
 }
 
 // Delivers every message in flight (in order) to ranks 0..n-1 of `ranks`,
-// dropping those to `down`; returns how many were delivered.
-int deliver(std::vector<Membership>& ranks, std::vector<MembershipMessage> flight, int down = -1) {
+// dropping those to the ranks `down`; returns how many were delivered.
+int deliver(std::vector<Membership>& ranks, std::vector<MembershipMessage> flight, const std::set<int>& down = {}) {
   int delivered = 0;
   while (!flight.empty()) {
     const MembershipMessage m = flight.front();
     flight.erase(flight.begin());
-    if (m.to == down) continue;
+    if (down.count(m.to)) continue;
     ++delivered;
     for (const MembershipMessage& out : ranks[std::size_t(m.to)].receive(m)) flight.push_back(out);
   }
@@ -267,12 +267,63 @@ TEST(Membership, ALeaderDecidesInOneRoundWhenNothingElseHappens) {
   for (int r = 0; r < 4; ++r) ranks.emplace_back(r, View{0, {0, 1, 2, 3}});
   std::vector<MembershipMessage> flight = ranks[1].suspect(3);
   ASSERT_EQ(flight.size(), 2u);  // to 0 and 2, not to the suspected rank
-  const int delivered = deliver(ranks, flight, /*down=*/3);
+  const int delivered = deliver(ranks, flight, /*down=*/{3});
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(ranks[std::size_t(r)].view(), (View{1, {0, 1, 2}})) << "rank " << r;
     EXPECT_FALSE(ranks[std::size_t(r)].fenced());
   }
   EXPECT_LE(delivered, 16);
+}
+
+TEST(Membership, AProposalKeepsAMajorityOfTheEpochOrTheLeaderWaits) {
+  // 6 ranks, 0 and 5 cut off. Rank 3's deadlines passed for 0 and 5, and
+  // too early for the live 1 and 2: it leads, and rank 4's promise comes
+  // first. {3, 4} alone is no majority, so no proposal yet: once 1 and 2
+  // promise (clearing their suspicion), it proposes the four live ranks. A
+  // proposal of {3, 4} would have been accepted by 1 and 2 too, fencing them.
+  std::vector<Membership> ranks;
+  for (int r = 0; r < 6; ++r) ranks.emplace_back(r, View{0, {0, 1, 2, 3, 4, 5}});
+  std::vector<MembershipMessage> prepares;
+  for (int suspected : {0, 5, 1, 2})
+    for (const MembershipMessage& m : ranks[3].suspect(suspected))
+      if (m.kind == Kind::prepare) prepares.push_back(m);  // its suspicions, relayed, are still on their way
+  std::stable_partition(prepares.begin(), prepares.end(), [](const MembershipMessage& m) { return m.to == 4; });
+  ASSERT_EQ(prepares.front().to, 4);
+  const std::set<int> cut{0, 5};
+  std::vector<MembershipMessage> promise_of_4 = ranks[4].receive(prepares.front());
+  ASSERT_EQ(promise_of_4.size(), 1u);
+  EXPECT_TRUE(ranks[3].receive(promise_of_4[0]).empty()) << "{3, 4} proposed: a minority of 6";
+  prepares.erase(prepares.begin());
+  deliver(ranks, prepares, cut);
+  for (int r : {1, 2, 3, 4}) {
+    EXPECT_EQ(ranks[std::size_t(r)].view(), (View{1, {1, 2, 3, 4}})) << "rank " << r;
+    EXPECT_FALSE(ranks[std::size_t(r)].fenced()) << "rank " << r;
+  }
+}
+
+TEST(Membership, ALeaderWhoseAnswerersAreSuspectedAgainAsksAgainAtItsDeadline) {
+  // Rank 0 leads with promises from 0-3 (rank 4 silent, 5 lost); then
+  // suspicions of 1 and 2, relayed from ranks whose deadlines passed early,
+  // arrive. At its deadline {0, 3} is no majority of 6: it leads again, and
+  // 1 and 2, answering, are kept.
+  std::vector<Membership> ranks;
+  for (int r = 0; r < 6; ++r) ranks.emplace_back(r, View{0, {0, 1, 2, 3, 4, 5}});
+  const std::set<int> cut{4, 5};
+  std::vector<MembershipMessage> flight = ranks[0].suspect(5);
+  deliver(ranks, flight, cut);
+  ASSERT_TRUE(ranks[0].agreeing()) << "rank 4's promise is missing";
+  for (int suspected : {1, 2}) {
+    MembershipMessage relayed = message(Kind::suspect, 3, 0, 1);
+    relayed.suspected = suspected;
+    ranks[0].receive(relayed);
+  }
+  ASSERT_TRUE(ranks[0].suspected().count(1) && ranks[0].suspected().count(2));
+  std::vector<MembershipMessage> again = ranks[0].timeout();
+  ASSERT_FALSE(again.empty());
+  for (const MembershipMessage& m : again)
+    EXPECT_TRUE(m.kind == Kind::prepare || m.kind == Kind::suspect) << to_string(m);
+  deliver(ranks, again, cut);
+  for (int r : {0, 1, 2, 3}) EXPECT_EQ(ranks[std::size_t(r)].view(), (View{1, {0, 1, 2, 3}})) << "rank " << r;
 }
 
 TEST(Membership, ARankThatMissedTheDecisionLearnsItAndIsFenced) {
@@ -329,9 +380,9 @@ TEST(Membership, AnAdmissionDuringALossDecidesBothOrTheLoss) {
   // rank 2's promise until its deadline, then proposes the others and the spare.
   std::vector<Membership> ranks;
   for (int r = 0; r < 5; ++r) ranks.emplace_back(r, View{0, {0, 1, 2, 3}}, /*spare=*/r == 4);
-  deliver(ranks, ranks[0].admit({4}), /*down=*/2);
+  deliver(ranks, ranks[0].admit({4}), /*down=*/{2});
   EXPECT_TRUE(ranks[0].agreeing()) << "rank 2's promise is missing";
-  deliver(ranks, ranks[0].timeout(), /*down=*/2);
+  deliver(ranks, ranks[0].timeout(), /*down=*/{2});
   for (int r : {0, 1, 3, 4}) EXPECT_EQ(ranks[std::size_t(r)].view(), (View{1, {0, 1, 3, 4}})) << "rank " << r;
 }
 
