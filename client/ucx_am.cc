@@ -3,12 +3,15 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 #include <unordered_set>
 #include <utility>
 
@@ -20,6 +23,51 @@ constexpr unsigned kFrameMessage = 17;  // the active message id every frame tra
 
 void check(ucs_status_t status, const char* call) {
   if (status != UCS_OK) throw UcxError(call, status);
+}
+
+// UCX 1.13 (Debian 12's) keys its asynchronous event handlers by file
+// descriptor, process-wide, and queues an event that came while its worker
+// was busy ("missed") by that key alone. A worker that closes a socket with
+// such an event queued leaves the key behind until its next progress
+// drains the queue. If another worker of the process registers a socket
+// that reuses the number meanwhile, the first one's progress finds the
+// other's handler, and UCX aborts ("Assertion `handler->async == async'";
+// fixed upstream in 2024, openucx/ucx#9942). Every client link is a worker
+// of its own, and a client failing over closes and opens sockets on several
+// at once: the front-door tests aborted so, once in many runs. So a worker
+// registers sockets (creating itself, an endpoint or a listener) alone, and
+// progresses and closes under the shared side of this lock, draining the
+// queue after a close: a number it frees is out of its queue before any
+// worker here can take it. (A listener's accepts register from UCX's own
+// thread, outside the lock: a process with a listener and other workers,
+// the daemon's door, keeps that window.)
+//
+// Writers first: glibc's default read-write lock lets a stream of progress
+// calls keep a connect waiting; this one holds new readers back once a
+// registration waits. No thread takes it twice.
+class RegistrationLock {
+ public:
+  RegistrationLock() {
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&lock_, &attr);
+    pthread_rwlockattr_destroy(&attr);
+  }
+  RegistrationLock(const RegistrationLock&) = delete;
+  RegistrationLock& operator=(const RegistrationLock&) = delete;
+  void lock() { pthread_rwlock_wrlock(&lock_); }
+  void unlock() { pthread_rwlock_unlock(&lock_); }
+  void lock_shared() { pthread_rwlock_rdlock(&lock_); }
+  void unlock_shared() { pthread_rwlock_unlock(&lock_); }
+
+ private:
+  pthread_rwlock_t lock_;
+};
+
+RegistrationLock& socket_registration() {
+  static RegistrationLock lock;  // never destroyed before the workers: static, and its destructor does nothing
+  return lock;
 }
 
 }  // namespace
@@ -194,6 +242,7 @@ struct AmWorker::Impl {
   }
 
   ucp_ep_h create_endpoint(ucp_ep_params_t& params) {
+    std::unique_lock registering(socket_registration());
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &on_ep_error;
@@ -231,6 +280,7 @@ AmWorker::AmWorker(const std::string& name, const std::string& transports, Place
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 0;
   params.name = name.c_str();
+  std::unique_lock registering(socket_registration());
   if (status == UCS_OK) status = ucp_init(&params, config, &m.context);
   ucp_config_release(config);
   check(status, transports.empty() ? "ucp_init" : ("ucp_init (UCX_TLS " + transports + ")").c_str());
@@ -257,6 +307,7 @@ AmWorker::~AmWorker() {
   Impl& m = *impl_;
   stop_listening();
   for (ucp_ep_h ep : std::vector<ucp_ep_h>(m.open.begin(), m.open.end())) close(ep, false);
+  std::shared_lock progressing(socket_registration());
   // Forced closes end every send and receive (cancelled); their callbacks free them.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   while ((!m.closing.empty() || m.sends || m.receives) && std::chrono::steady_clock::now() < until) {
@@ -274,6 +325,7 @@ AmWorker::~AmWorker() {
 
 int AmWorker::listen(const SocketAddress& address) {
   Impl& m = *impl_;
+  std::unique_lock registering(socket_registration());
   ucp_listener_params_t p{};
   p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
   p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address.storage);
@@ -319,7 +371,9 @@ void AmWorker::close(ucp_ep_h ep, bool flush) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+  std::shared_lock progressing(socket_registration());
   ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+  ucp_worker_progress(m.worker);  // drains the events queued for the sockets it closed
   const bool peer_gone = m.failed.erase(ep) > 0;
   if (!r || UCS_PTR_IS_ERR(r)) return;
   // Closing an endpoint whose peer is gone can wait on a disconnect that
@@ -341,6 +395,7 @@ void AmWorker::send(ucp_ep_h ep, std::vector<std::byte> frame, const void* data,
   p.cb.send = &Impl::on_sent;
   p.user_data = op;
   ++m.sends;
+  std::shared_lock progressing(socket_registration());
   ucs_status_ptr_t r = ucp_am_send_nbx(ep, kFrameMessage, op->header.data(), op->header.size(), data, bytes, &p);
   if (r == nullptr || UCS_PTR_IS_ERR(r)) {  // done at once (no callback), or failed
     --m.sends;
@@ -352,6 +407,7 @@ void AmWorker::send(ucp_ep_h ep, std::vector<std::byte> frame, const void* data,
 bool AmWorker::progress() {
   Impl& m = *impl_;
   bool any = false;
+  std::shared_lock progressing(socket_registration());
   while (ucp_worker_progress(m.worker) != 0) any = true;
   m.reap_closes();
   return any || !m.events.empty();
@@ -370,6 +426,7 @@ void AmWorker::signal() { ucp_worker_signal(impl_->worker); }
 
 bool AmWorker::arm() {
   if (!impl_->events.empty()) return false;
+  std::shared_lock progressing(socket_registration());
   const ucs_status_t armed = ucp_worker_arm(impl_->worker);
   if (armed == UCS_ERR_BUSY) return false;
   check(armed, "ucp_worker_arm");
