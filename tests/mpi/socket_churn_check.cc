@@ -1,14 +1,15 @@
 // Many client links in one process opening and closing connections at once
 // (client/ucx_am.h), as a client failing over between its homes does: each
-// of --clients threads has a worker of its own and connects to a door
-// (a child process: this program run with --serve), holds the connection
-// for --hold-us while progressing and sending, and closes it, until --cycles have been
-// made in all. UCX 1.13 aborted such a process ("Assertion `handler->async
-// == async'") when one worker's closed socket number was reused by another
-// worker while an event for it was still queued (client/ucx_am.cc's
-// socket_registration): here, within a few seconds, in every run before
-// the lock. Exit 0: every cycle made; 1: not within --limit-s; an abort is
-// the failure this checks for.
+// of --clients threads has a worker of its own and connects to a door (a
+// child process: this program run with --serve), holds the connection for
+// --hold-us while progressing and sending, and closes it, until --cycles
+// have been made in all. UCX 1.13 aborted such a process ("Assertion
+// `handler->async == async'") when one worker's closed socket number was
+// reused by another worker while an event for it was still queued
+// (client/ucx_am.cc's socket_registration): without that lock, within a
+// second in every run on an idle machine. Exit 0: every cycle made; 1: not
+// within --limit-s; an abort is the failure this checks for.
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,8 +73,12 @@ int main(int argc, char** argv) {
   // The door runs in a process of its own (exec'd, so that no UCX state crosses the fork).
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) return std::perror("pipe"), 2;
+  const pid_t parent = ::getpid();
   const pid_t door = ::fork();
   if (door == 0) {
+    // The door ends with this process, even when the abort this checks for
+    // ends it: else it would spin on, orphaned.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) _exit(126);
     ::close(pipe_fds[0]);
     const std::string fd = std::to_string(pipe_fds[1]);
     ::execl("/proc/self/exe", argv[0], "--serve", fd.c_str(), static_cast<char*>(nullptr));
