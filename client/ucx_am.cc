@@ -37,10 +37,10 @@ void check(ucs_status_t status, const char* call) {
 // at once: the front-door tests aborted so, once in many runs. So a worker
 // registers sockets (creating itself, an endpoint or a listener) alone, and
 // progresses and closes under the shared side of this lock, draining the
-// queue after a close: a number it frees is out of its queue before any
-// worker here can take it. (A listener's accepts register from UCX's own
-// thread, outside the lock: a process with a listener and other workers,
-// the daemon's door, keeps that window.)
+// queue after a close (of an endpoint or a listener): a number it frees is
+// out of its queue before any worker here can take it. (A listener's
+// accepts register from UCX's own thread, outside the lock: a process with
+// a listener and other workers, the daemon's door, keeps that window.)
 //
 // Writers first: glibc's default read-write lock lets a stream of progress
 // calls keep a connect waiting; this one holds new readers back once a
@@ -253,6 +253,11 @@ struct AmWorker::Impl {
     return ep;
   }
 
+  void destroy_listeners() {
+    for (auto& l : listeners) ucp_listener_destroy(l->handle);
+    listeners.clear();
+  }
+
   void reap_closes() {
     std::erase_if(closing, [](void* r) {
       if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
@@ -305,9 +310,9 @@ AmWorker::AmWorker(const std::string& name, const std::string& transports, Place
 
 AmWorker::~AmWorker() {
   Impl& m = *impl_;
-  stop_listening();
   for (ucp_ep_h ep : std::vector<ucp_ep_h>(m.open.begin(), m.open.end())) close(ep, false);
   std::shared_lock progressing(socket_registration());
+  m.destroy_listeners();  // the progress below drains their queued events
   // Forced closes end every send and receive (cancelled); their callbacks free them.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   while ((!m.closing.empty() || m.sends || m.receives) && std::chrono::steady_clock::now() < until) {
@@ -343,8 +348,9 @@ int AmWorker::listen(const SocketAddress& address) {
 }
 
 void AmWorker::stop_listening() {
-  for (auto& l : impl_->listeners) ucp_listener_destroy(l->handle);
-  impl_->listeners.clear();
+  std::shared_lock progressing(socket_registration());
+  impl_->destroy_listeners();
+  ucp_worker_progress(impl_->worker);  // drains the events queued for the sockets it closed
 }
 
 ucp_ep_h AmWorker::accept(ucp_conn_request_h request) {
