@@ -1,8 +1,10 @@
 // The amx products' decode tiles (amx_tile.h's AmxFusedTile): the bits of
 // AMX's TDPBF16PS computed with AVX-512 fmas, for the few rows at which a
 // tile product, whose cost does not shrink with its rows, would leave the
-// core idle. Built with the flags of bf16_dot_avx512.cc (its decoders);
-// called only where the CPU has them.
+// core idle; and, where the CPU has AMX, mxfp4's few rows on the tiles
+// themselves, decoding in registers (fp4_on_tiles, the one function here
+// built for AMX). Built with the flags of bf16_dot_avx512.cc (its
+// decoders); called only where the CPU has them.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -10,6 +12,10 @@
 #include "kernels/cpu/amx_tile.h"
 #include "kernels/cpu/fixed_order_tile.h"  // kPrefetchBytes
 #include "kernels/cpu/pair_codes_avx512.h"
+
+
+
+
 
 namespace moed::kernels::detail {
 namespace {
@@ -158,6 +164,149 @@ struct Fused {
 #undef MOED_CELLS
 #undef MOED_ROW_CELLS
 
+// ---- mxfp4 on the tiles themselves, where the CPU has them ----------------
+//
+// The decode tiles above spend an fma on every weight and row; at one row
+// mxfp4, whose weights come twice as fast as fp8's per byte, is bound by
+// them (about 15 G weights/s on a Sapphire Rapids core, 0.56-0.60 of the
+// bandwidth bound). Here each block's 16 pairs of a panel are decoded in
+// registers, already scaled, to an L1 buffer, and the tiles take them as the
+// tiles' own GEMM does (amx_tiles.cc): so these are the tiles' bits, by
+// construction. The scaling is one saturating subtract: the lookup gives
+// each magnitude's bf16 code 2^125 times too large (every one still finite),
+// and 2^(e - 127) is then (252 - e) << 7 off its exponent field, exact for
+// every code where 2 <= e <= 252 (every scaled value normal). A zero code
+// stays 0 in the saturation: -0 becomes +0, which changes no sum (every
+// chain starts from +0, and +0 + -0 is +0). Ranges with a scale outside
+// [2, 252], or not of whole blocks, take the decode tiles.
+
+struct TileConfig {  // ldtilecfg's 64 bytes
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+// tmm0: the block's rows (AmxPack's layout, `rows` x 64 bytes); tmm1-3: a
+// panel's pairs, in turn (16 x 64 bytes); tmm4-7: panel p's sums C.
+constexpr TileConfig stream_config(int rows) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = std::uint8_t(t >= 1 && t <= 3 ? 16 : rows);
+  }
+  return config;
+}
+struct StreamConfigs {
+  TileConfig by_rows[kAmxFusedRows];
+  constexpr StreamConfigs() {
+    for (int r = 0; r < int(kAmxFusedRows); ++r) by_rows[r] = stream_config(r + 1);
+  }
+};
+// In memory, not built on the stack (GCC 12 drops a local configuration's
+// stores: amx_tiles.cc).
+alignas(64) const StreamConfigs kStreamConfigs;
+
+constexpr int kFp4TileBias = 125;  // the lookup's codes are 2^125 times the values
+constexpr std::uint8_t kFp4TileScaleFrom = 2, kFp4TileScaleTo = 252;
+
+// Whether every scale of the range's blocks, in every panel, lies in [2, 252].
+template <int Panels>
+bool scales_fit_tiles(const AmxFusedArgs& g) {
+  const __m128i from = _mm_set1_epi8(char(kFp4TileScaleFrom)), to = _mm_set1_epi8(char(kFp4TileScaleTo));
+  for (int p = 0; p < Panels; ++p)
+    for (std::size_t b = g.k0 / kBlock; b < (g.k0 + g.kc) / kBlock; ++b) {
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.w[p].scales + 16 * b));
+      if ((_mm_cmpge_epu8_mask(e, from) & _mm_cmple_epu8_mask(e, to)) != 0xffff) return false;
+    }
+  return true;
+}
+
+// The tile intrinsics take a tile's number as a literal token.
+#define MOED_PANEL_PRODUCT(pairs_tile, c_tile, pairs) \
+  _tile_loadd(pairs_tile, pairs, 64);                 \
+  _tile_dpbf16ps(c_tile, 0, pairs_tile);
+
+// GCC 12 warns of its own intrinsics' _mm512_undefined_epi32() inside a
+// function of another target (a known false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <int Panels>
+__attribute__((target("amx-tile,amx-bf16"))) void fp4_on_tiles(const AmxFusedArgs& g) {
+  const __m512i table = [] {
+    alignas(64) std::uint16_t v[32];
+    for (int e = 0; e < 32; ++e) {
+      const int nibble = e % 16, magnitude = nibble & 7;
+      v[e] = magnitude == 0 ? 0
+                            : std::uint16_t((pair_codes::kFp4Bf16[magnitude] + (kFp4TileBias << 7)) |
+                                            (nibble & 8 ? 0x8000 : 0));
+    }
+    return _mm512_load_si512(v);
+  }();
+  constexpr std::size_t kPairBytes = 64, kBlockPairs = kBlock / 2;
+  const std::size_t blocks = g.kc / kBlock;
+  const std::uint8_t* src[Panels];
+  for (int p = 0; p < Panels; ++p) src[p] = g.w[p].codes + g.k0 * Fp4Codes::kStepBytes;
+  const std::ptrdiff_t stream_bytes = std::ptrdiff_t(g.kc * Fp4Codes::kStepBytes);
+  const std::ptrdiff_t to_next_group = Panels > 1 ? Panels * (g.w[1].codes - g.w[0].codes) - stream_bytes : 0;
+  // Each panel's pairs for two blocks, a block decoded a block ahead of its
+  // tile loads (a tile load waits for the stores it reads to reach L1).
+  alignas(64) std::uint8_t pairs[2][Panels][kBlockPairs * kPairBytes];
+  const auto decode = [&](std::size_t b) __attribute__((always_inline)) {
+    const std::size_t block = g.k0 / kBlock + b;
+    for (int p = 0; p < Panels; ++p) {
+      // Lane l's words 2 l and 2 l + 1: (252 - e) << 7.
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.w[p].scales + 16 * block));
+      const __m512i shift = _mm512_slli_epi32(
+          _mm512_sub_epi32(_mm512_set1_epi32(kFp4TileScaleTo), _mm512_cvtepu8_epi32(e)), 7);
+      const __m512i down = _mm512_or_si512(shift, _mm512_slli_epi32(shift, 16));
+      for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += kFp4GroupSteps) {
+        const std::uint8_t* at = src[p] + s * Fp4Codes::kStepBytes;
+        std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
+        if (ahead >= stream_bytes) ahead += to_next_group;
+        _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
+        const __m512i codes = _mm512_loadu_si512(src[p] + s / kFp4GroupSteps * kFp4GroupBytes);
+        std::uint8_t* row = pairs[b % 2][p] + (s - kBlock * b) / 2 * kPairBytes;
+        _mm512_store_si512(row, _mm512_subs_epu16(_mm512_permutexvar_epi16(codes, table), down));
+        _mm512_store_si512(row + kPairBytes, _mm512_subs_epu16(
+                                                 _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table), down));
+        _mm512_store_si512(row + 2 * kPairBytes, _mm512_subs_epu16(
+                                                     _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 8), table), down));
+        _mm512_store_si512(row + 3 * kPairBytes, _mm512_subs_epu16(
+                                                     _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 12), table), down));
+      }
+    }
+  };
+  _tile_loadconfig(&kStreamConfigs.by_rows[g.rows - 1]);
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  decode(0);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    if (b + 1 < blocks) decode(b + 1);
+    _tile_loadd(0, g.packed + b * kAmxRows * kBlock, 2 * kBlock);
+    MOED_PANEL_PRODUCT(1, 4, pairs[b % 2][0])
+    if constexpr (Panels > 1) {
+      MOED_PANEL_PRODUCT(2, 5, pairs[b % 2][1])
+    }
+    if constexpr (Panels > 2) {
+      MOED_PANEL_PRODUCT(3, 6, pairs[b % 2][2])
+      MOED_PANEL_PRODUCT(1, 7, pairs[b % 2][3])
+    }
+  }
+  const long ldc = long(g.ldc * sizeof(float));
+  _tile_stored(4, g.c, ldc);
+  if constexpr (Panels > 1) _tile_stored(5, g.c + 16, ldc);
+  if constexpr (Panels > 2) {
+    _tile_stored(6, g.c + 32, ldc);
+    _tile_stored(7, g.c + 48, ldc);
+  }
+  _tile_release();
+}
+#pragma GCC diagnostic pop
+#undef MOED_PANEL_PRODUCT
+
 template <int Rows, class Codes>
 struct FusedRows {
   static void run(const AmxFusedArgs& g) { Fused<int(amx_fused_panels(Rows)), Rows, Codes>::run(g); }
@@ -169,8 +318,23 @@ void fused_any(const AmxFusedArgs& g) {
                            most(QuantPanel::mxfp4)>(g.w[0].kind, g.rows, g);
 }
 
+// As fused_any, but mxfp4 on the tiles where its scales allow.
+void fused_or_tiles(const AmxFusedArgs& g) {
+  if (g.w[0].kind == QuantPanel::mxfp4 && g.packed != nullptr && g.kc % kBlock == 0 && g.kc > 0 &&
+      g.k0 % kBlock == 0 && g.rows >= 1 && g.rows <= kAmxFusedRows) {
+    const std::size_t panels = amx_fused_panels(g.rows);
+    const bool fit = panels == 4 ? scales_fit_tiles<4>(g) : panels == 2 ? scales_fit_tiles<2>(g) : scales_fit_tiles<1>(g);
+    if (fit) {
+      if (panels == 4) return fp4_on_tiles<4>(g);
+      if (panels == 2) return fp4_on_tiles<2>(g);
+      return fp4_on_tiles<1>(g);
+    }
+  }
+  fused_any(g);
+}
+
 }  // namespace
 
-AmxFusedTile avx512_amx_fused_tile() { return fused_any; }
+AmxFusedTile avx512_amx_fused_tile(bool with_tiles) { return with_tiles ? fused_or_tiles : fused_any; }
 
 }  // namespace moed::kernels::detail

@@ -87,7 +87,7 @@ detail::AmxKernels kernels_here() {
     // so that this CPU's tests hold them to the definition too.
     detail::AmxKernels kernels = detail::portable_amx_kernels();
     kernels.decode = detail::avx512_bf16_dot_kernels().decode;
-    kernels.fused = detail::avx512_amx_fused_tile();
+    kernels.fused = detail::avx512_amx_fused_tile(false);
     return kernels;
   }
 #endif
@@ -142,6 +142,7 @@ std::size_t run_fused(const detail::AmxKernels& kern, const std::uint16_t* rows,
     args.ldc = ldc;
     args.chain_scales_from = chain_scales.from;
     args.chain_scales_to = chain_scales.to;
+    args.packed = rows;
     kern.fused(args);
   }
   return panels;

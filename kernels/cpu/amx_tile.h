@@ -83,6 +83,9 @@ struct AmxFusedArgs {
   // mxfp4: the e8m0 scales a block may apply to its chains' sums instead of
   // each weight, the bits the same (amx_chain_scales); from > to: none.
   std::uint8_t chain_scales_from = 1, chain_scales_to = 0;
+  // The same rows as the tiles read them (AmxPack's layout, from the
+  // range's first block), for an AMX CPU's mxfp4 (avx512_amx_fused_tile).
+  const std::uint16_t* packed = nullptr;
 };
 // mxfp4 in the decode tiles: a block's chains over the unscaled code values,
 // times 2^(e - 127) at the block's end, give the bits of the chains over the
@@ -156,8 +159,10 @@ bool cpu_reports_amx_int8();  // CPUID's AMX-INT8 (the OS state as for cpu_repor
 AmxKernels portable_amx_kernels();
 // Only where cpu_has_amx().
 AmxKernels amx_tile_kernels();
-// Only where the CPU has AVX-512 F, BW, VL, VBMI and BF16 (cpu_has_bf16_dot).
-AmxFusedTile avx512_amx_fused_tile();
+// Only where the CPU has AVX-512 F, BW, VL, VBMI and BF16 (cpu_has_bf16_dot);
+// with_tiles only where it has AMX too: mxfp4 then runs its block products
+// on the tiles, decoding in registers, where its scales allow.
+AmxFusedTile avx512_amx_fused_tile(bool with_tiles);
 // The CPU has AMX-TILE and AMX-BF16 and the OS saves their state (CPUID, XCR0).
 bool cpu_reports_amx();
 // Asks Linux for the tile data state for this process (once; true if granted).

@@ -235,7 +235,7 @@ bool request_amx_state() {
 }
 
 AmxKernels amx_tile_kernels() {
-  return {avx512_bf16_dot_kernels().decode, scale_pairs, pack, tile_any, enter, leave, avx512_amx_fused_tile()};
+  return {avx512_bf16_dot_kernels().decode, scale_pairs, pack, tile_any, enter, leave, avx512_amx_fused_tile(true)};
 }
 
 }  // namespace moed::kernels::detail

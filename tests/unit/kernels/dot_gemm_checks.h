@@ -52,6 +52,28 @@ inline float flushed(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std:
 // whole row) against W's row j.
 using Definition = float (*)(const EncodedMatrix& e, const float* x, std::size_t j, std::size_t k0, std::size_t k1);
 
+// With the products set: `e` gives the definition at each row count of
+// `rows`, on every instruction set here; the rows uniform in [-1, 1) times
+// 2^row_exponent.
+inline void expect_definition_at_rows(Definition definition, const kernels::EncodedMatrix& e,
+                                      std::initializer_list<std::size_t> rows, int row_exponent = 0) {
+  using namespace kernels;
+  const QuantWeights quant(e);
+  for (std::size_t m : rows) {
+    std::vector<float> a = random_floats(m * e.k, 10);
+    for (float& x : a) x = std::ldexp(x, row_exponent);
+    std::vector<float> want(m * e.n), got(m * e.n);
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < e.n; ++j) want[i * e.n + j] = definition(e, a.data() + i * e.k, j, 0, e.k);
+    for (GemmIsa isa : isas_here()) {
+      set_gemm_isa(isa);
+      gemm_fixed_order(a.data(), m, quant, got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << m << " rows " << to_string(isa);
+    }
+  }
+  set_gemm_isa(best_gemm_isa());
+}
+
 // With the products set: an mxfp4 matrix whose 512 scale blocks carry
 // every e8m0 code (0: 2^-127, 255: NaN) gives the definition at each row
 // count of `rows` (the fused and the buffered tiles), on every instruction
@@ -61,19 +83,7 @@ inline void expect_every_mx_scale_code_applies(Definition definition, std::initi
   const std::size_t n = 64, k = 256;
   EncodedMatrix e = encode(WeightDtype::mxfp4, random_floats(n * k, 9).data(), n, k);
   for (std::size_t b = 0; b < e.scales.size(); ++b) e.scales[b] = std::uint8_t(b * 5);
-  const QuantWeights quant(e);
-  for (std::size_t m : rows) {
-    const std::vector<float> a = random_floats(m * k, 10);
-    std::vector<float> want(m * n), got(m * n);
-    for (std::size_t i = 0; i < m; ++i)
-      for (std::size_t j = 0; j < n; ++j) want[i * n + j] = definition(e, a.data() + i * k, j, 0, k);
-    for (GemmIsa isa : isas_here()) {
-      set_gemm_isa(isa);
-      gemm_fixed_order(a.data(), m, quant, got.data());
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << m << " rows " << to_string(isa);
-    }
-  }
-  set_gemm_isa(best_gemm_isa());
+  expect_definition_at_rows(definition, e, rows);
 }
 
 // With the products set: every instruction set here gives the definition

@@ -221,6 +221,21 @@ TEST(Amx, SubnormalInputsAreReadAsZero) {
   set_gemm_isa(best_gemm_isa());
 }
 
+// mxfp4 with every scale in [2, 252], the extremes among them: on an AMX
+// CPU, 1 to 8 rows run on the tiles with the pairs scaled in registers (a
+// saturating subtract from codes 2^125 too large). Rows near 2^-20 keep
+// the sums under the scale 2^125 finite; under 2^-125 many products fall
+// below fp32's normal range, which the tiles flush, and so must this path.
+TEST(Amx, Mxfp4ScalesAtTheEdgesOfTheTilesRangeApply) {
+  set_compact_products(CompactProducts::amx);
+  const std::size_t n = 64, k = 320;
+  EncodedMatrix e = encode(WeightDtype::mxfp4, test::random_floats(n * k, 21).data(), n, k);
+  constexpr std::uint8_t kScales[] = {2, 3, 100, 126, 127, 128, 200, 251, 252};
+  for (std::size_t b = 0; b < e.scales.size(); ++b) e.scales[b] = kScales[b * 7 % std::size(kScales)];
+  test::expect_definition_at_rows(definition, e, {1, 2, 3, 4, 8}, -20);
+  set_compact_products(CompactProducts::f32);
+}
+
 // The mxfp4 scales a decode tile may apply to its chains' sums (amx_tile.h):
 // the bounds worked by hand for a few rows of activations.
 TEST(Amx, ChainScalesKeepEverySumNormal) {
