@@ -13,10 +13,6 @@
 #include "kernels/cpu/fixed_order_tile.h"  // kPrefetchBytes
 #include "kernels/cpu/pair_codes_avx512.h"
 
-
-
-
-
 namespace moed::kernels::detail {
 namespace {
 
@@ -168,8 +164,8 @@ struct Fused {
 //
 // The decode tiles above spend an fma on every weight and row; at one row
 // mxfp4, whose weights come twice as fast as fp8's per byte, is bound by
-// them (about 15 G weights/s on a Sapphire Rapids core, 0.56-0.60 of the
-// bandwidth bound). Here each block's 16 pairs of a panel are decoded in
+// them (about 15 G weights/s on a core of the Xeon with AMX of
+// docs/benchmarks.md, 0.56-0.60 of the bandwidth bound). Here each block's 16 pairs of a panel are decoded in
 // registers, already scaled, to an L1 buffer, and the tiles take them as the
 // tiles' own GEMM does (amx_tiles.cc): so these are the tiles' bits, by
 // construction. The scaling is one saturating subtract: the lookup gives
@@ -267,13 +263,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void fp4_on_tiles(const AmxFusedArg
         _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
         const __m512i codes = _mm512_loadu_si512(src[p] + s / kFp4GroupSteps * kFp4GroupBytes);
         std::uint8_t* row = pairs[b % 2][p] + (s - kBlock * b) / 2 * kPairBytes;
-        _mm512_store_si512(row, _mm512_subs_epu16(_mm512_permutexvar_epi16(codes, table), down));
-        _mm512_store_si512(row + kPairBytes, _mm512_subs_epu16(
-                                                 _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table), down));
-        _mm512_store_si512(row + 2 * kPairBytes, _mm512_subs_epu16(
-                                                     _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 8), table), down));
-        _mm512_store_si512(row + 3 * kPairBytes, _mm512_subs_epu16(
-                                                     _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 12), table), down));
+#pragma GCC unroll 4
+        for (unsigned j = 0; j < 4; ++j)  // the group's pair j: each word's nibble j
+          _mm512_store_si512(row + j * kPairBytes,
+                             _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4 * j), table), down));
       }
     }
   };

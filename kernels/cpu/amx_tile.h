@@ -109,7 +109,8 @@ using AmxFusedTile = void (*)(const AmxFusedArgs& args);
 // The most rows at which the decode tiles ran faster than the tiles
 // (DeepSeek-V3's W1|W3 on a Xeon with AMX, 1 to 8 rows): bf16 and int8 up
 // to 3 (at 4 the tiles ran 1.1x), fp8 up to 4 (even there), mxfp4 up to 8
-// (1.3x there, 3x at 1 row: its scales cost the tiles a pass of their own).
+// (1.3x there, 3x at 1 row: its scales cost the tiles a pass of their own;
+// with AMX these rows now run on the tiles, the pairs scaled in registers).
 constexpr std::size_t kAmxFusedRows = 8;
 constexpr std::size_t amx_fused_rows(QuantPanel::Kind kind) {
   return kind == QuantPanel::mxfp4 ? kAmxFusedRows : kind == QuantPanel::fp8 ? 4 : 3;
