@@ -1,12 +1,13 @@
 // The amx products' decode tiles (amx_tile.h's AmxFusedTile): the bits of
 // AMX's TDPBF16PS computed with AVX-512 fmas, for the few rows at which a
 // tile product, whose cost does not shrink with its rows, would leave the
-// core idle; and, where the CPU has AMX, mxfp4's few rows on the tiles
-// themselves, decoding in registers (fp4_on_tiles, the one function here
-// built for AMX). Built with the flags of bf16_dot_avx512.cc (its
+// core idle; and, where the CPU has AMX, some of those rows on the tiles
+// themselves, decoding in registers (on_tiles, the one function here built
+// for AMX). Built with the flags of bf16_dot_avx512.cc (its
 // decoders); called only where the CPU has them.
 #include <immintrin.h>
 
+#include <array>
 #include <type_traits>
 
 #include "kernels/cpu/amx_tile.h"
@@ -175,6 +176,11 @@ struct Fused {
 // stays 0 in the saturation: -0 becomes +0, which changes no sum (every
 // chain starts from +0, and +0 + -0 is +0). Ranges with a scale outside
 // [2, 252], or not of whole blocks, take the decode tiles.
+//
+// The other formats take the same road from kTilesFromRows rows, their
+// pairs unscaled: bf16 and int8 with C over every block, fp8 with S over
+// each scale block from +0, stored, and C = fma(S, scale, C) in AVX-512 a
+// scale block later, as the tiles' GEMM does.
 
 struct TileConfig {  // ldtilecfg's 64 bytes
   std::uint8_t palette = 1;
@@ -227,54 +233,102 @@ bool scales_fit_tiles(const AmxFusedArgs& g) {
 // function of another target (a known false positive).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
-template <int Panels>
-__attribute__((target("amx-tile,amx-bf16"))) void fp4_on_tiles(const AmxFusedArgs& g) {
-  const __m512i table = [] {
-    alignas(64) std::uint16_t v[32];
+template <int Panels, class Codes>
+__attribute__((target("amx-tile,amx-bf16"))) void on_tiles(const AmxFusedArgs& g) {
+  constexpr bool kFp4 = std::is_same_v<Codes, Fp4Codes>;
+  // mxfp4's lookup: each code's bf16 word 2^125 too large, zeros 0.
+  static const std::array<std::uint16_t, 32> fp4_words = [] {
+    std::array<std::uint16_t, 32> v{};
     for (int e = 0; e < 32; ++e) {
       const int nibble = e % 16, magnitude = nibble & 7;
       v[e] = magnitude == 0 ? 0
                             : std::uint16_t((pair_codes::kFp4Bf16[magnitude] + (kFp4TileBias << 7)) |
                                             (nibble & 8 ? 0x8000 : 0));
     }
-    return _mm512_load_si512(v);
+    return v;
   }();
+  const __m512i table = _mm512_loadu_si512(fp4_words.data());
+  static const Codes codes_static;
+  const Codes codes = codes_static;  // the other formats' tables in registers
   constexpr std::size_t kPairBytes = 64, kBlockPairs = kBlock / 2;
   const std::size_t blocks = g.kc / kBlock;
   const std::uint8_t* src[Panels];
-  for (int p = 0; p < Panels; ++p) src[p] = g.w[p].codes + g.k0 * Fp4Codes::kStepBytes;
-  const std::ptrdiff_t stream_bytes = std::ptrdiff_t(g.kc * Fp4Codes::kStepBytes);
+  for (int p = 0; p < Panels; ++p) src[p] = g.w[p].codes + g.k0 * Codes::kStepBytes;
+  const std::ptrdiff_t stream_bytes = std::ptrdiff_t(g.kc * Codes::kStepBytes);
   const std::ptrdiff_t to_next_group = Panels > 1 ? Panels * (g.w[1].codes - g.w[0].codes) - stream_bytes : 0;
+  const auto prefetch = [&](int p, const std::uint8_t* at) __attribute__((always_inline)) {
+    std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
+    if (ahead >= stream_bytes) ahead += to_next_group;
+    _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
+  };
   // Each panel's pairs for two blocks, a block decoded a block ahead of its
   // tile loads (a tile load waits for the stores it reads to reach L1).
   alignas(64) std::uint8_t pairs[2][Panels][kBlockPairs * kPairBytes];
   const auto decode = [&](std::size_t b) __attribute__((always_inline)) {
-    const std::size_t block = g.k0 / kBlock + b;
     for (int p = 0; p < Panels; ++p) {
-      // Lane l's words 2 l and 2 l + 1: (252 - e) << 7.
-      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.w[p].scales + 16 * block));
-      const __m512i shift = _mm512_slli_epi32(
-          _mm512_sub_epi32(_mm512_set1_epi32(kFp4TileScaleTo), _mm512_cvtepu8_epi32(e)), 7);
-      const __m512i down = _mm512_or_si512(shift, _mm512_slli_epi32(shift, 16));
-      for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += kFp4GroupSteps) {
-        const std::uint8_t* at = src[p] + s * Fp4Codes::kStepBytes;
-        std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
-        if (ahead >= stream_bytes) ahead += to_next_group;
-        _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
-        const __m512i codes = _mm512_loadu_si512(src[p] + s / kFp4GroupSteps * kFp4GroupBytes);
-        std::uint8_t* row = pairs[b % 2][p] + (s - kBlock * b) / 2 * kPairBytes;
+      std::uint8_t* const out = pairs[b % 2][p];
+      if constexpr (kFp4) {
+        // Lane l's words 2 l and 2 l + 1: (252 - e) << 7.
+        const __m128i e =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.w[p].scales + 16 * (g.k0 / kBlock + b)));
+        const __m512i shift = _mm512_slli_epi32(
+            _mm512_sub_epi32(_mm512_set1_epi32(kFp4TileScaleTo), _mm512_cvtepu8_epi32(e)), 7);
+        const __m512i down = _mm512_or_si512(shift, _mm512_slli_epi32(shift, 16));
+        for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += kFp4GroupSteps) {
+          prefetch(p, src[p] + s * Codes::kStepBytes);
+          const __m512i group = _mm512_loadu_si512(src[p] + s / kFp4GroupSteps * kFp4GroupBytes);
+          std::uint8_t* row = out + (s - kBlock * b) / 2 * kPairBytes;
 #pragma GCC unroll 4
-        for (unsigned j = 0; j < 4; ++j)  // the group's pair j: each word's nibble j
-          _mm512_store_si512(row + j * kPairBytes,
-                             _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4 * j), table), down));
+          for (unsigned j = 0; j < 4; ++j)  // the group's pair j: each word's nibble j
+            _mm512_store_si512(row + j * kPairBytes, _mm512_subs_epu16(
+                                                         _mm512_permutexvar_epi16(_mm512_srli_epi16(group, 4 * j), table),
+                                                         down));
+        }
+      } else {
+        for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += 4) {
+          prefetch(p, src[p] + s * Codes::kStepBytes);
+          __m512i v0, v1;
+          codes.two(src[p], s, 4, v0, v1);
+          std::uint8_t* row = out + (s - kBlock * b) / 2 * kPairBytes;
+          _mm512_store_si512(row, v0);
+          _mm512_store_si512(row + kPairBytes, v1);
+        }
+      }
+    }
+  };
+  const auto zero_sums = [] __attribute__((always_inline)) {
+    _tile_zero(4);
+    if constexpr (Panels > 1) _tile_zero(5);
+    if constexpr (Panels > 2) {
+      _tile_zero(6);
+      _tile_zero(7);
+    }
+  };
+  const auto store_sums = [&](float* at, long ld) __attribute__((always_inline)) {
+    _tile_stored(4, at, ld);
+    if constexpr (Panels > 1) _tile_stored(5, at + 16, ld);
+    if constexpr (Panels > 2) {
+      _tile_stored(6, at + 32, ld);
+      _tile_stored(7, at + 48, ld);
+    }
+  };
+  // fp8: S over each scale block's tile products, from +0, stored; C =
+  // fma(S, scale, C) in AVX-512 a scale block later, as the tiles do.
+  const std::size_t group = g.group;
+  alignas(64) float scale_sums[2][kAmxFusedRows * Panels * 16];
+  const auto apply_scales = [&](std::size_t q) __attribute__((always_inline)) {
+    const float* done = scale_sums[q % 2];
+    for (int p = 0; p < Panels; ++p) {
+      const __m512 scale = _mm512_loadu_ps(g.scales[p] + 16 * q);
+      for (std::size_t r = 0; r < g.rows; ++r) {
+        float* c = g.c + r * g.ldc + 16 * p;
+        const __m512 before = q == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
+        _mm512_storeu_ps(c, _mm512_fmadd_ps(_mm512_load_ps(done + r * Panels * 16 + 16 * p), scale, before));
       }
     }
   };
   _tile_loadconfig(&kStreamConfigs.by_rows[g.rows - 1]);
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
+  zero_sums();
   decode(0);
   for (std::size_t b = 0; b < blocks; ++b) {
     if (b + 1 < blocks) decode(b + 1);
@@ -287,13 +341,17 @@ __attribute__((target("amx-tile,amx-bf16"))) void fp4_on_tiles(const AmxFusedArg
       MOED_PANEL_PRODUCT(3, 6, pairs[b % 2][2])
       MOED_PANEL_PRODUCT(1, 7, pairs[b % 2][3])
     }
+    if (group != 0 && ((b + 1) % group == 0 || b + 1 == blocks)) {
+      const std::size_t q = b / group;
+      store_sums(scale_sums[q % 2], long(Panels * 16 * sizeof(float)));
+      zero_sums();
+      if (q > 0) apply_scales(q - 1);
+    }
   }
-  const long ldc = long(g.ldc * sizeof(float));
-  _tile_stored(4, g.c, ldc);
-  if constexpr (Panels > 1) _tile_stored(5, g.c + 16, ldc);
-  if constexpr (Panels > 2) {
-    _tile_stored(6, g.c + 32, ldc);
-    _tile_stored(7, g.c + 48, ldc);
+  if (group != 0) {
+    apply_scales((blocks - 1) / group);
+  } else {
+    store_sums(g.c, long(g.ldc * sizeof(float)));
   }
   _tile_release();
 }
@@ -311,16 +369,35 @@ void fused_any(const AmxFusedArgs& g) {
                            most(QuantPanel::mxfp4)>(g.w[0].kind, g.rows, g);
 }
 
-// As fused_any, but mxfp4 on the tiles where its scales allow.
+template <int Panels>
+void on_tiles_of(const AmxFusedArgs& g) {
+  switch (g.w[0].kind) {
+    case QuantPanel::bf16: return on_tiles<Panels, pair_codes::Bf16Codes>(g);
+    case QuantPanel::fp8: return on_tiles<Panels, pair_codes::ByteCodes<false>>(g);
+    case QuantPanel::int8: return on_tiles<Panels, pair_codes::ByteCodes<true>>(g);
+    case QuantPanel::mxfp4: return on_tiles<Panels, Fp4Codes>(g);
+  }
+}
+
+// The fewest rows at which the other formats run on the tiles: at 1 and 2
+// rows their decode tiles, near the bandwidth bound, ran as fast or 5-10%
+// faster; at 3 the tiles ran 1.1-1.3x (bf16, fp8; amx_fused_rows() the most).
+constexpr std::size_t kTilesFromRows = 3;
+
+// As fused_any, but on the tiles where the range allows.
 void fused_or_tiles(const AmxFusedArgs& g) {
-  if (g.w[0].kind == QuantPanel::mxfp4 && g.packed != nullptr && g.kc % kBlock == 0 && g.kc > 0 &&
-      g.k0 % kBlock == 0 && g.rows >= 1 && g.rows <= kAmxFusedRows) {
+  const bool fp4 = g.w[0].kind == QuantPanel::mxfp4;
+  if (g.packed != nullptr && g.kc % kBlock == 0 && g.kc > 0 && g.k0 % kBlock == 0 &&
+      g.rows >= (fp4 ? 1 : kTilesFromRows) &&
+      g.rows <= kAmxFusedRows && (g.group == 0 || g.k0 % (g.group * kBlock) == 0)) {
     const std::size_t panels = amx_fused_panels(g.rows);
-    const bool fit = panels == 4 ? scales_fit_tiles<4>(g) : panels == 2 ? scales_fit_tiles<2>(g) : scales_fit_tiles<1>(g);
+    const bool fit = !fp4 || (panels == 4   ? scales_fit_tiles<4>(g)
+                              : panels == 2 ? scales_fit_tiles<2>(g)
+                                            : scales_fit_tiles<1>(g));
     if (fit) {
-      if (panels == 4) return fp4_on_tiles<4>(g);
-      if (panels == 2) return fp4_on_tiles<2>(g);
-      return fp4_on_tiles<1>(g);
+      if (panels == 4) return on_tiles_of<4>(g);
+      if (panels == 2) return on_tiles_of<2>(g);
+      return on_tiles_of<1>(g);
     }
   }
   fused_any(g);

@@ -84,7 +84,7 @@ struct AmxFusedArgs {
   // each weight, the bits the same (amx_chain_scales); from > to: none.
   std::uint8_t chain_scales_from = 1, chain_scales_to = 0;
   // The same rows as the tiles read them (AmxPack's layout, from the
-  // range's first block), for an AMX CPU's mxfp4 (avx512_amx_fused_tile).
+  // range's first block), for an AMX CPU's tiles (avx512_amx_fused_tile).
   const std::uint16_t* packed = nullptr;
 };
 // mxfp4 in the decode tiles: a block's chains over the unscaled code values,
@@ -110,7 +110,8 @@ using AmxFusedTile = void (*)(const AmxFusedArgs& args);
 // (DeepSeek-V3's W1|W3 on a Xeon with AMX, 1 to 8 rows): bf16 and int8 up
 // to 3 (at 4 the tiles ran 1.1x), fp8 up to 4 (even there), mxfp4 up to 8
 // (1.3x there, 3x at 1 row: its scales cost the tiles a pass of their own;
-// with AMX these rows now run on the tiles, the pairs scaled in registers).
+// with AMX, mxfp4's rows and the others' from 3 now run on the tiles, their
+// pairs decoded in registers to an L1 buffer: avx512_amx_fused_tile).
 constexpr std::size_t kAmxFusedRows = 8;
 constexpr std::size_t amx_fused_rows(QuantPanel::Kind kind) {
   return kind == QuantPanel::mxfp4 ? kAmxFusedRows : kind == QuantPanel::fp8 ? 4 : 3;
@@ -161,8 +162,8 @@ AmxKernels portable_amx_kernels();
 // Only where cpu_has_amx().
 AmxKernels amx_tile_kernels();
 // Only where the CPU has AVX-512 F, BW, VL, VBMI and BF16 (cpu_has_bf16_dot);
-// with_tiles only where it has AMX too: mxfp4 then runs its block products
-// on the tiles, decoding in registers, where its scales allow.
+// with_tiles only where it has AMX too: mxfp4 (where its scales allow) and,
+// from 3 rows, the other formats then run on the tiles, decoding in registers.
 AmxFusedTile avx512_amx_fused_tile(bool with_tiles);
 // The CPU has AMX-TILE and AMX-BF16 and the OS saves their state (CPUID, XCR0).
 bool cpu_reports_amx();

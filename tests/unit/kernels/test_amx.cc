@@ -112,6 +112,9 @@ std::vector<Case> cases() {
     out.push_back({d, 1, 128, 64});
     out.push_back({d, 2, 72, odd_k});
     for (std::size_t m : {3, 4, 8}) out.push_back({d, m, 120, odd_k});
+    // Whole blocks (fp8: whole scale blocks, and a partial one), which an
+    // AMX CPU runs on the tiles at those rows.
+    for (std::size_t m : {1, 2, 3, 4}) out.push_back({d, m, 72, 416});
   }
   return out;
 }
