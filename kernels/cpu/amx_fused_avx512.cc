@@ -28,6 +28,25 @@ inline __m512 odd_steps(__m512i pairs) {
   return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(int(0xffff0000u))));
 }
 
+// Each panel's stream of codes from the range's first step, and a prefetch
+// 1 KB ahead in it (as the bf16 products' fused tiles), past a stream's end
+// into the same stream of the next group of panels.
+template <int Panels, class Codes>
+struct PanelStreams {
+  const std::uint8_t* src[Panels];
+  std::ptrdiff_t stream_bytes, to_next_group;
+  explicit PanelStreams(const AmxFusedArgs& g)
+      : stream_bytes(std::ptrdiff_t(g.kc * Codes::kStepBytes)),
+        to_next_group(Panels > 1 ? Panels * (g.w[1].codes - g.w[0].codes) - stream_bytes : 0) {
+    for (int p = 0; p < Panels; ++p) src[p] = g.w[p].codes + g.k0 * Codes::kStepBytes;
+  }
+  __attribute__((always_inline)) void prefetch(int p, const std::uint8_t* at) const {
+    std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
+    if (ahead >= stream_bytes) ahead += to_next_group;
+    _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
+  }
+};
+
 // Up to 4 panels x 8 rows, at most 8 cells: an E and an O chain each.
 #define MOED_ROW_CELLS(X, p) X(p, 0) X(p, 1) X(p, 2) X(p, 3) X(p, 4) X(p, 5) X(p, 6) X(p, 7)
 #define MOED_CELLS(X) MOED_ROW_CELLS(X, 0) MOED_ROW_CELLS(X, 1) MOED_ROW_CELLS(X, 2) MOED_ROW_CELLS(X, 3)
@@ -39,17 +58,8 @@ struct Fused {
   static void run(const AmxFusedArgs& g) {
     static const Codes codes_static;
     const Codes codes = codes_static;  // its tables in registers
-    const std::uint8_t* src[Panels];
-    for (int p = 0; p < Panels; ++p) src[p] = g.w[p].codes + g.k0 * Codes::kStepBytes;
-    // As the bf16 products' fused tiles: 1 KB ahead in every stream, and
-    // past a stream's end into the same stream of the next group of panels.
-    const std::ptrdiff_t stream_bytes = std::ptrdiff_t(g.kc * Codes::kStepBytes);
-    const std::ptrdiff_t to_next_group = Panels > 1 ? Panels * (g.w[1].codes - g.w[0].codes) - stream_bytes : 0;
-    const auto prefetch = [&](int p, const std::uint8_t* at) __attribute__((always_inline)) {
-      std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
-      if (ahead >= stream_bytes) ahead += to_next_group;
-      _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
-    };
+    const PanelStreams<Panels, Codes> streams(g);
+    const auto& src = streams.src;
     // C (or fp8's S) between blocks: a block's T is added once per 32 steps.
     alignas(64) float sums[Rows][Panels * 16];
     const std::size_t blocks = (g.kc + kBlock - 1) / kBlock;
@@ -94,7 +104,7 @@ struct Fused {
 #define MOED_PANEL(p)                                                                               \
   if constexpr ((p) < Panels) {                                                                     \
     const std::uint8_t* at = src[(p)] + s * Codes::kStepBytes;                                      \
-    prefetch((p), at);                                                                              \
+    streams.prefetch((p), at);                                                                              \
     __m512i v0, v1;                                                                                 \
     codes.two(src[(p)], s, steps, v0, v1);                                                          \
     __m512 w0e = even_steps(v0), w0o = odd_steps(v0), w1e = even_steps(v1), w1o = odd_steps(v1);    \
@@ -252,15 +262,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void on_tiles(const AmxFusedArgs& g
   const Codes codes = codes_static;  // the other formats' tables in registers
   constexpr std::size_t kPairBytes = 64, kBlockPairs = kBlock / 2;
   const std::size_t blocks = g.kc / kBlock;
-  const std::uint8_t* src[Panels];
-  for (int p = 0; p < Panels; ++p) src[p] = g.w[p].codes + g.k0 * Codes::kStepBytes;
-  const std::ptrdiff_t stream_bytes = std::ptrdiff_t(g.kc * Codes::kStepBytes);
-  const std::ptrdiff_t to_next_group = Panels > 1 ? Panels * (g.w[1].codes - g.w[0].codes) - stream_bytes : 0;
-  const auto prefetch = [&](int p, const std::uint8_t* at) __attribute__((always_inline)) {
-    std::ptrdiff_t ahead = (at - src[p]) + std::ptrdiff_t(kPrefetchBytes);
-    if (ahead >= stream_bytes) ahead += to_next_group;
-    _mm_prefetch(reinterpret_cast<const char*>(src[p]) + ahead, _MM_HINT_T0);
-  };
+  const PanelStreams<Panels, Codes> streams(g);
+  const auto& src = streams.src;
   // Each panel's pairs for two blocks, a block decoded a block ahead of its
   // tile loads (a tile load waits for the stores it reads to reach L1).
   alignas(64) std::uint8_t pairs[2][Panels][kBlockPairs * kPairBytes];
@@ -275,7 +278,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void on_tiles(const AmxFusedArgs& g
             _mm512_sub_epi32(_mm512_set1_epi32(kFp4TileScaleTo), _mm512_cvtepu8_epi32(e)), 7);
         const __m512i down = _mm512_or_si512(shift, _mm512_slli_epi32(shift, 16));
         for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += kFp4GroupSteps) {
-          prefetch(p, src[p] + s * Codes::kStepBytes);
+          streams.prefetch(p, src[p] + s * Codes::kStepBytes);
           const __m512i group = _mm512_loadu_si512(src[p] + s / kFp4GroupSteps * kFp4GroupBytes);
           std::uint8_t* row = out + (s - kBlock * b) / 2 * kPairBytes;
 #pragma GCC unroll 4
@@ -286,7 +289,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void on_tiles(const AmxFusedArgs& g
         }
       } else {
         for (std::size_t s = kBlock * b; s < kBlock * (b + 1); s += 4) {
-          prefetch(p, src[p] + s * Codes::kStepBytes);
+          streams.prefetch(p, src[p] + s * Codes::kStepBytes);
           __m512i v0, v1;
           codes.two(src[p], s, 4, v0, v1);
           std::uint8_t* row = out + (s - kBlock * b) / 2 * kPairBytes;
