@@ -256,6 +256,29 @@ struct DeviceMatrix {
 void gemm_fixed_order(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,
                       float* c, int ldc, cudaStream_t stream);
 
+// The same product on the tensor cores: the rows rounded to bf16, each
+// weight's code value in bf16 (exact; mxfp4 with its scale folded in),
+// products summed in fp32 16 k steps at a time in k order from +0 (fp8:
+// each 128-step scale block from +0, then C = fma(S, scale, C); int8: times
+// the row's scale at the end): kernels/cpu's bf16 products within fp32
+// rounding, not its bits. Fixed 64 x 64 tiles and k order: a row's bits
+// depend on the row, W and the k range alone (tensor_core_tile.cuh).
+void gemm_tensor_core(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,
+                      float* c, int ldc, cudaStream_t stream);
+
+// Which products an expert's GEMMs take: fp32 on CUDA cores (gemm_fixed_order,
+// the CPU's bits) or bf16 on the tensor cores (gemm_tensor_core; f32 weights
+// keep fp32 products).
+enum class DeviceProducts { f32, bf16 };
+void gemm_with(DeviceProducts products, const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin,
+               long long k_end, float* c, int ldc, cudaStream_t stream);
+
+namespace detail {
+// Throws std::invalid_argument naming `what` and the first bad argument.
+void check_gemm_arguments(const char* what, int m, int lda, const DeviceMatrix& w, long long k_begin,
+                          long long k_end, int ldc);
+}  // namespace detail
+
 // One expert (or shard) in device memory, as kernels::ExpertView holds it on
 // the CPU: W1|W3 [2F, H] and W2 [H, F] in their format, the optional biases
 // (gpt-oss: b13 [2F] after the up-projection, b2 [H] after chunk 0's
@@ -266,10 +289,12 @@ struct DeviceExpert {
   const float* b2 = nullptr;
   int hidden = 0, ffn = 0, chunks = 1;
   GatedActivation activation;
+  DeviceProducts products = DeviceProducts::f32;
 };
 
 // kernels/cpu/expert_ffn.h's expert_ffn_up and expert_ffn_down_chunk on the
-// GPU, with the same bits as the CPU's fp32 products: h13 [m, 2F] =
+// GPU, with the same bits as the CPU's fp32 products (with e.products bf16:
+// gemm_tensor_core's, within its tolerance): h13 [m, 2F] =
 // act(x · W13ᵀ + b13) in its first F columns; y [m, H] = chunk c of the
 // down-projection (plus b2 for chunk 0).
 void expert_ffn_up_fixed(const DeviceExpert& e, const float* x, int m, float* h13, cudaStream_t stream);

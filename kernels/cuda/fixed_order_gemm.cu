@@ -4,6 +4,7 @@
 // encoded_matrix.h), so a row's bits match the CPU's fp32 products and do not
 // depend on its batch. Each multiply, add and fma is an explicit _rn
 // intrinsic: nothing is contracted or reassociated, whatever nvcc's flags.
+#include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -42,25 +43,28 @@ void add_bias(float* rows, long long m, int width, long long stride, const float
   MOED_CUDA_CHECK(cudaGetLastError());
 }
 
-void check_matrix(const DeviceMatrix& w, const char* what) {
-  if (w.n < 1 || w.k < 1 || !w.codes)
-    throw std::invalid_argument(std::string(what) + ": an empty weight matrix");
-  const bool scaled = w.dtype == DeviceDtype::fp8 || w.dtype == DeviceDtype::int8 || w.dtype == DeviceDtype::mxfp4;
-  if (scaled && !w.scales) throw std::invalid_argument(std::string(what) + ": a scaled format without its scales");
-  if (w.dtype == DeviceDtype::mxfp4 && w.k % kMxBlock != 0)
-    throw std::invalid_argument(std::string(what) + ": mxfp4 needs k a multiple of 32, got " + std::to_string(w.k));
-}
-
 }  // namespace
 
-void gemm_fixed_order(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,
-                      float* c, int ldc, cudaStream_t stream) {
-  check_matrix(w, "gemm_fixed_order");
+namespace detail {
+void check_gemm_arguments(const char* what, int m, int lda, const DeviceMatrix& w, long long k_begin,
+                          long long k_end, int ldc) {
+  const std::string name(what);
+  if (w.n < 1 || w.k < 1 || !w.codes) throw std::invalid_argument(name + ": an empty weight matrix");
+  const bool scaled = w.dtype == DeviceDtype::fp8 || w.dtype == DeviceDtype::int8 || w.dtype == DeviceDtype::mxfp4;
+  if (scaled && !w.scales) throw std::invalid_argument(name + ": a scaled format without its scales");
+  if (w.dtype == DeviceDtype::mxfp4 && w.k % kMxBlock != 0)
+    throw std::invalid_argument(name + ": mxfp4 needs k a multiple of 32, got " + std::to_string(w.k));
   if (m < 0 || k_begin < 0 || k_end > w.k || k_begin > k_end || lda < k_end - k_begin || ldc < w.n)
-    throw std::invalid_argument("gemm_fixed_order: bad sizes (m " + std::to_string(m) + ", k range [" +
+    throw std::invalid_argument(name + ": bad sizes (m " + std::to_string(m) + ", k range [" +
                                 std::to_string(k_begin) + ", " + std::to_string(k_end) + ") of " +
                                 std::to_string(w.k) + ", lda " + std::to_string(lda) + ", ldc " + std::to_string(ldc) +
                                 ")");
+}
+}  // namespace detail
+
+void gemm_fixed_order(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,
+                      float* c, int ldc, cudaStream_t stream) {
+  detail::check_gemm_arguments("gemm_fixed_order", m, lda, w, k_begin, k_end, ldc);
   if (m == 0) return;
   const dim3 grid(unsigned((w.n + kTileCols - 1) / kTileCols), unsigned((m + kTileRows - 1) / kTileRows));
   if (grid.y > 65535u) throw std::invalid_argument("gemm_fixed_order: more than 65535 x 16 rows in one call");
@@ -68,11 +72,18 @@ void gemm_fixed_order(const float* a, int m, int lda, const DeviceMatrix& w, lon
   MOED_CUDA_CHECK(cudaGetLastError());
 }
 
+void gemm_with(DeviceProducts products, const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin,
+               long long k_end, float* c, int ldc, cudaStream_t stream) {
+  if (products == DeviceProducts::bf16 && w.dtype != DeviceDtype::f32)
+    return gemm_tensor_core(a, m, lda, w, k_begin, k_end, c, ldc, stream);
+  gemm_fixed_order(a, m, lda, w, k_begin, k_end, c, ldc, stream);
+}
+
 void expert_ffn_up_fixed(const DeviceExpert& e, const float* x, int m, float* h13, cudaStream_t stream) {
   const long long F2 = 2LL * e.ffn;
   if (e.w13.n != F2 || e.w13.k != e.hidden)
     throw std::invalid_argument("expert_ffn_up_fixed: W13 is not [2F, H]");
-  gemm_fixed_order(x, m, e.hidden, e.w13, 0, e.hidden, h13, int(F2), stream);
+  gemm_with(e.products, x, m, e.hidden, e.w13, 0, e.hidden, h13, int(F2), stream);
   if (e.b13) add_bias(h13, m, int(F2), F2, e.b13, stream);
   gated_activation(h13, m, e.ffn, e.activation, stream);
 }
@@ -84,7 +95,7 @@ void expert_ffn_down_chunk_fixed(const DeviceExpert& e, const float* h13, int m,
                                 std::to_string(e.chunks) + " over an F of " + std::to_string(e.ffn));
   if (e.w2.n != e.hidden || e.w2.k != e.ffn) throw std::invalid_argument("expert_ffn_down_chunk_fixed: W2 is not [H, F]");
   const long long width = e.ffn / e.chunks, first = chunk * width;
-  gemm_fixed_order(h13 + first, m, 2 * e.ffn, e.w2, first, first + width, y, e.hidden, stream);
+  gemm_with(e.products, h13 + first, m, 2 * e.ffn, e.w2, first, first + width, y, e.hidden, stream);
   if (e.b2 && chunk == 0) add_bias(y, m, e.hidden, e.hidden, e.b2, stream);
 }
 

@@ -23,6 +23,7 @@ namespace moed::cuda::gemm_detail {
 
 #if defined(__CUDACC__)
 __device__ inline float float_from_bits(unsigned bits) { return __uint_as_float(bits); }
+__device__ inline unsigned float_bits(float f) { return __float_as_uint(f); }
 __device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ inline float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ inline void block_sync() { __syncthreads(); }
@@ -31,6 +32,11 @@ inline float float_from_bits(unsigned bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+inline unsigned float_bits(float f) {
+  unsigned bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
 }
 inline float mul_rn(float a, float b) { return a * b; }
 inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }

@@ -227,7 +227,9 @@ const config::Section<ExpertsConfig>& experts_section() {
                     "VNNI int8 products (needs VNNI and VBMI), faster again and less exact; amx = activations "
                     "rounded to bf16 in AMX tile products of 32 steps (needs AMX-BF16 on every rank), bf16's "
                     "accuracy and several times its rate at 16 rows or more; auto = amx where every rank has it, else bf16 where every rank "
-                    "has it, else f32 (part of the numerics: runs compare bit for bit only with equal products)"),
+                    "has it, else f32 (part of the numerics: runs compare bit for bit only with equal products); "
+                    "under device = cuda: f32 (and auto) = the CPU's fp32 chains, bf16 = bf16 products on the "
+                    "tensor cores (docs/gpu.md)"),
           choice<C>("device", &C::device, "cpu", {"cpu", "cuda", "auto"},
                     "where experts run (docs/gpu.md): cpu; cuda = the local rank's GPU (the CPU's bits with "
                     "products = f32; needs gemm = fixed-order), refused naming the cause where none is usable; "

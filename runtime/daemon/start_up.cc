@@ -433,16 +433,17 @@ void Daemon::Startup::read_host() {
 }
 
 // Experts on this rank's GPU (launch/rank_gpu.h's rule) compute the CPU's
-// fixed-order chains with fp32 products: other products or OpenBLAS have no
-// GPU form.
+// fixed-order chains with fp32 products, or with products = bf16 take the
+// tensor cores: other products or OpenBLAS have no GPU form.
 void Daemon::Startup::use_gpu(const GpuFacts& gpus) {
   if (c_.experts.gemm != Gemm::fixed_order)
     MOED_THROW(Usage, "[experts].device = cuda runs the fixed-order GEMM's chains; [experts].gemm = \"{}\" has no "
                "GPU form", name_of(c_.experts.gemm));
-  if (c_.experts.products != "auto" && c_.experts.products != "f32")
-    MOED_THROW(Usage, "[experts].device = cuda multiplies compact experts with fp32 products; [experts].products = "
-               "\"{}\" has no GPU form (use auto or f32)", c_.experts.products);
-  kernels::set_compact_products(kernels::CompactProducts::f32);
+  const bool tensor_cores = c_.experts.products == "bf16";
+  if (c_.experts.products != "auto" && c_.experts.products != "f32" && !tensor_cores)
+    MOED_THROW(Usage, "[experts].device = cuda multiplies compact experts with fp32 products, or bf16 on the tensor "
+               "cores; [experts].products = \"{}\" has no GPU form (use auto, f32 or bf16)", c_.experts.products);
+  kernels::set_compact_products(tensor_cores ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32);
   gpus_ = gpus.gpus;
   device_.gpu = launch::gpu_of_rank(where_.local_rank, gpus.gpus, std::nullopt).device;
   device_.why += fmt::format(", GPU {} of {}", device_.gpu, gpus.gpus);
@@ -453,7 +454,7 @@ void Daemon::Startup::probe_this_rank() {
   const GpuFacts gpus = probe_gpus();
   device_ = choose_expert_device(c_.experts.device, gpus);
   if (device_.device == ExpertDevice::cuda)
-    use_gpu(gpus);  // fp32 products
+    use_gpu(gpus);  // fp32 products, or bf16 on the tensor cores
   else
     kernels::set_compact_products(local_products(c_));
   numerics_ = probe_numerics(c_);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/bf16_dot_gemm.h"
 #include "kernels/cpu/encoded_matrix.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "runtime/engine/cuda_buffers.h"
@@ -77,6 +78,7 @@ struct CudaExpertExecutor::Impl {
   std::unordered_map<std::uint64_t, DeviceExpertWeights> experts;  // by ExpertView::serial
   std::uint64_t step = 0;
   const DeviceExpertWeights* current = nullptr;  // the expert of the block in flight
+  cuda::DeviceExpert view;                       // its view, with the job's products
   cuda::DeviceBuffer<float> x, h13, y;           // one block's rows, up-projection and chunk output
   std::vector<float> y_host;
 
@@ -113,14 +115,17 @@ void CudaExpertExecutor::up(const kernels::ExpertView& expert, const float* x, s
   const std::size_t H = expert.hidden, F = expert.ffn;
   float* dx = device_at_least(d.x, m * H);
   MOED_CUDA_CHECK(cudaMemcpyAsync(dx, x, m * H * sizeof(float), cudaMemcpyHostToDevice, d.stream));
-  cuda::expert_ffn_up_fixed(d.current->view, dx, int(m), device_at_least(d.h13, m * 2 * F), d.stream);
+  d.view = d.current->view;
+  d.view.products = kernels::compact_products() == kernels::CompactProducts::bf16 ? cuda::DeviceProducts::bf16
+                                                                                  : cuda::DeviceProducts::f32;
+  cuda::expert_ffn_up_fixed(d.view, dx, int(m), device_at_least(d.h13, m * 2 * F), d.stream);
 }
 
 const float* CudaExpertExecutor::down_chunk(const kernels::ExpertView& expert, std::size_t m, std::size_t chunk) {
   Impl& d = *impl_;
   const std::size_t H = expert.hidden;
   float* dy = device_at_least(d.y, m * H);
-  cuda::expert_ffn_down_chunk_fixed(d.current->view, d.h13.data(), int(m), int(chunk), dy, d.stream);
+  cuda::expert_ffn_down_chunk_fixed(d.view, d.h13.data(), int(m), int(chunk), dy, d.stream);
   float* y = at_least(d.y_host, m * H);
   MOED_CUDA_CHECK(cudaMemcpyAsync(y, dy, m * H * sizeof(float), cudaMemcpyDeviceToHost, d.stream));
   d.stream.synchronize();

@@ -5,7 +5,10 @@
 // gemm_fixed_order) then run each block of rows, and the chunks' outputs come
 // back to the host logic every executor shares (row_block_executor.h), which
 // writes the answers with the CPU's combine. So a row's bits are the CPU's
-// with fp32 products ([experts].products = f32), whatever its batch.
+// with fp32 products ([experts].products = f32), whatever its batch. With
+// bf16 products (kernels::compact_products() when a block starts), compact
+// experts' GEMMs run on the tensor cores instead (kernels/cuda's
+// gemm_tensor_core): bits of their own, as independent of the batch.
 //
 // Copies are keyed by ExpertView::serial, so a slot made again (a migration)
 // is copied again; one no step has used for more than kIdleSteps steps is

@@ -9,12 +9,15 @@
 //   - the fixed-order GEMM (gemm_fixed_order: kernels/cpu's bits) over W13
 //     in every resident format: at 1 row, the weights' bytes per second over
 //     the copy's (weights of several experts, past the L2); at 256 rows,
-//     its FLOP/s over dense fp32 cuBLAS's on the same shape (bf16: also
-//     over dense bf16 cuBLAS's, on tensor cores; fp8's dense bound needs
-//     cuBLASLt and is not measured);
+//     its FLOP/s over dense fp32 cuBLAS's on the same shape;
+//   - the tensor-core GEMM (gemm_tensor_core: bf16 products) over the same
+//     weights in each compact format: at 1 row against the copy, at 256
+//     rows over dense bf16 cuBLAS's on tensor cores (fp8's own dense bound,
+//     fp8 products, needs cuBLASLt and is not measured);
 //   - a whole layer on the device (route_tokens, grouping, permute, each
-//     expert's fixed-order FFN in the checkpoint's format, combine,
-//     residual): tokens per second at the shape's tokens and at 64.
+//     expert's FFN in the checkpoint's format, fixed-order and on the tensor
+//     cores, combine, residual): tokens per second at the shape's tokens and
+//     at 64.
 // Each time is the best of --reps after a warm-up, read with CUDA events.
 //
 // Usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]
@@ -105,6 +108,20 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
                                  int(k), CUBLAS_COMPUTE_32F);
   });
   const double flops = 2.0 * double(prefill_rows) * double(n) * double(k);
+  // Dense bf16 cuBLAS (tensor cores, fp32 accumulation) on the weights and
+  // the rows rounded to bf16: the bound the issue names for the grouped
+  // GEMM's bf16 products.
+  const moed::kernels::EncodedMatrix rows_bf16 = moed::kernels::encode(WeightDtype::bf16, a.data(), prefill_rows, k);
+  const moed::kernels::EncodedMatrix w_bf16 = moed::kernels::encode(WeightDtype::bf16, w.data(), n, k);
+  DeviceBuffer<unsigned char> d_a16(rows_bf16.codes.size()), d_w16(w_bf16.codes.size());
+  d_a16.upload(rows_bf16.codes.data(), rows_bf16.codes.size());
+  d_w16.upload(w_bf16.codes.data(), w_bf16.codes.size());
+  const float one = 1.0f, zero = 0.0f;
+  const double dense16_s = best_seconds(reps, stream, [&] {
+    MOED_CUDA_CHECK(cublasGemmEx(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(prefill_rows), int(k), &one,
+                                 d_w16.data(), CUDA_R_16BF, int(k), d_a16.data(), CUDA_R_16BF, int(k), &zero,
+                                 d_c.data(), CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  });
   for (const WeightDtype dtype :
        {WeightDtype::f32, WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
     const moed::kernels::EncodedMatrix m = moed::kernels::encode(dtype, w.data(), n, k);
@@ -135,24 +152,21 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
     std::printf("%-34s %9.1f TFLOP/s  %.3f of dense fp32 cuBLAS (%.1f TFLOP/s), %zu rows\n",
                 (std::string("fixed-order ") + moed::kernels::to_string(dtype) + ", prefill").c_str(),
                 flops / prefill_s * 1e-12, dense_s / prefill_s, flops / dense_s * 1e-12, prefill_rows);
-    if (dtype == WeightDtype::bf16) {
-      // Dense bf16 cuBLAS (tensor cores, fp32 accumulation) on the same
-      // codes and the rows rounded to bf16: the bound the issue names for
-      // bf16. The fixed-order GEMM has no tensor-core products yet.
-      const moed::kernels::EncodedMatrix rows_bf16 = moed::kernels::encode(dtype, a.data(), prefill_rows, k);
-      DeviceBuffer<unsigned char> d_a16(rows_bf16.codes.size()), d_w16(m.codes.size());
-      d_a16.upload(rows_bf16.codes.data(), rows_bf16.codes.size());
-      d_w16.upload(m.codes.data(), m.codes.size());
-      const float one = 1.0f, zero = 0.0f;
-      const double dense16_s = best_seconds(reps, stream, [&] {
-        MOED_CUDA_CHECK(cublasGemmEx(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(prefill_rows), int(k), &one,
-                                     d_w16.data(), CUDA_R_16BF, int(k), d_a16.data(), CUDA_R_16BF, int(k), &zero,
-                                     d_c.data(), CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      });
-      std::printf("%-34s %9.1f TFLOP/s  %.3f of dense bf16 cuBLAS (%.1f TFLOP/s, tensor cores), %zu rows\n",
-                  "fixed-order bf16, prefill", flops / prefill_s * 1e-12, dense16_s / prefill_s,
-                  flops / dense16_s * 1e-12, prefill_rows);
-    }
+    if (dtype == WeightDtype::f32) continue;
+    // The same weights with bf16 products on the tensor cores (gemm_tensor_core).
+    const double tc_decode_s = best_seconds(reps, stream, [&] {
+      for (const auto& v : views)
+        moed::cuda::gemm_tensor_core(d_a.data(), 1, int(k), v, 0, (long long)k, d_c.data(), int(n), stream);
+    });
+    const double tc_prefill_s = best_seconds(reps, stream, [&] {
+      moed::cuda::gemm_tensor_core(d_a.data(), int(prefill_rows), int(k), views[0], 0, (long long)k, d_c.data(),
+                                   int(n), stream);
+    });
+    std::snprintf(what, sizeof what, "tensor cores %s, 1 row", moed::kernels::to_string(dtype));
+    print_ratio(what, double(copies) * double(m.bytes()), tc_decode_s, bound);
+    std::printf("%-34s %9.1f TFLOP/s  %.3f of dense bf16 cuBLAS (%.1f TFLOP/s, tensor cores), %zu rows\n",
+                (std::string("tensor cores ") + moed::kernels::to_string(dtype) + ", prefill").c_str(),
+                flops / tc_prefill_s * 1e-12, dense16_s / tc_prefill_s, flops / dense16_s * 1e-12, prefill_rows);
   }
 }
 
@@ -163,7 +177,7 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
 // the residual. The expert offsets come back to the host once (the experts
 // are launched from there). Tokens per second of the whole layer.
 void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rule, moed::kernels::WeightDtype dtype,
-                             long long T, int reps, Stream& stream) {
+                             moed::cuda::DeviceProducts products, long long T, int reps, Stream& stream) {
   const long long H = s.hidden, F = s.ffn, pairs = T * s.top_k;
   const int E = s.experts;
   // One expert encoded on the host, copied to a buffer per expert on the device.
@@ -183,6 +197,7 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
     e.w2 = {moed::cuda::DeviceDtype(int(dtype)), H, F, on_device(e2.codes), on_device(e2.scales)};
     e.hidden = int(H);
     e.ffn = int(F);
+    e.products = products;
   }
   const auto logits = random_floats(std::size_t(T * E), 9, 4.0f), x = random_floats(std::size_t(T * H), 10, 1.0f);
   const auto bias = random_floats(std::size_t(E), 11, 0.05f);
@@ -225,8 +240,10 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
   const double flops = 2.0 * double(pairs) * double(H) * double(3 * F);
   char what[80];
   std::snprintf(what, sizeof what, "layer, %s experts, %lld tokens", moed::kernels::to_string(dtype), T);
-  std::printf("%-34s %9.0f tokens/s  %.2f ms, experts at %.1f TFLOP/s (fixed-order, CUDA cores)\n", what,
-              double(T) / layer_s, layer_s * 1e3, flops / layer_s * 1e-12);
+  const bool tensor = products == moed::cuda::DeviceProducts::bf16;
+  std::printf("%-34s %9.0f tokens/s  %.2f ms, experts at %.1f TFLOP/s (%s)\n", what, double(T) / layer_s,
+              layer_s * 1e3, flops / layer_s * 1e-12,
+              tensor ? "bf16 products, tensor cores" : "fixed-order, CUDA cores");
 }
 
 int run(const Shape& s, int reps) {
@@ -327,7 +344,8 @@ int run(const Shape& s, int reps) {
   // The whole layer at prefill and at decode sizes, in the formats the
   // checkpoints ship (Mixtral: bf16; DeepSeek-V3: fp8).
   const auto dtype = s.sigmoid ? moed::kernels::WeightDtype::fp8 : moed::kernels::WeightDtype::bf16;
-  for (const long long tokens : {T, 64LL}) layer_tokens_per_second(s, rule, dtype, tokens, reps, stream);
+  for (const auto products : {moed::cuda::DeviceProducts::f32, moed::cuda::DeviceProducts::bf16})
+    for (const long long tokens : {T, 64LL}) layer_tokens_per_second(s, rule, dtype, products, tokens, reps, stream);
   return 0;
 }
 

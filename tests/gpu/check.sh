@@ -8,7 +8,8 @@
 #   2. a 1-rank serve of a small model in each format with [experts].device =
 #      cuda, one and two micro-batches, and in the DeepSeek-V3, gpt-oss and
 #      Qwen3-MoE families, whose outputs must be bit-identical to the CPU's
-#      with products = f32;
+#      with products = f32; with products = bf16 (the tensor cores), the
+#      same bits in one and two micro-batches, near the CPU's outputs;
 #   3. bench_gpu_kernels at Mixtral-8x7B's and DeepSeek-V3's expert shapes.
 # Output goes to the terminal and to $OUT/gpu-check.txt (when $OUT is set).
 #
@@ -133,6 +134,40 @@ for dtype in f32 bf16 fp8 mxfp4 int8; do
   done
   say "$dtype: the GPU's outputs are the CPU's, bit for bit, in 1 and 2 micro-batches"
 done
+# bf16 products on the tensor cores: bit for bit the same in 1 and 2
+# micro-batches, and near the CPU's fp32 outputs (the rows rounded to bf16:
+# within 2% of the largest output; the figure is printed).
+near() {  # near A B: max |a - b| / max |b| over two dumps, at most 0.02
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+def rows(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"MOEDOUT1", path + ": not an output dump"
+    return struct.unpack("<%df" % ((len(data) - 32) // 4), data[32:])
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert len(a) == len(b), "dumps of different sizes"
+assert all(x == x for x in a), "a NaN in the GPU's outputs"
+top = max(abs(y) for y in b)
+worst = max(abs(x - y) for x, y in zip(a, b)) / top
+print("%.2e" % worst)
+sys.exit(0 if worst <= 0.02 else 1)
+PY
+}
+for dtype in bf16 fp8 mxfp4 int8; do
+  [ "$rehearsal" = 1 ] && break
+  for microbatches in 1 2; do
+    serve "$scratch/tc-$dtype-$microbatches" --set experts.dtype=\"$dtype\" --set experts.device=\"cuda\" \
+      --set experts.products=\"bf16\" --set engine.microbatches=$microbatches
+    grep -q "bf16 products" "$scratch/tc-$dtype-$microbatches.log" ||
+      fail "$dtype: the serve's report does not say bf16 products"
+  done
+  cmp -s "$scratch/tc-$dtype-1" "$scratch/tc-$dtype-2" ||
+    fail "$dtype, tensor cores: 1 and 2 micro-batches give different outputs"
+  worst=$(near "$scratch/tc-$dtype-1" "$scratch/cpu-$dtype") ||
+    fail "$dtype, tensor cores: outputs off the CPU's fp32 ones by $worst of the largest"
+  say "$dtype on the tensor cores: the same bits in 1 and 2 micro-batches, within $worst of the CPU's fp32 outputs"
+done
+
 # Every router on the GPU (the route stage runs there too): sigmoid with a
 # selection bias and groups, a router bias, softmax.
 for family in deepseek_v3 gpt_oss qwen3_moe; do

@@ -369,6 +369,74 @@ TEST(CudaKernels, GemmFixedOrderIsTheCpusBitForBitInEveryFormat) {
   }
 }
 
+// The tensor cores' bf16 products against kernels/cpu's (the same products,
+// summed in another order): within 2^-16 of the sum of |products| per
+// element, the tolerance docs/gpu.md states. Ranges on fp8's scale blocks.
+TEST(CudaKernels, TensorCoreGemmAgreesWithTheCpusBf16Products) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  moed::kernels::set_compact_products(moed::kernels::CompactProducts::f32);
+  const std::size_t n = 150, k = 320, rows = 37;
+  const auto w = random_floats(n * k, 81, -1.0f, 1.0f);
+  const auto a = random_floats(rows * k, 82, -2.0f, 2.0f);
+  auto da = to_device(a);
+  Stream stream;
+  for (const WeightDtype dtype : {WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
+    SCOPED_TRACE(moed::kernels::to_string(dtype));
+    const moed::kernels::EncodedMatrix m = moed::kernels::encode(dtype, w.data(), n, k);
+    const DeviceEncoded d = upload(m);
+    DeviceBuffer<float> dc(rows * n);
+    moed::cuda::gemm_tensor_core(da.data(), int(rows), int(k), d.view, 0, (long long)k, dc.data(), int(n), stream);
+    stream.synchronize();
+    const std::vector<float> gpu = dc.download();
+    std::vector<float> cpu(rows * n);
+    moed::kernels::gemm_bf16_dot_range(a.data(), rows, moed::kernels::QuantWeights(m), 0, k, cpu.data());
+    const std::vector<float> rows16 = moed::kernels::encode(WeightDtype::bf16, a.data(), rows, k).values();
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < n; ++j) {
+        double magnitude = 0;
+        for (std::size_t kk = 0; kk < k; ++kk) magnitude += std::fabs(double(rows16[r * k + kk]) * m.value(j, kk));
+        ASSERT_NEAR(gpu[r * n + j], cpu[r * n + j], std::ldexp(magnitude, -16) + 1e-30)
+            << "row " << r << ", column " << j;
+      }
+  }
+}
+
+// A row's bits on the tensor cores depend on the row, W and the k range
+// alone: alone, and at every position of batches of other sizes.
+TEST(CudaKernels, TensorCoreGemmRowBitsDoNotDependOnTheBatch) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  const std::size_t n = 150, k = 320;
+  const auto w = random_floats(n * k, 83, -1.0f, 1.0f);
+  Stream stream;
+  for (const WeightDtype dtype : {WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
+    SCOPED_TRACE(moed::kernels::to_string(dtype));
+    const moed::kernels::EncodedMatrix m = moed::kernels::encode(dtype, w.data(), n, k);
+    const DeviceEncoded d = upload(m);
+    const auto row = random_floats(k, 84, -2.0f, 2.0f);
+    auto drow = to_device(row);
+    DeviceBuffer<float> alone(n);
+    moed::cuda::gemm_tensor_core(drow.data(), 1, int(k), d.view, 0, (long long)k, alone.data(), int(n), stream);
+    stream.synchronize();
+    const std::vector<float> want = alone.download();
+    for (const std::size_t batch : {std::size_t(2), std::size_t(63), std::size_t(130)}) {
+      auto rows = random_floats(batch * k, unsigned(85 + batch), -2.0f, 2.0f);
+      for (const std::size_t at : {std::size_t(0), batch / 2, batch - 1}) {
+        std::copy(row.begin(), row.end(), rows.begin() + std::ptrdiff_t(at * k));
+        auto drows = to_device(rows);
+        DeviceBuffer<float> dc(batch * n);
+        moed::cuda::gemm_tensor_core(drows.data(), int(batch), int(k), d.view, 0, (long long)k, dc.data(), int(n),
+                                     stream);
+        stream.synchronize();
+        const std::vector<float> got = dc.download();
+        EXPECT_EQ(std::memcmp(got.data() + at * n, want.data(), n * sizeof(float)), 0)
+            << "the row at " << at << " of " << batch;
+      }
+    }
+  }
+}
+
 // The expert FFN chunk by chunk, with gpt-oss's biases and clamped SwiGLU
 // and without: kernels/cpu's expert_ffn_up and expert_ffn_down_chunk, bit for bit.
 TEST(CudaKernels, ExpertFfnFixedIsTheCpusBitForBit) {

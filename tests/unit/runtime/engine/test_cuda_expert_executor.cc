@@ -3,6 +3,7 @@
 // bf16, fp8, mxfp4 and int8, Mixtral's and gpt-oss's experts (biases, clamped SwiGLU), rows
 // answered in fp32 and rows weighted onto fixed-point sums, 2 canonical
 // chunks; a slot made again (migration) copied again; idle copies let go.
+// With bf16 products (the tensor cores), answers independent of the blocks.
 // Built where the CUDA kernels are; every test skips without a usable GPU.
 #if defined(MOED_HAVE_CUDA_EXECUTOR)
 #include "runtime/engine/cuda_expert_executor.h"
@@ -97,6 +98,31 @@ TEST_P(CudaExpertExecutorMatchesCpu, AnswerForAnswerBitForBit) {
     if (s % 2 == 0) answers(gpu, store.expert(1, 0), &counts);
   }
   EXPECT_EQ(gpu.experts_on_device(), 1u);
+}
+
+// With bf16 products the executor's GEMMs take the tensor cores: answers of
+// their own (not fp32 products'), the same bits in blocks of 8 rows as in
+// one block of all of them.
+TEST(CudaExpertExecutorTensorCores, AnswersDoNotDependOnTheBlocks) {
+  std::string why;
+  int gpus = 0;
+  if (!cuda::gpu_available(&why, &gpus)) GTEST_SKIP() << why;
+  for (const char* dtype : {"bf16", "fp8", "mxfp4", "int8"}) {
+    SCOPED_TRACE(dtype);
+    const Config c = config_of("mixtral", dtype, 2);
+    ExpertStore store = ExpertStore::load(c, placement::contiguous(1, 2, 4), 0);
+    ExpertCallCounts counts;
+    kernels::set_compact_products(kernels::CompactProducts::f32);
+    CudaExpertExecutor fp32(0, 256);
+    const auto fp32_answers = answers(fp32, store.expert(1, 1), &counts);
+    kernels::set_compact_products(kernels::CompactProducts::bf16);
+    CudaExpertExecutor small_blocks(0, 8), one_block(0, 256);
+    const auto in_blocks = answers(small_blocks, store.expert(1, 1), &counts);
+    const auto whole = answers(one_block, store.expert(1, 1), &counts);
+    EXPECT_EQ(std::memcmp(in_blocks.data(), whole.data(), whole.size()), 0) << "the answers depend on the blocks";
+    EXPECT_NE(std::memcmp(whole.data(), fp32_answers.data(), whole.size()), 0) << "fp32 products' answers";
+  }
+  kernels::set_compact_products(kernels::CompactProducts::f32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaExpertExecutorMatchesCpu,
