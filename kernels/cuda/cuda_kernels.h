@@ -181,14 +181,18 @@ void gate_logits(CublasHandle& handle, const float* x, const float* gate_w, int 
 // device, or null), group-limited selection, top-k or top-p, ties to the
 // lower id and NaN last, the weights renormalised and scaled. The same
 // element functions and sums in the same order (kernels/cpu/router_body.h),
-// so the same ids and weight bits as the CPU's router. Writes expert_ids and
+// so the same ids and weight bits as the CPU's router. With `adjust`
+// ([tokens, experts] doubles, device, or null), the router policies'
+// selection adjustment as runtime::rank_experts takes it (then choose): the
+// softmax of logits + adjust, or sigmoid scores + bias + adjust, for the
+// selection; the weights from the unadjusted scores. Writes expert_ids and
 // weights [tokens, route_width(rule, experts)] in rank order, padded with -1
 // and 0 past each token's count (counts[tokens]: top-p's k varies). No limit
 // on k; the experts are limited by shared memory (16 bytes each: about
-// 14,000 on Hopper). One warp per token. The router policies' adjustments
-// are not here: they stay on the host.
+// 14,000 on Hopper). One warp per token.
 void route_tokens(const float* logits, int tokens, int experts, const kernels::RouteRule& rule,
-                  const float* selection_bias, int* expert_ids, float* weights, int* counts, cudaStream_t stream);
+                  const float* selection_bias, const double* adjust, int* expert_ids, float* weights, int* counts,
+                  cudaStream_t stream);
 
 // Stable grouping of (token, expert) pairs by expert. expert_ids[pairs] (e.g.
 // route_tokens's [tokens, k] read flat); ids outside [0, experts) (e.g. -1 for

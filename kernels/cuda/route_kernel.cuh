@@ -77,17 +77,43 @@ MOED_WARP_FUNCTION unsigned warp_best(double score, unsigned id) {
   return id;
 }
 
+// The softmax of a row's logits (plus `adj`, when not null) into out[E], as
+// runtime/router/router.cc's softmax: in double, the maximum subtracted (the
+// first value if it is NaN, as max_element leaves it), summed in id order by
+// every lane (the same bits everywhere), each term then divided by the sum.
+MOED_WARP_FUNCTION void softmax_row(int lane, const float* row, const double* adj, int E, double T, double* out) {
+  auto value = [&](int e) { return adj ? double(row[e]) + adj[e] : double(row[e]); };
+  double greatest = -HUGE_VAL;
+  for (int e = lane; e < E; e += 32)
+    if (greatest < value(e)) greatest = value(e);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const double other = warp_shfl_xor(greatest, offset);
+    if (greatest < other) greatest = other;
+  }
+  const double first = value(0);
+  const double row_max = first != first ? first : greatest;
+  for (int e = lane; e < E; e += 32) out[e] = kernels::detail::softmax_term(value(e), row_max, T);
+  warp_sync();
+  double sum = 0;
+  for (int e = 0; e < E; ++e) sum += out[e];
+  warp_sync();
+  for (int e = lane; e < E; e += 32) out[e] = out[e] / sum;
+  warp_sync();
+}
+
 // Candidate states in shared memory.
 constexpr unsigned char kClosed = 0, kOpen = 1, kTaken = 2;
 
 // Lane `lane` of the warp that routes `token`, with `shared` its block's
 // shared memory (route_shared_bytes). Every step is runtime/router/router.cc's
-// in the same order, from the same element functions
-// (kernels/cpu/router_body.h): the scores and their sums in id order, the
-// groups by their two best, then the experts one at a time.
+// (rank_experts, then choose) in the same order, from the same element
+// functions (kernels/cpu/router_body.h): the scores and their sums in id
+// order, the groups by their two best, then the experts one at a time.
+// `adjust` ([tokens, experts], or null) is the router policies' selection
+// adjustment, as rank_experts takes it.
 MOED_WARP_FUNCTION void route_token(int lane, long long token, double* shared, const float* logits, int experts,
-                                   const kernels::RouteRule& rule, const float* bias, int width, int* expert_ids,
-                                   float* weights, int* counts) {
+                                   const kernels::RouteRule& rule, const float* bias, const double* adjust,
+                                   int width, int* expert_ids, float* weights, int* counts) {
   const int E = experts, G = rule.groups;
   double* prob = shared;
   double* selection = prob + E;
@@ -96,34 +122,22 @@ MOED_WARP_FUNCTION void route_token(int lane, long long token, double* shared, c
   int* chosen_id = reinterpret_cast<int*>(chosen_prob + width);
   unsigned char* state = reinterpret_cast<unsigned char*>(chosen_id + width);
   const float* row = logits + token * E;
+  const double* adj = adjust ? adjust + token * E : nullptr;
   const double T = rule.temperature;
 
   if (rule.sigmoid) {
     for (int e = lane; e < E; e += 32) {
       const double p = kernels::detail::sigmoid_score(double(row[e]), T);
       prob[e] = p;
-      selection[e] = p + (bias ? double(bias[e]) : 0.0);
+      selection[e] = p + (bias ? double(bias[e]) : 0.0) + (adj ? adj[e] : 0.0);
     }
   } else {
-    // max_element's answer: the first logit if it is NaN, else the greatest number.
-    double greatest = -HUGE_VAL;
-    for (int e = lane; e < E; e += 32)
-      if (greatest < double(row[e])) greatest = double(row[e]);
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const double other = warp_shfl_xor(greatest, offset);
-      if (greatest < other) greatest = other;
-    }
-    const double first = double(row[0]);
-    const double row_max = first != first ? first : greatest;
-    for (int e = lane; e < E; e += 32) prob[e] = kernels::detail::softmax_term(double(row[e]), row_max, T);
-    warp_sync();
-    double sum = 0;  // every lane, in id order: the same bits everywhere
-    for (int e = 0; e < E; ++e) sum += prob[e];
-    warp_sync();
+    // The scores; the selection: the softmax of the adjusted logits, or the scores.
+    softmax_row(lane, row, nullptr, E, T, prob);
+    if (adj) softmax_row(lane, row, adj, E, T, selection);
     for (int e = lane; e < E; e += 32) {
-      const double p = prob[e] / sum;
-      prob[e] = p;
-      selection[e] = bias ? p + double(bias[e]) : p;
+      const double chosen_by = adj ? selection[e] : prob[e];
+      selection[e] = bias ? chosen_by + double(bias[e]) : chosen_by;
     }
   }
   warp_sync();

@@ -28,11 +28,11 @@ __global__ void add_row_bias_kernel(float* rows, long long count, int width, con
 // ---- route_tokens -----------------------------------------------------------
 
 // One warp per token, one token per block.
-__global__ void route_kernel(const float* logits, int experts, kernels::RouteRule rule, const float* bias, int width,
-                             int* expert_ids, float* weights, int* counts) {
+__global__ void route_kernel(const float* logits, int experts, kernels::RouteRule rule, const float* bias,
+                             const double* adjust, int width, int* expert_ids, float* weights, int* counts) {
   extern __shared__ double shared[];
-  route_detail::route_token(int(threadIdx.x), blockIdx.x, shared, logits, experts, rule, bias, width, expert_ids,
-                            weights, counts);
+  route_detail::route_token(int(threadIdx.x), blockIdx.x, shared, logits, experts, rule, bias, adjust, width,
+                            expert_ids, weights, counts);
 }
 
 }  // namespace
@@ -54,7 +54,8 @@ void add_row_bias(float* rows, int count, int width, const float* bias, cudaStre
 }
 
 void route_tokens(const float* logits, int tokens, int experts, const kernels::RouteRule& rule,
-                  const float* selection_bias, int* expert_ids, float* weights, int* counts, cudaStream_t stream) {
+                  const float* selection_bias, const double* adjust, int* expert_ids, float* weights, int* counts,
+                  cudaStream_t stream) {
   auto refuse = [&](const std::string& what) {
     throw std::invalid_argument("route_tokens: " + what + " (experts " + std::to_string(experts) + ", top_k " +
                                 std::to_string(rule.top_k) + ", max_k " + std::to_string(rule.max_k) + ", groups " +
@@ -74,8 +75,8 @@ void route_tokens(const float* logits, int tokens, int experts, const kernels::R
   // limit (227 KiB on Hopper) then refuses with CUDA's own error.
   if (bytes > 48 * 1024)
     MOED_CUDA_CHECK(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  route_kernel<<<unsigned(tokens), 32, bytes, stream>>>(logits, experts, rule, selection_bias, width, expert_ids,
-                                                         weights, counts);
+  route_kernel<<<unsigned(tokens), 32, bytes, stream>>>(logits, experts, rule, selection_bias, adjust, width,
+                                                         expert_ids, weights, counts);
   MOED_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -34,6 +34,7 @@ struct CudaRouter::Impl {
   std::vector<DeviceRouterLayer> layers;
   cuda::DeviceBuffer<float> x, xn, logits, weights;
   cuda::DeviceBuffer<int> ids, counts;
+  cuda::DeviceBuffer<double> adjust;
   std::vector<float> host_weights;
   std::vector<int> host_ids, host_counts;
 
@@ -56,7 +57,8 @@ CudaRouter::CudaRouter(const Config& config, const ExpertStore& store, int gpu)
 
 CudaRouter::~CudaRouter() = default;
 
-void CudaRouter::route(int layer, const float* x, std::size_t count, float* xn, Routing& routing) {
+void CudaRouter::route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
+                       const double* adjust) {
   Impl& d = *impl_;
   if (count == 0) return;
   MOED_CUDA_CHECK(cudaSetDevice(d.gpu));
@@ -70,11 +72,14 @@ void CudaRouter::route(int layer, const float* x, std::size_t count, float* xn, 
   int* dids = device_at_least(d.ids, count * W);
   int* dcounts = device_at_least(d.counts, count);
   MOED_CUDA_CHECK(cudaMemcpyAsync(dx, x, count * H * sizeof(float), cudaMemcpyHostToDevice, d.stream));
+  double* dadjust = adjust ? device_at_least(d.adjust, count * E) : nullptr;
+  if (adjust)
+    MOED_CUDA_CHECK(cudaMemcpyAsync(dadjust, adjust, count * E * sizeof(double), cudaMemcpyHostToDevice, d.stream));
   cuda::rms_norm(dx, w.norm.data(), rows, d.hidden, d.norm_eps, dxn, d.stream);
   cuda::gemm_fixed_order(dxn, rows, d.hidden, w.gate_view, 0, d.hidden, dlogits, d.experts, d.stream);
   if (w.gate_bias.size()) cuda::add_row_bias(dlogits, rows, d.experts, w.gate_bias.data(), d.stream);
   cuda::route_tokens(dlogits, rows, d.experts, d.rule, w.selection_bias.size() ? w.selection_bias.data() : nullptr,
-                     dids, dweights, dcounts, d.stream);
+                     dadjust, dids, dweights, dcounts, d.stream);
   d.host_ids.resize(std::max(d.host_ids.size(), count * W));
   d.host_weights.resize(std::max(d.host_weights.size(), count * W));
   d.host_counts.resize(std::max(d.host_counts.size(), count));

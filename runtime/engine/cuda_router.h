@@ -21,7 +21,8 @@ class CudaRouter final : public DeviceRouter {
   CudaRouter(const Config& config, const ExpertStore& store, int gpu);
   ~CudaRouter() override;
 
-  void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing) override;
+  void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
+             const double* adjust) override;
 
  private:
   struct Impl;

@@ -10,12 +10,17 @@
 
 namespace moed::runtime {
 
+bool device_can_route(const RouterPolicies& policies) {
+  return !policies.shares_tokens() && !policies.measures_jitter();
+}
+
 std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
                                                  int gpu) {
   if (device == ExpertDevice::cpu) return nullptr;
-  // A router policy acting (fixed by the config) keeps the stage on the CPU: no router on the device at all.
+  // A policy that needs the step's tokens or the CPU's logits (fixed by the config) keeps the stage on the
+  // CPU: no router on the device at all.
   const RouterPolicies policies(config, store.shape().layers, store.shape().experts);
-  if (policies.acts()) return nullptr;
+  if (!device_can_route(policies)) return nullptr;
 #if MOED_HAVE_CUDA_EXECUTOR
   return std::make_unique<CudaRouter>(config, store, gpu);
 #else
@@ -56,9 +61,18 @@ RouterParams RouteStage::router_of(int layer) const {
 void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepRecord& rec) {
   const int H = store_.shape().hidden;
   xn_.resize(rows.count * H);
-  // No policy acting: the plain router's choice, which the device computes with the same bits.
-  if (device_router_ && !replayed && !policies_.acts()) {
-    device_router_->route(rows.layer, rows.x, rows.count, xn_.data(), routing);
+  // The device computes the router's choice with the same bits, with the
+  // balancing bias's adjustments too; then, as choose_experts does, the
+  // plain selection, to count the pairs the bias changed.
+  if (device_router_ && !replayed && device_can_route(policies_)) {
+    const double* adjust = policies_.adjustments(rows.layer, rows.tags, adjust_);
+    device_router_->route(rows.layer, rows.x, rows.count, xn_.data(), routing, adjust);
+    if (!adjust || !policies_.rebalances()) return;
+    plain_routing_.clear();
+    device_router_->route(rows.layer, rows.x, rows.count, xn_.data(), plain_routing_,
+                          policies_.adjustments(rows.layer, rows.tags, plain_adjust_, false));
+    rec.router.selected += plain_routing_.experts.size();
+    rec.router.changed += lost_pairs(plain_routing_, routing);
     return;
   }
   kernels::rms_norm(rows.x, store_.layer(rows.layer).norm.data(), rows.count, H, float(config_.model.norm_eps),

@@ -33,17 +33,25 @@ class DeviceRouter {
  public:
   virtual ~DeviceRouter() = default;
   // x [count, hidden] of `layer` -> xn [count, hidden], and one routing row per token appended.
-  virtual void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing) = 0;
+  // With `adjust` ([count, experts], host, or null): the router policies'
+  // selection adjustments, as rank_experts takes them (then choose).
+  virtual void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
+                     const double* adjust) = 0;
 };
 
+// Whether a device router can serve the route stage under these policies:
+// none needs the step's tokens on every rank (smoothing, a load policy) or
+// the CPU's logits (the jitter measurement). The balancing bias can.
+bool device_can_route(const RouterPolicies& policies);
+
 // The device router for experts on `device`, on CUDA device `gpu`: null on
-// the CPU, and where a router policy acts (the stage then runs on the CPU).
+// the CPU, and where device_can_route is false (the stage then runs on the CPU).
 std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
                                                  int gpu);
 
 class RouteStage {
  public:
-  // `device_router` (may be null) takes the plain path when no policy acts.
+  // `device_router` (may be null) routes where device_can_route, unless replayed.
   RouteStage(const Config& config, comm::Transport& transport, const placement::Placement& placement,
              const ExpertStore& store, std::unique_ptr<DeviceRouter> device_router = nullptr);
 

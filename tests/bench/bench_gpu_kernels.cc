@@ -213,8 +213,8 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
   DeviceBuffer<long long> d_acc(x.size());
   std::vector<int> offsets(std::size_t(E) + 1);
   const double layer_s = best_seconds(reps, stream, [&] {
-    moed::cuda::route_tokens(d_logits.data(), int(T), E, rule, rule.sigmoid ? d_bias.data() : nullptr, d_ids.data(),
-                             d_weights.data(), d_counts.data(), stream);
+    moed::cuda::route_tokens(d_logits.data(), int(T), E, rule, rule.sigmoid ? d_bias.data() : nullptr, nullptr,
+                             d_ids.data(), d_weights.data(), d_counts.data(), stream);
     moed::cuda::count_and_offsets(d_ids.data(), int(pairs), E, d_expert_rows.data(), d_offsets.data(),
                                   d_order.data(), stream);
     moed::cuda::pair_tokens(d_order.data(), int(pairs), s.top_k, d_token.data(), stream);
@@ -279,7 +279,7 @@ int run(const Shape& s, int reps) {
   rule.groups_kept = s.groups_kept;
   rule.scaling = s.scaling;
   const double route_s = best_seconds(reps, stream, [&] {
-    moed::cuda::route_tokens(d_logits.data(), int(T), s.experts, rule, s.sigmoid ? d_bias.data() : nullptr,
+    moed::cuda::route_tokens(d_logits.data(), int(T), s.experts, rule, s.sigmoid ? d_bias.data() : nullptr, nullptr,
                              d_ids.data(), d_weights.data(), d_route_counts.data(), stream);
   });
   print_ratio(s.sigmoid ? "routing (route_tokens, sigmoid, groups)" : "routing (route_tokens, softmax)",

@@ -1,5 +1,6 @@
 // The GPU's router (route_tokens) against the CPU's, runtime::route itself,
-// linked (gpu_router_cases.h): bit for bit, ids, weights and counts. The GPU
+// linked (gpu_router_cases.h): bit for bit, ids, weights and counts; with
+// the router policies' adjustments, against rank_experts and choose. The GPU
 // test skips where no usable device is found; the refusals run everywhere.
 #include <gtest/gtest.h>
 
@@ -18,8 +19,7 @@ using cuda::Stream;
 
 class GpuRouter : public ::testing::TestWithParam<GpuRouterCase> {};
 
-TEST_P(GpuRouter, ChoosesAsRuntimeRouteBitForBit) {
-  const GpuRouterCase& c = GetParam();
+void expect_gpu_chooses_as_the_cpu(const GpuRouterCase& c, bool adjusted) {
   const int tokens = 203;
   const GpuRouterLayer layer = layer_of(c, tokens);
   const kernels::RouteRule rule = layer.params.rule();
@@ -30,13 +30,21 @@ TEST_P(GpuRouter, ChoosesAsRuntimeRouteBitForBit) {
   DeviceBuffer<float> d_logits(layer.logits.size()), d_bias(layer.bias.size());
   DeviceBuffer<float> d_weights(std::size_t(tokens) * width);
   DeviceBuffer<int> d_ids(std::size_t(tokens) * width), d_counts{std::size_t(tokens)};
+  DeviceBuffer<double> d_adjust(layer.adjust.size());
   d_logits.upload(layer.logits);
+  d_adjust.upload(layer.adjust);
   if (!layer.bias.empty()) d_bias.upload(layer.bias);
   cuda::route_tokens(d_logits.data(), tokens, c.experts, rule, layer.bias.empty() ? nullptr : d_bias.data(),
-                     d_ids.data(), d_weights.data(), d_counts.data(), stream);
+                     adjusted ? d_adjust.data() : nullptr, d_ids.data(), d_weights.data(), d_counts.data(), stream);
   stream.synchronize();
-  expect_same_routing(layer.expected, tokens, width, d_ids.download(), d_weights.download(), d_counts.download());
+  expect_same_routing(adjusted ? layer.adjusted : layer.expected, tokens, width, d_ids.download(),
+                      d_weights.download(), d_counts.download());
 }
+
+TEST_P(GpuRouter, ChoosesAsRuntimeRouteBitForBit) { expect_gpu_chooses_as_the_cpu(GetParam(), false); }
+
+// The router policies' adjustments: as rank_experts (then choose) with them.
+TEST_P(GpuRouter, WithAdjustmentsChoosesAsRankExpertsBitForBit) { expect_gpu_chooses_as_the_cpu(GetParam(), true); }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuRouter, gpu_router_cases(), name_of);
 
@@ -46,7 +54,7 @@ TEST(GpuRouterRefuses, RulesTheCpuRouterRefuses) {
   rule.top_k = 9;
   auto refused = [&](int experts) {
     try {
-      cuda::route_tokens(nullptr, 1, experts, rule, nullptr, nullptr, nullptr, nullptr, nullptr);
+      cuda::route_tokens(nullptr, 1, experts, rule, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
     } catch (const std::invalid_argument& e) {
       return std::string(e.what());
     }

@@ -1,9 +1,9 @@
-// The route stage's plain path on a GPU (runtime/engine/cuda_router.h)
-// against the CPU's, bit for bit: the normalised rows, and the experts and
-// weights of every token, for Mixtral (and top-p), Qwen3-MoE, gpt-oss (its
-// router bias) and DeepSeek-V3 (sigmoid, selection bias, groups), on rows of
-// every kind. Built where the CUDA kernels are; every test skips without a
-// usable GPU.
+// The route stage on a GPU (runtime/engine/cuda_router.h), plain and with
+// the balancing bias's adjustments, against the CPU's, bit for bit: the
+// normalised rows, and the experts and weights of every token, for Mixtral
+// (and top-p), Qwen3-MoE, gpt-oss (its router bias) and DeepSeek-V3
+// (sigmoid, selection bias, groups), on rows of every kind. Built where the
+// CUDA kernels are; every test skips without a usable GPU.
 #if defined(MOED_HAVE_CUDA_EXECUTOR)
 #include "runtime/engine/cuda_router.h"
 
@@ -33,9 +33,10 @@ struct Case {
   std::vector<std::string> settings;
 };
 
-// The CPU route stage's plain path (route_stage.cc) on `rows` rows of x.
+// The CPU route stage's path (route_stage.cc) on `rows` rows of x: the plain
+// router, or with the balancing bias's adjustments (rank_experts, then choose).
 void route_on_cpu(const Config& c, const ExpertStore& store, int layer, const std::vector<float>& x,
-                  std::vector<float>& xn, Routing& routing) {
+                  std::vector<float>& xn, Routing& routing, const double* adjust = nullptr) {
   const LayerWeights& w = store.layer(layer);
   const std::size_t rows = x.size() / kHidden;
   xn.resize(x.size());
@@ -45,7 +46,10 @@ void route_on_cpu(const Config& c, const ExpertStore& store, int layer, const st
   if (!w.gate_bias.empty())
     for (std::size_t t = 0; t < rows; ++t)
       for (std::size_t e = 0; e < kExperts; ++e) logits[t * kExperts + e] += w.gate_bias[e];
-  route(logits.data(), rows, kExperts, RouterParams::from(c).at_layer(w.selection_bias), routing);
+  const RouterParams params = RouterParams::from(c).at_layer(w.selection_bias);
+  Ranked ranked;
+  rank_experts(logits.data(), adjust, rows, kExperts, params, 0, ranked);
+  choose(ranked, params.spec, routing);
 }
 
 class CudaRouterMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -70,13 +74,17 @@ TEST_P(CudaRouterMatchesCpu, RowsAndRoutingBitForBit) {
   std::string why;
   if (!cuda::gpu_available(&why)) GTEST_SKIP() << why;
   CudaRouter gpu(c, store, 0);
-  for (int layer = 0; layer < 2; ++layer) {
-    SCOPED_TRACE("layer " + std::to_string(layer));
+  std::vector<double> adjust(std::size_t(kRows) * kExperts);  // a balancing bias's per-expert values
+  for (std::size_t i = 0; i < adjust.size(); ++i) adjust[i] = double(int(i % kExperts * 5 % 11) - 5) / 32.0;
+  for (int step = 0; step < 4; ++step) {
+    const int layer = step % 2;
+    const bool adjusted = step >= 2;
+    SCOPED_TRACE("layer " + std::to_string(layer) + (adjusted ? ", adjusted" : ""));
     std::vector<float> got_xn(x.size());
     Routing got;
     want.clear();
-    route_on_cpu(c, store, layer, x, want_xn, want);
-    gpu.route(layer, x.data(), kRows, got_xn.data(), got);
+    route_on_cpu(c, store, layer, x, want_xn, want, adjusted ? adjust.data() : nullptr);
+    gpu.route(layer, x.data(), kRows, got_xn.data(), got, adjusted ? adjust.data() : nullptr);
     for (std::size_t i = 0; i < x.size(); ++i) {
       if (std::isnan(want_xn[i])) {
         EXPECT_TRUE(std::isnan(got_xn[i])) << "xn at " << i;

@@ -1,14 +1,19 @@
 // The route stage's device seam (route_stage.h's DeviceRouter), without a
 // GPU: a fake device router takes the plain path when no router policy
-// acts, and is never asked for replayed routing; make_device_router gives
-// none on the CPU or where a policy acts, and refuses a device it cannot
-// make with an error, never a silent CPU stage.
+// acts, and is never asked for replayed routing; with the balancing bias, a
+// CPU double of the device router's contract gives the stage the CPU
+// stage's routing, rows and counters, step after step; a policy that needs
+// the step's tokens or the CPU's logits keeps the stage on the CPU;
+// make_device_router gives none on the CPU or under such a policy, and
+// refuses a device it cannot make with an error, never a silent CPU stage.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/rms_norm.h"
 #include "placement/placement.h"
 #include "runtime/config/config.h"
 #include "runtime/engine/route_stage.h"
@@ -24,8 +29,9 @@ constexpr int kExperts = 8, kHidden = 64, kRows = 5;
 class FakeDeviceRouter final : public DeviceRouter {
  public:
   explicit FakeDeviceRouter(int* calls) : calls_(calls) {}
-  void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing) override {
-    static_cast<void>(layer), static_cast<void>(x);
+  void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
+             const double* adjust) override {
+    static_cast<void>(layer), static_cast<void>(x), static_cast<void>(adjust);
     ++*calls_;
     for (std::size_t i = 0; i < count * kHidden; ++i) xn[i] = 42.0f;
     for (std::size_t t = 0; t < count; ++t) {
@@ -36,6 +42,38 @@ class FakeDeviceRouter final : public DeviceRouter {
 
  private:
   int* calls_;
+};
+
+// The device router's contract computed on the CPU: the layer's RMSNorm, the
+// fp32 gate (and router bias), then rank_experts with the adjustments and
+// choose. What CudaRouter must match bit for bit (its own test holds it to
+// runtime::route and rank_experts on a GPU).
+class CpuDeviceRouter final : public DeviceRouter {
+ public:
+  CpuDeviceRouter(const Config& c, const ExpertStore& store, int* calls, int* adjusted)
+      : config_(c), store_(store), calls_(calls), adjusted_(adjusted) {}
+  void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
+             const double* adjust) override {
+    ++*calls_;
+    *adjusted_ += adjust != nullptr;
+    const LayerWeights& w = store_.layer(layer);
+    const std::size_t E = kExperts, H = kHidden;
+    kernels::rms_norm(x, w.norm.data(), count, H, float(config_.model.norm_eps), xn);
+    std::vector<float> logits(count * E);
+    kernels::gemm_fixed_order(xn, count, kernels::PackedWeights(w.gate.data(), E, H), logits.data());
+    for (std::size_t t = 0; t < count && !w.gate_bias.empty(); ++t)
+      for (std::size_t e = 0; e < E; ++e) logits[t * E + e] += w.gate_bias[e];
+    const RouterParams params = RouterParams::from(config_).at_layer(w.selection_bias);
+    Ranked ranked;
+    rank_experts(logits.data(), adjust, count, E, params, 0, ranked);
+    choose(ranked, params.spec, routing);
+  }
+
+ private:
+  const Config& config_;
+  const ExpertStore& store_;
+  int* calls_;
+  int* adjusted_;
 };
 
 Config config_with(std::vector<std::string> settings) {
@@ -93,8 +131,11 @@ TEST(RouteStageDevice, IsNeverAskedForReplayedRouting) {
   EXPECT_NE(run.xn.front(), 42.0f);             // normalised on the CPU
 }
 
-TEST(RouteStageDevice, StaysOnTheCpuWhereAPolicyActs) {
-  for (const std::string& policy : {std::string("router.smoothing_beta=0.3"), std::string("router.bias_gamma=0.01")}) {
+// Smoothing and a load policy need every rank's tokens, the jitter
+// measurement the CPU's logits: the stage stays on the CPU.
+TEST(RouteStageDevice, StaysOnTheCpuWhereAPolicyNeedsTheStepsTokensOrLogits) {
+  for (const std::string& policy : {std::string("router.smoothing_beta=0.3"), std::string("router.load_policy=drop"),
+                                    std::string("router.measure_jitter=true")}) {
     SCOPED_TRACE(policy);
     const StageRun run = run_stage(config_with({policy}), false);
     EXPECT_EQ(run.calls, 0);
@@ -103,7 +144,53 @@ TEST(RouteStageDevice, StaysOnTheCpuWhereAPolicyActs) {
   }
 }
 
-TEST(RouteStageDevice, MakeDeviceRouterGivesNoneOnTheCpuOrUnderAPolicy) {
+// Under the balancing bias the device routes with the bias's adjustments,
+// then without them (the plain selection, whose pairs the bias changed are
+// counted): with the contract computed on the CPU, the stage's routing,
+// normalised rows and counters are the CPU stage's, over steps whose loads
+// move the bias.
+TEST(RouteStageDevice, RoutesUnderTheBalancingBiasAsTheCpuStage) {
+  const Config c = config_with({"router.bias_gamma=0.05"});
+  fake::Fabric fabric(1);
+  const auto transport = fabric.transport(0, 1);
+  const placement::Placement placement = placement::contiguous(1, 2, kExperts);
+  const ExpertStore store = ExpertStore::load(c, placement, 0);
+  int calls = 0, adjusted = 0;
+  RouteStage on_cpu(c, *transport, placement, store);
+  RouteStage on_device(c, *transport, placement, store,
+                       std::make_unique<CpuDeviceRouter>(c, store, &calls, &adjusted));
+  const std::size_t rows_here = 24;
+  std::vector<TokenTag> tags(rows_here);
+  for (std::size_t t = 0; t < tags.size(); ++t) tags[t] = {t + 1, 0};
+  const std::vector<std::uint32_t> rows_of_rank = {std::uint32_t(rows_here)};
+  const std::string where = "test";
+  std::uint64_t changed = 0;
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<float> x(rows_here * kHidden);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float((i * 7 + std::size_t(step) * 13) % 17) / 8.0f - 1.0f;
+    const RouteStage::Rows rows{1, x.data(), rows_here, tags, rows_of_rank, &where};
+    Routing want, got;
+    StepRecord want_rec, got_rec;
+    on_cpu.run(rows, false, want, want_rec);
+    on_device.run(rows, false, got, got_rec);
+    EXPECT_EQ(got.experts, want.experts);
+    EXPECT_EQ(std::memcmp(got.weights.data(), want.weights.data(), want.weights.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(on_device.normalised(), on_cpu.normalised(), x.size() * sizeof(float)), 0);
+    EXPECT_EQ(got_rec.router.words(), want_rec.router.words());
+    changed += got_rec.router.changed;
+    // The step's loads move both stages' biases alike (the engine's end_layer).
+    std::vector<std::uint64_t> load(kExperts, 0);
+    for (std::uint32_t e : want.experts) ++load[e];
+    on_cpu.policies().end_layer(1, load);
+    on_device.policies().end_layer(1, load);
+  }
+  EXPECT_EQ(calls, 8);     // each step: with the bias, then the plain selection
+  EXPECT_EQ(adjusted, 4);  // the plain selection has no adjustment
+  EXPECT_GT(changed, 0u) << "the bias never changed a choice: the test shows nothing";
+}
+
+TEST(RouteStageDevice, MakeDeviceRouterGivesNoneOnTheCpuOrUnderAPolicyNeedingTheCpu) {
   const placement::Placement placement = placement::contiguous(1, 2, kExperts);
   const Config plain = config_with({}), smoothing = config_with({"router.smoothing_beta=0.3"});
   const ExpertStore store = ExpertStore::load(plain, placement, 0);

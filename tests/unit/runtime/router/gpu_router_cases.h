@@ -72,11 +72,14 @@ inline std::vector<float> logits_of(int tokens, int experts, unsigned seed) {
 }
 
 // A case's layer: its router, logits and selection bias, and what
-// runtime::route chooses there.
+// runtime::route chooses there; and router policies' selection adjustments
+// with what rank_experts and choose make of them.
 struct GpuRouterLayer {
   RouterParams params;
   std::vector<float> logits, bias;
   Routing expected;
+  std::vector<double> adjust;
+  Routing adjusted;
 };
 
 inline GpuRouterLayer layer_of(const GpuRouterCase& c, int tokens) {
@@ -92,6 +95,17 @@ inline GpuRouterLayer layer_of(const GpuRouterCase& c, int tokens) {
     at_layer = layer.params.at_layer(layer.bias);
   }
   runtime::route(layer.logits.data(), std::size_t(tokens), std::size_t(c.experts), at_layer, layer.expected);
+  // Adjustments as the balancing bias and smoothing make them (small, per
+  // token and expert; a few rows without), on the same logits.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> a(-8, 8);
+  layer.adjust.resize(layer.logits.size());
+  for (std::size_t i = 0; i < layer.adjust.size(); ++i)
+    layer.adjust[i] = i / std::size_t(c.experts) % 5 == 4 ? 0.0 : double(a(rng)) / 64.0;
+  runtime::Ranked ranked;
+  runtime::rank_experts(layer.logits.data(), layer.adjust.data(), std::size_t(tokens), std::size_t(c.experts),
+                        at_layer, 0, ranked);
+  runtime::choose(ranked, at_layer.spec, layer.adjusted);
   return layer;
 }
 

@@ -2,7 +2,8 @@
 // RMSNorm and the router), compiled for the host and run by 32 threads in
 // lockstep, an emulated warp: its lane exchanges and barriers meet at a
 // std::barrier. Held to kernels::rms_norm and runtime::route bit for bit (the
-// router on the cases the GPU test uses), so that the kernels' logic is
+// router on the cases the GPU test uses, also with the router policies'
+// adjustments against rank_experts and choose), so that the kernels' logic is
 // checked where no GPU is. What this cannot check: CUDA's compilation of
 // them (tests/unit/kernels_cuda does, on a GPU).
 #include <barrier>
@@ -75,9 +76,9 @@ namespace {
 
 class GpuRouterEmulated : public ::testing::TestWithParam<GpuRouterCase> {};
 
-TEST_P(GpuRouterEmulated, KernelBodyChoosesAsRuntimeRouteBitForBit) {
+// The kernel body over every token of a case's layer, with or without the adjustments.
+void expect_kernel_body_chooses_as_the_cpu(const GpuRouterCase& c, bool adjusted) {
   namespace detail = cuda::route_detail;
-  const GpuRouterCase& c = GetParam();
   const int tokens = 40;  // every adversarial row (0-10) and some random ones
   const GpuRouterLayer layer = layer_of(c, tokens);
   const kernels::RouteRule rule = layer.params.rule();
@@ -94,12 +95,21 @@ TEST_P(GpuRouterEmulated, KernelBodyChoosesAsRuntimeRouteBitForBit) {
       if (lane == 0) std::memset(shared.data(), 0xa5, shared_bytes);
       detail::warp_sync();
       detail::route_token(lane, t, shared.data(), layer.logits.data(), c.experts, rule,
-                          layer.bias.empty() ? nullptr : layer.bias.data(), width, ids.data(), weights.data(),
-                          counts.data());
+                          layer.bias.empty() ? nullptr : layer.bias.data(),
+                          adjusted ? layer.adjust.data() : nullptr, width, ids.data(), weights.data(), counts.data());
       detail::warp_sync();  // the next token's block reuses the shared memory
     }
   });
-  expect_same_routing(layer.expected, tokens, width, ids, weights, counts);
+  expect_same_routing(adjusted ? layer.adjusted : layer.expected, tokens, width, ids, weights, counts);
+}
+
+TEST_P(GpuRouterEmulated, KernelBodyChoosesAsRuntimeRouteBitForBit) {
+  expect_kernel_body_chooses_as_the_cpu(GetParam(), false);
+}
+
+// With the router policies' adjustments: as rank_experts (then choose) with them.
+TEST_P(GpuRouterEmulated, KernelBodyWithAdjustmentsChoosesAsRankExpertsBitForBit) {
+  expect_kernel_body_chooses_as_the_cpu(GetParam(), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuRouterEmulated, gpu_router_cases(), name_of);
