@@ -12,8 +12,9 @@
 //     its FLOP/s over dense fp32 cuBLAS's on the same shape;
 //   - the tensor-core GEMM (gemm_tensor_core: bf16 products) over the same
 //     weights in each compact format: at 1 row against the copy, at 256
-//     rows over dense bf16 cuBLAS's on tensor cores (fp8's own dense bound,
-//     fp8 products, needs cuBLASLt and is not measured);
+//     rows over dense bf16 cuBLAS's on tensor cores, and fp8 also over
+//     dense fp8 cuBLASLt's (fp8 products: a bound its bf16 products do not
+//     aim at, printed for what it is);
 //   - a whole layer on the device (route_tokens, grouping, permute, each
 //     expert's FFN in the checkpoint's format, fixed-order and on the tensor
 //     cores, combine, residual): tokens per second at the shape's tokens and
@@ -21,6 +22,7 @@
 // Each time is the best of --reps after a warm-up, read with CUDA events.
 //
 // Usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -93,6 +96,48 @@ void print_ratio(const char* what, double bytes, double seconds, double bound_by
 }
 
 // The fixed-order GEMM over one expert's W13 [2F, H] in each format.
+// Dense fp8 cuBLASLt (e4m3 rows and weights, fp32 accumulation, bf16 out;
+// the "TN" layout fp8 needs): C[m, n] = A[m, k] W[n, k]^T, the best of
+// `reps`, or why it cannot run here (an older GPU, an older cuBLASLt).
+std::optional<double> dense_fp8_seconds(const std::uint8_t* a_codes, const std::uint8_t* w_codes, int m, int n, int k,
+                                        int reps, Stream& stream, std::string* why) {
+  DeviceBuffer<unsigned char> d_a(std::size_t(m) * std::size_t(k)), d_w(std::size_t(n) * std::size_t(k));
+  DeviceBuffer<unsigned char> d_c(std::size_t(m) * std::size_t(n) * 2), workspace(std::size_t(32) << 20);
+  d_a.upload(a_codes, std::size_t(m) * std::size_t(k));
+  d_w.upload(w_codes, std::size_t(n) * std::size_t(k));
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t wl = nullptr, al = nullptr, cl = nullptr;
+  std::optional<double> seconds;
+  auto ok = [&](cublasStatus_t status, const char* call) {
+    if (status == CUBLAS_STATUS_SUCCESS) return true;
+    *why = std::string(call) + ": " + cublasGetStatusString(status);
+    return false;
+  };
+  const cublasOperation_t transpose = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+  const float one = 1.0f, zero = 0.0f;
+  // Column-major: D [n, m] = op(W) [n, k] x A^T [k, m], W stored k x n.
+  if (ok(cublasLtCreate(&lt), "cublasLtCreate") &&
+      ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
+      ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose), "TRANSA") &&
+      ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain), "TRANSB") &&
+      ok(cublasLtMatrixLayoutCreate(&wl, CUDA_R_8F_E4M3, std::uint64_t(k), std::uint64_t(n), k), "layout W") &&
+      ok(cublasLtMatrixLayoutCreate(&al, CUDA_R_8F_E4M3, std::uint64_t(k), std::uint64_t(m), k), "layout A") &&
+      ok(cublasLtMatrixLayoutCreate(&cl, CUDA_R_16BF, std::uint64_t(n), std::uint64_t(m), n), "layout C")) {
+    auto run = [&] {
+      return cublasLtMatmul(lt, op, &one, d_w.data(), wl, d_a.data(), al, &zero, d_c.data(), cl, d_c.data(), cl,
+                            nullptr, workspace.data(), workspace.size(), stream);
+    };
+    if (ok(run(), "cublasLtMatmul")) seconds = best_seconds(reps, stream, [&] { MOED_CUDA_CHECK(run()); });
+  }
+  if (cl) cublasLtMatrixLayoutDestroy(cl);
+  if (al) cublasLtMatrixLayoutDestroy(al);
+  if (wl) cublasLtMatrixLayoutDestroy(wl);
+  if (op) cublasLtMatmulDescDestroy(op);
+  if (lt) cublasLtDestroy(lt);
+  return seconds;
+}
+
 void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& handle, Stream& stream) {
   using moed::kernels::WeightDtype;
   const std::size_t n = std::size_t(2) * std::size_t(s.ffn), k = std::size_t(s.hidden), prefill_rows = 256;
@@ -122,6 +167,18 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
                                  d_w16.data(), CUDA_R_16BF, int(k), d_a16.data(), CUDA_R_16BF, int(k), &zero,
                                  d_c.data(), CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   });
+  // And dense fp8 (fp8 products, which moed's tensor-core GEMM does not
+  // take: it multiplies fp8 weights in bf16), where cuBLASLt runs it.
+  std::string fp8_why;
+  const moed::kernels::EncodedMatrix rows_fp8 = moed::kernels::encode(WeightDtype::fp8, a.data(), prefill_rows, k);
+  const moed::kernels::EncodedMatrix w_fp8 = moed::kernels::encode(WeightDtype::fp8, w.data(), n, k);
+  const std::optional<double> dense8_s = dense_fp8_seconds(rows_fp8.codes.data(), w_fp8.codes.data(),
+                                                           int(prefill_rows), int(n), int(k), reps, stream, &fp8_why);
+  if (dense8_s)
+    std::printf("%-34s %9.1f TFLOP/s  (fp8 products, cuBLASLt), %zu rows\n", "dense fp8", flops / *dense8_s * 1e-12,
+                prefill_rows);
+  else
+    std::printf("%-34s not measured: %s\n", "dense fp8", fp8_why.c_str());
   for (const WeightDtype dtype :
        {WeightDtype::f32, WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8}) {
     const moed::kernels::EncodedMatrix m = moed::kernels::encode(dtype, w.data(), n, k);
@@ -167,6 +224,9 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
     std::printf("%-34s %9.1f TFLOP/s  %.3f of dense bf16 cuBLAS (%.1f TFLOP/s, tensor cores), %zu rows\n",
                 (std::string("tensor cores ") + moed::kernels::to_string(dtype) + ", prefill").c_str(),
                 flops / tc_prefill_s * 1e-12, dense16_s / tc_prefill_s, flops / dense16_s * 1e-12, prefill_rows);
+    if (dtype == WeightDtype::fp8 && dense8_s)
+      std::printf("%-34s %9.1f TFLOP/s  %.3f of dense fp8 cuBLASLt\n", "tensor cores fp8, prefill",
+                  flops / tc_prefill_s * 1e-12, *dense8_s / tc_prefill_s);
   }
 }
 
