@@ -270,6 +270,20 @@ void gemm_fixed_order(const float* a, int m, int lda, const DeviceMatrix& w, lon
 void gemm_tensor_core(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,
                       float* c, int ldc, cudaStream_t stream);
 
+// What grouped launches keep on the device between calls: their tile lists
+// and the experts' matrices (grown, never shrunk).
+struct GroupedScratch {
+  DeviceBuffer<unsigned char> tiles, matrices;
+};
+
+// gemm_tensor_core for many experts in one launch: rows
+// [host_offsets[e], host_offsets[e + 1]) of A (row stride lda) times
+// host_matrices[e] (every one of the same n) into the same rows of C. Each
+// row's bits are those of gemm_tensor_core on its expert alone.
+void gemm_tensor_core_grouped(const float* a, int lda, const int* host_offsets, int experts,
+                              const DeviceMatrix* host_matrices, long long k_begin, long long k_end, float* c,
+                              int ldc, GroupedScratch& scratch, cudaStream_t stream);
+
 // Which products an expert's GEMMs take: fp32 on CUDA cores (gemm_fixed_order,
 // the CPU's bits) or bf16 on the tensor cores (gemm_tensor_core; f32 weights
 // keep fp32 products).
@@ -278,6 +292,8 @@ void gemm_with(DeviceProducts products, const float* a, int m, int lda, const De
                long long k_end, float* c, int ldc, cudaStream_t stream);
 
 namespace detail {
+// rows[r, j] += bias[j] for j < width, r < m (row stride `stride`): one fp32 add, as the CPU's add_bias.
+void add_bias(float* rows, long long m, int width, long long stride, const float* bias, cudaStream_t stream);
 // Throws std::invalid_argument naming `what` and the first bad argument.
 void check_gemm_arguments(const char* what, int m, int lda, const DeviceMatrix& w, long long k_begin,
                           long long k_end, int ldc);
@@ -304,6 +320,15 @@ struct DeviceExpert {
 void expert_ffn_up_fixed(const DeviceExpert& e, const float* x, int m, float* h13, cudaStream_t stream);
 void expert_ffn_down_chunk_fixed(const DeviceExpert& e, const float* h13, int m, int chunk, float* y,
                                  cudaStream_t stream);
+
+// Every expert's gated FFN on its group of rows of x [rows, H] with bf16
+// products on the tensor cores, in three grouped launches (up-projections,
+// the activation over every row, down-projections) and the biases: y's rows
+// are expert_ffn_up_fixed then expert_ffn_down_chunk_fixed's with products
+// bf16 and one chunk, bit for bit. host_experts[experts] (host memory) share
+// H, F and the activation; h13 is [rows, 2F] scratch.
+void expert_ffn_grouped_tensor(const float* x, const int* host_offsets, int experts, const DeviceExpert* host_experts,
+                               float* h13, float* y, GroupedScratch& scratch, cudaStream_t stream);
 
 // The fixed-point combine (kernels/cpu/fixed_combine.h): for each pair p and
 // column i, acc[pair_token[p], i] += round(gate_weight[p] * y[p, i] * 2^32),

@@ -37,15 +37,15 @@ __global__ void add_bias_kernel(float* rows, long long m, int width, long long s
   }
 }
 
-void add_bias(float* rows, long long m, int width, long long stride, const float* bias, cudaStream_t stream) {
-  if (m == 0 || width == 0) return;
-  add_bias_kernel<<<detail::grid_blocks(m * width, kThreads), kThreads, 0, stream>>>(rows, m, width, stride, bias);
-  MOED_CUDA_CHECK(cudaGetLastError());
-}
-
 }  // namespace
 
 namespace detail {
+void add_bias(float* rows, long long m, int width, long long stride, const float* bias, cudaStream_t stream) {
+  if (m == 0 || width == 0) return;
+  add_bias_kernel<<<grid_blocks(m * width, kThreads), kThreads, 0, stream>>>(rows, m, width, stride, bias);
+  MOED_CUDA_CHECK(cudaGetLastError());
+}
+
 void check_gemm_arguments(const char* what, int m, int lda, const DeviceMatrix& w, long long k_begin,
                           long long k_end, int ldc) {
   const std::string name(what);
@@ -84,7 +84,7 @@ void expert_ffn_up_fixed(const DeviceExpert& e, const float* x, int m, float* h1
   if (e.w13.n != F2 || e.w13.k != e.hidden)
     throw std::invalid_argument("expert_ffn_up_fixed: W13 is not [2F, H]");
   gemm_with(e.products, x, m, e.hidden, e.w13, 0, e.hidden, h13, int(F2), stream);
-  if (e.b13) add_bias(h13, m, int(F2), F2, e.b13, stream);
+  if (e.b13) detail::add_bias(h13, m, int(F2), F2, e.b13, stream);
   gated_activation(h13, m, e.ffn, e.activation, stream);
 }
 
@@ -96,7 +96,7 @@ void expert_ffn_down_chunk_fixed(const DeviceExpert& e, const float* h13, int m,
   if (e.w2.n != e.hidden || e.w2.k != e.ffn) throw std::invalid_argument("expert_ffn_down_chunk_fixed: W2 is not [H, F]");
   const long long width = e.ffn / e.chunks, first = chunk * width;
   gemm_with(e.products, h13 + first, m, 2 * e.ffn, e.w2, first, first + width, y, e.hidden, stream);
-  if (e.b2 && chunk == 0) add_bias(y, m, e.hidden, e.hidden, e.b2, stream);
+  if (e.b2 && chunk == 0) detail::add_bias(y, m, e.hidden, e.hidden, e.b2, stream);
 }
 
 }  // namespace moed::cuda

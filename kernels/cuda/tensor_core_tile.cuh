@@ -18,6 +18,8 @@
 // bits do not depend on its batch or its position in it.
 #pragma once
 
+#include <vector>
+
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/fixed_order_tile.cuh"
 
@@ -202,6 +204,31 @@ MOED_TILE_FUNCTION void tensor_tile(int tid, long long tile_x, long long tile_y,
     const float sum = shared.c[r][cc];
     c[row * ldc + j] = w.dtype == DeviceDtype::int8 ? gemm_detail::mul_rn(sum, row_scales[j]) : sum;
   }
+}
+
+// The grouped launch (gemm_tensor_core_grouped): one block row per 64-row
+// tile of one expert's rows, so that every tile is the one gemm_tensor_core
+// would compute for that expert alone (the same bits).
+struct GroupedTile {
+  int expert, tile_y, first_row, rows;  // the expert's rows: [first_row, first_row + rows) of A and C
+};
+
+// The tiles of the experts' row groups (host_offsets[experts + 1]), in expert order.
+inline std::vector<GroupedTile> grouped_tiles(const int* host_offsets, int experts) {
+  std::vector<GroupedTile> tiles;
+  for (int e = 0; e < experts; ++e) {
+    const int rows = host_offsets[e + 1] - host_offsets[e];
+    for (int y = 0; y * kRows < rows; ++y) tiles.push_back({e, y, host_offsets[e], rows});
+  }
+  return tiles;
+}
+
+// Thread `tid` of the block computing column tile `tile_x` of `tile`.
+MOED_TILE_FUNCTION void grouped_tile(int tid, long long tile_x, const GroupedTile& tile, TileShared& shared,
+                                     const float* a, int lda, const DeviceMatrix* w, long long k_begin,
+                                     long long k_end, float* c, int ldc) {
+  tensor_tile(tid, tile_x, tile.tile_y, shared, a + static_cast<long long>(tile.first_row) * lda, tile.rows, lda,
+              w[tile.expert], k_begin, k_end, c + static_cast<long long>(tile.first_row) * ldc, ldc);
 }
 
 }  // namespace moed::cuda::tensor_detail

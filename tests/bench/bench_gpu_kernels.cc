@@ -6,6 +6,9 @@
 //     (combine_fixed): their bytes per second over that copy's;
 //   - the grouped expert FFN (expert_ffn_grouped, fp32 cuBLAS per expert)
 //     over one dense cuBLAS GEMM pair of the same FLOPs and compute type;
+//     and with bf16 products on the tensor cores in grouped launches
+//     (expert_ffn_grouped_tensor, bf16 and fp8 weights) over a dense bf16
+//     cuBLAS pair of the same FLOPs (the aim: 0.7);
 //   - the fixed-order GEMM (gemm_fixed_order: kernels/cpu's bits) over W13
 //     in every resident format: at 1 row, the weights' bytes per second over
 //     the copy's (weights of several experts, past the L2); at 256 rows,
@@ -17,8 +20,8 @@
 //     aim at, printed for what it is);
 //   - a whole layer on the device (route_tokens, grouping, permute, each
 //     expert's FFN in the checkpoint's format, fixed-order and on the tensor
-//     cores, combine, residual): tokens per second at the shape's tokens and
-//     at 64.
+//     cores in grouped launches, combine, residual): tokens per second at
+//     the shape's tokens and at 64.
 // Each time is the best of --reps after a warm-up, read with CUDA events.
 //
 // Usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]
@@ -272,6 +275,7 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
       d_h13(n_pairs * std::size_t(2 * F)), d_y(n_pairs * std::size_t(H));
   DeviceBuffer<long long> d_acc(x.size());
   std::vector<int> offsets(std::size_t(E) + 1);
+  moed::cuda::GroupedScratch grouped_scratch;
   const double layer_s = best_seconds(reps, stream, [&] {
     moed::cuda::route_tokens(d_logits.data(), int(T), E, rule, rule.sigmoid ? d_bias.data() : nullptr, nullptr,
                              d_ids.data(), d_weights.data(), d_counts.data(), stream);
@@ -283,14 +287,19 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
     MOED_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), d_offsets.data(), offsets.size() * sizeof(int),
                                     cudaMemcpyDeviceToHost, stream));
     MOED_CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int e = 0; e < E; ++e) {
-      const int first = offsets[std::size_t(e)], m = offsets[std::size_t(e) + 1] - first;
-      if (m == 0) continue;
-      const auto& expert = experts[std::size_t(e)];
-      moed::cuda::expert_ffn_up_fixed(expert, d_rows.data() + std::size_t(first) * std::size_t(H), m,
-                                      d_h13.data() + std::size_t(first) * std::size_t(2 * F), stream);
-      moed::cuda::expert_ffn_down_chunk_fixed(expert, d_h13.data() + std::size_t(first) * std::size_t(2 * F), m, 0,
-                                              d_y.data() + std::size_t(first) * std::size_t(H), stream);
+    if (products == moed::cuda::DeviceProducts::bf16) {
+      moed::cuda::expert_ffn_grouped_tensor(d_rows.data(), offsets.data(), E, experts.data(), d_h13.data(),
+                                            d_y.data(), grouped_scratch, stream);
+    } else {
+      for (int e = 0; e < E; ++e) {
+        const int first = offsets[std::size_t(e)], m = offsets[std::size_t(e) + 1] - first;
+        if (m == 0) continue;
+        const auto& expert = experts[std::size_t(e)];
+        moed::cuda::expert_ffn_up_fixed(expert, d_rows.data() + std::size_t(first) * std::size_t(H), m,
+                                        d_h13.data() + std::size_t(first) * std::size_t(2 * F), stream);
+        moed::cuda::expert_ffn_down_chunk_fixed(expert, d_h13.data() + std::size_t(first) * std::size_t(2 * F), m,
+                                                0, d_y.data() + std::size_t(first) * std::size_t(H), stream);
+      }
     }
     d_acc.zero(stream);
     moed::cuda::combine_fixed(d_y.data(), d_grouped_weights.data(), d_token.data(), int(pairs), int(H), d_acc.data(),
@@ -303,7 +312,75 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
   const bool tensor = products == moed::cuda::DeviceProducts::bf16;
   std::printf("%-34s %9.0f tokens/s  %.2f ms, experts at %.1f TFLOP/s (%s)\n", what, double(T) / layer_s,
               layer_s * 1e3, flops / layer_s * 1e-12,
-              tensor ? "bf16 products, tensor cores" : "fixed-order, CUDA cores");
+              tensor ? "bf16 products, tensor cores, grouped" : "fixed-order, CUDA cores");
+}
+
+// The grouped FFN with bf16 products on the tensor cores
+// (expert_ffn_grouped_tensor) over the same equal groups, against two dense
+// bf16 cuBLAS GEMMs of the same FLOPs (the activation not included), in
+// bf16 weights and in the checkpoint's fp8.
+void grouped_tensor_cores(const Shape& s, const float* rows, const std::vector<int>& offsets,
+                          const std::vector<float>& w13, const std::vector<float>& w2, int reps, CublasHandle& handle,
+                          Stream& stream) {
+  using moed::kernels::WeightDtype;
+  const int E = int(offsets.size()) - 1, H = s.hidden, F = s.ffn;
+  const long long total = offsets.back();
+  const std::size_t n_rows = std::size_t(total);
+  DeviceBuffer<float> h13(n_rows * std::size_t(2 * F)), y(n_rows * std::size_t(H));
+  // Dense bf16: the rows and both matrices rounded to bf16, fp32 out.
+  const std::vector<float> host_rows = [&] {
+    std::vector<float> r(n_rows * std::size_t(H));
+    MOED_CUDA_CHECK(cudaMemcpy(r.data(), rows, r.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return r;
+  }();
+  const auto x16 = moed::kernels::encode(WeightDtype::bf16, host_rows.data(), n_rows, std::size_t(H));
+  const auto w13_16 = moed::kernels::encode(WeightDtype::bf16, w13.data(), std::size_t(2 * F), std::size_t(H));
+  const auto w2_16 = moed::kernels::encode(WeightDtype::bf16, w2.data(), std::size_t(H), std::size_t(F));
+  DeviceBuffer<unsigned char> d_x16(x16.codes.size()), d_a16(n_rows * std::size_t(F) * 2);
+  DeviceBuffer<unsigned char> d_w13(w13_16.codes.size()), d_w2(w2_16.codes.size());
+  d_x16.upload(x16.codes.data(), x16.codes.size());
+  d_a16.zero(stream);  // the activation's place: its values do not change the rate
+  d_w13.upload(w13_16.codes.data(), w13_16.codes.size());
+  d_w2.upload(w2_16.codes.data(), w2_16.codes.size());
+  const float one = 1.0f, zero = 0.0f;
+  handle.set_stream(stream);
+  const double dense_s = best_seconds(reps, stream, [&] {
+    MOED_CUDA_CHECK(cublasGemmEx(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, 2 * F, int(total), H, &one, d_w13.data(),
+                                 CUDA_R_16BF, H, d_x16.data(), CUDA_R_16BF, H, &zero, h13.data(), CUDA_R_32F, 2 * F,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MOED_CUDA_CHECK(cublasGemmEx(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, H, int(total), F, &one, d_w2.data(),
+                                 CUDA_R_16BF, F, d_a16.data(), CUDA_R_16BF, F, &zero, y.data(), CUDA_R_32F, H,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  });
+  const double flops = 2.0 * double(total) * double(H) * double(3 * F);
+  moed::cuda::GroupedScratch scratch;
+  for (const WeightDtype dtype : {WeightDtype::bf16, WeightDtype::fp8}) {
+    const auto e13 = moed::kernels::encode(dtype, w13.data(), std::size_t(2 * F), std::size_t(H));
+    const auto e2 = moed::kernels::encode(dtype, w2.data(), std::size_t(H), std::size_t(F));
+    DeviceBuffer<unsigned char> c13(e13.codes.size()), s13(std::max<std::size_t>(1, e13.scales.size()));
+    DeviceBuffer<unsigned char> c2(e2.codes.size()), s2(std::max<std::size_t>(1, e2.scales.size()));
+    c13.upload(e13.codes.data(), e13.codes.size());
+    c2.upload(e2.codes.data(), e2.codes.size());
+    if (!e13.scales.empty()) s13.upload(e13.scales.data(), e13.scales.size());
+    if (!e2.scales.empty()) s2.upload(e2.scales.data(), e2.scales.size());
+    moed::cuda::DeviceExpert expert;
+    expert.w13 = {moed::cuda::DeviceDtype(int(dtype)), 2LL * F, H, c13.data(),
+                  e13.scales.empty() ? nullptr : s13.data()};
+    expert.w2 = {moed::cuda::DeviceDtype(int(dtype)), H, F, c2.data(), e2.scales.empty() ? nullptr : s2.data()};
+    expert.hidden = H;
+    expert.ffn = F;
+    expert.products = moed::cuda::DeviceProducts::bf16;
+    // Every expert reads the same weights, as the fp32 grouped FFN above.
+    const std::vector<moed::cuda::DeviceExpert> experts(static_cast<std::size_t>(E), expert);
+    const double grouped_s = best_seconds(reps, stream, [&] {
+      moed::cuda::expert_ffn_grouped_tensor(rows, offsets.data(), E, experts.data(), h13.data(), y.data(), scratch,
+                                            stream);
+    });
+    char what[80];
+    std::snprintf(what, sizeof what, "grouped FFN %s, tensor cores", moed::kernels::to_string(dtype));
+    std::printf("%-34s %9.1f TFLOP/s  %.3f of dense bf16 cuBLAS (%.1f TFLOP/s, same FLOPs), %lld rows x %d experts\n",
+                what, flops / grouped_s * 1e-12, dense_s / grouped_s, flops / dense_s * 1e-12, total / E, E);
+  }
 }
 
 int run(const Shape& s, int reps) {
@@ -400,6 +477,7 @@ int run(const Shape& s, int reps) {
   std::printf("%-34s %9.1f TFLOP/s  %.3f of dense cuBLAS (%.1f TFLOP/s, same FLOPs, fp32), %lld rows x %d experts\n",
               "grouped FFN fp32 (expert_ffn_grouped)", flops / grouped_s * 1e-12, dense_s / grouped_s,
               flops / dense_s * 1e-12, rows_each, E);
+  grouped_tensor_cores(s, d_rows.data(), offsets, w13, w2, reps, handle, stream);
   fixed_order_formats(s, reps, bound, handle, stream);
   // The whole layer at prefill and at decode sizes, in the formats the
   // checkpoints ship (Mixtral: bf16; DeepSeek-V3: fp8).

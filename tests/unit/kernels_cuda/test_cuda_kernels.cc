@@ -437,6 +437,86 @@ TEST(CudaKernels, TensorCoreGemmRowBitsDoNotDependOnTheBatch) {
   }
 }
 
+// The grouped launches against each expert alone, bit for bit: the GEMM
+// over experts of every compact format (none, a partial tile, one row, a
+// whole tile of rows), and the whole FFN with bf16 products, with gpt-oss's
+// biases and clamped SwiGLU and without.
+TEST(CudaKernels, TensorCoreGroupedGivesEachExpertsRowsTheirOwnBits) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << why;
+  const std::size_t n = 150, k = 320;
+  const std::vector<WeightDtype> formats = {WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4, WeightDtype::int8};
+  const std::vector<int> offsets = {0, 0, 70, 71, 135};
+  std::vector<DeviceEncoded> on_device;
+  std::vector<moed::cuda::DeviceMatrix> views;
+  for (std::size_t e = 0; e < formats.size(); ++e) {
+    const auto w = random_floats(n * k, unsigned(91 + e), -1.0f, 1.0f);
+    on_device.push_back(upload(moed::kernels::encode(formats[e], w.data(), n, k)));
+  }
+  for (const auto& d : on_device) views.push_back(d.view);
+  const auto a = random_floats(std::size_t(offsets.back()) * k, 95, -2.0f, 2.0f);
+  auto da = to_device(a);
+  DeviceBuffer<float> grouped(std::size_t(offsets.back()) * n), alone(std::size_t(offsets.back()) * n);
+  Stream stream;
+  moed::cuda::GroupedScratch scratch;
+  moed::cuda::gemm_tensor_core_grouped(da.data(), int(k), offsets.data(), int(views.size()), views.data(), 0,
+                                       (long long)k, grouped.data(), int(n), scratch, stream);
+  for (std::size_t e = 0; e < views.size(); ++e) {
+    const int rows = offsets[e + 1] - offsets[e];
+    if (rows)
+      moed::cuda::gemm_tensor_core(da.data() + std::size_t(offsets[e]) * k, rows, int(k), views[e], 0, (long long)k,
+                                   alone.data() + std::size_t(offsets[e]) * n, int(n), stream);
+  }
+  stream.synchronize();
+  EXPECT_TRUE(same_bits(grouped.download(), alone.download())) << "the grouped GEMM";
+
+  const int H = 96, F = 128;
+  for (const bool gpt_oss : {false, true}) {
+    SCOPED_TRACE(gpt_oss ? "biases and clamped SwiGLU" : "SwiGLU");
+    std::vector<DeviceEncoded> matrices;
+    std::vector<DeviceBuffer<float>> biases;
+    std::vector<moed::cuda::DeviceExpert> experts;
+    for (std::size_t e = 0; e < formats.size(); ++e) {
+      const auto w13 = random_floats(std::size_t(2 * F * H), unsigned(101 + e), -0.2f, 0.2f);
+      const auto w2 = random_floats(std::size_t(H * F), unsigned(111 + e), -0.2f, 0.2f);
+      matrices.push_back(upload(moed::kernels::encode(formats[e], w13.data(), 2 * F, H)));
+      matrices.push_back(upload(moed::kernels::encode(formats[e], w2.data(), H, F)));
+      biases.push_back(to_device(random_floats(std::size_t(2 * F), unsigned(121 + e), -0.5f, 0.5f)));
+      biases.push_back(to_device(random_floats(std::size_t(H), unsigned(131 + e), -0.5f, 0.5f)));
+    }
+    for (std::size_t e = 0; e < formats.size(); ++e) {
+      moed::cuda::DeviceExpert x;
+      x.w13 = matrices[2 * e].view;
+      x.w2 = matrices[2 * e + 1].view;
+      x.hidden = H;
+      x.ffn = F;
+      x.activation.clamped = gpt_oss;
+      x.products = moed::cuda::DeviceProducts::bf16;
+      if (gpt_oss) {
+        x.b13 = biases[2 * e].data();
+        x.b2 = biases[2 * e + 1].data();
+      }
+      experts.push_back(x);
+    }
+    const auto x = random_floats(std::size_t(offsets.back()) * H, 141, -3.0f, 3.0f);
+    auto dx = to_device(x);
+    const std::size_t rows = std::size_t(offsets.back());
+    DeviceBuffer<float> h13(rows * 2 * F), y(rows * H), h13_alone(rows * 2 * F), y_alone(rows * H);
+    moed::cuda::expert_ffn_grouped_tensor(dx.data(), offsets.data(), int(experts.size()), experts.data(),
+                                          h13.data(), y.data(), scratch, stream);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const int m = offsets[e + 1] - offsets[e];
+      if (!m) continue;
+      const std::size_t r0 = std::size_t(offsets[e]);
+      moed::cuda::expert_ffn_up_fixed(experts[e], dx.data() + r0 * H, m, h13_alone.data() + r0 * 2 * F, stream);
+      moed::cuda::expert_ffn_down_chunk_fixed(experts[e], h13_alone.data() + r0 * 2 * F, m, 0,
+                                              y_alone.data() + r0 * H, stream);
+    }
+    stream.synchronize();
+    EXPECT_TRUE(same_bits(y.download(), y_alone.download())) << "the grouped FFN";
+  }
+}
+
 // The expert FFN chunk by chunk, with gpt-oss's biases and clamped SwiGLU
 // and without: kernels/cpu's expert_ffn_up and expert_ffn_down_chunk, bit for bit.
 TEST(CudaKernels, ExpertFfnFixedIsTheCpusBitForBit) {

@@ -7,8 +7,9 @@
 // scales), over partial tiles of rows, columns and k, ranges off the 32-step
 // staging, and in every format; and it must agree with kernels/cpu's bf16
 // products, which define the same sums in another order, within fp32
-// rounding. This checks the staging, decoding, blocks and epilogue here;
-// only a GPU checks the tensor cores (test_cuda_kernels.cc).
+// rounding. The grouped launch's tiles give each expert's rows the bits it
+// gives alone. This checks the staging, decoding, blocks, epilogue and
+// grouping here; only a GPU checks the tensor cores (test_cuda_kernels.cc).
 #include <barrier>
 #include <cmath>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -41,21 +43,26 @@ namespace {
 namespace tile = cuda::tensor_detail;
 using kernels::WeightDtype;
 
-// gemm_tensor_core's launch, emulated: every tile of C in turn, each by 128 threads.
+// One block, emulated: body(tid, shared) on 128 threads meeting at a barrier.
+template <class Body>
+void run_block(Body&& body) {
+  auto shared = std::make_unique<tile::TileShared>();
+  std::barrier<> block(tile::kThreads);
+  tile::emulated_block = &block;
+  std::vector<std::thread> threads;
+  for (int tid = 0; tid < tile::kThreads; ++tid) threads.emplace_back([&, tid] { body(tid, *shared); });
+  for (auto& t : threads) t.join();
+  tile::emulated_block = nullptr;
+}
+
+// gemm_tensor_core's launch, emulated: every tile of C in turn.
 void emulated_gemm(const float* a, int m, int lda, const cuda::DeviceMatrix& w, long long k_begin, long long k_end,
                    float* c, int ldc) {
   for (long long ty = 0; ty < (m + tile::kRows - 1) / tile::kRows; ++ty)
-    for (long long tx = 0; tx < (w.n + tile::kCols - 1) / tile::kCols; ++tx) {
-      auto shared = std::make_unique<tile::TileShared>();
-      std::barrier<> block(tile::kThreads);
-      tile::emulated_block = &block;
-      std::vector<std::thread> threads;
-      for (int tid = 0; tid < tile::kThreads; ++tid)
-        threads.emplace_back(
-            [&, tid] { tile::tensor_tile(tid, tx, ty, *shared, a, m, lda, w, k_begin, k_end, c, ldc); });
-      for (auto& t : threads) t.join();
-      tile::emulated_block = nullptr;
-    }
+    for (long long tx = 0; tx < (w.n + tile::kCols - 1) / tile::kCols; ++tx)
+      run_block([&](int tid, tile::TileShared& shared) {
+        tile::tensor_tile(tid, tx, ty, shared, a, m, lda, w, k_begin, k_end, c, ldc);
+      });
 }
 
 float bf16_value(unsigned short bits) {
@@ -149,19 +156,55 @@ TEST(TensorCoreEmulated, BlockBodyIsTheDefinitionsChainInEveryFormat) {
     SCOPED_TRACE(kernels::to_string(dtype));
     const kernels::EncodedMatrix m = kernels::encode(dtype, w.values.data(), w.n, w.k);
     const cuda::DeviceMatrix v = view_of(m);
-    // Ranges on the staging and off it (mxfp4 needs none: its scales are folded in).
-    for (const auto& [k_begin, k_end] : {std::pair<long long, long long>{0, 320}, {128, 288}, {40, 301}}) {
-      for (const int rows : {1, 70}) {  // 70: a second, partial tile of rows
-        SCOPED_TRACE("k [" + std::to_string(k_begin) + ", " + std::to_string(k_end) + "), " + std::to_string(rows) +
-                     " rows");
-        const auto a = rows_of(std::size_t(rows), std::size_t(k_end - k_begin), unsigned(72 + rows));
-        std::vector<float> c(std::size_t(rows) * w.n, -7.0f);
-        emulated_gemm(a.data(), rows, int(k_end - k_begin), v, k_begin, k_end, c.data(), int(w.n));
-        const std::vector<float> want = definition(a, rows, v, k_begin, k_end);
-        EXPECT_EQ(std::memcmp(c.data(), want.data(), c.size() * sizeof(float)), 0)
-            << "the block body's sums differ from the definition's";
-      }
+    // Ranges on the staging and off it (mxfp4 needs none: its scales are
+    // folded in); 70 rows: a second, partial tile of rows.
+    for (const auto& [k_begin, k_end, rows] : {std::tuple<long long, long long, int>{0, 320, 70}, {128, 288, 1},
+                                               {40, 301, 70}}) {
+      SCOPED_TRACE("k [" + std::to_string(k_begin) + ", " + std::to_string(k_end) + "), " + std::to_string(rows) +
+                   " rows");
+      const auto a = rows_of(std::size_t(rows), std::size_t(k_end - k_begin), unsigned(72 + rows));
+      std::vector<float> c(std::size_t(rows) * w.n, -7.0f);
+      emulated_gemm(a.data(), rows, int(k_end - k_begin), v, k_begin, k_end, c.data(), int(w.n));
+      const std::vector<float> want = definition(a, rows, v, k_begin, k_end);
+      EXPECT_EQ(std::memcmp(c.data(), want.data(), c.size() * sizeof(float)), 0)
+          << "the block body's sums differ from the definition's";
     }
+  }
+}
+
+// gemm_tensor_core_grouped's launch, emulated over its tile list: each
+// expert's rows (none, a partial tile, one row, a whole tile) with weights
+// of its own in a format of its own, bit for bit what the expert gives alone.
+TEST(TensorCoreEmulated, GroupedLaunchGivesEachExpertsRowsTheirOwnBits) {
+  const Weights w;
+  const std::vector<WeightDtype> formats = {WeightDtype::bf16, WeightDtype::fp8, WeightDtype::mxfp4,
+                                            WeightDtype::int8};
+  const std::vector<int> offsets = {0, 0, 70, 71, 135};  // rows 0, 70, 1 and 64
+  std::vector<kernels::EncodedMatrix> encoded;
+  std::vector<cuda::DeviceMatrix> views;
+  for (std::size_t e = 0; e < formats.size(); ++e) {
+    std::vector<float> values = w.values;
+    for (float& v : values) v *= float(e + 1);  // each expert's own weights
+    encoded.push_back(kernels::encode(formats[e], values.data(), w.n, w.k));
+  }
+  for (const auto& m : encoded) views.push_back(view_of(m));
+  const std::vector<float> a = rows_of(std::size_t(offsets.back()), w.k, 74);
+  const long long k_begin = 128, k_end = 288;  // a range, on fp8's scale blocks
+  std::vector<float> grouped(std::size_t(offsets.back()) * w.n, -7.0f);
+  const float* range = a.data() + k_begin;  // the range's first column, rows still w.k apart
+  for (const tile::GroupedTile& t : tile::grouped_tiles(offsets.data(), int(views.size())))
+    for (long long tx = 0; tx < (static_cast<long long>(w.n) + tile::kCols - 1) / tile::kCols; ++tx)
+      run_block([&](int tid, tile::TileShared& shared) {
+        tile::grouped_tile(tid, tx, t, shared, range, int(w.k), views.data(), k_begin, k_end, grouped.data(),
+                           int(w.n));
+      });
+  for (std::size_t e = 0; e < views.size(); ++e) {
+    SCOPED_TRACE("expert " + std::to_string(e));
+    const int first = offsets[e], rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    std::vector<float> alone(std::size_t(rows) * w.n, -7.0f);
+    emulated_gemm(range + std::size_t(first) * w.k, rows, int(w.k), views[e], k_begin, k_end, alone.data(), int(w.n));
+    EXPECT_EQ(std::memcmp(alone.data(), grouped.data() + std::size_t(first) * w.n, alone.size() * sizeof(float)), 0);
   }
 }
 
