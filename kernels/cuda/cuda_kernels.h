@@ -223,6 +223,9 @@ struct GatedActivation {
 // functions (kernels/cpu/activation_body.h) and no fma contraction: the same
 // bits as kernels::silu_mul and kernels::clamped_swiglu.
 void gated_activation(float* h13, long long rows, int ffn, const GatedActivation& activation, cudaStream_t stream);
+// The same on rows [row_range[0], row_range[1]) (device memory), at most max_rows of them.
+void gated_activation_rows(float* h13, const int* row_range, long long max_rows, int ffn,
+                           const GatedActivation& activation, cudaStream_t stream);
 
 // The gated FFN of every expert on its group of rows (kernels/cpu/expert_ffn.h):
 // rows [host_offsets[e], host_offsets[e+1]) of x belong to expert e;
@@ -284,6 +287,17 @@ void gemm_tensor_core_grouped(const float* a, int lda, const int* host_offsets, 
                               const DeviceMatrix* host_matrices, long long k_begin, long long k_end, float* c,
                               int ldc, GroupedScratch& scratch, cudaStream_t stream);
 
+// The same from offsets in device memory (device_offsets[experts + 1], as
+// count_and_offsets writes them), so that no copy to the host stands between
+// the grouping and the experts and a whole layer can be captured in a CUDA
+// graph: max_rows bounds offsets[experts] - offsets[0] (the launch covers
+// max_rows / 64 + experts tiles; those past the last leave at once);
+// device_matrices[experts] in device memory, each of n columns. The same
+// bits as gemm_tensor_core on each expert alone.
+void gemm_tensor_core_grouped_device(const float* a, int lda, const int* device_offsets, int experts, int max_rows,
+                                     const DeviceMatrix* device_matrices, long long n, long long k_begin,
+                                     long long k_end, float* c, int ldc, cudaStream_t stream);
+
 // Which products an expert's GEMMs take: fp32 on CUDA cores (gemm_fixed_order,
 // the CPU's bits) or bf16 on the tensor cores (gemm_tensor_core; f32 weights
 // keep fp32 products).
@@ -329,6 +343,24 @@ void expert_ffn_down_chunk_fixed(const DeviceExpert& e, const float* h13, int m,
 // H, F and the activation; h13 is [rows, 2F] scratch.
 void expert_ffn_grouped_tensor(const float* x, const int* host_offsets, int experts, const DeviceExpert* host_experts,
                                float* h13, float* y, GroupedScratch& scratch, cudaStream_t stream);
+
+// A layer's experts for expert_ffn_grouped_tensor_device, all in device
+// memory: each expert's W13 and W2, its biases (arrays of device pointers,
+// null entries for none, or null arrays), and two ints of scratch.
+struct DeviceGroupedExperts {
+  int count = 0, hidden = 0, ffn = 0;
+  const DeviceMatrix* w13 = nullptr;
+  const DeviceMatrix* w2 = nullptr;
+  const float* const* b13 = nullptr;
+  const float* const* b2 = nullptr;
+  GatedActivation activation;
+  int* row_range_scratch = nullptr;
+};
+
+// expert_ffn_grouped_tensor with the offsets in device memory (as
+// gemm_tensor_core_grouped_device): the same bits, no host round trip.
+void expert_ffn_grouped_tensor_device(const float* x, const int* device_offsets, int max_rows,
+                                      const DeviceGroupedExperts& experts, float* h13, float* y, cudaStream_t stream);
 
 // The fixed-point combine (kernels/cpu/fixed_combine.h): for each pair p and
 // column i, acc[pair_token[p], i] += round(gate_weight[p] * y[p, i] * 2^32),

@@ -15,6 +15,7 @@ namespace {
 using tensor_detail::kCols;
 using tensor_detail::kRows;
 using tensor_detail::kThreads;
+constexpr int kElementThreads = 256;  // the bias kernel's blocks
 
 __global__ void __launch_bounds__(kThreads)
     gemm_tensor_core_kernel(const float* a, int m, int lda, DeviceMatrix w, long long k_begin, long long k_end,
@@ -29,6 +30,35 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ tensor_detail::TileShared shared;
   tensor_detail::grouped_tile(int(threadIdx.x), blockIdx.x, tiles[blockIdx.y], shared, a, lda, w, k_begin, k_end, c,
                               ldc);
+}
+
+// The launch over device offsets: grid.y bounds the tiles; blocks past the
+// last tile leave at once.
+__global__ void __launch_bounds__(kThreads)
+    gemm_tensor_core_grouped_device_kernel(const float* a, int lda, const int* offsets, int experts,
+                                           const DeviceMatrix* w, long long k_begin, long long k_end, float* c,
+                                           int ldc) {
+  __shared__ tensor_detail::TileShared shared;
+  __shared__ tensor_detail::GroupedTile tile;
+  __shared__ bool found;
+  if (threadIdx.x == 0) found = tensor_detail::tile_at(int(blockIdx.y), offsets, experts, tile);
+  __syncthreads();
+  if (!found) return;
+  tensor_detail::grouped_tile(int(threadIdx.x), blockIdx.x, tile, shared, a, lda, w, k_begin, k_end, c, ldc);
+}
+
+// rows[r, j] += bias[e][j] for the expert e whose rows hold r (none where bias[e] is null).
+__global__ void add_bias_grouped_kernel(float* rows, long long max_rows, int width, long long stride,
+                                        const int* offsets, int experts, const float* const* bias) {
+  const long long n = max_rows * width;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long r = offsets[0] + i / width, j = i % width;
+    if (r >= offsets[experts]) continue;
+    int e = 0;
+    while (offsets[e + 1] <= r) ++e;
+    if (bias[e]) rows[r * stride + j] = __fadd_rn(rows[r * stride + j], bias[e][j]);
+  }
 }
 
 // `bytes` of host data in `buffer` on the device, grown as needed.
@@ -66,6 +96,49 @@ void gemm_tensor_core_grouped(const float* a, int lda, const int* host_offsets, 
   const dim3 grid(unsigned((host_matrices[0].n + kCols - 1) / kCols), unsigned(tiles.size()));
   gemm_tensor_core_grouped_kernel<<<grid, kThreads, 0, stream>>>(a, lda, d_tiles, d_matrices, k_begin, k_end, c, ldc);
   MOED_CUDA_CHECK(cudaGetLastError());
+}
+
+void gemm_tensor_core_grouped_device(const float* a, int lda, const int* device_offsets, int experts, int max_rows,
+                                     const DeviceMatrix* device_matrices, long long n, long long k_begin,
+                                     long long k_end, float* c, int ldc, cudaStream_t stream) {
+  if (experts < 1 || max_rows < 0 || n < 1 || k_begin < 0 || k_begin > k_end || lda < k_end - k_begin || ldc < n)
+    throw std::invalid_argument("gemm_tensor_core_grouped_device: bad sizes (experts " + std::to_string(experts) +
+                                ", rows " + std::to_string(max_rows) + ", n " + std::to_string(n) + ", k range [" +
+                                std::to_string(k_begin) + ", " + std::to_string(k_end) + "))");
+  const long long tiles = (max_rows + kRows - 1) / kRows + experts;  // at most one partial tile per expert
+  if (tiles > 65535) throw std::invalid_argument("gemm_tensor_core_grouped_device: more than 65535 tiles of rows");
+  const dim3 grid(unsigned((n + kCols - 1) / kCols), unsigned(tiles));
+  gemm_tensor_core_grouped_device_kernel<<<grid, kThreads, 0, stream>>>(a, lda, device_offsets, experts,
+                                                                        device_matrices, k_begin, k_end, c, ldc);
+  MOED_CUDA_CHECK(cudaGetLastError());
+}
+
+void expert_ffn_grouped_tensor_device(const float* x, const int* device_offsets, int max_rows,
+                                      const DeviceGroupedExperts& experts, float* h13, float* y,
+                                      cudaStream_t stream) {
+  const int E = experts.count, H = experts.hidden, F = experts.ffn;
+  const long long F2 = 2LL * F;
+  auto biases = [&](float* rows, int width, const float* const* bias) {
+    if (!bias || max_rows == 0) return;
+    const long long n = static_cast<long long>(max_rows) * width;
+    add_bias_grouped_kernel<<<detail::grid_blocks(n, kElementThreads), kElementThreads, 0, stream>>>(
+        rows, max_rows, width, width, device_offsets, E, bias);
+    MOED_CUDA_CHECK(cudaGetLastError());
+  };
+  gemm_tensor_core_grouped_device(x, H, device_offsets, E, max_rows, experts.w13, F2, 0, H, h13, int(F2), stream);
+  biases(h13, int(F2), experts.b13);
+  // The rows [offsets[0], offsets[E]): the offsets' first and last entries.
+  if (E >= 1 && max_rows > 0) {
+    if (experts.row_range_scratch == nullptr)
+      throw std::invalid_argument("expert_ffn_grouped_tensor_device: no row range scratch");
+    MOED_CUDA_CHECK(cudaMemcpyAsync(experts.row_range_scratch, device_offsets, sizeof(int),
+                                    cudaMemcpyDeviceToDevice, stream));
+    MOED_CUDA_CHECK(cudaMemcpyAsync(experts.row_range_scratch + 1, device_offsets + E, sizeof(int),
+                                    cudaMemcpyDeviceToDevice, stream));
+  }
+  gated_activation_rows(h13, experts.row_range_scratch, max_rows, F, experts.activation, stream);
+  gemm_tensor_core_grouped_device(h13, int(F2), device_offsets, E, max_rows, experts.w2, H, 0, F, y, H, stream);
+  biases(y, H, experts.b2);
 }
 
 void expert_ffn_grouped_tensor(const float* x, const int* host_offsets, int experts, const DeviceExpert* host_experts,

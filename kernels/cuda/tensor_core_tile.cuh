@@ -223,6 +223,22 @@ inline std::vector<GroupedTile> grouped_tiles(const int* host_offsets, int exper
   return tiles;
 }
 
+// Tile `t` of the same list, from the offsets alone (device memory in the
+// launch over device offsets): each expert's tiles counted in expert order;
+// false past the last tile.
+MOED_TILE_FUNCTION bool tile_at(int t, const int* offsets, int experts, GroupedTile& out) {
+  int before = 0;
+  for (int e = 0; e < experts; ++e) {
+    const int rows = offsets[e + 1] - offsets[e], tiles = (rows + kRows - 1) / kRows;
+    if (t < before + tiles) {
+      out = {e, t - before, offsets[e], rows};
+      return true;
+    }
+    before += tiles;
+  }
+  return false;
+}
+
 // Thread `tid` of the block computing column tile `tile_x` of `tile`.
 MOED_TILE_FUNCTION void grouped_tile(int tid, long long tile_x, const GroupedTile& tile, TileShared& shared,
                                      const float* a, int lda, const DeviceMatrix* w, long long k_begin,

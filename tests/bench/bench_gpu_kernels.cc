@@ -20,8 +20,10 @@
 //     aim at, printed for what it is);
 //   - a whole layer on the device (route_tokens, grouping, permute, each
 //     expert's FFN in the checkpoint's format, fixed-order and on the tensor
-//     cores in grouped launches, combine, residual): tokens per second at
-//     the shape's tokens and at 64.
+//     cores in grouped launches over the device's offsets, combine,
+//     residual): tokens per second at the shape's tokens and at 64; the
+//     latter also captured in a CUDA graph, against launched kernel by
+//     kernel.
 // Each time is the best of --reps after a warm-up, read with CUDA events.
 //
 // Usage: bench_gpu_kernels [--reps N] [--shape mixtral|deepseek|small]
@@ -275,8 +277,28 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
       d_h13(n_pairs * std::size_t(2 * F)), d_y(n_pairs * std::size_t(H));
   DeviceBuffer<long long> d_acc(x.size());
   std::vector<int> offsets(std::size_t(E) + 1);
-  moed::cuda::GroupedScratch grouped_scratch;
-  const double layer_s = best_seconds(reps, stream, [&] {
+  const bool tensor = products == moed::cuda::DeviceProducts::bf16;
+  // bf16 products: the experts in grouped launches over the device's
+  // offsets, so that nothing waits for the host and the layer can be
+  // captured in a CUDA graph (timed both ways).
+  std::vector<moed::cuda::DeviceMatrix> w13s, w2s;
+  for (const auto& e : experts) {
+    w13s.push_back(e.w13);
+    w2s.push_back(e.w2);
+  }
+  DeviceBuffer<moed::cuda::DeviceMatrix> d_w13s(w13s.size()), d_w2s(w2s.size());
+  d_w13s.upload(w13s);
+  d_w2s.upload(w2s);
+  DeviceBuffer<int> d_row_range(2);
+  moed::cuda::DeviceGroupedExperts grouped;
+  grouped.count = E;
+  grouped.hidden = int(H);
+  grouped.ffn = int(F);
+  grouped.w13 = d_w13s.data();
+  grouped.w2 = d_w2s.data();
+  grouped.row_range_scratch = d_row_range.data();
+  // Route, group and permute; then, after the experts, combine and add the residual.
+  auto grouped_rows = [&] {
     moed::cuda::route_tokens(d_logits.data(), int(T), E, rule, rule.sigmoid ? d_bias.data() : nullptr, nullptr,
                              d_ids.data(), d_weights.data(), d_counts.data(), stream);
     moed::cuda::count_and_offsets(d_ids.data(), int(pairs), E, d_expert_rows.data(), d_offsets.data(),
@@ -284,35 +306,56 @@ void layer_tokens_per_second(const Shape& s, const moed::kernels::RouteRule& rul
     moed::cuda::pair_tokens(d_order.data(), int(pairs), s.top_k, d_token.data(), stream);
     moed::cuda::permute_rows(d_x.data(), d_token.data(), int(pairs), int(H), d_rows.data(), stream);
     moed::cuda::permute_rows(d_weights.data(), d_order.data(), int(pairs), 1, d_grouped_weights.data(), stream);
-    MOED_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), d_offsets.data(), offsets.size() * sizeof(int),
-                                    cudaMemcpyDeviceToHost, stream));
-    MOED_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (products == moed::cuda::DeviceProducts::bf16) {
-      moed::cuda::expert_ffn_grouped_tensor(d_rows.data(), offsets.data(), E, experts.data(), d_h13.data(),
-                                            d_y.data(), grouped_scratch, stream);
-    } else {
-      for (int e = 0; e < E; ++e) {
-        const int first = offsets[std::size_t(e)], m = offsets[std::size_t(e) + 1] - first;
-        if (m == 0) continue;
-        const auto& expert = experts[std::size_t(e)];
-        moed::cuda::expert_ffn_up_fixed(expert, d_rows.data() + std::size_t(first) * std::size_t(H), m,
-                                        d_h13.data() + std::size_t(first) * std::size_t(2 * F), stream);
-        moed::cuda::expert_ffn_down_chunk_fixed(expert, d_h13.data() + std::size_t(first) * std::size_t(2 * F), m,
-                                                0, d_y.data() + std::size_t(first) * std::size_t(H), stream);
-      }
-    }
+  };
+  auto combined = [&] {
     d_acc.zero(stream);
     moed::cuda::combine_fixed(d_y.data(), d_grouped_weights.data(), d_token.data(), int(pairs), int(H), d_acc.data(),
                               nullptr, stream);
     moed::cuda::residual_from_fixed(d_x.data(), d_acc.data(), int(T), int(H), d_out.data(), stream);
-  });
+  };
+  auto device_layer = [&] {
+    grouped_rows();
+    moed::cuda::expert_ffn_grouped_tensor_device(d_rows.data(), d_offsets.data(), int(pairs), grouped, d_h13.data(),
+                                                 d_y.data(), stream);
+    combined();
+  };
+  // fp32 products: each expert's fixed-order FFN, launched from the host's copy of the offsets.
+  auto host_layer = [&] {
+    grouped_rows();
+    MOED_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), d_offsets.data(), offsets.size() * sizeof(int),
+                                    cudaMemcpyDeviceToHost, stream));
+    MOED_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int e = 0; e < E; ++e) {
+      const int first = offsets[std::size_t(e)], m = offsets[std::size_t(e) + 1] - first;
+      if (m == 0) continue;
+      const auto& expert = experts[std::size_t(e)];
+      moed::cuda::expert_ffn_up_fixed(expert, d_rows.data() + std::size_t(first) * std::size_t(H), m,
+                                      d_h13.data() + std::size_t(first) * std::size_t(2 * F), stream);
+      moed::cuda::expert_ffn_down_chunk_fixed(expert, d_h13.data() + std::size_t(first) * std::size_t(2 * F), m, 0,
+                                              d_y.data() + std::size_t(first) * std::size_t(H), stream);
+    }
+    combined();
+  };
+  const double layer_s = tensor ? best_seconds(reps, stream, device_layer) : best_seconds(reps, stream, host_layer);
   const double flops = 2.0 * double(pairs) * double(H) * double(3 * F);
   char what[80];
   std::snprintf(what, sizeof what, "layer, %s experts, %lld tokens", moed::kernels::to_string(dtype), T);
-  const bool tensor = products == moed::cuda::DeviceProducts::bf16;
   std::printf("%-34s %9.0f tokens/s  %.2f ms, experts at %.1f TFLOP/s (%s)\n", what, double(T) / layer_s,
               layer_s * 1e3, flops / layer_s * 1e-12,
               tensor ? "bf16 products, tensor cores, grouped" : "fixed-order, CUDA cores");
+  if (!tensor) return;
+  // The same layer captured once in a CUDA graph, then launched whole.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  MOED_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  device_layer();
+  MOED_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MOED_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double graph_s = best_seconds(reps, stream, [&] { MOED_CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::printf("%-34s %9.0f tokens/s  %.2f ms, %.2fx the layer launched kernel by kernel\n",
+              (std::string(what) + ", CUDA graph").c_str(), double(T) / graph_s, graph_s * 1e3, layer_s / graph_s);
 }
 
 // The grouped FFN with bf16 products on the tensor cores

@@ -512,8 +512,36 @@ TEST(CudaKernels, TensorCoreGroupedGivesEachExpertsRowsTheirOwnBits) {
       moed::cuda::expert_ffn_down_chunk_fixed(experts[e], h13_alone.data() + r0 * 2 * F, m, 0,
                                               y_alone.data() + r0 * H, stream);
     }
+    // The same from offsets in device memory (rows from 0: the first entry).
+    std::vector<moed::cuda::DeviceMatrix> w13s, w2s;
+    std::vector<const float*> b13s, b2s;
+    for (const auto& e : experts) {
+      w13s.push_back(e.w13);
+      w2s.push_back(e.w2);
+      b13s.push_back(e.b13);
+      b2s.push_back(e.b2);
+    }
+    auto d_w13s = to_device(w13s), d_w2s = to_device(w2s);
+    auto d_b13s = to_device(b13s), d_b2s = to_device(b2s);
+    auto d_offsets = to_device(offsets);
+    DeviceBuffer<int> range(2);
+    moed::cuda::DeviceGroupedExperts grouped;
+    grouped.count = int(experts.size());
+    grouped.hidden = H;
+    grouped.ffn = F;
+    grouped.w13 = d_w13s.data();
+    grouped.w2 = d_w2s.data();
+    grouped.b13 = gpt_oss ? d_b13s.data() : nullptr;
+    grouped.b2 = gpt_oss ? d_b2s.data() : nullptr;
+    grouped.activation.clamped = gpt_oss;
+    grouped.row_range_scratch = range.data();
+    DeviceBuffer<float> y_device(rows * H);
+    moed::cuda::expert_ffn_grouped_tensor_device(dx.data(), d_offsets.data(), int(rows), grouped, h13.data(),
+                                                 y_device.data(), stream);
     stream.synchronize();
-    EXPECT_TRUE(same_bits(y.download(), y_alone.download())) << "the grouped FFN";
+    const std::vector<float> want = y_alone.download();
+    EXPECT_TRUE(same_bits(y.download(), want)) << "the grouped FFN";
+    EXPECT_TRUE(same_bits(y_device.download(), want)) << "the grouped FFN over device offsets";
   }
 }
 

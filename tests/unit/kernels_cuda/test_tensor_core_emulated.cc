@@ -208,6 +208,29 @@ TEST(TensorCoreEmulated, GroupedLaunchGivesEachExpertsRowsTheirOwnBits) {
   }
 }
 
+// The launch over device offsets finds each block's tile from the offsets
+// alone: the same list as the host's, then nothing, whatever the groups.
+TEST(TensorCoreEmulated, TileAtFindsTheHostsTileList) {
+  const std::vector<std::vector<int>> cases = {
+      {0, 0, 70, 71, 135}, {5, 5, 5}, {0, 64, 128, 129}, {3, 200, 200, 201, 265, 329}, {0, 1}};
+  for (const std::vector<int>& offsets : cases) {
+    const int experts = int(offsets.size()) - 1;
+    const std::vector<tile::GroupedTile> want = tile::grouped_tiles(offsets.data(), experts);
+    const int bound = (offsets.back() - offsets.front() + tile::kRows - 1) / tile::kRows + experts;
+    ASSERT_LE(int(want.size()), bound) << "the launch's bound on the tiles";
+    for (int t = 0; t < bound; ++t) {
+      tile::GroupedTile got{-1, -1, -1, -1};
+      const bool found = tile::tile_at(t, offsets.data(), experts, got);
+      ASSERT_EQ(found, t < int(want.size())) << "tile " << t;
+      if (!found) continue;
+      EXPECT_EQ(got.expert, want[std::size_t(t)].expert) << "tile " << t;
+      EXPECT_EQ(got.tile_y, want[std::size_t(t)].tile_y) << "tile " << t;
+      EXPECT_EQ(got.first_row, want[std::size_t(t)].first_row) << "tile " << t;
+      EXPECT_EQ(got.rows, want[std::size_t(t)].rows) << "tile " << t;
+    }
+  }
+}
+
 // kernels/cpu's bf16 products define the same products, summed in another
 // order (pairs of steps): within fp32 rounding of the sums of |products|.
 TEST(TensorCoreEmulated, AgreesWithTheCpusBf16ProductsWithinRounding) {
