@@ -1,6 +1,7 @@
-// The route stage's plain path on the rank's GPU (built where the CUDA
-// kernels are): RMSNorm, the fp32 gate, gpt-oss's router bias and the router
-// (every family's: kernels/cuda's route_tokens), with the CPU's bits at each
+// The route stage on the rank's GPU (built where the CUDA kernels are):
+// RMSNorm, the fp32 gate, gpt-oss's router bias and the router (every
+// family's: kernels/cuda's route_tokens, with the balancing bias's
+// adjustments when the stage hands them over), with the CPU's bits at each
 // step: kernels/cuda's rms_norm sums as kernels::rms_norm does, the gate is
 // the fixed-order GEMM over fp32 weights, and the router shares the CPU
 // router's arithmetic. The normalised rows (what the experts take) and the
