@@ -105,10 +105,10 @@ print(f"ok: trace of request {rid} agrees with the run: step {step}, home rank {
       f"experts {[[e['expert'] for e in l['experts']] for l in tok['layers']]}")
 PY
 
-# Sampled ids: the daemon's hash (splitmix64's finalizer of id ^ "trace"),
-# over the last steps' tokens; the newest few must be in the ring.
-s=$(step)
-sampled=$(python3 - "$s" "$TOKENS" <<'PY'
+# The ids of [first, end) that [trace].sample = 0.005 traces: the daemon's
+# hash (splitmix64's finalizer of id ^ "trace").
+sampled_ids() {  # sampled_ids FIRST END
+  python3 - "$1" "$2" <<'PY'
 import sys
 M = (1 << 64) - 1
 def mix64(x):
@@ -116,12 +116,15 @@ def mix64(x):
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
     return x ^ (x >> 31)
-step, T = int(sys.argv[1]), int(sys.argv[2])
-ids = [i for i in range((step - 30) * T, (step - 2) * T) if mix64(i ^ 0x7472616365) < int(0.005 * 2**64)]
-print(" ".join(map(str, ids[-3:])))
+print(" ".join(str(i) for i in range(int(sys.argv[1]), int(sys.argv[2]))
+               if mix64(i ^ 0x7472616365) < int(0.005 * 2**64)))
 PY
-)
-[ -n "$sampled" ] || fail "no sampled id in 28 steps at [trace].sample = 0.005"
+}
+
+# Sampled ids over the last steps' tokens; the newest few must be in the ring.
+s=$(step)
+sampled=$(sampled_ids $(( (s - 30) * TOKENS )) $(( (s - 2) * TOKENS )) | tr ' ' '\n' | tail -3 | tr '\n' ' ')
+[ -n "${sampled// /}" ] || fail "no sampled id in 28 steps at [trace].sample = 0.005"
 for sid in $sampled; do
   ctl trace "$sid" >"$run/sampled" 2>&1 || { cat "$run/sampled" >&2; fail "sampled request $sid not traced"; }
   grep -q "request $sid position 0: 3 of 3 layers traced" "$run/sampled" || { cat "$run/sampled" >&2; fail "sampled $sid"; }
@@ -131,22 +134,19 @@ echo "ok: sampled requests $sampled are traced (the same hash in the daemon and 
 rc=0; ctl trace $((id - 1)) >"$run/none" 2>&1 || rc=$?
 # id - 1: served in the same step as the followed token, neither followed
 # nor (unless the hash says so) sampled.
-python3 -c "
-import sys
-M=(1<<64)-1
-def mix64(x):
-    x=(x+0x9E3779B97F4A7C15)&M; x=((x^(x>>30))*0xBF58476D1CE4E5B9)&M; x=((x^(x>>27))*0x94D049BB133111EB)&M
-    return x^(x>>31)
-sys.exit(0 if mix64(($id-1)^0x7472616365) >= int(0.005*2**64) else 1)" || rc=skip
+[ -z "$(sampled_ids $((id - 1)) "$id")" ] || rc=skip
 if [ "$rc" != skip ]; then
   [ "$rc" = 1 ] && grep -q "moectl: not_found: no trace of request $((id - 1))" "$run/none" \
     || { cat "$run/none" >&2; fail "unknown id: exit $rc"; }
   echo "ok: unknown id -> exit 1: $(head -1 "$run/none" | cut -c1-120)"
 fi
-# A request whose step the daemon has served (status says so): --follow
-# answers already_served at once, naming the steps, and exits 1.
+# A request whose step the daemon has served (status says so), and which
+# the hash did not sample (a sampled one has its trace, and --follow gives
+# it at once): --follow answers already_served at once, naming the steps,
+# and exits 1.
 for _ in $(seq 600); do [ "$(step)" -ge 2 ] && break; sleep 0.1; done
 old=$(( ($(step) - 1) * TOKENS + 5 ))
+while [ -n "$(sampled_ids "$old" $((old + 1)))" ]; do old=$((old + 1)); done
 rc=0; ctl trace --follow "$old" --timeout 120 >"$run/old" 2>&1 || rc=$?
 [ "$rc" = 1 ] && grep -q "moectl: already_served: request $old was served by step $((old / TOKENS))" "$run/old" \
   || { cat "$run/old" >&2; fail "follow of an already served request: exit $rc"; }
