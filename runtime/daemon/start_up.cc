@@ -439,11 +439,7 @@ void Daemon::Startup::use_gpu(const GpuFacts& gpus) {
   if (c_.experts.gemm != Gemm::fixed_order)
     MOED_THROW(Usage, "[experts].device = cuda runs the fixed-order GEMM's chains; [experts].gemm = \"{}\" has no "
                "GPU form", name_of(c_.experts.gemm));
-  const bool tensor_cores = c_.experts.products == "bf16";
-  if (c_.experts.products != "auto" && c_.experts.products != "f32" && !tensor_cores)
-    MOED_THROW(Usage, "[experts].device = cuda multiplies compact experts with fp32 products, or bf16 on the tensor "
-               "cores; [experts].products = \"{}\" has no GPU form (use auto, f32 or bf16)", c_.experts.products);
-  kernels::set_compact_products(tensor_cores ? kernels::CompactProducts::bf16 : kernels::CompactProducts::f32);
+  kernels::set_compact_products(gpu_products(c_.experts.products));
   gpus_ = gpus.gpus;
   device_.gpu = launch::gpu_of_rank(where_.local_rank, gpus.gpus, std::nullopt).device;
   device_.why += fmt::format(", GPU {} of {}", device_.gpu, gpus.gpus);

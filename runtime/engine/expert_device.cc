@@ -61,4 +61,11 @@ DeviceChoice choose_expert_device(std::string_view requested, const GpuFacts& fa
   MOED_THROW(Usage, "[experts].device = \"{}\" is not one of auto, cpu, cuda", requested);
 }
 
+kernels::CompactProducts gpu_products(std::string_view requested) {
+  if (requested == "auto" || requested == "f32") return kernels::CompactProducts::f32;
+  if (requested == "bf16") return kernels::CompactProducts::bf16;
+  MOED_THROW(Usage, "[experts].device = cuda multiplies compact experts with fp32 products, or bf16 on the tensor "
+             "cores; [experts].products = \"{}\" has no GPU form (use auto, f32 or bf16)", requested);
+}
+
 }  // namespace moed::runtime

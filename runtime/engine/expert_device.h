@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "common/available_memory.h"
+#include "kernels/cpu/bf16_dot_gemm.h"
 #include "runtime/engine/expert_executor.h"
 
 namespace moed::runtime {
@@ -41,5 +42,11 @@ struct DeviceChoice {
 // kernels, a usable GPU, the executor); "auto" takes cuda where nothing is
 // missing, else cpu, saying why.
 DeviceChoice choose_expert_device(std::string_view requested, const GpuFacts& facts);
+
+// The products compact experts take on a GPU ([experts].products under
+// device = cuda): "auto" and "f32" the CPU's fp32 chains, "bf16" bf16
+// products on the tensor cores; anything else a Usage error naming the
+// choices.
+kernels::CompactProducts gpu_products(std::string_view requested);
 
 }  // namespace moed::runtime

@@ -77,6 +77,24 @@ TEST(ChooseExpertDevice, AnUnknownDeviceIsAUsageErrorNamingIt) {
   }
 }
 
+// On a GPU, compact experts take fp32 products (auto, f32) or bf16 on the
+// tensor cores; the CPU's other products are refused naming the choices.
+TEST(GpuProducts, Fp32ByDefaultBf16OnTheTensorCoresNothingElse) {
+  EXPECT_EQ(gpu_products("auto"), kernels::CompactProducts::f32);
+  EXPECT_EQ(gpu_products("f32"), kernels::CompactProducts::f32);
+  EXPECT_EQ(gpu_products("bf16"), kernels::CompactProducts::bf16);
+  for (const char* other : {"int8", "amx", "fp8"}) {
+    try {
+      gpu_products(other);
+      ADD_FAILURE() << other << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_NE(std::string(e.what()).find(std::string("\"") + other + "\""), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("auto, f32 or bf16"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The probe never throws: with no driver or no GPU (this machine, CI) it says why.
 TEST(ProbeGpus, SaysWhyThereIsNoGpu) {
   GpuFacts facts;
