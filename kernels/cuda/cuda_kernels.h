@@ -273,16 +273,18 @@ void gemm_fixed_order(const float* a, int m, int lda, const DeviceMatrix& w, lon
 void gemm_tensor_core(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,
                       float* c, int ldc, cudaStream_t stream);
 
-// What grouped launches keep on the device between calls: their tile lists
-// and the experts' matrices (grown, never shrunk).
+// What the grouped launches from host offsets keep on the device between
+// calls: the offsets, the experts' matrices and biases, and the FFN's row
+// range (each grown to the largest call, never shrunk).
 struct GroupedScratch {
-  DeviceBuffer<unsigned char> tiles, matrices;
+  DeviceBuffer<unsigned char> offsets, w13, w2, b13, b2, row_range;
 };
 
 // gemm_tensor_core for many experts in one launch: rows
 // [host_offsets[e], host_offsets[e + 1]) of A (row stride lda) times
 // host_matrices[e] (every one of the same n) into the same rows of C. Each
-// row's bits are those of gemm_tensor_core on its expert alone.
+// row's bits are those of gemm_tensor_core on its expert alone. The offsets
+// and matrices go to the scratch, then as gemm_tensor_core_grouped_device.
 void gemm_tensor_core_grouped(const float* a, int lda, const int* host_offsets, int experts,
                               const DeviceMatrix* host_matrices, long long k_begin, long long k_end, float* c,
                               int ldc, GroupedScratch& scratch, cudaStream_t stream);

@@ -24,14 +24,6 @@ __global__ void __launch_bounds__(kThreads)
   tensor_detail::tensor_tile(int(threadIdx.x), blockIdx.x, blockIdx.y, shared, a, m, lda, w, k_begin, k_end, c, ldc);
 }
 
-__global__ void __launch_bounds__(kThreads)
-    gemm_tensor_core_grouped_kernel(const float* a, int lda, const tensor_detail::GroupedTile* tiles,
-                                    const DeviceMatrix* w, long long k_begin, long long k_end, float* c, int ldc) {
-  __shared__ tensor_detail::TileShared shared;
-  tensor_detail::grouped_tile(int(threadIdx.x), blockIdx.x, tiles[blockIdx.y], shared, a, lda, w, k_begin, k_end, c,
-                              ldc);
-}
-
 // The launch over device offsets: grid.y bounds the tiles; blocks past the
 // last tile leave at once.
 __global__ void __launch_bounds__(kThreads)
@@ -61,7 +53,8 @@ __global__ void add_bias_grouped_kernel(float* rows, long long max_rows, int wid
   }
 }
 
-// `bytes` of host data in `buffer` on the device, grown as needed.
+// `count` elements of host data in `buffer` on the device (grown as
+// needed), copied in the stream's order.
 template <class T>
 const T* on_device(DeviceBuffer<unsigned char>& buffer, const T* host, std::size_t count, cudaStream_t stream) {
   const std::size_t bytes = count * sizeof(T);
@@ -88,14 +81,11 @@ void gemm_tensor_core_grouped(const float* a, int lda, const int* host_offsets, 
     if (rows > 0) detail::check_gemm_arguments("gemm_tensor_core_grouped", rows, lda, host_matrices[e], k_begin,
                                                k_end, ldc);
   }
-  const std::vector<tensor_detail::GroupedTile> tiles = tensor_detail::grouped_tiles(host_offsets, experts);
-  if (tiles.empty()) return;
-  if (tiles.size() > 65535u) throw std::invalid_argument("gemm_tensor_core_grouped: more than 65535 tiles of rows");
-  const auto* d_tiles = on_device(scratch.tiles, tiles.data(), tiles.size(), stream);
-  const auto* d_matrices = on_device(scratch.matrices, host_matrices, std::size_t(experts), stream);
-  const dim3 grid(unsigned((host_matrices[0].n + kCols - 1) / kCols), unsigned(tiles.size()));
-  gemm_tensor_core_grouped_kernel<<<grid, kThreads, 0, stream>>>(a, lda, d_tiles, d_matrices, k_begin, k_end, c, ldc);
-  MOED_CUDA_CHECK(cudaGetLastError());
+  // The same launch as from device offsets, the host's uploaded to the scratch.
+  const int* d_offsets = on_device(scratch.offsets, host_offsets, std::size_t(experts) + 1, stream);
+  const DeviceMatrix* d_matrices = on_device(scratch.w13, host_matrices, std::size_t(experts), stream);
+  gemm_tensor_core_grouped_device(a, lda, d_offsets, experts, host_offsets[experts] - host_offsets[0], d_matrices,
+                                  host_matrices[0].n, k_begin, k_end, c, ldc, stream);
 }
 
 void gemm_tensor_core_grouped_device(const float* a, int lda, const int* device_offsets, int experts, int max_rows,
@@ -146,30 +136,36 @@ void expert_ffn_grouped_tensor(const float* x, const int* host_offsets, int expe
   if (experts < 0) throw std::invalid_argument("expert_ffn_grouped_tensor: a negative expert count");
   if (experts == 0) return;
   const DeviceExpert& first = host_experts[0];
-  std::vector<DeviceMatrix> w13(static_cast<std::size_t>(experts)), w2(static_cast<std::size_t>(experts));
-  for (int e = 0; e < experts; ++e) {
+  const std::size_t E = static_cast<std::size_t>(experts);
+  std::vector<DeviceMatrix> w13(E), w2(E);
+  std::vector<const float*> b13(E), b2(E);
+  for (std::size_t e = 0; e < E; ++e) {
     const DeviceExpert& x_e = host_experts[e];
     if (x_e.hidden != first.hidden || x_e.ffn != first.ffn || x_e.activation.clamped != first.activation.clamped ||
         x_e.activation.alpha != first.activation.alpha || x_e.activation.limit != first.activation.limit)
       throw std::invalid_argument("expert_ffn_grouped_tensor: expert " + std::to_string(e) +
                                   " differs from expert 0 in its shape or activation");
-    w13[std::size_t(e)] = x_e.w13;
-    w2[std::size_t(e)] = x_e.w2;
+    if (host_offsets[e + 1] < host_offsets[e] || host_offsets[e] < 0)
+      throw std::invalid_argument("expert_ffn_grouped_tensor: offsets must be non-negative and non-decreasing");
+    w13[e] = x_e.w13;
+    w2[e] = x_e.w2;
+    b13[e] = x_e.b13;
+    b2[e] = x_e.b2;
   }
-  const int H = first.hidden, F = first.ffn;
-  const long long F2 = 2LL * F;
-  gemm_tensor_core_grouped(x, H, host_offsets, experts, w13.data(), 0, H, h13, int(F2), scratch, stream);
-  for (int e = 0; e < experts; ++e)
-    if (host_experts[e].b13)
-      detail::add_bias(h13 + host_offsets[e] * F2, host_offsets[e + 1] - host_offsets[e], int(F2), F2,
-                       host_experts[e].b13, stream);
-  const long long first_row = host_offsets[0], total = host_offsets[experts] - first_row;
-  gated_activation(h13 + first_row * F2, total, F, first.activation, stream);
-  gemm_tensor_core_grouped(h13, int(F2), host_offsets, experts, w2.data(), 0, F, y, H, scratch, stream);
-  for (int e = 0; e < experts; ++e)
-    if (host_experts[e].b2)
-      detail::add_bias(y + static_cast<long long>(host_offsets[e]) * H, host_offsets[e + 1] - host_offsets[e], H,
-                       H, host_experts[e].b2, stream);
+  // The launches from device offsets, the host's uploaded to the scratch.
+  DeviceGroupedExperts grouped;
+  grouped.count = experts;
+  grouped.hidden = first.hidden;
+  grouped.ffn = first.ffn;
+  grouped.activation = first.activation;
+  grouped.w13 = on_device(scratch.w13, w13.data(), E, stream);
+  grouped.w2 = on_device(scratch.w2, w2.data(), E, stream);
+  grouped.b13 = on_device(scratch.b13, b13.data(), E, stream);
+  grouped.b2 = on_device(scratch.b2, b2.data(), E, stream);
+  if (scratch.row_range.size() < 2 * sizeof(int)) scratch.row_range = DeviceBuffer<unsigned char>(2 * sizeof(int));
+  grouped.row_range_scratch = reinterpret_cast<int*>(scratch.row_range.data());
+  const int* d_offsets = on_device(scratch.offsets, host_offsets, E + 1, stream);
+  expert_ffn_grouped_tensor_device(x, d_offsets, host_offsets[experts] - host_offsets[0], grouped, h13, y, stream);
 }
 
 void gemm_tensor_core(const float* a, int m, int lda, const DeviceMatrix& w, long long k_begin, long long k_end,

@@ -206,14 +206,15 @@ MOED_TILE_FUNCTION void tensor_tile(int tid, long long tile_x, long long tile_y,
   }
 }
 
-// The grouped launch (gemm_tensor_core_grouped): one block row per 64-row
-// tile of one expert's rows, so that every tile is the one gemm_tensor_core
-// would compute for that expert alone (the same bits).
+// The grouped launches: one block row per 64-row tile of one expert's rows,
+// so that every tile is the one gemm_tensor_core would compute for that
+// expert alone (the same bits).
 struct GroupedTile {
   int expert, tile_y, first_row, rows;  // the expert's rows: [first_row, first_row + rows) of A and C
 };
 
-// The tiles of the experts' row groups (host_offsets[experts + 1]), in expert order.
+// The tiles of the experts' row groups (host_offsets[experts + 1]), in
+// expert order: the order tile_at finds them in (and the tests' reference).
 inline std::vector<GroupedTile> grouped_tiles(const int* host_offsets, int experts) {
   std::vector<GroupedTile> tiles;
   for (int e = 0; e < experts; ++e) {

@@ -39,6 +39,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/encoded_matrix.h"
@@ -199,14 +200,19 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
       views.push_back({moed::cuda::DeviceDtype(int(dtype)), (long long)n, (long long)k, codes.back().data(),
                        m.scales.empty() ? nullptr : scales.back().data()});
     }
-    const double decode_s = best_seconds(reps, stream, [&] {
-      for (const auto& v : views)
-        moed::cuda::gemm_fixed_order(d_a.data(), 1, int(k), v, 0, (long long)k, d_c.data(), int(n), stream);
-    });
-    const double prefill_s = best_seconds(reps, stream, [&] {
-      moed::cuda::gemm_fixed_order(d_a.data(), int(prefill_rows), int(k), views[0], 0, (long long)k, d_c.data(),
-                                   int(n), stream);
-    });
+    // One GEMM's times: 1 row over every copy (decode), and the prefill rows over one.
+    using Gemm = void (*)(const float*, int, int, const moed::cuda::DeviceMatrix&, long long, long long, float*, int,
+                          cudaStream_t);
+    auto decode_and_prefill = [&](Gemm gemm) {
+      const double one_row = best_seconds(reps, stream, [&] {
+        for (const auto& v : views) gemm(d_a.data(), 1, int(k), v, 0, (long long)k, d_c.data(), int(n), stream);
+      });
+      const double rows = best_seconds(reps, stream, [&] {
+        gemm(d_a.data(), int(prefill_rows), int(k), views[0], 0, (long long)k, d_c.data(), int(n), stream);
+      });
+      return std::pair{one_row, rows};
+    };
+    const auto [decode_s, prefill_s] = decode_and_prefill(moed::cuda::gemm_fixed_order);
     char what[80];
     std::snprintf(what, sizeof what, "fixed-order %s, 1 row (%zu x %.0f MB)", moed::kernels::to_string(dtype), copies,
                   double(m.bytes()) * 1e-6);
@@ -216,14 +222,7 @@ void fixed_order_formats(const Shape& s, int reps, double bound, CublasHandle& h
                 flops / prefill_s * 1e-12, dense_s / prefill_s, flops / dense_s * 1e-12, prefill_rows);
     if (dtype == WeightDtype::f32) continue;
     // The same weights with bf16 products on the tensor cores (gemm_tensor_core).
-    const double tc_decode_s = best_seconds(reps, stream, [&] {
-      for (const auto& v : views)
-        moed::cuda::gemm_tensor_core(d_a.data(), 1, int(k), v, 0, (long long)k, d_c.data(), int(n), stream);
-    });
-    const double tc_prefill_s = best_seconds(reps, stream, [&] {
-      moed::cuda::gemm_tensor_core(d_a.data(), int(prefill_rows), int(k), views[0], 0, (long long)k, d_c.data(),
-                                   int(n), stream);
-    });
+    const auto [tc_decode_s, tc_prefill_s] = decode_and_prefill(moed::cuda::gemm_tensor_core);
     std::snprintf(what, sizeof what, "tensor cores %s, 1 row", moed::kernels::to_string(dtype));
     print_ratio(what, double(copies) * double(m.bytes()), tc_decode_s, bound);
     std::printf("%-34s %9.1f TFLOP/s  %.3f of dense bf16 cuBLAS (%.1f TFLOP/s, tensor cores), %zu rows\n",
