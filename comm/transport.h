@@ -151,9 +151,11 @@ class Transport {
   virtual std::vector<std::vector<std::byte>> world_addresses() const;
   virtual void connect_joiner(int world_rank, std::span<const std::byte> address);
   // Runs `hook` on the idle polls of this transport's waits (an exchange's,
-  // a flush's); it may throw to abandon the wait, which then unwinds as on
-  // any error. Elastic serving polls the survivors' agreement there, so that
-  // a rank blocked in a step answers it and leaves the step once it begins.
+  // a flush's, and a next_arrival(false) that finds nothing new); it may
+  // throw to abandon the wait, which then unwinds as on any error. Elastic
+  // serving polls the survivors' agreement there, so that a rank in a step
+  // (blocked, or polling its exchanges between expert calls) answers it
+  // and leaves the step once it begins.
   // Ignored by a backend without peer messages.
   virtual void set_wait_hook(std::function<void()> hook) { static_cast<void>(hook); }
 

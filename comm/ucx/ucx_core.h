@@ -120,6 +120,10 @@ class Core {
   // Exchanges and windows alive (+1 as each is made, -1 as it goes).
   void note_open(int delta) { open_ += delta; }
   void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
+  // The wait hook, from a caller that polls instead of blocking (it may throw).
+  void run_wait_hook() {
+    if (wait_hook_) wait_hook_();
+  }
   // Keeps the sends of an exchange cut short until they settle.
   void abandon(std::unique_ptr<AbandonedSends> sends);
 

@@ -34,7 +34,9 @@ joiner() {
 }
 
 start -- "${join[@]}"
-grep -q "join listener 127.0.0.1:$port (1 join slot(s) left of 1)" "$SCRATCH/job.log" || fail_seeing "rank 0 did not open its join listener"
+# The listener opens after the front doors (start-up's order): wait for it.
+wait_until 30 grep -q "join listener 127.0.0.1:$port (1 join slot(s) left of 1)" "$SCRATCH/job.log" ||
+  fail_seeing "rank 0 did not open its join listener"
 clients reference >/dev/null || fail "the undisturbed clients"
 
 # --- 1. joiners refused ------------------------------------------------------------
@@ -66,7 +68,8 @@ echo "ok: moed --join took world rank 4 (epoch 2 of 5 ranks), 4 of 24 slots migr
 paused_clients loss
 kill -KILL "$(pid_of 1)"
 clients_done loss "8 clients across world rank 1 killed, the joiner serving"
-wait_until 30 grep -q 'lost world rank(s) 1 at step' "$SCRATCH/joined.log" || fail "the joiner did not go on without world rank 1"
+wait_until 30 grep -q 'lost world rank(s) 1 at step' "$SCRATCH/joined.log" ||
+  { tail -30 "$SCRATCH/joined.log" >&2; fail_seeing "the joiner did not go on without world rank 1"; }
 wait_until 30 shows 4 "3 0 2 3 4" || fail "the joiner's status shows '$(survivors_of 4)', expected epoch 3 of 0 2 3 4"
 echo "ok: world rank 1 lost after the join: epoch 3 of 0 2 3 4, the joiner among the survivors, same bits"
 

@@ -14,7 +14,9 @@
 //   - 0-byte blocks: their sources are reported right after the open, before
 //     anything is sent;
 //   - a window: every rank puts a pattern into every rank's window at its own
-//     offset, flushes, and after a barrier each rank checks its window.
+//     offset, flushes, and after a barrier each rank checks its window;
+//   - UCX's wait hook runs on a next_arrival(false) that finds nothing new,
+//     as on a blocking wait's idle polls.
 // Exit 0 when all pass; 1 with "FAIL [backend] rank R: check: ..." lines.
 //   mpirun -np 4 transport_check [--backend ucx|mpi]... [--timeout-ms N]
 #include <fmt/format.h>
@@ -211,6 +213,28 @@ class Checker {
 
   // Rank s writes its region [s * kRegion, s * kRegion + length(s)) of every
   // rank's window; windows differ in size (the tail past the regions).
+  // Last (it leaves the transport failed), over UCX (the backend with a wait
+  // hook): rank 0 polls an exchange by next_arrival(false) while rank 1's
+  // block to it is never sent. Once nothing new has landed, the poll runs
+  // the wait hook, whose throw abandons the exchange; without it rank 0
+  // would poll until the deadline, deaf to an agreement under way.
+  void polled_wait_runs_hook() {
+    if (backend_ != "ucx" || t_.size() < 2) return;
+    struct HookFired {};
+    Open x = open_one(300, [](int src, int dst) -> std::size_t { return src == 1 && dst == 0 ? 64 : 0; });
+    if (t_.rank() != 0) return;  // its exchange goes unfinished: rank 0 abandons its end too
+    t_.set_wait_hook([] { throw HookFired{}; });
+    try {
+      while (x.exchange->next_arrival(false) != comm::Exchange::kAllArrived) {
+      }
+      fail("polled wait: every block reported, though rank 1 sent none");
+    } catch (const HookFired&) {
+    } catch (const Error& e) {
+      fail(fmt::format("polled wait: the wait hook never ran; the poll ended with: {}", e.what()));
+    }
+    t_.set_wait_hook({});
+  }
+
   void window() {
     constexpr std::size_t kRegion = std::size_t(1) << 20;
     const int n = t_.size(), me = t_.rank();
@@ -372,7 +396,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--backend" && i + 1 < argc) {
-      wanted.push_back(argv[++i]);
+      wanted.emplace_back(argv[++i]);
     } else if (arg == "--timeout-ms" && i + 1 < argc) {
       config.timeout_ms = std::stoll(argv[++i]);
     } else {
@@ -405,6 +429,7 @@ int main(int argc, char** argv) {
       check.open_exchanges(6);
       check.empty_blocks();
       check.window();
+      check.polled_wait_runs_hook();
       failures += check.failures();
       ++checked;
       transport.reset();
