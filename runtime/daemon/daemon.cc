@@ -88,13 +88,7 @@ bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
   const auto started = std::chrono::steady_clock::now();
   if (rank_ == 0) report_->boundary(now_seconds());
   if (!control_plane_->boundary(step)) return false;
-  if (agreement_) {
-    admit(control_plane_->take_admission(), "(moectl admit)");
-    if (rank_ == 0 && config_.comm.join_slots > 0) {  // a joiner reached is answered and admitted
-      welcome_joiners();
-      admit(waiting_spares(std::size_t(config_.comm.join_slots)), "as they joined (moed --join)");
-    }
-  }
+  if (agreement_) admit_at_boundary();
   follow_requests(step);
   // Rows a loss cut short, or whose answers the fencing lease held back,
   // are served again first, alone (elastic serving): a row's bits do not
@@ -121,6 +115,7 @@ bool Daemon::serve_front_door_turn(std::uint64_t step, StepRecord* reduced) {
   // The step's first collective with every member: the fencing lease runs from here.
   if (lease_) lease_->begin(std::chrono::steady_clock::now());
   const std::vector<std::uint32_t> counts = engine_->agree_layer_counts(rows, step);
+  epoch_settled_ = true;  // every member sent its counts: none is still rebuilding
   if (std::all_of(counts.begin(), counts.end(), [](std::uint32_t n) { return n == 0; })) {
     batches_pending_ = false;
     ++idle_turns_;

@@ -147,6 +147,9 @@ class Daemon {
   // Rank 0: up to `wanted` spares that wait (neither admitted nor lost),
   // and the beginning of their admission (after a loss, or moectl admit).
   std::vector<int> waiting_spares(std::size_t wanted) const;
+  // Rank 0, at a turn's boundary: answers joiners, and admits spares (moectl
+  // admit, in place of the lost, joiners) once the epoch has settled.
+  void admit_at_boundary();
   void admit(const std::vector<int>& spares, const char* why);
 
   // Join slots ([comm].join_slots; runtime/daemon/join.cc). The listener
@@ -203,6 +206,11 @@ class Daemon {
   std::unique_ptr<comm::SurvivorAgreement> agreement_;  // [comm].elastic
   std::optional<comm::FencingLease> lease_;            // [comm].elastic: may this rank answer a step's outputs
   std::uint64_t epoch_served_ = 0;                  // the survivors' epoch this rank serves in
+  // Every member has finished going on as epoch_served_ (a turn's counts
+  // came from all): rank 0 begins no admission before, or a member still
+  // in its last collective of the rebuild leaves it half done.
+  bool epoch_settled_ = true;
+  std::size_t spares_for_lost_ = 0;                 // rank 0: spares to admit in place of the lost, once settled
   std::vector<int> placement_world_;                // the world rank of each of placement_'s ranks
   bool batches_pending_ = false;                    // batches_ taken but not answered: a loss cut their step short
   std::vector<std::vector<float>> batch_inputs_;    // elastic: batches_' inputs until answered (served again from them)

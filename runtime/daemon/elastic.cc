@@ -175,6 +175,7 @@ void Daemon::share_state_with_joiners() {
 
 void Daemon::go_on_as(const comm::View& view, std::uint64_t step, std::chrono::steady_clock::time_point cut_short) {
   epoch_served_ = view.epoch;
+  epoch_settled_ = false;
   // Spares admitted: members the placement has no rank for. Spares are the
   // job's last world ranks, so they come after every other member.
   std::vector<int> joined_world;
@@ -294,7 +295,7 @@ void Daemon::go_on_as(const comm::View& view, std::uint64_t step, std::chrono::s
       newcomers.push_back(int(std::find(view.members.begin(), view.members.end(), r) - view.members.begin()));
     control_plane_->give_load_to(std::move(newcomers));
   }
-  if (!lost_world.empty()) admit(waiting_spares(lost_world.size()), "in place of the lost");
+  spares_for_lost_ += lost_world.size();  // admitted once every member has finished this rebuild
 }
 
 std::vector<int> Daemon::waiting_spares(std::size_t wanted) const {
@@ -304,6 +305,18 @@ std::vector<int> Daemon::waiting_spares(std::size_t wanted) const {
     if (present_[std::size_t(r)] && !std::binary_search(members.begin(), members.end(), r) && !agreement_->lost(r))
       spares.push_back(r);
   return spares;
+}
+
+void Daemon::admit_at_boundary() {
+  if (rank_ == 0 && config_.comm.join_slots > 0) welcome_joiners();  // a joiner reached is answered
+  // Until a turn's counts came from every member, one may still be in the
+  // rebuild's last collective: an agreement begun now would cut that
+  // short, and that member's record of the loss with it.
+  if (!epoch_settled_) return;
+  admit(control_plane_->take_admission(), "(moectl admit)");
+  admit(waiting_spares(std::exchange(spares_for_lost_, 0)), "in place of the lost");
+  if (rank_ == 0 && config_.comm.join_slots > 0)
+    admit(waiting_spares(std::size_t(config_.comm.join_slots)), "as they joined (moed --join)");
 }
 
 void Daemon::admit(const std::vector<int>& spares, const char* why) {
