@@ -330,10 +330,22 @@ __attribute__((target("amx-tile,amx-bf16"))) void on_tiles(const AmxFusedArgs& g
       }
     }
   };
+  // mxfp4: the next group's scales (its panels' follow these panels'), a
+  // share each block, so that the next call's check of them (scales_fit_tiles)
+  // and its decode find them in L1 rather than waiting on DRAM.
+  const char* next_scales = nullptr;
+  std::size_t scale_lines = 0;
+  if constexpr (kFp4 && Panels > 1) {
+    const std::ptrdiff_t stride = g.w[1].scales - g.w[0].scales;
+    next_scales = reinterpret_cast<const char*>(g.w[0].scales + Panels * stride);
+    scale_lines = std::size_t(Panels * stride + 63) / 64;
+  }
   _tile_loadconfig(&kStreamConfigs.by_rows[g.rows - 1]);
   zero_sums();
   decode(0);
   for (std::size_t b = 0; b < blocks; ++b) {
+    for (std::size_t line = b * scale_lines / blocks; line < (b + 1) * scale_lines / blocks; ++line)
+      _mm_prefetch(next_scales + 64 * line, _MM_HINT_T0);
     if (b + 1 < blocks) decode(b + 1);
     _tile_loadd(0, g.packed + b * kAmxRows * kBlock, 2 * kBlock);
     MOED_PANEL_PRODUCT(1, 4, pairs[b % 2][0])
