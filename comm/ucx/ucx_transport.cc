@@ -319,11 +319,11 @@ class UcxExchange final : public Exchange {
       if (block) {
         core_->progress_until([&] { return has_arrival() || lost_peer(); }, deadline_, [&] { throw_deadline(); });
       } else {
-        core_->progress();  // once: the caller polls between its own work
-        // A caller that only polls waits all the same: it answers the hook
-        // as a blocking wait does, or an agreement it never hears of
-        // leaves it out (mpi.elastic.late_join failed so under load).
-        if (!has_arrival()) core_->run_wait_hook();
+        const unsigned events = core_->progress();  // once: the caller polls between its own work
+        // A caller that only polls waits all the same: on an idle poll it
+        // answers the hook as a blocking wait does, or an agreement it never
+        // hears of leaves it out (mpi.elastic.late_join failed so under load).
+        if (events == 0 && !has_arrival()) core_->run_wait_hook();
         if (!has_arrival() && Clock::now() > deadline_) throw_deadline();
       }
       if (!has_arrival()) throw_if_lost();

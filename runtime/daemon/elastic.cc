@@ -308,15 +308,15 @@ std::vector<int> Daemon::waiting_spares(std::size_t wanted) const {
 }
 
 void Daemon::admit_at_boundary() {
-  if (rank_ == 0 && config_.comm.join_slots > 0) welcome_joiners();  // a joiner reached is answered
+  const bool takes_joiners = rank_ == 0 && config_.comm.join_slots > 0;
+  if (takes_joiners) welcome_joiners();  // a joiner reached is answered
   // Until a turn's counts came from every member, one may still be in the
   // rebuild's last collective: an agreement begun now would cut that
   // short, and that member's record of the loss with it.
   if (!epoch_settled_) return;
   admit(control_plane_->take_admission(), "(moectl admit)");
   admit(waiting_spares(std::exchange(spares_for_lost_, 0)), "in place of the lost");
-  if (rank_ == 0 && config_.comm.join_slots > 0)
-    admit(waiting_spares(std::size_t(config_.comm.join_slots)), "as they joined (moed --join)");
+  if (takes_joiners) admit(waiting_spares(std::size_t(config_.comm.join_slots)), "as they joined (moed --join)");
 }
 
 void Daemon::admit(const std::vector<int>& spares, const char* why) {
