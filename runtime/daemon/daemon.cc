@@ -235,6 +235,7 @@ int serve(const Config& config, const ServeOptions& options, comm::MpiSession& m
   if (!started.daemon) return started.exit_code;
   serve_until_done(*started.daemon);
   if (started.daemon->outlived_a_peer()) {
+    started.daemon->meet_before_leaving();
     // MPI_Finalize and the transport's collective teardown would wait for
     // the lost rank (docs/elastic.md): what this rank owes is written.
     spdlog::info("moed: leaving without MPI_Finalize, as a rank of the job was lost");
@@ -248,6 +249,7 @@ void serve_joined(const Config& config, const ServeOptions& options, const std::
   install_stop_signals();
   std::unique_ptr<Daemon> d = Daemon::join(config, options, listener);
   serve_until_done(*d);
+  d->meet_before_leaving();
   // Its peers are the job's, not its own: it leaves alone, as after a loss.
   note_exit_status(d->world_rank(), 0);
   exit_now(0);

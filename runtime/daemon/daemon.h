@@ -79,6 +79,12 @@ class Daemon {
   bool outlived_a_peer() const {
     return epoch_served_ > 0 || (world_topology_ && serving_ranks_ < world_topology_->ranks());
   }
+  // Before leaving without MPI_Finalize: the members meet once more (every
+  // rank hears from every other), so that none leaves while another may not
+  // yet have read its last messages (the stop among them): a process that
+  // exits may reset its connections, and what they held unread is lost.
+  // A peer lost meanwhile ends the meeting early; this rank leaves all the same.
+  void meet_before_leaving();
   // This rank's world rank (a joiner's is its join slot).
   int world_rank() const { return transport_ ? transport_->world_rank(transport_->rank()) : rank_; }
   // A spare ([comm].spares): this rank serves nothing until it is admitted.

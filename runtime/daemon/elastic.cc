@@ -324,6 +324,15 @@ void Daemon::admit(const std::vector<int>& spares, const char* why) {
     spdlog::warn("rank 0: admitting spare world rank(s) {} {}", fmt::join(spares, " "), why);
 }
 
+void Daemon::meet_before_leaving() {
+  if (!agreement_ || spare()) return;  // a spare never admitted is no member
+  try {
+    control_.all_max(0, "the members' last meeting before leaving");
+  } catch (const std::exception& e) {
+    spdlog::info("rank {}: the last meeting before leaving ended early: {}", rank_, e.what());
+  }
+}
+
 std::uint64_t Daemon::next_step(std::uint64_t step) {
   if (!resume_at_) return step + 1;
   const std::uint64_t next = *resume_at_;
