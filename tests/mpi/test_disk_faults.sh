@@ -67,7 +67,9 @@ grep -q "the statistics file .* written again after" "$run/log" || { tail -5 "$r
 echo "ok: $(grep -m1 'written again' "$run/log" | cut -c1-140)"
 
 # A read-only committed placement: the migration aborts before its switch.
-mount -o remount,ro "$disk"
+# The remount is refused while a file on the mount is open for writing (the
+# statistics, written every 20 steps): it is tried again until it takes.
+wait_until 30 bash -c "mount -o remount,ro '$disk' 2>/dev/null" || fail "$disk could not be made read-only in 30 s"
 rc=0
 ctl migrate 1 3 0 >"$run/ctl.out" 2>&1 || rc=$?
 [ "$rc" = 1 ] || { cat "$run/ctl.out" >&2; fail "migrate with a read-only committed file: exit $rc, expected 1"; }
