@@ -17,6 +17,19 @@ void throw_ucs(const char* call, ucs_status_t status, std::string_view detail) {
   MOED_THROW(Runtime, "{} ({}): {}", call, detail, ucs_status_string(status));
 }
 
+bool connection_gone(ucs_status_t status) {
+  switch (status) {
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::string tls_without_peer_memory_access(const std::string& tls) {
   // knem and xpmem read a peer's memory too, but Debian's UCX has neither,
   // and naming a transport UCX lacks makes it warn at every start.

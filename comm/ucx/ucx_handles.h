@@ -21,6 +21,12 @@ namespace moed::comm::ucx {
 // appended when given).
 [[noreturn]] void throw_ucs(const char* call, ucs_status_t status, std::string_view detail = {});
 
+// Whether an operation failed because its peer's connection is gone (the
+// process ended, the link broke, or the endpoint timed out), as opposed to
+// a misuse or a disagreement on sizes. An operation can report this before
+// the peer's watch endpoint does.
+bool connection_gone(ucs_status_t status);
+
 inline void check_ucs(ucs_status_t status, const char* call) {
   if (status != UCS_OK) throw_ucs(call, status);
 }

@@ -46,6 +46,8 @@ using UcxCore = ucx::Core;
 // with its callbacks until they complete or their peer is lost; the caller
 // keeps the send buffers until then (Transport::continue_with waits for it).
 class MessageSet final : public ucx::AbandonedSends {
+  struct Op;
+
  public:
   // at_most: a receive's size is its capacity, filled from 1 byte up.
   MessageSet(const UcxCore& core, std::size_t capacity, bool at_most)
@@ -157,9 +159,13 @@ class MessageSet final : public ucx::AbandonedSends {
   void check(const std::string& what) const {
     // A lost peer first, whatever else failed with it.
     std::vector<int> lost;
+    const Op* failed_first = nullptr;  // before its peer's watch endpoint said so
     for (const Op& op : ops_)
-      if (op.done && op.status != UCS_OK && core_.lost(core_.world_rank(op.peer))) lost.push_back(op.peer);
-    if (!lost.empty()) throw_unreachable(lost, what);
+      if (op.done && unreachable(op)) {
+        lost.push_back(op.peer);
+        if (!failed_first && !core_.lost(op.world)) failed_first = &op;
+      }
+    if (!lost.empty()) throw_unreachable(lost, what, failed_first);
     for (const Op& op : ops_) check(op, what);
   }
 
@@ -172,7 +178,10 @@ class MessageSet final : public ucx::AbandonedSends {
     return peers;
   }
 
-  [[noreturn]] void throw_unreachable(std::vector<int> peers, const std::string& what) const {
+  // failed_first: an operation that failed with its connection before a
+  // watch endpoint reported its peer, named as the cause.
+  [[noreturn]] void throw_unreachable(std::vector<int> peers, const std::string& what,
+                                      const Op* failed_first = nullptr) const {
     std::sort(peers.begin(), peers.end());
     peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
     std::vector<int> world;
@@ -182,8 +191,13 @@ class MessageSet final : public ucx::AbandonedSends {
       names.push_back(core_.name(peer));
     }
     throw PeersUnreachable(world,
-                           fmt::format("{}: {}: lost [{}] (their endpoints failed)", core_.name(core_.rank()), what,
-                                       fmt::join(names, ", ")),
+                           fmt::format("{}: {}: lost [{}] ({})", core_.name(core_.rank()), what,
+                                       fmt::join(names, ", "),
+                                       failed_first ? fmt::format("{} {} failed: {}",
+                                                                  failed_first->is_recv ? "a receive from" : "a send to",
+                                                                  core_.name(failed_first->peer),
+                                                                  ucs_status_string(failed_first->status))
+                                                    : std::string("their endpoints failed")),
                            __FILE__, __LINE__);
   }
 
@@ -202,8 +216,7 @@ class MessageSet final : public ucx::AbandonedSends {
 
   void check(const Op& op, const std::string& what) const {
     const std::string me = core_.name(core_.rank()), peer = core_.name(op.peer);
-    if (op.status != UCS_OK && op.status != UCS_ERR_MESSAGE_TRUNCATED && core_.lost(core_.world_rank(op.peer)))
-      throw_unreachable({op.peer}, what);
+    if (unreachable(op)) throw_unreachable({op.peer}, what, core_.lost(op.world) ? nullptr : &op);
     if (op.status == UCS_ERR_MESSAGE_TRUNCATED)
       MOED_THROW(Runtime, "{}: {}: {} sent more than the {} bytes expected", me, what, peer, op.expected);
     if (op.status != UCS_OK)
@@ -212,6 +225,16 @@ class MessageSet final : public ucx::AbandonedSends {
     if (op.is_recv && op.length != op.expected && !(at_most_ && op.length > 0 && op.length < op.expected))
       MOED_THROW(Runtime, "{}: {}: {} sent {} bytes, {} expected (the ranks disagree on the exchange layout)", me,
                  what, peer, op.length, op.expected);
+  }
+
+  // Failed because its peer is gone: the peer's watch endpoint said so, or
+  // the operation's own status did first (a send to a rank killed a moment
+  // ago fails at once). The peer is not marked lost here: the receives
+  // matched to it are still waited for (cancel_receives), and the survivors'
+  // agreement decides.
+  bool unreachable(const Op& op) const {
+    if (op.status == UCS_OK || op.status == UCS_ERR_MESSAGE_TRUNCATED) return false;
+    return core_.lost(op.world) || ucx::connection_gone(op.status);
   }
 
   Op& add(int peer, bool is_recv, std::size_t bytes) {

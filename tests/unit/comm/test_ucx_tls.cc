@@ -22,5 +22,17 @@ TEST(UcxTls, TheTransportsThatReadAPeersMemoryAreLeftOut) {
   EXPECT_EQ(tls_without_peer_memory_access("cma"), "");
 }
 
+// An exchange whose send or receive fails with one of these names its peer
+// as unreachable (elastic serving suspects it) instead of ending the rank;
+// any other failure is a broken exchange.
+TEST(UcxStatus, OnlyAGoneConnectionMakesAPeerUnreachable) {
+  for (ucs_status_t gone : {UCS_ERR_ENDPOINT_TIMEOUT, UCS_ERR_CONNECTION_RESET, UCS_ERR_UNREACHABLE,
+                            UCS_ERR_NOT_CONNECTED, UCS_ERR_REJECTED})
+    EXPECT_TRUE(connection_gone(gone)) << ucs_status_string(gone);
+  for (ucs_status_t other : {UCS_OK, UCS_INPROGRESS, UCS_ERR_MESSAGE_TRUNCATED, UCS_ERR_CANCELED,
+                             UCS_ERR_NO_MEMORY, UCS_ERR_INVALID_PARAM, UCS_ERR_IO_ERROR})
+    EXPECT_FALSE(connection_gone(other)) << ucs_status_string(other);
+}
+
 }  // namespace
 }  // namespace moed::comm::ucx
