@@ -87,7 +87,9 @@ inline constexpr std::chrono::seconds kCancelGrace{1};
 // has not finished (after an error) cancels its receives and waits, at most
 // kCancelGrace, until none can still write into the receive blocks; past it
 // the job is ending (a stalled sender never delivers), and a late write is
-// better than a rank that never aborts. Sends still pending go on unwatched.
+// better than a rank that never aborts, or, in elastic serving, the memory
+// is handed to the backend (keep_until_received). Sends still pending go on
+// unwatched.
 class Exchange {
  public:
   static constexpr int kNoneYet = -2;    // next_arrival(false): nothing new has landed
@@ -105,6 +107,14 @@ class Exchange {
   virtual void finish() = 0;
   // The bytes that landed from `source` (after it was reported).
   virtual std::size_t received_bytes(int source) const = 0;
+  // Before an exchange cut short by a loss is destroyed: `memory` holds its
+  // receive blocks. A receive whose sender stalled mid-message (stopped, or
+  // cut off) cannot be cancelled, and writes into its block whenever that
+  // sender runs again, even after the survivors left it out. The backend
+  // keeps `memory` for as long as such a receive is unfinished (for good,
+  // if its sender never sends again: one step's blocks per loss), so that
+  // no later allocation is written into. The default drops it at once.
+  virtual void keep_until_received(std::vector<std::byte> memory) { static_cast<void>(memory); }
 };
 
 // One rank's end of the job's data path.

@@ -146,7 +146,15 @@ void Core::continue_with(const std::vector<int>& world_members, std::uint64_t ep
                                __FILE__, __LINE__);
       },
       /*hook=*/false);  // the caller's hook would see the agreement it is acting on
-  abandoned_.clear();
+  // Receives still matched to a stalled sender keep their set, and the memory.
+  std::erase_if(abandoned_, [](const auto& set) { return set->receiving_into() == 0; });
+  if (!abandoned_.empty()) {
+    std::size_t bytes = 0;
+    for (const auto& set : abandoned_) bytes += set->receiving_into();
+    spdlog::warn("UCX transport on world rank {}: epoch {}: {} exchanges cut short still have receives matched to a "
+                 "sender that stalled mid-message; their {} bytes are kept until the data comes (or for good)",
+                 world_rank_, epoch_, abandoned_.size(), bytes);
+  }
   failed_ = false;  // the loss is behind: the members' exchanges and windows tear down together again
 }
 

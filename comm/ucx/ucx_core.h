@@ -61,15 +61,21 @@ inline ucp_tag_t exchange_tag(std::uint64_t epoch, std::uint64_t sequence, int w
 inline ucp_tag_t peer_message_tag(int world_sender) { return kPeerMessageBit | ucp_tag_t(world_sender); }
 inline int tag_sender(ucp_tag_t tag) { return int(tag & ((ucp_tag_t{1} << kRankBits) - 1)); }
 
-// The sends of an exchange cut short, alive with their requests until UCX
-// is done with them (a peer that matched a rendezvous still reads the
-// sender's memory); released by the core once every send to a rank not lost
-// has completed (continue_with waits for that), or at its end.
+// The messages of an exchange cut short, alive with their requests until
+// UCX is done with them: a peer that matched a rendezvous still reads the
+// sender's memory, and a receive matched to a sender that stalled still
+// writes into its block when that sender runs again (the exchange holds
+// the blocks' memory then, Exchange::keep_until_received). continue_with
+// waits for every send to a member, and releases the sets whose receives
+// are done too; the others stay, with their memory, until theirs are, or
+// until the core's end.
 class AbandonedSends {
  public:
   virtual ~AbandonedSends() = default;
   // World ranks not lost whose send has not completed.
   virtual std::vector<int> unsettled() const = 0;
+  // Bytes of memory kept for receives matched and not completed; 0 when none.
+  virtual std::size_t receiving_into() const = 0;
 };
 
 // Members are declared in creation order, so they are released endpoints first.

@@ -141,9 +141,11 @@ class Endpoint {
   }
   ucp_ep_h get() const { return ep_; }
   explicit operator bool() const { return ep_ != nullptr; }
-  // Starts the graceful close (flushing outstanding operations); the handle
-  // no longer owns the endpoint. The returned request completes when closed.
-  Request start_close();
+  // Starts the close; the handle no longer owns the endpoint. The returned
+  // request completes when closed. Graceful: outstanding operations are
+  // flushed, which needs the peer. Forced: they are ended at once with an
+  // error, without the peer (the failure path).
+  Request start_close(bool force = false);
 
  private:
   ucp_ep_h ep_ = nullptr;

@@ -55,7 +55,7 @@ class MessageSet final : public ucx::AbandonedSends {
     ops_.reserve(capacity);
   }
   ~MessageSet() override {
-    cancel_receives();
+    if (!cancelled_) cancel_receives();
     for (Op& op : ops_)
       if (op.request) ucp_request_free(op.request);  // a send goes on unwatched
   }
@@ -63,6 +63,7 @@ class MessageSet final : public ucx::AbandonedSends {
   // Cancels the receives not matched yet, and waits (at most kCancelGrace)
   // for those matched to land; not for a lost peer's, which never will.
   void cancel_receives() {
+    cancelled_ = true;
     const auto receiving = [&] {
       return std::any_of(ops_.begin(), ops_.end(), [&](const Op& op) {
         return op.is_recv && op.request && !op.done && !core_.lost(op.world);
@@ -82,6 +83,14 @@ class MessageSet final : public ucx::AbandonedSends {
 
   bool sending() const {
     return std::any_of(ops_.begin(), ops_.end(), [](const Op& op) { return !op.is_recv && !op.done; });
+  }
+
+  // The memory the receive blocks lie in, kept with the set.
+  void keep(std::vector<std::byte> memory) { kept_ = std::move(memory); }
+  std::size_t receiving_into() const override {
+    const bool receiving = std::any_of(ops_.begin(), ops_.end(),
+                                       [](const Op& op) { return op.is_recv && op.request && !op.done; });
+    return receiving ? kept_.size() : 0;
   }
 
   // Every send to a rank not lost has completed.
@@ -274,6 +283,8 @@ class MessageSet final : public ucx::AbandonedSends {
   const UcxCore& core_;
   ucp_worker_h worker_;
   bool at_most_;
+  bool cancelled_ = false;
+  std::vector<std::byte> kept_;  // the receive blocks' memory, once handed over (keep)
   std::vector<Op> ops_;
   std::size_t completed_ = 0;
   std::deque<std::size_t> arrivals_;  // completed receives (indices into ops_) not yet taken
@@ -321,8 +332,10 @@ class UcxExchange final : public Exchange {
     if (finished_) return;
     core_->mark_failed();
     messages_->cancel_receives();
-    if (messages_->sending()) core_->abandon(std::move(messages_));
+    if (messages_->sending() || messages_->receiving_into() > 0) core_->abandon(std::move(messages_));
   }
+
+  void keep_until_received(std::vector<std::byte> memory) override { messages_->keep(std::move(memory)); }
 
   void send(int dest, const std::byte* data, std::size_t bytes) override {
     guarded([&] {
@@ -526,6 +539,13 @@ class UcxWindow final : public RmaWindow {
     ucs_status_ptr_t result = ucp_put_nbx(core_->endpoint(target), src, bytes, remote_base_[target] + offset,
                                                 rkeys_[target].get(), &param);
     if (UCS_PTR_IS_ERR(result) && core_->lost(core_->world_rank(target))) return;  // flush() reports it
+    if (UCS_PTR_IS_ERR(result) && ucx::connection_gone(UCS_PTR_STATUS(result))) {  // before its watch endpoint said so
+      core_->mark_failed();
+      throw PeersUnreachable({core_->world_rank(target)},
+                             fmt::format("{}: a put to {} failed: {}", core_->name(core_->rank()), core_->name(target),
+                                         ucs_status_string(UCS_PTR_STATUS(result))),
+                             __FILE__, __LINE__);
+    }
     ucx::Request request(ucx::check_request(result, "ucp_put_nbx", fmt::format("to {}", core_->name(target))));
   }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -457,7 +458,11 @@ void LayerPass::finish() {
 }
 
 void LayerPass::abandon() {
+  // The receive blocks go with their exchanges: a sender that stalled
+  // mid-message may still write into them (Exchange::keep_until_received).
   for (Stream& s : streams_) {
+    if (s.rows) s.rows->keep_until_received(std::exchange(s.recv, {}));
+    if (s.answers) s.answers->keep_until_received(std::exchange(s.back, {}));
     s.rows.reset();
     s.answers.reset();
   }

@@ -1,0 +1,96 @@
+// Elastic serving over UCX, two ranks as threads: a sender that stalls in
+// the middle of a rendezvous (stopped, or cut off past [comm].timeout_ms),
+// is left out by the survivors, and then runs on. UCX still writes its
+// block into the receive it matched, which no cancel can stop: the memory
+// must be the transport's by then, never the survivor's next epoch's. The
+// survivor's exchange gave up at its deadline and was abandoned as the
+// engine abandons a step (Exchange::keep_until_received); its teardown
+// waited kCancelGrace for the receive already matched; the survivors went
+// on (continue_with), and allocated their next memory.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/transport.h"
+#include "common/error.h"
+#include "tests/unit/comm/run_ranks.h"
+
+namespace moed::comm {
+namespace {
+
+constexpr std::size_t kBytes = 1 << 20;  // far past UCX's rendezvous threshold
+constexpr std::byte kPoison{0xAB}, kSent{0x5A};
+
+// What each thread has done; the other waits for it.
+enum Stage : int { kStarted, kSenderPosted, kSurvivorWentOn, kSenderDone };
+
+void wait_for(const std::atomic<int>& stage, int wanted, Transport* progressing = nullptr) {
+  while (stage.load() < wanted) {
+    if (progressing)
+      progressing->progress();
+    else
+      std::this_thread::yield();
+  }
+}
+
+TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
+  std::atomic<int> stage{kStarted};
+  std::size_t written_late = 0;
+  test::run_ranks(2, [&](Bootstrap& bootstrap) {
+    CommConfig config;
+    config.backend = comm::Backend::ucx;
+    config.elastic = true;
+    // The survivor gives up on the stalled sender at once; the sender,
+    // once it runs again, waits as long as its send needs.
+    config.timeout_ms = bootstrap.rank() == 0 ? 300 : 10000;
+    std::unique_ptr<Transport> t = create_transport(config, bootstrap);
+    // A step served together first: the endpoints are wired up, so that the
+    // stalled send's first message leaves at once.
+    {
+      ExchangeLayout layout;
+      layout.send_bytes = layout.recv_bytes = {kBytes, kBytes};
+      layout.send_offsets = layout.recv_offsets = ExchangeLayout::prefix_offsets(layout.send_bytes);
+      std::vector<std::byte> send(2 * kBytes, kSent), recv(2 * kBytes);
+      t->exchange(send.data(), layout, recv.data(), "a step served together");
+    }
+    const std::vector<std::size_t> none{0, 0};
+    if (bootstrap.rank() == 1) {
+      const std::vector<std::byte> data(kBytes, kSent);
+      auto exchange = t->open_exchange(nullptr, none, none, "a block to rank 0", ReceiveSizes::exact);
+      exchange->send(0, data.data(), kBytes);  // the rendezvous starts
+      stage = kSenderPosted;
+      wait_for(stage, kSurvivorWentOn);  // stalled: it does not progress UCX
+      try {
+        exchange->finish();  // delivered, or refused by the survivor
+      } catch (const Error&) {
+      }
+      exchange.reset();
+      t->continue_with({1}, 1);  // alone, so that neither teardown waits for the other
+      stage = kSenderDone;
+      return;
+    }
+    wait_for(stage, kSenderPosted);
+    {
+      std::vector<std::byte> block(kBytes, kPoison);
+      const std::vector<std::size_t> bytes{0, kBytes};
+      auto exchange = t->open_exchange(block.data(), bytes, none, "a block from a stalled sender", ReceiveSizes::exact);
+      EXPECT_THROW(exchange->finish(), PeersUnreachable);
+      exchange->keep_until_received(std::move(block));  // as the engine abandons a step
+    }  // cancelled, and given up past the grace
+    t->continue_with({0}, 1);
+    // The next epoch's memory: where the block was, were it released.
+    std::vector<std::byte> fresh(kBytes, kPoison);
+    stage = kSurvivorWentOn;
+    wait_for(stage, kSenderDone, t.get());
+    for (int i = 0; i < 10000; ++i) t->progress();  // whatever the sender sent reaches this worker
+    for (std::byte b : fresh) written_late += b != kPoison;
+  });
+  EXPECT_EQ(written_late, 0u) << "the left-out sender wrote into memory the survivor had released";
+}
+
+}  // namespace
+}  // namespace moed::comm
