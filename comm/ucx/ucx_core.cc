@@ -160,6 +160,15 @@ void Core::continue_with(const std::vector<int>& world_members, std::uint64_t ep
 
 void Core::abandon(std::unique_ptr<AbandonedSends> sends) { abandoned_.push_back(std::move(sends)); }
 
+void Core::keep_window_memory(std::unique_ptr<MappedMemory> memory) {
+  std::size_t bytes = memory->bytes();
+  for (const auto& kept : kept_windows_) bytes += kept->bytes();
+  spdlog::warn("UCX transport on world rank {}: a window torn down without its peers keeps its {} bytes (a peer's "
+               "puts may still arrive); {} bytes of such windows are kept in all",
+               world_rank_, memory->bytes(), bytes);
+  kept_windows_.push_back(std::move(memory));
+}
+
 void Core::discard_stale_messages(std::optional<std::uint64_t> only) {
   std::size_t discarded = 0;
   const auto discard_epoch = [&](std::uint64_t epoch) {

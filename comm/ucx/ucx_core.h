@@ -132,6 +132,10 @@ class Core {
   }
   // Keeps the sends of an exchange cut short until they settle.
   void abandon(std::unique_ptr<AbandonedSends> sends);
+  // Keeps the memory of a window torn down without its peers until the
+  // core's end: a peer's puts into it may still arrive (one window per
+  // loss that cut a migration short).
+  void keep_window_memory(std::unique_ptr<MappedMemory> memory);
 
   // Progresses the worker until done() holds. Past the deadline, calls
   // on_expiry, which must throw (the transport is then marked failed).
@@ -199,9 +203,6 @@ class Core {
   // Receives and drops every unexpected exchange message of an epoch other
   // than epoch_ (of `epoch` alone, when given).
   void discard_stale_messages(std::optional<std::uint64_t> epoch = std::nullopt);
-  // Waits (under the deadline) until every abandoned send to a member has
-  // completed, then releases them all.
-  void settle_abandoned_sends();
 
   Bootstrap& bootstrap_;
   int world_rank_ = 0, world_size_ = 1, rank_ = 0;
@@ -220,6 +221,7 @@ class Core {
   ucx::Worker worker_;
   std::vector<ucx::Endpoint> endpoints_;        // none to self: the self block is a memcpy
   std::vector<ucx::Endpoint> watch_endpoints_;  // with detect_lost_peers: report a lost peer
+  std::vector<std::unique_ptr<MappedMemory>> kept_windows_;  // unmapped before the worker and the context go
   std::vector<std::unique_ptr<AbandonedSends>> abandoned_;  // released before the endpoints
 };
 

@@ -484,9 +484,10 @@ class UcxWindow final : public RmaWindow {
  public:
   UcxWindow(std::shared_ptr<UcxCore> core, std::size_t bytes)
       : core_(std::move(core)),
-        memory_(core_->context(), std::max<std::size_t>(bytes, 1)),  // UCX refuses length 0
+        memory_(std::make_unique<ucx::MappedMemory>(core_->context(),
+                                                    std::max<std::size_t>(bytes, 1))),  // UCX refuses length 0
         bytes_(bytes) {
-    std::memset(memory_.data(), 0, memory_.bytes());
+    std::memset(memory_->data(), 0, memory_->bytes());
     core_->note_open(+1);
   }
   ~UcxWindow() override {
@@ -502,9 +503,13 @@ class UcxWindow final : public RmaWindow {
     } catch (const std::exception& e) {
       spdlog::warn("UCX window teardown: {}", e.what());
     }
+    // Torn down alone (a loss, or an error): a peer's puts may still be on
+    // their way, and over tcp this rank's worker writes each where its
+    // sender aimed it, whenever it arrives. The memory stays.
+    if (core_->failed()) core_->keep_window_memory(std::move(memory_));
   }
 
-  const ucx::MappedMemory& memory() const { return memory_; }
+  const ucx::MappedMemory& memory() const { return *memory_; }
 
   // Called once by create_window with every rank's base address, size and
   // packed rkey (packed[r] is rank r's).
@@ -519,7 +524,7 @@ class UcxWindow final : public RmaWindow {
     unflushed_.assign(core_->size(), false);
   }
 
-  std::byte* local() override { return memory_.data(); }
+  std::byte* local() override { return memory_->data(); }
   std::size_t bytes() const override { return bytes_; }
 
   void put(int target, std::size_t offset, const void* src, std::size_t bytes) override {
@@ -530,7 +535,7 @@ class UcxWindow final : public RmaWindow {
                remote_bytes_[target]);
     if (bytes == 0) return;
     if (target == core_->rank()) {
-      std::memcpy(memory_.data() + offset, src, bytes);
+      std::memcpy(memory_->data() + offset, src, bytes);
       return;
     }
     ucp_request_param_t param{};
@@ -594,7 +599,7 @@ class UcxWindow final : public RmaWindow {
   }
 
   std::shared_ptr<UcxCore> core_;  // outlives the keys and the memory
-  ucx::MappedMemory memory_;
+  std::unique_ptr<ucx::MappedMemory> memory_;
   std::size_t bytes_;
   std::vector<std::uint64_t> remote_base_, remote_bytes_;
   std::vector<ucx::Rkey> rkeys_;  // released before the memory and the endpoints

@@ -11,6 +11,9 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "comm/transport.h"
 #include "common/error.h"
 #include "tests/unit/comm/run_ranks.h"
+#include "tests/unit/comm/ucx_environment.h"
 
 namespace moed::comm {
 namespace {
@@ -37,17 +41,21 @@ void wait_for(const std::atomic<int>& stage, int wanted, Transport* progressing 
   }
 }
 
+std::unique_ptr<Transport> elastic_transport(Bootstrap& bootstrap, std::int64_t timeout_ms) {
+  CommConfig config;
+  config.backend = comm::Backend::ucx;
+  config.elastic = true;
+  config.timeout_ms = timeout_ms;
+  return create_transport(config, bootstrap);
+}
+
 TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
   std::atomic<int> stage{kStarted};
   std::size_t written_late = 0;
   test::run_ranks(2, [&](Bootstrap& bootstrap) {
-    CommConfig config;
-    config.backend = comm::Backend::ucx;
-    config.elastic = true;
     // The survivor gives up on the stalled sender at once; the sender,
     // once it runs again, waits as long as its send needs.
-    config.timeout_ms = bootstrap.rank() == 0 ? 300 : 10000;
-    std::unique_ptr<Transport> t = create_transport(config, bootstrap);
+    std::unique_ptr<Transport> t = elastic_transport(bootstrap, bootstrap.rank() == 0 ? 300 : 10000);
     // A step served together first: the endpoints are wired up, so that the
     // stalled send's first message leaves at once.
     {
@@ -90,6 +98,47 @@ TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
     for (std::byte b : fresh) written_late += b != kPoison;
   });
   EXPECT_EQ(written_late, 0u) << "the left-out sender wrote into memory the survivor had released";
+}
+
+// The same for a window (live migration's): a rank tears its window down
+// alone after a loss (an exception unwinds), while a peer's puts into it
+// are still on their way. Over tcp this rank's worker writes each put
+// where its sender aimed it, whenever it arrives: the memory must still
+// be the window's.
+TEST(UcxLeftOutPeer, CannotPutIntoAWindowTornDownAlone) {
+  test::UcxEnvironment env({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}});
+  constexpr std::size_t kWindow = 8 << 20;  // more than the sockets hold: the puts go on after the teardown
+  std::atomic<int> stage{kStarted};
+  std::size_t written_late = 0;
+  test::run_ranks(2, [&](Bootstrap& bootstrap) {
+    std::unique_ptr<Transport> t = elastic_transport(bootstrap, 10000);
+    std::unique_ptr<RmaWindow> window = t->create_window(kWindow, "a migration's window");
+    const auto tear_down_alone = [&] {
+      try {
+        const std::unique_ptr<RmaWindow> going = std::move(window);
+        throw std::runtime_error("a loss");
+      } catch (const std::runtime_error&) {
+      }
+    };
+    if (bootstrap.rank() == 1) {
+      const std::vector<std::byte> data(kWindow, kSent);
+      window->put(0, 0, data.data(), kWindow);
+      stage = kSenderPosted;
+      wait_for(stage, kSurvivorWentOn);  // stalled: it does not progress UCX
+      window->flush("the puts into rank 0");
+      tear_down_alone();
+      stage = kSenderDone;
+      return;
+    }
+    wait_for(stage, kSenderPosted);
+    tear_down_alone();
+    std::vector<std::byte> fresh(kWindow, kPoison);  // where the window was, were it unmapped
+    stage = kSurvivorWentOn;
+    wait_for(stage, kSenderDone, t.get());
+    for (int i = 0; i < 10000; ++i) t->progress();
+    for (std::byte b : fresh) written_late += b != kPoison;
+  });
+  EXPECT_EQ(written_late, 0u) << "a peer's puts landed in memory the window had released";
 }
 
 }  // namespace
