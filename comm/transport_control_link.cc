@@ -22,13 +22,17 @@ class TransportControlLink final : public ControlLink {
   void broadcast(void* data, std::size_t bytes, const std::string& what) override {
     std::vector<std::size_t> recv(std::size_t(size()), 0), offsets(std::size_t(size()), 0);
     if (rank() != 0) recv[0] = bytes;
-    std::byte* buffer = bytes ? static_cast<std::byte*>(data) : &unused_;
-    auto exchange = t_.open_exchange(buffer, recv, offsets, what, ReceiveSizes::exact);
-    if (rank() == 0 && bytes) {
-      const std::byte* block = outgoing(buffer, bytes);
-      for (int r = 1; r < size(); ++r) exchange->send(r, block, bytes);
-    }
-    exchange->finish();
+    // Received into the link's own memory, then copied: the caller's may
+    // not outlive an exchange cut short (finish_or_keep).
+    std::vector<std::byte> in(rank() != 0 ? bytes : 0);
+    auto exchange = t_.open_exchange(in.empty() ? &unused_ : in.data(), recv, offsets, what, ReceiveSizes::exact);
+    finish_or_keep(*exchange, in, [&] {
+      if (rank() == 0 && bytes) {
+        const std::byte* block = outgoing(data, bytes);
+        for (int r = 1; r < size(); ++r) exchange->send(r, block, bytes);
+      }
+    });
+    if (!in.empty()) std::memcpy(data, in.data(), bytes);
   }
 
   void reduce(std::span<double> values, Op op, const std::string& what) override { fold(values, op, what); }
@@ -85,6 +89,21 @@ class TransportControlLink final : public ControlLink {
     return outbox_.data();
   }
 
+  // Sends (send()), then waits for the exchange. Cut short (a lost peer,
+  // the deadline), the exchange takes the memory its blocks are received
+  // into: a sender that stalled mid-message may still write into it
+  // (Exchange::keep_until_received).
+  template <class Send>
+  static void finish_or_keep(Exchange& exchange, std::vector<std::byte>& received, Send&& send) {
+    try {
+      send();
+      exchange.finish();
+    } catch (...) {
+      exchange.keep_until_received(std::move(received));
+      throw;
+    }
+  }
+
   // Rank r's `sizes[r]` bytes at `data`, on rank 0 in rank order (rank 0
   // must know every size; the others only their own).
   std::vector<std::byte> gather_blocks(const void* data, const std::vector<std::size_t>& sizes,
@@ -97,9 +116,9 @@ class TransportControlLink final : public ControlLink {
       out.resize(offsets.back() + recv.back());
     }
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), recv, offsets, what, ReceiveSizes::exact);
-    if (const std::size_t mine = sizes[std::size_t(rank())])
-      exchange->send(0, outgoing(data, mine), mine);
-    exchange->finish();
+    finish_or_keep(*exchange, out, [&] {
+      if (const std::size_t mine = sizes[std::size_t(rank())]) exchange->send(0, outgoing(data, mine), mine);
+    });
     return out;
   }
 
@@ -110,11 +129,12 @@ class TransportControlLink final : public ControlLink {
     const std::vector<std::size_t> offsets = ExchangeLayout::prefix_offsets(sizes);
     std::vector<std::byte> out(offsets.back() + sizes.back());
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), sizes, offsets, what, ReceiveSizes::exact);
-    if (mine) {
-      const std::byte* block = outgoing(data, mine);
-      for (int r = 0; r < size(); ++r) exchange->send(r, block, mine);
-    }
-    exchange->finish();
+    finish_or_keep(*exchange, out, [&] {
+      if (mine) {
+        const std::byte* block = outgoing(data, mine);
+        for (int r = 0; r < size(); ++r) exchange->send(r, block, mine);
+      }
+    });
     return out;
   }
 

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -19,6 +20,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/transport.h"
+#include "comm/transport_control_link.h"
 #include "common/error.h"
 #include "tests/unit/comm/run_ranks.h"
 #include "tests/unit/comm/ucx_environment.h"
@@ -49,13 +51,17 @@ std::unique_ptr<Transport> elastic_transport(Bootstrap& bootstrap, std::int64_t 
   return create_transport(config, bootstrap);
 }
 
-TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
+// The bytes of the survivor's next allocation that the stalled sender
+// wrote into. `receive` is the survivor's side of the message: it gives
+// up at the deadline (300 ms) and leaves the exchange cut short.
+std::size_t written_after_leaving_out_a_stalled_sender(int sender, const std::function<void(Transport&)>& receive) {
   std::atomic<int> stage{kStarted};
   std::size_t written_late = 0;
   test::run_ranks(2, [&](Bootstrap& bootstrap) {
+    const int me = bootstrap.rank(), other = 1 - me;
     // The survivor gives up on the stalled sender at once; the sender,
     // once it runs again, waits as long as its send needs.
-    std::unique_ptr<Transport> t = elastic_transport(bootstrap, bootstrap.rank() == 0 ? 300 : 10000);
+    std::unique_ptr<Transport> t = elastic_transport(bootstrap, me == sender ? 10000 : 300);
     // A step served together first: the endpoints are wired up, so that the
     // stalled send's first message leaves at once.
     {
@@ -65,11 +71,11 @@ TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
       std::vector<std::byte> send(2 * kBytes, kSent), recv(2 * kBytes);
       t->exchange(send.data(), layout, recv.data(), "a step served together");
     }
-    const std::vector<std::size_t> none{0, 0};
-    if (bootstrap.rank() == 1) {
+    if (me == sender) {
+      const std::vector<std::size_t> none{0, 0};
       const std::vector<std::byte> data(kBytes, kSent);
-      auto exchange = t->open_exchange(nullptr, none, none, "a block to rank 0", ReceiveSizes::exact);
-      exchange->send(0, data.data(), kBytes);  // the rendezvous starts
+      auto exchange = t->open_exchange(nullptr, none, none, "a block to the survivor", ReceiveSizes::exact);
+      exchange->send(other, data.data(), kBytes);  // the rendezvous starts
       stage = kSenderPosted;
       wait_for(stage, kSurvivorWentOn);  // stalled: it does not progress UCX
       try {
@@ -77,27 +83,45 @@ TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
       } catch (const Error&) {
       }
       exchange.reset();
-      t->continue_with({1}, 1);  // alone, so that neither teardown waits for the other
+      t->continue_with({me}, 1);  // alone, so that neither teardown waits for the other
       stage = kSenderDone;
       return;
     }
     wait_for(stage, kSenderPosted);
-    {
-      std::vector<std::byte> block(kBytes, kPoison);
-      const std::vector<std::size_t> bytes{0, kBytes};
-      auto exchange = t->open_exchange(block.data(), bytes, none, "a block from a stalled sender", ReceiveSizes::exact);
-      EXPECT_THROW(exchange->finish(), PeersUnreachable);
-      exchange->keep_until_received(std::move(block));  // as the engine abandons a step
-    }  // cancelled, and given up past the grace
-    t->continue_with({0}, 1);
-    // The next epoch's memory: where the block was, were it released.
-    std::vector<std::byte> fresh(kBytes, kPoison);
+    receive(*t);
+    t->continue_with({me}, 1);
+    // The next epoch's memory: blocks of the same size, where the freed
+    // ones were (the receive's, and the caller's where they differ).
+    std::vector<std::vector<std::byte>> fresh(4, std::vector<std::byte>(kBytes, kPoison));
     stage = kSurvivorWentOn;
     wait_for(stage, kSenderDone, t.get());
     for (int i = 0; i < 10000; ++i) t->progress();  // whatever the sender sent reaches this worker
-    for (std::byte b : fresh) written_late += b != kPoison;
+    for (const auto& block : fresh)
+      for (std::byte b : block) written_late += b != kPoison;
   });
-  EXPECT_EQ(written_late, 0u) << "the left-out sender wrote into memory the survivor had released";
+  return written_late;
+}
+
+TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
+  const std::size_t written = written_after_leaving_out_a_stalled_sender(1, [](Transport& t) {
+    std::vector<std::byte> block(kBytes, kPoison);
+    const std::vector<std::size_t> bytes{0, kBytes}, offsets{0, 0};
+    auto exchange = t.open_exchange(block.data(), bytes, offsets, "a block from a stalled sender", ReceiveSizes::exact);
+    EXPECT_THROW(exchange->finish(), PeersUnreachable);
+    exchange->keep_until_received(std::move(block));  // as the engine abandons a step
+  });  // cancelled, and given up past the grace
+  EXPECT_EQ(written, 0u) << "the left-out sender wrote into memory the survivor had released";
+}
+
+// The control channel's collectives over the transport: a broadcast from a
+// root that stalled mid-message.
+TEST(UcxLeftOutPeer, CannotWriteIntoAControlBroadcastCutShort) {
+  const std::size_t written = written_after_leaving_out_a_stalled_sender(0, [](Transport& t) {
+    std::vector<std::byte> block(kBytes, kPoison);
+    const std::unique_ptr<ControlLink> link = transport_control_link(t);
+    EXPECT_THROW(link->broadcast(block.data(), kBytes, "a broadcast from a stalled root"), PeersUnreachable);
+  });
+  EXPECT_EQ(written, 0u) << "the left-out root wrote into memory the survivor had released";
 }
 
 // The same for a window (live migration's): a rank tears its window down
