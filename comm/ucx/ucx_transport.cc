@@ -39,8 +39,10 @@ using UcxCore = ucx::Core;
 // (UCS_ERR_CANCELED) only a receive that no message has matched yet; one
 // already matched (a rendezvous under way) goes on and completes as its data
 // lands, and a handle released before then lets UCX write into the buffer
-// unseen. Past the grace (a sender stalled mid-rendezvous) the receive is
-// released unfinished: the job is ending. UCX cannot cancel a send, and a
+// unseen. Past the grace (a sender stalled mid-rendezvous), a set given the
+// blocks' memory (keep) goes to the core with it, its receives unreleased,
+// until they complete (elastic serving goes on, and the sender may run
+// again); one without is released unfinished. UCX cannot cancel a send, and a
 // peer that matched a rendezvous still reads the sender's memory: a set
 // with sends pending is handed to the core (ucx::AbandonedSends), alive
 // with its callbacks until they complete or their peer is lost; the caller
