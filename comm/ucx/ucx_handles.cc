@@ -99,12 +99,8 @@ Endpoint::Endpoint(ucp_worker_h worker, std::span<const std::byte> remote_addres
   check_ucs(ucp_ep_create(worker, &params, &ep_), "ucp_ep_create");
 }
 
-Request Endpoint::start_close(bool force) {
-  ucp_request_param_t param{};
-  if (force) {
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  }
+Request Endpoint::start_close() {
+  ucp_request_param_t param{};  // no FORCE flag: flush, then close
   return Request(
       check_request(ucp_ep_close_nbx(std::exchange(ep_, nullptr), &param), "ucp_ep_close_nbx"));
 }

@@ -141,11 +141,9 @@ class Endpoint {
   }
   ucp_ep_h get() const { return ep_; }
   explicit operator bool() const { return ep_ != nullptr; }
-  // Starts the close; the handle no longer owns the endpoint. The returned
-  // request completes when closed. Graceful: outstanding operations are
-  // flushed, which needs the peer. Forced: they are ended at once with an
-  // error, without the peer (the failure path).
-  Request start_close(bool force = false);
+  // Starts the graceful close (flushing outstanding operations); the handle
+  // no longer owns the endpoint. The returned request completes when closed.
+  Request start_close();
 
  private:
   ucp_ep_h ep_ = nullptr;
