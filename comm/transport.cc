@@ -1,6 +1,7 @@
 #include "comm/transport.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -42,13 +43,21 @@ void Transport::exchange(const std::byte* send, const ExchangeLayout& layout, st
   MOED_CHECK(int(layout.send_bytes.size()) == n && int(layout.recv_bytes.size()) == n &&
                  int(layout.send_offsets.size()) == n && int(layout.recv_offsets.size()) == n,
              "{}: layout for {} ranks", what, layout.send_bytes.size());
-  std::unique_ptr<Exchange> x = open_exchange(recv, layout.recv_bytes, layout.recv_offsets, what, ReceiveSizes::exact);
-  // Remote blocks first, so that the copy to self overlaps their travel.
-  for (int i = 1; i <= n; ++i) {
-    const int dest = (rank() + i) % n;
-    x->send(dest, send + layout.send_offsets[dest], layout.send_bytes[dest]);
-  }
-  x->finish();
+  std::size_t extent = 0;
+  for (int r = 0; r < n; ++r) extent = std::max(extent, layout.recv_offsets[r] + layout.recv_bytes[r]);
+  std::vector<std::byte> received(extent);
+  std::unique_ptr<Exchange> x =
+      open_exchange(received.data(), layout.recv_bytes, layout.recv_offsets, what, ReceiveSizes::exact);
+  finish_or_keep(*x, received, [&] {
+    // Remote blocks first, so that the copy to self overlaps their travel.
+    for (int i = 1; i <= n; ++i) {
+      const int dest = (rank() + i) % n;
+      x->send(dest, send + layout.send_offsets[dest], layout.send_bytes[dest]);
+    }
+  });
+  for (int r = 0; r < n; ++r)  // block by block: what lies between them is the caller's
+    if (layout.recv_bytes[r])
+      std::memcpy(recv + layout.recv_offsets[r], received.data() + layout.recv_offsets[r], layout.recv_bytes[r]);
 }
 
 void Transport::exchange_sizes(const std::uint64_t* send, std::uint64_t* recv, const std::string& what) {

@@ -170,6 +170,10 @@ class Transport {
   virtual void set_wait_hook(std::function<void()> hook) { static_cast<void>(hook); }
 
   // Blocking exchanges, built on open_exchange (the same messages and bits).
+  // Each receives into memory of its own and copies the blocks to `recv`
+  // once every block has landed: cut short by a loss, it hands that memory
+  // to the exchange (finish_or_keep), since the caller's may be released
+  // while a stalled sender can still write into it.
   // The all-to-all-v of a whole layout: send every block, wait for all.
   void exchange(const std::byte* send, const ExchangeLayout& layout, std::byte* recv, const std::string& what);
   // send[r] goes to rank r; recv[r] comes from rank r.
@@ -177,6 +181,21 @@ class Transport {
   // Every rank contributes `bytes`; recv holds all contributions in rank order.
   void all_gather(const void* send, std::size_t bytes, void* recv, const std::string& what);
 };
+
+// Runs `send` (the exchange's sends), then waits for every block. Cut
+// short (a lost peer, the deadline), the exchange takes `received`, the
+// memory its blocks are received into (Exchange::keep_until_received), and
+// the error goes on.
+template <class Send>
+void finish_or_keep(Exchange& exchange, std::vector<std::byte>& received, Send&& send) {
+  try {
+    send();
+    exchange.finish();
+  } catch (...) {
+    exchange.keep_until_received(std::move(received));
+    throw;
+  }
+}
 
 struct TransportBackend {
   const char* name;

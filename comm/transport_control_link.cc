@@ -89,21 +89,6 @@ class TransportControlLink final : public ControlLink {
     return outbox_.data();
   }
 
-  // Sends (send()), then waits for the exchange. Cut short (a lost peer,
-  // the deadline), the exchange takes the memory its blocks are received
-  // into: a sender that stalled mid-message may still write into it
-  // (Exchange::keep_until_received).
-  template <class Send>
-  static void finish_or_keep(Exchange& exchange, std::vector<std::byte>& received, Send&& send) {
-    try {
-      send();
-      exchange.finish();
-    } catch (...) {
-      exchange.keep_until_received(std::move(received));
-      throw;
-    }
-  }
-
   // Rank r's `sizes[r]` bytes at `data`, on rank 0 in rank order (rank 0
   // must know every size; the others only their own).
   std::vector<std::byte> gather_blocks(const void* data, const std::vector<std::size_t>& sizes,

@@ -113,6 +113,20 @@ TEST(UcxLeftOutPeer, CannotWriteIntoAReceiveBlockReleasedUnfinished) {
   EXPECT_EQ(written, 0u) << "the left-out sender wrote into memory the survivor had released";
 }
 
+// The blocking exchanges (Transport::exchange, all_gather), which the
+// router candidates and the expert census use: the caller's block is freed
+// as the error unwinds.
+TEST(UcxLeftOutPeer, CannotWriteIntoABlockingExchangeCutShort) {
+  const std::size_t written = written_after_leaving_out_a_stalled_sender(1, [](Transport& t) {
+    std::vector<std::byte> block(kBytes, kPoison);
+    ExchangeLayout layout;
+    layout.send_bytes = layout.send_offsets = layout.recv_offsets = {0, 0};
+    layout.recv_bytes = {0, kBytes};
+    EXPECT_THROW(t.exchange(nullptr, layout, block.data(), "a block from a stalled sender"), PeersUnreachable);
+  });
+  EXPECT_EQ(written, 0u) << "the left-out sender wrote into memory the survivor had released";
+}
+
 // The control channel's collectives over the transport: a broadcast from a
 // root that stalled mid-message.
 TEST(UcxLeftOutPeer, CannotWriteIntoAControlBroadcastCutShort) {
