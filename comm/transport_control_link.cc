@@ -19,20 +19,20 @@ class TransportControlLink final : public ControlLink {
   int size() const override { return t_.size(); }
   void set_progress(std::function<void()>) override {}  // the exchanges progress the transport
 
+  // Rank 0's block to every other rank, through the blocking exchange,
+  // which receives into memory of its own (Transport::exchange).
   void broadcast(void* data, std::size_t bytes, const std::string& what) override {
-    std::vector<std::size_t> recv(std::size_t(size()), 0), offsets(std::size_t(size()), 0);
-    if (rank() != 0) recv[0] = bytes;
-    // Received into the link's own memory, then copied: the caller's may
-    // not outlive an exchange cut short (finish_or_keep).
-    std::vector<std::byte> in(rank() != 0 ? bytes : 0);
-    auto exchange = t_.open_exchange(in.empty() ? &unused_ : in.data(), recv, offsets, what, ReceiveSizes::exact);
-    finish_or_keep(*exchange, in, [&] {
-      if (rank() == 0 && bytes) {
-        const std::byte* block = outgoing(data, bytes);
-        for (int r = 1; r < size(); ++r) exchange->send(r, block, bytes);
-      }
-    });
-    if (!in.empty()) std::memcpy(data, in.data(), bytes);
+    ExchangeLayout layout;
+    layout.send_bytes.assign(std::size_t(size()), 0);
+    layout.recv_bytes.assign(std::size_t(size()), 0);
+    layout.send_offsets.assign(std::size_t(size()), 0);  // the same block to every rank
+    layout.recv_offsets.assign(std::size_t(size()), 0);
+    if (rank() == 0)
+      std::fill(layout.send_bytes.begin() + 1, layout.send_bytes.end(), bytes);
+    else
+      layout.recv_bytes[0] = bytes;
+    const std::byte* block = rank() == 0 ? outgoing(data, bytes) : nullptr;
+    t_.exchange(block, layout, static_cast<std::byte*>(data), what);
   }
 
   void reduce(std::span<double> values, Op op, const std::string& what) override { fold(values, op, what); }
