@@ -18,6 +18,10 @@ const config::Section<CommConfig>& comm_config_section() {
           config::integer<C>("timeout_ms", &C::timeout_ms, 60000, 100, 86400000,
                              "deadline of every blocking exchange; on expiry the job ends with "
                              "a diagnostic instead of hanging"),
+          config::integer<C>("nccl_lanes", &C::nccl_lanes, 8, 1, 64,
+                             "backend nccl: communicators (each with its stream) that exchanges take in turn; "
+                             "at least the exchanges a step has open at once (2 per micro-batch, 6 with "
+                             "hierarchical dispatch), or later ones wait for earlier ones to launch"),
           config::flag<C>("hierarchical", &C::hierarchical, true,
                           "cross islands once per token (to a gateway that forwards inside its "
                           "island, and sums before the return); false: every rank sends directly"),

@@ -27,6 +27,7 @@ struct CommConfig {
   Backend backend = Backend::automatic;
   ControlMedium control = ControlMedium::mpi;
   std::int64_t timeout_ms = 0;
+  std::int64_t nccl_lanes = 0;
   bool hierarchical = true;
   bool narrow_answers = true;
   bool detect_lost_peers = false;
@@ -35,6 +36,9 @@ struct CommConfig {
   std::int64_t join_slots = 0;
   std::int64_t lease_ms = 0;
   std::string join_listen;
+  // Not a key: the CUDA device the rank's experts run on (-1: the CPU), set
+  // by the daemon from [experts].device; the NCCL transport runs there.
+  int device = -1;
   std::int64_t wait_spin_polls = 32, wait_yield_polls = 2048, wait_sleep_us = 20, wait_sleep_max_us = 1000;
 };
 

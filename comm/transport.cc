@@ -8,6 +8,7 @@
 #include "comm/bootstrap.h"
 #include "comm/mpi/mpi_transport.h"
 #include "comm/nccl/nccl_probe.h"
+#include "comm/nccl/nccl_transport.h"
 #include "comm/ucx/ucx_transport.h"
 #include "common/error.h"
 
@@ -80,9 +81,8 @@ void Transport::all_gather(const void* send, std::size_t bytes, void* recv, cons
 // In order of preference: "auto" picks the first that can run on every rank.
 std::span<const TransportBackend> transport_backends() {
   static const TransportBackend table[] = {
-      // No constructor yet: its probe refuses it on every host (nccl_probe.h).
-      {"nccl", "NCCL grouped send/receive of rows in GPU memory (NVLink, InfiniBand with GPUDirect)",
-       nccl_unavailable, nullptr},
+      {"nccl", "NCCL grouped send/receive through the rank's GPU (NVLink, InfiniBand with GPUDirect)",
+       nccl_unavailable, create_nccl_transport},
       {"ucx", "UCX (ucp) tagged messages and RMA puts (shared memory, tcp, InfiniBand, ...)",
        ucx_unavailable, create_ucx_transport},
       {"mpi", "MPI point-to-point over the job's communicator (any fabric Open MPI drives)",
@@ -111,7 +111,7 @@ std::unique_ptr<Transport> create_transport(const CommConfig& config, Bootstrap&
   std::vector<int> usable(backends.size(), 0);
   for (std::size_t i = 0; i < backends.size(); ++i) {
     if (!automatic && !named(backends[i])) continue;
-    why_not[i] = backends[i].unavailable(bootstrap);
+    why_not[i] = backends[i].unavailable(config, bootstrap);
     usable[i] = why_not[i] ? 0 : 1;
   }
   for (std::size_t i = 0; i < backends.size(); ++i)
@@ -122,7 +122,6 @@ std::unique_ptr<Transport> create_transport(const CommConfig& config, Bootstrap&
     const TransportBackend& b = backends[i];
     if (!automatic && !named(b)) continue;
     if (usable[i]) {
-      MOED_CHECK(b.create != nullptr, "[comm].backend {} passed its probe but has no constructor", b.name);
       return b.create(config, bootstrap);
     }
     if (automatic) continue;

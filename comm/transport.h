@@ -1,6 +1,5 @@
 // The Transport interface: the narrow set of exchanges the data path needs,
-// implemented by each backend (MPI and UCX; NCCL's probe is in the table, its
-// exchanges come with the GPU path: docs/gpu.md). Like NCCL's
+// implemented by each backend (NCCL, UCX and MPI). Like NCCL's
 // transports, a backend is a small table entry: a name, a probe that says
 // whether it can run here (and why not), and a constructor.
 //
@@ -98,7 +97,9 @@ class Exchange {
   virtual ~Exchange() = default;
   // Sends `bytes` at `data` to `dest` (exactly the receiver's recv_bytes for
   // this rank; the buffer must stay untouched until finish()). To self: a
-  // copy into the receive block, reported as an arrival.
+  // copy into the receive block, reported as an arrival. A sender calls it
+  // once for every other rank, 0 bytes included: a backend may start an
+  // exchange's messages only once it knows all of them (NCCL's groups).
   virtual void send(int dest, const std::byte* data, std::size_t bytes) = 0;
   // A source whose block has landed and was not reported before; with
   // `block`, waits for one (under the deadline). kAllArrived once all have.
@@ -200,12 +201,11 @@ void finish_or_keep(Exchange& exchange, std::vector<std::byte>& received, Send&&
 struct TransportBackend {
   const char* name;
   const char* description;
-  // Why this backend cannot run in this process over `bootstrap`, or nullopt
-  // when it can.
-  std::optional<std::string> (*unavailable)(const Bootstrap& bootstrap);
+  // Why this backend cannot run in this process with `config` over
+  // `bootstrap`, or nullopt when it can.
+  std::optional<std::string> (*unavailable)(const CommConfig& config, const Bootstrap& bootstrap);
   // Collective over the bootstrap's ranks, which must outlive the transport
-  // and its windows (their teardown is collective too). nullptr for a
-  // backend whose probe refuses it everywhere in this build (nccl, for now).
+  // and its windows (their teardown is collective too).
   std::unique_ptr<Transport> (*create)(const CommConfig&, Bootstrap&);
 };
 

@@ -102,7 +102,11 @@ class TransportControlLink final : public ControlLink {
     }
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), recv, offsets, what, ReceiveSizes::exact);
     finish_or_keep(*exchange, out, [&] {
-      if (const std::size_t mine = sizes[std::size_t(rank())]) exchange->send(0, outgoing(data, mine), mine);
+      const std::size_t mine = sizes[std::size_t(rank())];
+      const std::byte* block = outgoing(data, mine);
+      // Every other rank gets an empty block: an exchange may start once it has them all (nccl).
+      for (int r = 0; r < size(); ++r)
+        if (r == 0 || r != rank()) exchange->send(r, block, r == 0 ? mine : 0);
     });
     return out;
   }
@@ -115,10 +119,8 @@ class TransportControlLink final : public ControlLink {
     std::vector<std::byte> out(offsets.back() + sizes.back());
     auto exchange = t_.open_exchange(out.empty() ? &unused_ : out.data(), sizes, offsets, what, ReceiveSizes::exact);
     finish_or_keep(*exchange, out, [&] {
-      if (mine) {
-        const std::byte* block = outgoing(data, mine);
-        for (int r = 0; r < size(); ++r) exchange->send(r, block, mine);
-      }
+      const std::byte* block = outgoing(data, mine);
+      for (int r = 0; r < size(); ++r) exchange->send(r, block, mine);
     });
     return out;
   }

@@ -350,7 +350,7 @@ std::unique_ptr<Transport> create_mpi_transport(const CommConfig& config, Bootst
   return std::make_unique<MpiTransport>(config, mpi_communicator(bootstrap, "mpi"));
 }
 
-std::optional<std::string> mpi_unavailable(const Bootstrap& bootstrap) {
+std::optional<std::string> mpi_unavailable(const CommConfig&, const Bootstrap& bootstrap) {
   if (dynamic_cast<const MpiBootstrap*>(&bootstrap)) return std::nullopt;
   return std::string("it runs only over the job's MPI (this bootstrap is not)");
 }

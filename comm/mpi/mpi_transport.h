@@ -16,6 +16,6 @@ namespace moed::comm {
 std::unique_ptr<Transport> create_mpi_transport(const CommConfig& config, Bootstrap& bootstrap);
 
 // Why not: the bootstrap is not over MPI (nullopt when it is).
-std::optional<std::string> mpi_unavailable(const Bootstrap& bootstrap);
+std::optional<std::string> mpi_unavailable(const CommConfig& config, const Bootstrap& bootstrap);
 
 }  // namespace moed::comm

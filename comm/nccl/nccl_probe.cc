@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "comm/nccl/nccl_transport.h"
+
 namespace moed::comm {
 
 namespace {
@@ -72,16 +74,16 @@ void probe_library(NcclFacts& facts) {
 
 }  // namespace
 
-NcclFacts probe_nccl() {
+NcclFacts probe_nccl(const CommConfig& config) {
   NcclFacts facts;
+  facts.transport_built = nccl_transport_built();
+  facts.experts_on_gpu = config.device >= 0;
   try {
     probe_gpus(facts);
     probe_library(facts);
   } catch (...) {  // only formatting a reason can throw here
     facts.no_gpu = "probe failed";  // short enough not to allocate
   }
-  // Rows travel in host memory, even to experts on a GPU (docs/gpu.md).
-  facts.transport_built = false;
   return facts;
 }
 
@@ -92,13 +94,21 @@ std::string nccl_version_string(int code) {
 std::optional<std::string> nccl_unavailable_with(const NcclFacts& facts) {
   if (!facts.no_gpu.empty()) return "it carries rows in GPU memory, and there is no GPU here: " + facts.no_gpu;
   if (!facts.no_library.empty()) return "NCCL cannot be loaded: " + facts.no_library;
+  const std::string here = fmt::format("NCCL {} and {} GPU{} are here", nccl_version_string(facts.nccl_version),
+                                       facts.gpus, facts.gpus == 1 ? "" : "s");
+  if (facts.nccl_version < kOldestNccl)
+    return fmt::format("{}, but the transport needs NCCL {} or later (non-blocking communicators)", here,
+                       nccl_version_string(kOldestNccl));
   if (!facts.transport_built)
-    return fmt::format("NCCL {} and {} GPU{} are here, but this build moves token rows in host memory only "
-                       "(the NCCL exchanges are not built); use ucx or mpi",
-                       nccl_version_string(facts.nccl_version), facts.gpus, facts.gpus == 1 ? "" : "s");
+    return here + ", but this moed was built without nvcc, so without the NCCL transport's CUDA side; use ucx or mpi";
+  if (!facts.experts_on_gpu)
+    return here + ", but the experts run on the CPU ([experts].device): their rows live in host memory, and NCCL "
+                  "would carry every block through the GPU and back; use ucx or mpi";
   return std::nullopt;
 }
 
-std::optional<std::string> nccl_unavailable(const Bootstrap&) { return nccl_unavailable_with(probe_nccl()); }
+std::optional<std::string> nccl_unavailable(const CommConfig& config, const Bootstrap&) {
+  return nccl_unavailable_with(probe_nccl(config));
+}
 
 }  // namespace moed::comm

@@ -694,7 +694,7 @@ std::unique_ptr<Transport> create_ucx_transport(const CommConfig& config, Bootst
   return std::make_unique<UcxTransport>(config, bootstrap);
 }
 
-std::optional<std::string> ucx_unavailable(const Bootstrap&) {
+std::optional<std::string> ucx_unavailable(const CommConfig&, const Bootstrap&) {
   try {
     ucx::Context context = ucx::make_context(1);
     ucx::Worker worker = ucx::make_worker(context.get());

@@ -43,6 +43,6 @@ std::unique_ptr<Transport> create_ucx_transport(const CommConfig& config, Bootst
 
 // Why UCX cannot run in this process (ucp_init or a worker fails, e.g. no
 // usable transport in UCX_TLS), or nullopt when it can; any bootstrap will do.
-std::optional<std::string> ucx_unavailable(const Bootstrap& bootstrap);
+std::optional<std::string> ucx_unavailable(const CommConfig& config, const Bootstrap& bootstrap);
 
 }  // namespace moed::comm

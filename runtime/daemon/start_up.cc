@@ -389,7 +389,9 @@ class Daemon::Startup {
   // router biases (a broadcast), the tracer, the snapshot and the control plane.
   void open_transport() {
     d_.bootstrap_.emplace(mpi_->world(), std::chrono::milliseconds(c_.comm.timeout_ms));
-    d_.transport_ = comm::create_transport(c_.comm, *d_.bootstrap_);
+    comm::CommConfig comm = c_.comm;
+    if (device_.device == ExpertDevice::cuda) comm.device = device_.gpu;  // where nccl carries rows
+    d_.transport_ = comm::create_transport(comm, *d_.bootstrap_);
   }
   void build_engine_and_control();
   // Rounds 3 to 5, each with its config: what clients reach.

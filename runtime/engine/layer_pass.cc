@@ -387,10 +387,9 @@ void LayerPass::send_gateway_answers() {
   for (int h = 0; h < ranks(); ++h) {
     if (h == me()) continue;
     const std::size_t bytes = gateway_.layout.send_bytes[h];  // one per rank: prepared from hop 1's sources
-    if (bytes) {
-      hop1.answers->send(h, gateway_.send.data() + gateway_.layout.send_offsets[h], bytes);
-      counters_.bytes_sent[int(setup_.topology->link(me(), h))] += bytes;
-    }
+    // Empty blocks too: a transport may launch the exchange once every rank has had its send (nccl).
+    hop1.answers->send(h, gateway_.send.data() + gateway_.layout.send_offsets[h], bytes);
+    counters_.bytes_sent[int(setup_.topology->link(me(), h))] += bytes;
   }
   gateway_answered_ = true;
 }

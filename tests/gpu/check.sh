@@ -82,6 +82,13 @@ cmake_args=(-DMOED_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nv
             -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.openmpi"
             -DOPENSSL_ROOT_DIR="$prefix/usr")
 command -v ninja >/dev/null && cmake_args+=(-G Ninja)
+# NCCL for the nccl transport: nccl.h to build it, libnccl.so.2 to load it. The
+# toolkit's where it has one; else torch's pip package (nvidia-nccl-*).
+nccl_dir=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
+  cmake_args+=(-DNCCL_INCLUDE_DIR="$nccl_dir/include")
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_dir/lib
+fi
 # Extra configure arguments, e.g. a CPU host's rehearsal without its own packages:
 # MOED_GPU_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr"
 read -r -a extra <<<"${MOED_GPU_CMAKE_ARGS:-}"
@@ -134,6 +141,14 @@ for dtype in f32 bf16 fp8 mxfp4 int8; do
   done
   say "$dtype: the GPU's outputs are the CPU's, bit for bit, in 1 and 2 micro-batches"
 done
+# The nccl transport, as far as one GPU allows (NCCL takes one rank per GPU):
+# its lanes made, started and closed around a serve, which gives the CPU's bits.
+if [ "$rehearsal" != 1 ]; then
+  serve "$scratch/gpu-nccl" --set experts.dtype=\"f32\" --set experts.device=\"cuda\" --set comm.backend=\"nccl\"
+  grep -Eq "transport +nccl" "$scratch/gpu-nccl.log" || fail "nccl: the serve's report does not name the nccl transport"
+  cmp -s "$scratch/cpu-f32" "$scratch/gpu-nccl" || fail "nccl: the outputs differ from the CPU's"
+  say "nccl transport, one rank: started, served the CPU's bits, closed"
+fi
 # bf16 products on the tensor cores: bit for bit the same in 1 and 2
 # micro-batches, and near the CPU's fp32 outputs (the rows rounded to bf16:
 # within 2% of the largest output; the figure is printed).
