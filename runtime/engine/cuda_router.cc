@@ -50,6 +50,23 @@ struct CudaRouter::Impl {
   }
   // Frees on the rank's GPU, whichever device the calling thread had current.
   ~Impl() { cudaSetDevice(gpu); }
+
+  // The rows to the device, normalised (into xn) and gated (into logits) on
+  // the stream: the device's logits.
+  float* norm_and_gate(int layer, const float* host_x, std::size_t count) {
+    MOED_CUDA_CHECK(cudaSetDevice(gpu));
+    const DeviceRouterLayer& w = layers.at(std::size_t(layer));
+    const std::size_t H = std::size_t(hidden), E = std::size_t(experts);
+    const int rows = int(count);
+    float* dx = device_at_least(x, count * H);
+    float* dxn = device_at_least(xn, count * H);
+    float* dlogits = device_at_least(logits, count * E);
+    MOED_CUDA_CHECK(cudaMemcpyAsync(dx, host_x, count * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+    cuda::rms_norm(dx, w.norm.data(), rows, hidden, norm_eps, dxn, stream);
+    cuda::gemm_fixed_order(dxn, rows, hidden, w.gate_view, 0, hidden, dlogits, experts, stream);
+    if (w.gate_bias.size()) cuda::add_row_bias(dlogits, rows, experts, w.gate_bias.data(), stream);
+    return dlogits;
+  }
 };
 
 CudaRouter::CudaRouter(const Config& config, const ExpertStore& store, int gpu)
@@ -61,23 +78,17 @@ void CudaRouter::route(int layer, const float* x, std::size_t count, float* xn, 
                        const double* adjust) {
   Impl& d = *impl_;
   if (count == 0) return;
-  MOED_CUDA_CHECK(cudaSetDevice(d.gpu));
   const DeviceRouterLayer& w = d.layers.at(std::size_t(layer));
   const std::size_t H = std::size_t(d.hidden), E = std::size_t(d.experts), W = std::size_t(d.width);
   const int rows = int(count);
-  float* dx = device_at_least(d.x, count * H);
-  float* dxn = device_at_least(d.xn, count * H);
-  float* dlogits = device_at_least(d.logits, count * E);
+  float* dlogits = d.norm_and_gate(layer, x, count);
+  float* dxn = d.xn.data();
   float* dweights = device_at_least(d.weights, count * W);
   int* dids = device_at_least(d.ids, count * W);
   int* dcounts = device_at_least(d.counts, count);
-  MOED_CUDA_CHECK(cudaMemcpyAsync(dx, x, count * H * sizeof(float), cudaMemcpyHostToDevice, d.stream));
   double* dadjust = adjust ? device_at_least(d.adjust, count * E) : nullptr;
   if (adjust)
     MOED_CUDA_CHECK(cudaMemcpyAsync(dadjust, adjust, count * E * sizeof(double), cudaMemcpyHostToDevice, d.stream));
-  cuda::rms_norm(dx, w.norm.data(), rows, d.hidden, d.norm_eps, dxn, d.stream);
-  cuda::gemm_fixed_order(dxn, rows, d.hidden, w.gate_view, 0, d.hidden, dlogits, d.experts, d.stream);
-  if (w.gate_bias.size()) cuda::add_row_bias(dlogits, rows, d.experts, w.gate_bias.data(), d.stream);
   cuda::route_tokens(dlogits, rows, d.experts, d.rule, w.selection_bias.size() ? w.selection_bias.data() : nullptr,
                      dadjust, dids, dweights, dcounts, d.stream);
   d.host_ids.resize(std::max(d.host_ids.size(), count * W));
@@ -96,6 +107,17 @@ void CudaRouter::route(int layer, const float* x, std::size_t count, float* xn, 
       routing.add(std::uint32_t(d.host_ids[t * W + i]), d.host_weights[t * W + i]);
     routing.end_token();
   }
+}
+
+void CudaRouter::norm_and_gate(int layer, const float* x, std::size_t count, float* xn, float* logits) {
+  Impl& d = *impl_;
+  if (count == 0) return;
+  const float* dlogits = d.norm_and_gate(layer, x, count);
+  MOED_CUDA_CHECK(cudaMemcpyAsync(xn, d.xn.data(), count * std::size_t(d.hidden) * sizeof(float),
+                                  cudaMemcpyDeviceToHost, d.stream));
+  MOED_CUDA_CHECK(cudaMemcpyAsync(logits, dlogits, count * std::size_t(d.experts) * sizeof(float),
+                                  cudaMemcpyDeviceToHost, d.stream));
+  d.stream.synchronize();
 }
 
 }  // namespace moed::runtime

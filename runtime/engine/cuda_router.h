@@ -5,7 +5,8 @@
 // step: kernels/cuda's rms_norm sums as kernels::rms_norm does, the gate is
 // the fixed-order GEMM over fp32 weights, and the router shares the CPU
 // router's arithmetic. The normalised rows (what the experts take) and the
-// routing come back to the host, where dispatch goes on unchanged. Each
+// routing come back to the host, where dispatch goes on unchanged; under a
+// policy that decides on the host, the normalised rows and the logits. Each
 // layer's norm, gate and biases are copied to the device at construction:
 // they never migrate.
 #pragma once
@@ -24,6 +25,7 @@ class CudaRouter final : public DeviceRouter {
 
   void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
              const double* adjust) override;
+  void norm_and_gate(int layer, const float* x, std::size_t count, float* xn, float* logits) override;
 
  private:
   struct Impl;

@@ -17,10 +17,6 @@ bool device_can_route(const RouterPolicies& policies) {
 std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
                                                  int gpu) {
   if (device == ExpertDevice::cpu) return nullptr;
-  // A policy that needs the step's tokens or the CPU's logits (fixed by the config) keeps the stage on the
-  // CPU: no router on the device at all.
-  const RouterPolicies policies(config, store.shape().layers, store.shape().experts);
-  if (!device_can_route(policies)) return nullptr;
 #if MOED_HAVE_CUDA_EXECUTOR
   return std::make_unique<CudaRouter>(config, store, gpu);
 #else
@@ -75,11 +71,13 @@ void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepReco
     rec.router.changed += lost_pairs(plain_routing_, routing);
     return;
   }
-  kernels::rms_norm(rows.x, store_.layer(rows.layer).norm.data(), rows.count, H, float(config_.model.norm_eps),
-                    xn_.data());
   if (!replayed) {
+    logits_.resize(rows.count * std::size_t(store_.shape().experts));
+    norm_and_gate(rows.layer, rows.x, rows.count, xn_.data(), logits_.data());
     if (!choose_experts(rows, routing, rec)) return;
   } else {
+    kernels::rms_norm(rows.x, store_.layer(rows.layer).norm.data(), rows.count, H, float(config_.model.norm_eps),
+                      xn_.data());
     if (!policies_.shares_tokens()) return;  // replayed as recorded
     plain_routing_ = routing;
     // Only a load policy applies to replayed routing: its experts are the candidates.
@@ -100,10 +98,15 @@ void RouteStage::run(const Rows& rows, bool replayed, Routing& routing, StepReco
   rec.router.changed += lost_pairs(plain_routing_, routing);
 }
 
+void RouteStage::norm_and_gate(int layer, const float* x, std::size_t count, float* xn, float* logits) {
+  if (device_router_) return device_router_->norm_and_gate(layer, x, count, xn, logits);
+  kernels::rms_norm(x, store_.layer(layer).norm.data(), count, store_.shape().hidden, float(config_.model.norm_eps),
+                    xn);
+  gate_logits(layer, xn, count, logits);
+}
+
 bool RouteStage::choose_experts(const Rows& rows, Routing& routing, StepRecord& rec) {
   const std::size_t E = std::size_t(store_.shape().experts);
-  logits_.resize(rows.count * E);
-  gate_logits(rows.layer, xn_.data(), rows.count, logits_.data());
   const RouterParams router = router_of(rows.layer);
   const double* adjust = policies_.adjustments(rows.layer, rows.tags, adjust_);
   if (!adjust && !policies_.shares_tokens()) {
@@ -142,9 +145,7 @@ void RouteStage::measure_jitter(const Rows& rows, const double* adjust, StepReco
   noisy_logits_.resize(count * E);
   for (std::size_t i = 0; i < kJitterEps.size(); ++i) {
     perturb_rows(rows.x, count, H, jitter_keys_.data(), rows.layer, kJitterEps[i], noisy_.data());
-    kernels::rms_norm(noisy_.data(), store_.layer(rows.layer).norm.data(), count, int(H),
-                      float(config_.model.norm_eps), noisy_xn_.data());
-    gate_logits(rows.layer, noisy_xn_.data(), count, noisy_logits_.data());
+    norm_and_gate(rows.layer, noisy_.data(), count, noisy_xn_.data(), noisy_logits_.data());
     noisy_ranked_.clear();
     rank_experts(noisy_logits_.data(), adjust, count, E, router_of(rows.layer), 0, noisy_ranked_);
     rec.router.jitter_changed[i] += changed_choices(ranked_, noisy_ranked_);

@@ -26,9 +26,10 @@
 
 namespace moed::runtime {
 
-// The route stage's plain path (no router policy acting) on another device:
-// RMSNorm, gate and router there, with the CPU's bits; the normalised rows
-// and the routing back on the host (cuda_router.h).
+// The route stage on another device, with the CPU's bits (cuda_router.h):
+// RMSNorm, gate and router there, the normalised rows and the routing back
+// on the host; or, where a router policy decides on the host, RMSNorm and
+// gate there, the normalised rows and the logits back.
 class DeviceRouter {
  public:
   virtual ~DeviceRouter() = default;
@@ -37,15 +38,20 @@ class DeviceRouter {
   // selection adjustments, as rank_experts takes them (then choose).
   virtual void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
                      const double* adjust) = 0;
+  // x [count, hidden] of `layer` -> xn [count, hidden] and logits
+  // [count, experts]: the gate's, plus the layer's router bias if it has one.
+  virtual void norm_and_gate(int layer, const float* x, std::size_t count, float* xn, float* logits) = 0;
 };
 
-// Whether a device router can serve the route stage under these policies:
+// Whether a device router can choose the experts too under these policies:
 // none needs the step's tokens on every rank (smoothing, a load policy) or
-// the CPU's logits (the jitter measurement). The balancing bias can.
+// the logits on the host (the jitter measurement). The balancing bias can.
+// Where it cannot, the device normalises and gates, and the policies choose
+// on the host.
 bool device_can_route(const RouterPolicies& policies);
 
 // The device router for experts on `device`, on CUDA device `gpu`: null on
-// the CPU, and where device_can_route is false (the stage then runs on the CPU).
+// the CPU.
 std::unique_ptr<DeviceRouter> make_device_router(ExpertDevice device, const Config& config, const ExpertStore& store,
                                                  int gpu);
 
@@ -82,8 +88,11 @@ class RouteStage {
   void gate_logits(int layer, const float* xn, std::size_t count, float* logits) const;
   // The router with `layer`'s selection bias (DeepSeek's), if it has one.
   RouterParams router_of(int layer) const;
-  // The router's choice (no replay), with the policies; false when the
-  // router chose alone (no policy adjusts or decides).
+  // xn and logits of `count` rows x [count, hidden]: on the device router
+  // where there is one, else here.
+  void norm_and_gate(int layer, const float* x, std::size_t count, float* xn, float* logits);
+  // The router's choice (no replay) from logits_, with the policies; false
+  // when the router chose alone (no policy adjusts or decides).
   bool choose_experts(const Rows& rows, Routing& routing, StepRecord& rec);
   // The jitter measurement: the rows' choices again under relative noise.
   void measure_jitter(const Rows& rows, const double* adjust, StepRecord& rec);

@@ -1,6 +1,7 @@
 // The route stage on a GPU (runtime/engine/cuda_router.h), plain and with
 // the balancing bias's adjustments, against the CPU's, bit for bit: the
-// normalised rows, and the experts and weights of every token, for Mixtral
+// normalised rows, and the experts and weights of every token (or, for a
+// policy that chooses on the host, the logits), for Mixtral
 // (and top-p), Qwen3-MoE, gpt-oss (its router bias) and DeepSeek-V3
 // (sigmoid, selection bias, groups), on rows of every kind. Built where the
 // CUDA kernels are; every test skips without a usable GPU.
@@ -102,6 +103,38 @@ TEST_P(CudaRouterMatchesCpu, RowsAndRoutingBitForBit) {
         EXPECT_EQ(std::memcmp(&want.weights[i], &got.weights[i], sizeof(float)), 0) << "weight " << i;
       }
     }
+  }
+}
+
+// Where a router policy chooses on the host, the device gives the
+// normalised rows and the logits (the gate, and gpt-oss's router bias): the
+// CPU's bits.
+TEST_P(CudaRouterMatchesCpu, NormalisedRowsAndLogitsBitForBit) {
+  std::vector<std::string> settings = {"model.layers=2", "model.experts=16", "model.hidden=64", "model.ffn=128"};
+  settings.insert(settings.end(), GetParam().settings.begin(), GetParam().settings.end());
+  const Config c = load_config("", settings);
+  const ExpertStore store = ExpertStore::load(c, placement::contiguous(1, 2, kExperts), 0);
+  CounterRng rng(13);
+  std::vector<float> x(std::size_t(kRows) * kHidden);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.normalish(i) * 3.0f;
+  std::fill_n(x.begin() + 2 * kHidden, kHidden, 1e30f);
+  std::string why;
+  if (!cuda::gpu_available(&why)) GTEST_SKIP() << why;
+  CudaRouter gpu(c, store, 0);
+  for (int layer = 0; layer < 2; ++layer) {
+    SCOPED_TRACE("layer " + std::to_string(layer));
+    const LayerWeights& w = store.layer(layer);
+    std::vector<float> want_xn(x.size()), want_logits(std::size_t(kRows) * kExperts);
+    kernels::rms_norm(x.data(), w.norm.data(), kRows, kHidden, float(c.model.norm_eps), want_xn.data());
+    kernels::gemm_fixed_order(want_xn.data(), kRows, kernels::PackedWeights(w.gate.data(), kExperts, kHidden),
+                              want_logits.data());
+    if (!w.gate_bias.empty())
+      for (std::size_t t = 0; t < std::size_t(kRows); ++t)
+        for (std::size_t e = 0; e < kExperts; ++e) want_logits[t * kExperts + e] += w.gate_bias[e];
+    std::vector<float> got_xn(x.size()), got_logits(want_logits.size());
+    gpu.norm_and_gate(layer, x.data(), kRows, got_xn.data(), got_logits.data());
+    EXPECT_EQ(std::memcmp(got_xn.data(), want_xn.data(), x.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(got_logits.data(), want_logits.data(), want_logits.size() * sizeof(float)), 0);
   }
 }
 

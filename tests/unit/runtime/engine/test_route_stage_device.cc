@@ -2,10 +2,11 @@
 // GPU: a fake device router takes the plain path when no router policy
 // acts, and is never asked for replayed routing; with the balancing bias, a
 // CPU double of the device router's contract gives the stage the CPU
-// stage's routing, rows and counters, step after step; a policy that needs
-// the step's tokens or the CPU's logits keeps the stage on the CPU;
-// make_device_router gives none on the CPU or under such a policy, and
-// refuses a device it cannot make with an error, never a silent CPU stage.
+// stage's routing, rows and counters, step after step; under a policy that
+// needs the step's tokens or the logits on the host, the device normalises
+// and gates, the policy chooses here, and the stage is again the CPU
+// stage, bit for bit; make_device_router gives none on the CPU, and refuses
+// a device it cannot make with an error, never a silent CPU stage.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -25,10 +26,12 @@ namespace {
 
 constexpr int kExperts = 8, kHidden = 64, kRows = 5;
 
-// Answers every token with expert 3 at weight 0.5 and rows of 42: nothing the CPU would give.
+// Answers every token with expert 3 at weight 0.5 and rows of 42, or logits
+// that put expert 5 first (the rest tie, so expert 0 next): nothing the CPU
+// would give.
 class FakeDeviceRouter final : public DeviceRouter {
  public:
-  explicit FakeDeviceRouter(int* calls) : calls_(calls) {}
+  FakeDeviceRouter(int* calls, int* gates) : calls_(calls), gates_(gates) {}
   void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
              const double* adjust) override {
     static_cast<void>(layer), static_cast<void>(x), static_cast<void>(adjust);
@@ -39,9 +42,16 @@ class FakeDeviceRouter final : public DeviceRouter {
       routing.end_token();
     }
   }
+  void norm_and_gate(int layer, const float* x, std::size_t count, float* xn, float* logits) override {
+    static_cast<void>(layer), static_cast<void>(x);
+    ++*gates_;
+    for (std::size_t i = 0; i < count * kHidden; ++i) xn[i] = 42.0f;
+    for (std::size_t i = 0; i < count * kExperts; ++i) logits[i] = i % kExperts == 5 ? 4.0f : 0.0f;
+  }
 
  private:
   int* calls_;
+  int* gates_;
 };
 
 // The device router's contract computed on the CPU: the layer's RMSNorm, the
@@ -50,30 +60,41 @@ class FakeDeviceRouter final : public DeviceRouter {
 // runtime::route and rank_experts on a GPU).
 class CpuDeviceRouter final : public DeviceRouter {
  public:
-  CpuDeviceRouter(const Config& c, const ExpertStore& store, int* calls, int* adjusted)
-      : config_(c), store_(store), calls_(calls), adjusted_(adjusted) {}
+  CpuDeviceRouter(const Config& c, const ExpertStore& store, int* calls, int* adjusted, int* gates = nullptr)
+      : config_(c), store_(store), calls_(calls), adjusted_(adjusted), gates_(gates) {}
   void route(int layer, const float* x, std::size_t count, float* xn, Routing& routing,
              const double* adjust) override {
     ++*calls_;
     *adjusted_ += adjust != nullptr;
+    std::vector<float> logits(count * kExperts);
+    gate(layer, x, count, xn, logits.data());
     const LayerWeights& w = store_.layer(layer);
-    const std::size_t E = kExperts, H = kHidden;
-    kernels::rms_norm(x, w.norm.data(), count, H, float(config_.model.norm_eps), xn);
-    std::vector<float> logits(count * E);
-    kernels::gemm_fixed_order(xn, count, kernels::PackedWeights(w.gate.data(), E, H), logits.data());
-    for (std::size_t t = 0; t < count && !w.gate_bias.empty(); ++t)
-      for (std::size_t e = 0; e < E; ++e) logits[t * E + e] += w.gate_bias[e];
+    const std::size_t E = kExperts;
     const RouterParams params = RouterParams::from(config_).at_layer(w.selection_bias);
     Ranked ranked;
     rank_experts(logits.data(), adjust, count, E, params, 0, ranked);
     choose(ranked, params.spec, routing);
   }
+  void norm_and_gate(int layer, const float* x, std::size_t count, float* xn, float* logits) override {
+    if (gates_) ++*gates_;
+    gate(layer, x, count, xn, logits);
+  }
 
  private:
+  void gate(int layer, const float* x, std::size_t count, float* xn, float* logits) const {
+    const LayerWeights& w = store_.layer(layer);
+    const std::size_t E = kExperts, H = kHidden;
+    kernels::rms_norm(x, w.norm.data(), count, H, float(config_.model.norm_eps), xn);
+    kernels::gemm_fixed_order(xn, count, kernels::PackedWeights(w.gate.data(), E, H), logits);
+    for (std::size_t t = 0; t < count && !w.gate_bias.empty(); ++t)
+      for (std::size_t e = 0; e < E; ++e) logits[t * E + e] += w.gate_bias[e];
+  }
+
   const Config& config_;
   const ExpertStore& store_;
   int* calls_;
   int* adjusted_;
+  int* gates_;
 };
 
 Config config_with(std::vector<std::string> settings) {
@@ -84,7 +105,7 @@ Config config_with(std::vector<std::string> settings) {
 }
 
 struct StageRun {
-  int calls = 0;
+  int calls = 0, gates = 0;
   Routing routing;
   std::vector<float> xn;
 };
@@ -95,7 +116,7 @@ StageRun run_stage(const Config& c, bool replayed) {
   const placement::Placement placement = placement::contiguous(1, 2, kExperts);
   const ExpertStore store = ExpertStore::load(c, placement, 0);
   StageRun run;
-  RouteStage stage(c, *transport, placement, store, std::make_unique<FakeDeviceRouter>(&run.calls));
+  RouteStage stage(c, *transport, placement, store, std::make_unique<FakeDeviceRouter>(&run.calls, &run.gates));
   std::vector<float> x(std::size_t(kRows) * kHidden, 0.25f);
   std::vector<TokenTag> tags(kRows);
   for (std::size_t t = 0; t < tags.size(); ++t) tags[t] = {t + 1, 0};
@@ -126,22 +147,51 @@ TEST(RouteStageDevice, TakesThePlainPathWhenNoPolicyActs) {
 TEST(RouteStageDevice, IsNeverAskedForReplayedRouting) {
   const StageRun run = run_stage(config_with({}), true);
   EXPECT_EQ(run.calls, 0);
+  EXPECT_EQ(run.gates, 0);
   ASSERT_EQ(run.routing.tokens(), std::size_t(kRows));
   EXPECT_EQ(run.routing.experts_of(0)[0], 1u);  // as recorded
   EXPECT_NE(run.xn.front(), 42.0f);             // normalised on the CPU
 }
 
 // Smoothing and a load policy need every rank's tokens, the jitter
-// measurement the CPU's logits: the stage stays on the CPU.
-TEST(RouteStageDevice, StaysOnTheCpuWhereAPolicyNeedsTheStepsTokensOrLogits) {
-  for (const std::string& policy : {std::string("router.smoothing_beta=0.3"), std::string("router.load_policy=drop"),
-                                    std::string("router.measure_jitter=true")}) {
+// measurement the logits on the host: the device normalises and gates (the
+// jitter's noisy copies too), and the policy chooses from its logits here.
+TEST(RouteStageDevice, NormalisesAndGatesOnTheDeviceWhereAPolicyChoosesOnTheHost) {
+  for (const auto& [policy, gates] : {std::pair{std::string("router.smoothing_beta=0.3"), 1},
+                                      std::pair{std::string("router.load_policy=drop"), 1},
+                                      std::pair{std::string("router.measure_jitter=true"), 3}}) {
     SCOPED_TRACE(policy);
     const StageRun run = run_stage(config_with({policy}), false);
     EXPECT_EQ(run.calls, 0);
+    EXPECT_EQ(run.gates, gates);
+    EXPECT_EQ(run.xn.front(), 42.0f);  // the device's normalised rows
     ASSERT_EQ(run.routing.tokens(), std::size_t(kRows));
-    EXPECT_NE(run.xn.front(), 42.0f);
+    std::size_t fives = 0;
+    for (std::uint32_t e : run.routing.experts) {
+      EXPECT_TRUE(e == 5 || e == 0) << "expert " << e << ": not from the device's logits";
+      fives += e == 5;
+    }
+    EXPECT_GT(fives, 0u);
   }
+}
+
+// One step of both stages on `rows`: the same routing, normalised rows and
+// counters, bit for bit; then the step's loads move both stages' policies
+// alike (the engine's end_layer). The pairs the policies changed.
+std::uint64_t same_step(RouteStage& on_cpu, RouteStage& on_device, const RouteStage::Rows& rows) {
+  Routing want, got;
+  StepRecord want_rec, got_rec;
+  on_cpu.run(rows, false, want, want_rec);
+  on_device.run(rows, false, got, got_rec);
+  EXPECT_EQ(got.experts, want.experts);
+  EXPECT_EQ(std::memcmp(got.weights.data(), want.weights.data(), want.weights.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(on_device.normalised(), on_cpu.normalised(), rows.count * kHidden * sizeof(float)), 0);
+  EXPECT_EQ(got_rec.router.words(), want_rec.router.words());
+  std::vector<std::uint64_t> load(kExperts, 0);
+  for (std::uint32_t e : want.experts) ++load[e];
+  on_cpu.policies().end_layer(rows.layer, load);
+  on_device.policies().end_layer(rows.layer, load);
+  return got_rec.router.changed;
 }
 
 // Under the balancing bias the device routes with the bias's adjustments,
@@ -170,32 +220,55 @@ TEST(RouteStageDevice, RoutesUnderTheBalancingBiasAsTheCpuStage) {
     std::vector<float> x(rows_here * kHidden);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = float((i * 7 + std::size_t(step) * 13) % 17) / 8.0f - 1.0f;
     const RouteStage::Rows rows{1, x.data(), rows_here, tags, rows_of_rank, &where};
-    Routing want, got;
-    StepRecord want_rec, got_rec;
-    on_cpu.run(rows, false, want, want_rec);
-    on_device.run(rows, false, got, got_rec);
-    EXPECT_EQ(got.experts, want.experts);
-    EXPECT_EQ(std::memcmp(got.weights.data(), want.weights.data(), want.weights.size() * sizeof(float)), 0);
-    EXPECT_EQ(std::memcmp(on_device.normalised(), on_cpu.normalised(), x.size() * sizeof(float)), 0);
-    EXPECT_EQ(got_rec.router.words(), want_rec.router.words());
-    changed += got_rec.router.changed;
-    // The step's loads move both stages' biases alike (the engine's end_layer).
-    std::vector<std::uint64_t> load(kExperts, 0);
-    for (std::uint32_t e : want.experts) ++load[e];
-    on_cpu.policies().end_layer(1, load);
-    on_device.policies().end_layer(1, load);
+    changed += same_step(on_cpu, on_device, rows);
   }
   EXPECT_EQ(calls, 8);     // each step: with the bias, then the plain selection
   EXPECT_EQ(adjusted, 4);  // the plain selection has no adjustment
   EXPECT_GT(changed, 0u) << "the bias never changed a choice: the test shows nothing";
 }
 
-TEST(RouteStageDevice, MakeDeviceRouterGivesNoneOnTheCpuOrUnderAPolicyNeedingTheCpu) {
+// Under each policy that chooses on the host (and with the balancing bias
+// beside it), the device's rows and logits (the contract, computed here)
+// give the CPU stage's routing, normalised rows and counters, bit for bit,
+// over steps whose loads move the policies' state.
+TEST(RouteStageDevice, ChoosesUnderEveryHostPolicyAsTheCpuStage) {
+  for (const std::vector<std::string>& policy :
+       {std::vector<std::string>{"router.smoothing_beta=0.3"}, std::vector<std::string>{"router.load_policy=drop"},
+        std::vector<std::string>{"router.load_policy=demote", "router.bias_gamma=0.05"},
+        std::vector<std::string>{"router.measure_jitter=true"}}) {
+    SCOPED_TRACE(policy.front());
+    const Config c = config_with(policy);
+    fake::Fabric fabric(1);
+    const auto transport = fabric.transport(0, 1);
+    const placement::Placement placement = placement::contiguous(1, 2, kExperts);
+    const ExpertStore store = ExpertStore::load(c, placement, 0);
+    int calls = 0, adjusted = 0, gates = 0;
+    RouteStage on_cpu(c, *transport, placement, store);
+    RouteStage on_device(c, *transport, placement, store,
+                         std::make_unique<CpuDeviceRouter>(c, store, &calls, &adjusted, &gates));
+    const std::size_t rows_here = 24;
+    std::vector<TokenTag> tags(rows_here);
+    const std::vector<std::uint32_t> rows_of_rank = {std::uint32_t(rows_here)};
+    const std::string where = "test";
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      for (std::size_t t = 0; t < tags.size(); ++t) tags[t] = {t % 6 + 1, std::uint32_t(step * 4 + t / 6)};
+      std::vector<float> x(rows_here * kHidden);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = float((i * 5 + std::size_t(step) * 11) % 19) / 9.0f - 1.0f;
+      const RouteStage::Rows rows{1, x.data(), rows_here, tags, rows_of_rank, &where};
+      same_step(on_cpu, on_device, rows);
+    }
+    EXPECT_EQ(calls, 0);  // never the device's own choice
+    EXPECT_GE(gates, 3);
+  }
+}
+
+TEST(RouteStageDevice, MakeDeviceRouterGivesNoneOnTheCpu) {
   const placement::Placement placement = placement::contiguous(1, 2, kExperts);
   const Config plain = config_with({}), smoothing = config_with({"router.smoothing_beta=0.3"});
   const ExpertStore store = ExpertStore::load(plain, placement, 0);
   EXPECT_EQ(make_device_router(ExpertDevice::cpu, plain, store, 0), nullptr);
-  EXPECT_EQ(make_device_router(ExpertDevice::cuda, smoothing, store, 0), nullptr);
+  EXPECT_EQ(make_device_router(ExpertDevice::cpu, smoothing, store, 0), nullptr);
 }
 
 TEST(RouteStageDevice, MakeDeviceRouterRefusesADeviceItCannotMake) {
