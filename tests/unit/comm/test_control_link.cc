@@ -1,5 +1,7 @@
 // The control channel over the data transport (comm/transport_control_link.h):
-// three ranks as threads over UCX run every collective of the channel, with
+// three ranks as threads over UCX, and over the NCCL transport on lanes in
+// memory with NCCL's rules (which launch an exchange only once every rank
+// has had its send), run every collective of the channel, with
 // blocks of 0 bytes, a few and past the rendezvous size, and varying sizes;
 // each gives what its MPI twin does (on rank 0 for the rooted ones), with
 // sums folded in rank order; the data exchanges and the collectives
@@ -10,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,6 +20,8 @@
 #include "comm/control_channel.h"
 #include "comm/transport.h"
 #include "common/error.h"
+#include "comm/nccl/nccl_transport.h"
+#include "tests/unit/comm/fake_nccl_groups.h"
 #include "tests/unit/comm/run_ranks.h"
 
 namespace moed::comm {
@@ -31,6 +36,19 @@ std::unique_ptr<Transport> ucx_over(Bootstrap& bootstrap) {
   return create_transport(config, bootstrap);
 }
 
+// The transports the channel runs over, by the test's parameter.
+class TransportControlLinkOver : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<Transport> transport(Bootstrap& bootstrap) {
+    if (GetParam() == "Ucx") return ucx_over(bootstrap);
+    return create_nccl_transport_over(bootstrap.rank(), bootstrap.size(), std::chrono::seconds(10),
+                                      lanes_.groups(bootstrap.rank()), nullptr);
+  }
+
+ private:
+  test::FakeNcclFabric lanes_{kRanks, 2};
+};
+
 // Rank r's string: r * 50000 characters (0 for rank 0), its own pattern.
 std::string text_of(int r) {
   std::string s(std::size_t(r) * 50000, ' ');
@@ -38,9 +56,9 @@ std::string text_of(int r) {
   return s;
 }
 
-TEST(TransportControlLink, EveryCollectiveGivesWhatMpisWould) {
-  test::run_ranks(kRanks, [](Bootstrap& bootstrap) {
-    const std::unique_ptr<Transport> t = ucx_over(bootstrap);
+TEST_P(TransportControlLinkOver, EveryCollectiveGivesWhatMpisWould) {
+  test::run_ranks(kRanks, [this](Bootstrap& bootstrap) {
+    const std::unique_ptr<Transport> t = transport(bootstrap);
     ControlChannel control(transport_control_link(*t));
     const int me = control.rank();
     ASSERT_EQ(control.size(), kRanks);
@@ -116,9 +134,9 @@ TEST(TransportControlLink, EveryCollectiveGivesWhatMpisWould) {
 // The step loop interleaves data exchanges and control collectives on one
 // transport: every rank opens them in the same order, and each lands where
 // it belongs.
-TEST(TransportControlLink, InterleavesWithTheDataPathsExchanges) {
-  test::run_ranks(kRanks, [](Bootstrap& bootstrap) {
-    const std::unique_ptr<Transport> t = ucx_over(bootstrap);
+TEST_P(TransportControlLinkOver, InterleavesWithTheDataPathsExchanges) {
+  test::run_ranks(kRanks, [this](Bootstrap& bootstrap) {
+    const std::unique_ptr<Transport> t = transport(bootstrap);
     ControlChannel control(transport_control_link(*t));
     const int me = control.rank();
     for (std::uint64_t step = 0; step < 20; ++step) {
@@ -136,6 +154,9 @@ TEST(TransportControlLink, InterleavesWithTheDataPathsExchanges) {
     }
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportControlLinkOver, ::testing::Values("Ucx", "Nccl"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // A link that is rank 0 of 5 and runs nothing: a channel of other ranks refuses it.
 class OtherRanks final : public ControlLink {
