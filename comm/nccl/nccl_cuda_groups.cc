@@ -118,7 +118,8 @@ class CudaNcclGroups final : public NcclGroups {
     // One unique id per lane, made by rank 0 and gathered by all.
     std::vector<ncclUniqueId> ids(lanes_.size());
     if (bootstrap.rank() == 0)
-      for (std::size_t l = 0; l < lanes_.size(); ++l) api_.check(api_.get_unique_id(&ids[l]), "ncclGetUniqueId", int(l));
+      for (std::size_t l = 0; l < lanes_.size(); ++l)
+        api_.check(api_.get_unique_id(&ids[l]), "ncclGetUniqueId", int(l));
     const auto all = bootstrap.all_gather(std::as_bytes(std::span(ids)), "the NCCL lanes' unique ids");
     MOED_CHECK(all[0].size() == ids.size() * sizeof(ncclUniqueId), "NCCL unique ids: {} bytes from rank 0",
                all[0].size());

@@ -36,7 +36,9 @@ std::unique_ptr<Transport> nccl_over(test::FakeNcclFabric& fabric, Bootstrap& bo
 }
 
 // The byte at `i` of the block from `src` to `dst` in exchange `x`.
-std::byte pattern(int x, int src, int dst, std::size_t i) { return std::byte((x * 131 + src * 31 + dst * 7 + i) & 255); }
+std::byte pattern(int x, int src, int dst, std::size_t i) {
+  return std::byte((std::size_t(x * 131 + src * 31 + dst * 7) + i) & 255);
+}
 
 // Block sizes by (exchange, source, destination): some empty, some large.
 std::size_t block_bytes(int x, int src, int dst) {

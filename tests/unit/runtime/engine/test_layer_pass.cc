@@ -168,7 +168,8 @@ TEST_P(LayerPassJob, EveryOrderGivesTheReferenceBits) {
   std::vector<std::vector<std::int64_t>> acc(static_cast<std::size_t>(R));
   std::vector<std::vector<LayerPass>> passes(static_cast<std::size_t>(R));
   for (int r = 0; r < R; ++r) {
-    transports.push_back(nccl ? comm::create_nccl_transport_over(r, R, std::chrono::seconds(60), lanes.groups(r), nullptr)
+    transports.push_back(nccl ? comm::create_nccl_transport_over(r, R, std::chrono::seconds(60), lanes.groups(r),
+                                                                 nullptr)
                               : fabric.transport(r, R));
     stores.push_back(ExpertStore::load(c, placement, r));
   }
