@@ -45,6 +45,8 @@ class NcclExchange final : public Exchange {
 
  private:
   void send_to_self(const std::byte* data, std::size_t bytes);
+  // The other ranks send() has not been called for yet.
+  std::vector<int> unsent() const;
   void land(int source, std::size_t bytes);
   void launch_sizes();
   void take_sizes();
@@ -308,12 +310,17 @@ int NcclExchange::next_arrival(bool block) {
   return source;
 }
 
-void NcclExchange::finish() {
-  std::vector<int> unsent;
+std::vector<int> NcclExchange::unsent() const {
+  std::vector<int> ranks;
   for (int r = 0; r < size_; ++r)
-    if (r != rank_ && !sent_[r]) unsent.push_back(r);
-  MOED_CHECK(unsent.empty(), "{}: finish() with no send() to ranks [{}]: an NCCL exchange launches once it has a "
-             "send to every other rank, 0 bytes included", what_, fmt::join(unsent, ", "));
+    if (r != rank_ && !sent_[r]) ranks.push_back(r);
+  return ranks;
+}
+
+void NcclExchange::finish() {
+  const std::vector<int> missing = unsent();
+  MOED_CHECK(missing.empty(), "{}: finish() with no send() to ranks [{}]: an NCCL exchange launches once it has a "
+             "send to every other rank, 0 bytes included", what_, fmt::join(missing, ", "));
   MOED_CHECK(sent_[rank_] || capacity_[rank_] == 0, "{}: finish before the block to self was sent", what_);
   wait_until([&] { return stage_ == Stage::done; });
 }
@@ -321,10 +328,8 @@ void NcclExchange::finish() {
 std::string NcclExchange::state() const {
   switch (stage_) {
     case Stage::collecting: {
-      std::vector<int> unsent;
-      for (int r = 0; r < size_; ++r)
-        if (r != rank_ && !sent_[r]) unsent.push_back(r);
-      if (!unsent.empty()) return fmt::format("waiting for send() to ranks [{}]", fmt::join(unsent, ", "));
+      if (const std::vector<int> missing = unsent(); !missing.empty())
+        return fmt::format("waiting for send() to ranks [{}]", fmt::join(missing, ", "));
       return t_.my_turn(this) ? "ready to launch" : "every send made, waiting for earlier exchanges of its lane";
     }
     case Stage::sizes:

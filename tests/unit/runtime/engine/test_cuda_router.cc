@@ -34,19 +34,28 @@ struct Case {
   std::vector<std::string> settings;
 };
 
+// The CPU route stage's RMSNorm and gate (with the router bias) of the rows of x.
+void norm_and_gate_on_cpu(const Config& c, const ExpertStore& store, int layer, const std::vector<float>& x,
+                          std::vector<float>& xn, std::vector<float>& logits) {
+  const LayerWeights& w = store.layer(layer);
+  const std::size_t rows = x.size() / kHidden;
+  xn.resize(x.size());
+  logits.resize(rows * kExperts);
+  kernels::rms_norm(x.data(), w.norm.data(), rows, kHidden, float(c.model.norm_eps), xn.data());
+  kernels::gemm_fixed_order(xn.data(), rows, kernels::PackedWeights(w.gate.data(), kExperts, kHidden), logits.data());
+  if (!w.gate_bias.empty())
+    for (std::size_t t = 0; t < rows; ++t)
+      for (std::size_t e = 0; e < kExperts; ++e) logits[t * kExperts + e] += w.gate_bias[e];
+}
+
 // The CPU route stage's path (route_stage.cc) on `rows` rows of x: the plain
 // router, or with the balancing bias's adjustments (rank_experts, then choose).
 void route_on_cpu(const Config& c, const ExpertStore& store, int layer, const std::vector<float>& x,
                   std::vector<float>& xn, Routing& routing, const double* adjust = nullptr) {
   const LayerWeights& w = store.layer(layer);
   const std::size_t rows = x.size() / kHidden;
-  xn.resize(x.size());
-  kernels::rms_norm(x.data(), w.norm.data(), rows, kHidden, float(c.model.norm_eps), xn.data());
-  std::vector<float> logits(rows * kExperts);
-  kernels::gemm_fixed_order(xn.data(), rows, kernels::PackedWeights(w.gate.data(), kExperts, kHidden), logits.data());
-  if (!w.gate_bias.empty())
-    for (std::size_t t = 0; t < rows; ++t)
-      for (std::size_t e = 0; e < kExperts; ++e) logits[t * kExperts + e] += w.gate_bias[e];
+  std::vector<float> logits;
+  norm_and_gate_on_cpu(c, store, layer, x, xn, logits);
   const RouterParams params = RouterParams::from(c).at_layer(w.selection_bias);
   Ranked ranked;
   rank_experts(logits.data(), adjust, rows, kExperts, params, 0, ranked);
@@ -123,14 +132,8 @@ TEST_P(CudaRouterMatchesCpu, NormalisedRowsAndLogitsBitForBit) {
   CudaRouter gpu(c, store, 0);
   for (int layer = 0; layer < 2; ++layer) {
     SCOPED_TRACE("layer " + std::to_string(layer));
-    const LayerWeights& w = store.layer(layer);
-    std::vector<float> want_xn(x.size()), want_logits(std::size_t(kRows) * kExperts);
-    kernels::rms_norm(x.data(), w.norm.data(), kRows, kHidden, float(c.model.norm_eps), want_xn.data());
-    kernels::gemm_fixed_order(want_xn.data(), kRows, kernels::PackedWeights(w.gate.data(), kExperts, kHidden),
-                              want_logits.data());
-    if (!w.gate_bias.empty())
-      for (std::size_t t = 0; t < std::size_t(kRows); ++t)
-        for (std::size_t e = 0; e < kExperts; ++e) want_logits[t * kExperts + e] += w.gate_bias[e];
+    std::vector<float> want_xn, want_logits;
+    norm_and_gate_on_cpu(c, store, layer, x, want_xn, want_logits);
     std::vector<float> got_xn(x.size()), got_logits(want_logits.size());
     gpu.norm_and_gate(layer, x.data(), kRows, got_xn.data(), got_logits.data());
     EXPECT_EQ(std::memcmp(got_xn.data(), want_xn.data(), x.size() * sizeof(float)), 0);
